@@ -1,0 +1,1 @@
+"""Backbones turn packed samples into weight updates: debug (in-process), trinity, verl."""

@@ -1,0 +1,42 @@
+"""`ajet` entry point: `ajet --conf X.yaml ...` trains; `ajet COMMAND ...` runs a subcommand.
+
+Training is the default command so the one-line invocation stays
+`ajet --conf X.yaml --backbone=debug`. Each command lives in its own module and
+is imported only when chosen, so `ajet --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# name -> (module, one-line summary shown in `ajet --help`)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("ajet.cli.train", "Train (the default command)."),
+    "config": ("ajet.cli.config_cmd", "Print the default config or a resolved config."),
+}
+
+
+def register(name: str, module: str, summary: str) -> None:
+    COMMANDS[name] = (module, summary)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    name = "train"
+    if args and args[0] in COMMANDS:
+        name = args.pop(0)
+    module = importlib.import_module(COMMANDS[name][0])
+    prog = "ajet" if name == "train" else f"ajet {name}"
+    module.app(args=args, prog_name=prog)
+
+
+def commands_epilog() -> str:
+    # "\b" keeps click from re-wrapping the table.
+    lines = ["\b", "Commands (ajet COMMAND --help for details):"]
+    lines += [f"  ajet {name:<8} {summary}" for name, (_, summary) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

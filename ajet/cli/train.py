@@ -1,0 +1,81 @@
+"""`ajet [train] --conf X.yaml --backbone debug|trinity|verl [KEY=VALUE ...]`."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ajet.cli.common import user_errors
+from ajet.cli.main import commands_epilog
+
+app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)
+
+
+class BackboneName(str, Enum):
+    debug = "debug"
+    trinity = "trinity"
+    verl = "verl"
+
+
+@app.command(
+    help=(
+        "Train the model behind an agent workflow. KEY=VALUE arguments override the YAML "
+        "(e.g. trainer.total_steps=5 rollout.n=8)."
+    ),
+    epilog=commands_epilog(),
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+def train(
+    conf: Annotated[Path, typer.Option("--conf", "-c", help="The run's YAML config.")],
+    overrides: Annotated[
+        Optional[list[str]],
+        typer.Argument(help="Dotted overrides, KEY=VALUE.", show_default=False),
+    ] = None,
+    backbone: Annotated[
+        BackboneName,
+        typer.Option(help="debug: one process, CPU or one GPU. trinity / verl: GPU clusters."),
+    ] = BackboneName.debug,
+    with_ray: Annotated[
+        bool, typer.Option("--with-ray", help="Start (or join ray.address) a Ray cluster; rollout runs in Ray actors.")
+    ] = False,
+    exp_dir: Annotated[
+        Optional[Path], typer.Option("--exp-dir", help="Experiment root (overrides project.exp_dir).")
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Load, validate and print the resolved config, then exit.")
+    ] = False,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue from the experiment's last checkpoint.")
+    ] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Plain log lines, no live display.")] = False,
+) -> None:
+    from ajet.config import load_config, to_yaml
+
+    with user_errors():
+        extra = list(overrides or [])
+        if exp_dir is not None:
+            extra.append(f"project.exp_dir={exp_dir}")
+        if quiet:
+            extra.append("logging.quiet=true")
+        cfg = load_config(conf, extra)
+        from ajet.backbones.registry import get_backbone
+
+        runner = get_backbone(backbone.value)
+        problems = runner.check_config(cfg)
+        if problems:
+            from ajet.config import ConfigError
+
+            lines = "\n".join(f"  {key}: {msg}" for key, msg in problems)
+            raise ConfigError(f"invalid config for --backbone={backbone.value} ({conf}):\n{lines}")
+        if dry_run:
+            typer.echo("# resolved ajet config")
+            typer.echo(to_yaml(cfg))
+            translated = runner.translate(cfg)
+            if translated is not None:
+                typer.echo(f"# translated {backbone.value} config")
+                typer.echo(translated)
+            return
+        runner.run(cfg, with_ray=with_ray, resume=resume)

@@ -1,0 +1,197 @@
+"""Load a run's config: schema defaults <- user YAML <- dotted CLI overrides.
+
+Every failure becomes a `ConfigError` that names the file, the key's dotted path
+and what would be valid; the CLI prints it and exits with code 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+from ajet.config.schema import AjetConfig
+from ajet.config.validate import validate
+
+# Keys holding file paths. In a YAML they are relative to the YAML's directory;
+# in CLI overrides, relative to the current directory.
+PATH_KEYS = (
+    "task_reader.jsonl.train_path",
+    "task_reader.jsonl.val_path",
+    "task_reader.hf_dataset.path",
+    "task_reader.generate.cache_path",
+)
+PATH_LIST_KEYS = ("task_reader.generate.documents",)
+
+
+class ConfigError(Exception):
+    """A user error in the config; the message says where and how to fix it."""
+
+
+def load_config(
+    conf_path: str | Path | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    *,
+    require_workflow: bool = True,
+) -> AjetConfig:
+    """Return the validated, typed config for a run."""
+    cfg = OmegaConf.structured(AjetConfig)
+    source = "defaults"
+    if conf_path is not None:
+        path = Path(conf_path)
+        source = str(path)
+        user = _read_yaml(path)
+        _resolve_paths(user, base_dir=path.resolve().parent)
+        cfg = _merge(cfg, user, source)
+    if overrides:
+        cfg = _merge(cfg, _parse_overrides(overrides), "command-line overrides")
+    config: AjetConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    problems = validate(config, require_workflow=require_workflow)
+    if problems:
+        lines = "\n".join(f"  {key}: {msg}" for key, msg in problems)
+        raise ConfigError(f"invalid config ({source}):\n{lines}")
+    return config
+
+
+def to_yaml(config: AjetConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(config))
+
+
+def defaults_yaml() -> str:
+    """The shipped `configs/default.yaml`: every key with its default."""
+    header = (
+        "# Every ajet setting with its default. Generated from ajet/config/schema.py by\n"
+        "# `ajet config --defaults`; a test keeps it identical. Copy what you change.\n"
+    )
+    return header + to_yaml(AjetConfig())
+
+
+def _read_yaml(path: Path) -> DictConfig:
+    if not path.exists():
+        raise ConfigError(f"config file not found: {path}. Pass an existing YAML with --conf.")
+    if path.is_dir():
+        raise ConfigError(f"--conf expects a YAML file, got a directory: {path}")
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{where}: not valid YAML ({problem}).") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{path}: the top level must be a mapping of sections "
+            f"(project:, model:, workflow:, ...), got {type(data).__name__}."
+        )
+    return OmegaConf.create(data)
+
+
+def _parse_overrides(overrides: list[str] | tuple[str, ...]) -> DictConfig:
+    for item in overrides:
+        key = item.split("=", 1)[0]
+        if "=" not in item or not key or key.startswith("-"):
+            raise ConfigError(
+                f"override '{item}' is not KEY=VALUE (example: trainer.total_steps=5)."
+            )
+    cfg = OmegaConf.from_dotlist(list(overrides))
+    _resolve_paths(cfg, base_dir=Path.cwd())
+    return cfg
+
+
+def _resolve_paths(cfg: DictConfig, base_dir: Path) -> None:
+    """Make relative data paths absolute against `base_dir`, in place."""
+    for key in PATH_KEYS:
+        value = OmegaConf.select(cfg, key, default=None)
+        if isinstance(value, str) and value and not Path(value).is_absolute():
+            OmegaConf.update(cfg, key, str((base_dir / value).resolve()))
+    for key in PATH_LIST_KEYS:
+        values = OmegaConf.select(cfg, key, default=None)
+        if values is not None and OmegaConf.is_list(values):
+            resolved = [v if Path(str(v)).is_absolute() else str(base_dir / str(v)) for v in values]
+            OmegaConf.update(cfg, key, resolved)
+    # workflow.target / judge.type may name a file ("agent.py:MyWorkflow").
+    for key in ("workflow.target", "judge.type"):
+        value = OmegaConf.select(cfg, key, default=None)
+        if isinstance(value, str) and ".py:" in value:
+            file_part, _, name = value.rpartition(":")
+            if not Path(file_part).is_absolute():
+                OmegaConf.update(cfg, key, f"{(base_dir / file_part).resolve()}:{name}")
+
+
+def _merge(base: DictConfig, update: DictConfig, source: str) -> DictConfig:
+    try:
+        return OmegaConf.merge(base, update)  # type: ignore[return-value]
+    except ConfigKeyError as exc:
+        raise ConfigError(_unknown_key_message(exc, source)) from None
+    except ValidationError as exc:
+        raise ConfigError(_wrong_type_message(exc, source)) from None
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or "?"
+        raise ConfigError(f"{source}: {key}: {_first_line(exc)}") from None
+
+
+def _unknown_key_message(exc: ConfigKeyError, source: str) -> str:
+    full_key = exc.full_key or str(getattr(exc, "key", "?"))
+    parent, _, leaf = full_key.rpartition(".")
+    valid = _valid_keys(parent)
+    hint = ""
+    close = difflib.get_close_matches(leaf, valid, n=1)
+    if close:
+        hint = f" Did you mean '{(parent + '.' if parent else '') + close[0]}'?"
+    where = f"under '{parent}'" if parent else "at the top level"
+    return (
+        f"{source}: unknown key '{full_key}'.{hint}\n"
+        f"  Valid keys {where}: {', '.join(valid) or '(none: this is a value)'}"
+    )
+
+
+def _wrong_type_message(exc: ValidationError, source: str) -> str:
+    full_key = exc.full_key or "?"
+    expected = _expected_type(full_key)
+    message = f"{source}: {full_key}: {_first_line(exc).rstrip('.')}."
+    return message + (f" Expected {expected}." if expected else "")
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).strip().splitlines()[0]
+
+
+def _schema_node(dotted: str) -> Any:
+    node: Any = AjetConfig
+    for part in [p for p in dotted.split(".") if p]:
+        fields = {f.name: f for f in dataclasses.fields(node)} if dataclasses.is_dataclass(node) else {}
+        if part not in fields:
+            return None
+        node = _field_type(node, part)
+    return node
+
+
+def _field_type(cls: type, name: str) -> Any:
+    import typing
+
+    return typing.get_type_hints(cls)[name]
+
+
+def _valid_keys(parent: str) -> list[str]:
+    node = _schema_node(parent)
+    if node is None or not dataclasses.is_dataclass(node):
+        return []
+    return [f.name for f in dataclasses.fields(node)]
+
+
+def _expected_type(full_key: str) -> str:
+    node = _schema_node(full_key)
+    if isinstance(node, type) and issubclass(node, Enum):
+        return "one of: " + ", ".join(m.value for m in node)
+    if isinstance(node, type):
+        return node.__name__
+    return str(node) if node is not None else ""

