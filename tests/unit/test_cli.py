@@ -1,0 +1,87 @@
+"""The CLI: fast help without heavy imports, exit code 2 and a message for bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from ajet.cli import train as train_cmd
+
+runner = CliRunner()
+HEAVY = ("torch", "ray", "agentscope", "transformers", "vllm", "peft")
+
+
+def test_help_does_not_import_heavy_packages() -> None:
+    code = (
+        "import sys, json\n"
+        "from ajet.cli.main import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit as e:\n    assert e.code == 0, e.code\n"
+        f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "--conf" in out.stdout and "--backbone" in out.stdout and "ajet config" in out.stdout
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_import_ajet_is_light() -> None:
+    code = f"import sys, json, ajet, ajet.config; print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == []
+
+
+def _conf(tmp_path: Path, body: str) -> Path:
+    (tmp_path / "agent.py").write_text("")
+    (tmp_path / "train.jsonl").write_text('{"question": "q"}\n')
+    path = tmp_path / "run.yaml"
+    path.write_text(
+        "workflow:\n  target: agent.py:W\ntask_reader:\n  jsonl:\n    train_path: train.jsonl\n" + body
+    )
+    return path
+
+
+def test_unknown_key_exits_2_with_path(tmp_path: Path) -> None:
+    conf = _conf(tmp_path, "trainer:\n  lrr: 0.1\n")
+    result = runner.invoke(train_cmd.app, ["--conf", str(conf)])
+    assert result.exit_code == 2
+    assert "trainer.lrr" in result.output and str(conf) in result.output
+    assert "Traceback" not in result.output
+
+
+def test_wrong_type_exits_2(tmp_path: Path) -> None:
+    conf = _conf(tmp_path, "rollout:\n  temperature: hot\n")
+    result = runner.invoke(train_cmd.app, ["--conf", str(conf)])
+    assert result.exit_code == 2 and "rollout.temperature" in result.output
+
+
+def test_missing_file_exits_2(tmp_path: Path) -> None:
+    result = runner.invoke(train_cmd.app, ["--conf", str(tmp_path / "missing.yaml")])
+    assert result.exit_code == 2 and "missing.yaml" in result.output
+
+
+def test_bad_backbone_exits_2(tmp_path: Path) -> None:
+    conf = _conf(tmp_path, "")
+    result = runner.invoke(train_cmd.app, ["--conf", str(conf), "--backbone", "megatron"])
+    assert result.exit_code == 2 and "megatron" in result.output and "debug" in result.output
+
+
+def test_dry_run_prints_resolved_config_with_overrides(tmp_path: Path) -> None:
+    conf = _conf(tmp_path, "")
+    result = runner.invoke(
+        train_cmd.app, ["--conf", str(conf), "--dry-run", "rollout.n=6", "--exp-dir", str(tmp_path / "x")]
+    )
+    assert result.exit_code == 0, result.output
+    assert "'n': 6" in result.output and f"exp_dir: {tmp_path / 'x'}" in result.output
+
+
+def test_ajet_script_entry_point_runs(tmp_path: Path) -> None:
+    conf = _conf(tmp_path, "")
+    out = subprocess.run(
+        [sys.executable, "-m", "ajet.cli.main", "--conf", str(conf), "--dry-run", "trainer.lr=0.5"],
+        capture_output=True, text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "lr: 0.5" in out.stdout

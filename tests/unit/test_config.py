@@ -1,0 +1,138 @@
+"""Config loading: defaults, YAML merge, overrides, and the errors users see."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ajet.config import AjetConfig, ConfigError, defaults_yaml, load_config
+from ajet.config.schema import Algorithm
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write(tmp_path: Path, text: str, name: str = "run.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture()
+def data_file(tmp_path: Path) -> Path:
+    path = tmp_path / "train.jsonl"
+    path.write_text('{"question": "1+1?", "answer": "2"}\n')
+    return path
+
+
+def minimal(tmp_path: Path, extra: str = "") -> Path:
+    (tmp_path / "agent.py").write_text("class W: pass\n")
+    (tmp_path / "train.jsonl").write_text('{"question": "1+1?"}\n')
+    return write(
+        tmp_path,
+        "workflow:\n  target: agent.py:W\n"
+        "task_reader:\n  jsonl:\n    train_path: train.jsonl\n" + extra,
+    )
+
+
+def test_shipped_default_yaml_matches_schema() -> None:
+    shipped = (REPO / "configs" / "default.yaml").read_text()
+    assert shipped == defaults_yaml(), "regenerate: ajet config --defaults > configs/default.yaml"
+
+
+def test_yaml_merges_over_defaults_and_paths_resolve_relative_to_yaml(tmp_path: Path) -> None:
+    conf = minimal(tmp_path, "rollout:\n  n: 8\n")
+    cfg = load_config(conf)
+    assert isinstance(cfg, AjetConfig)
+    assert cfg.rollout.n == 8
+    assert cfg.rollout.max_tokens == AjetConfig().rollout.max_tokens  # untouched default
+    assert cfg.workflow.target == f"{(tmp_path / 'agent.py').resolve()}:W"
+    assert cfg.task_reader.jsonl.train_path == str((tmp_path / "train.jsonl").resolve())
+
+
+def test_cli_overrides_win_over_yaml(tmp_path: Path) -> None:
+    conf = minimal(tmp_path, "trainer:\n  total_steps: 3\n")
+    cfg = load_config(conf, ["trainer.total_steps=7", "algorithm.name=rloo"])
+    assert cfg.trainer.total_steps == 7
+    assert cfg.algorithm.name == Algorithm.rloo
+
+
+def test_unknown_key_names_path_file_and_valid_keys(tmp_path: Path) -> None:
+    conf = minimal(tmp_path, "rollout:\n  nn: 3\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(conf)
+    msg = str(err.value)
+    assert "rollout.nn" in msg and str(conf) in msg
+    assert "Did you mean 'rollout.n'" in msg
+    assert "max_concurrency" in msg  # lists the valid keys
+
+
+def test_unknown_top_level_section(tmp_path: Path) -> None:
+    conf = minimal(tmp_path, "trainr:\n  lr: 1\n")
+    with pytest.raises(ConfigError, match="unknown key 'trainr'.*trainer"):
+        load_config(conf)
+
+
+def test_wrong_type_names_key_and_expected_type(tmp_path: Path) -> None:
+    conf = minimal(tmp_path, "trainer:\n  total_steps: ten\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(conf)
+    assert "trainer.total_steps" in str(err.value) and "Expected int" in str(err.value)
+
+
+def test_wrong_enum_value_lists_choices(tmp_path: Path) -> None:
+    conf = minimal(tmp_path, "algorithm:\n  name: ppo2\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(conf)
+    assert "algorithm.name" in str(err.value) and "grpo" in str(err.value)
+
+
+def test_wrong_type_in_override(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="command-line overrides: rollout.n"):
+        load_config(minimal(tmp_path), ["rollout.n=many"])
+
+
+def test_override_without_equals(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not KEY=VALUE"):
+        load_config(minimal(tmp_path), ["rollout.n"])
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_bad_yaml_names_line(tmp_path: Path) -> None:
+    conf = write(tmp_path, "trainer:\n  lr: [1\n")
+    with pytest.raises(ConfigError, match=r"run.yaml:\d+:\d+: not valid YAML"):
+        load_config(conf)
+
+
+def test_impossible_combination_grpo_needs_a_group(tmp_path: Path) -> None:
+    conf = minimal(tmp_path, "rollout:\n  n: 1\n")
+    with pytest.raises(ConfigError, match="rollout.n: grpo compares episodes"):
+        load_config(conf)
+    # the same setting is fine for an algorithm without groups
+    cfg = load_config(conf, ["algorithm.name=reinforce_pp"])
+    assert cfg.rollout.n == 1
+
+
+def test_impossible_combination_lora_base_reference_needs_lora(tmp_path: Path) -> None:
+    conf = minimal(tmp_path, "algorithm:\n  kl_coef: 0.1\n  kl_reference: lora_base\n")
+    with pytest.raises(ConfigError, match="model.lora.enabled"):
+        load_config(conf)
+    assert load_config(conf, ["model.lora.enabled=true"]).model.lora.enabled
+
+
+def test_missing_data_file_names_key(tmp_path: Path) -> None:
+    (tmp_path / "agent.py").write_text("")
+    conf = write(tmp_path, "workflow:\n  target: agent.py:W\ntask_reader:\n  jsonl:\n    train_path: gone.jsonl\n")
+    with pytest.raises(ConfigError, match="task_reader.jsonl.train_path: file not found"):
+        load_config(conf)
+
+
+def test_workflow_target_required_for_training(tmp_path: Path) -> None:
+    conf = write(tmp_path, "rollout:\n  n: 2\n")
+    with pytest.raises(ConfigError, match="workflow.target: required"):
+        load_config(conf)
+    assert load_config(conf, require_workflow=False).rollout.n == 2
