@@ -221,6 +221,8 @@ class TrainerConfig:
     bf16: bool = False
     gradient_checkpointing: bool = False
     save_every: int = 0  # 0 = only at the end
+    # Complete checkpoints kept on disk (older ones are deleted); 0 = keep all.
+    keep_checkpoints: int = 2
     val_every: int = 0  # 0 = never
     # pass@k during validation
     val_n: int = 1

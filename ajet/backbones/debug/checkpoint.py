@@ -1,0 +1,133 @@
+"""Atomic, resumable checkpoints of the debug backbone.
+
+Layout: RUN/checkpoints/step_{N:06d}/{weights.pt, optimizer.pt, state.pt, .complete} and a
+`latest` file naming the newest complete one. A checkpoint is written into a hidden temp
+dir and renamed into place, so a run killed at any moment (even SIGKILL) leaves either
+the previous checkpoint or the new one, never a half-written one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+_COMPLETE = ".complete"
+
+
+def trainable_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Only what training changes: all weights (full fine-tuning) or the LoRA adapter."""
+    return {n: p.detach().cpu().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def save_checkpoint(ckpt_root: Path, step: int, *, model: torch.nn.Module, optimizer: Any,
+                    scheduler: Any, extra: dict[str, Any], keep_last: int) -> Path:
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    final = ckpt_root / f"step_{step:06d}"
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-step_{step:06d}-", dir=ckpt_root))
+    try:
+        _save(tmp / "weights.pt", trainable_state_dict(model))
+        _save(tmp / "optimizer.pt", optimizer.state_dict())
+        state = {
+            "step": step,
+            "scheduler": scheduler.state_dict(),
+            "rng": {"python": random.getstate(), "torch": torch.get_rng_state()},
+            **extra,
+        }
+        _save(tmp / "state.pt", state)
+        (tmp / _COMPLETE).write_text(str(step))
+        _fsync_dir(tmp)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _write_atomic(ckpt_root / "latest", final.name)
+        _fsync_dir(ckpt_root)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    _prune(ckpt_root, keep_last)
+    log.info("checkpoint saved: %s", final)
+    return final
+
+
+def latest_checkpoint(ckpt_root: Path) -> Path | None:
+    """The newest complete checkpoint, or None. Half-written temp dirs are ignored."""
+    if not ckpt_root.is_dir():
+        return None
+    pointer = ckpt_root / "latest"
+    if pointer.is_file():
+        candidate = ckpt_root / pointer.read_text().strip()
+        if (candidate / _COMPLETE).is_file():
+            return candidate
+    complete = sorted(p for p in ckpt_root.glob("step_*") if (p / _COMPLETE).is_file())
+    return complete[-1] if complete else None
+
+
+def load_checkpoint(path: Path, *, model: torch.nn.Module, optimizer: Any, scheduler: Any) -> dict[str, Any]:
+    """Restore weights, optimizer, scheduler and RNG; return the saved state (step, reader, ...)."""
+    weights = torch.load(path / "weights.pt", map_location="cpu", weights_only=True)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    if set(weights) != trainable:
+        missing, unexpected = sorted(trainable - set(weights))[:3], sorted(set(weights) - trainable)[:3]
+        raise RuntimeError(
+            f"checkpoint {path} does not match this model (missing {missing}, unexpected {unexpected}); "
+            "was it written with a different model.path or model.lora setting?"
+        )
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, value in weights.items():
+            params[name].copy_(value.to(params[name].device, params[name].dtype))
+    optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location="cpu", weights_only=False))
+    state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
+    scheduler.load_state_dict(state["scheduler"])
+    random.setstate(state["rng"]["python"])
+    torch.set_rng_state(state["rng"]["torch"])
+    log.info("resumed from %s (step %d)", path, state["step"])
+    return state
+
+
+def cleanup_partial(ckpt_root: Path) -> None:
+    """Remove temp dirs left by a run killed mid-save."""
+    if ckpt_root.is_dir():
+        for tmp in ckpt_root.glob(".tmp-step_*"):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _save(path: Path, obj: Any) -> None:
+    with open(path, "wb") as handle:
+        torch.save(obj, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _prune(ckpt_root: Path, keep_last: int) -> None:
+    if keep_last <= 0:
+        return
+    complete = sorted(p for p in ckpt_root.glob("step_*") if (p / _COMPLETE).is_file())
+    for old in complete[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,48 @@
+"""Per-episode state for the debug backbone: a tracker, a session and a tuner per episode."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ajet.config.schema import ContextConfig, RolloutConfig
+from ajet.workflow import WorkflowTask
+
+
+@dataclass
+class EpisodeHandle:
+    tuner: Any
+    tracker: Any
+    session: Any
+
+    def close(self) -> None:
+        close_tuner = getattr(self.tuner, "close", None)
+        if close_tuner is not None:
+            close_tuner()
+        self.session.close()
+
+
+class LocalSessionFactory:
+    """Opens episodes against the in-process engine (and the gateway, for HTTP agents)."""
+
+    def __init__(self, *, engine: Any, chat: Any, gateway: Any, rollout: RolloutConfig,
+                 context: ContextConfig, trainable_roles: list[str] | None, model_max_len: int) -> None:
+        self.engine = engine
+        self.chat = chat
+        self.gateway = gateway
+        self.rollout = rollout
+        self.context = context
+        self.trainable_roles = list(trainable_roles) if trainable_roles else None
+        self.model_max_len = model_max_len
+
+    def open_episode(self, episode_id: str, task: WorkflowTask) -> EpisodeHandle:
+        from ajet.context.tracker import ContextTracker
+        from ajet.tuner import EpisodeSession, ModelTuner
+
+        roles = set(self.trainable_roles) if self.trainable_roles else None
+        tracker = ContextTracker(self.chat, roles, self.context)
+        session = EpisodeSession(
+            episode_id, self.engine, self.chat, tracker, self.rollout, self.context, roles, self.model_max_len
+        )
+        tuner = ModelTuner(session, gateway=self.gateway, trainable_targets=self.trainable_roles)
+        return EpisodeHandle(tuner=tuner, tracker=tracker, session=session)

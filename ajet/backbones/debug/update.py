@@ -1,0 +1,127 @@
+"""The weight update of the debug backbone: packed sequences in, one optimizer step out.
+
+Loss weights are normalised over the whole step before packing, so summing the
+micro-batch losses gives exactly the full-batch gradient (accumulation is exact).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import math
+from typing import Any
+
+import torch
+
+from ajet.config.schema import AlgorithmConfig, TrainerConfig
+
+log = logging.getLogger(__name__)
+
+
+def build_optimizer(model: torch.nn.Module, cfg: TrainerConfig) -> tuple[torch.optim.Optimizer, Any]:
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise RuntimeError("the model has no trainable parameters (LoRA target_modules matched nothing?)")
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+    def factor(step: int) -> float:
+        if cfg.warmup_steps and step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        if cfg.lr_schedule == "constant":
+            return 1.0
+        span = max(1, cfg.total_steps - cfg.warmup_steps)
+        progress = min(1.0, (step - cfg.warmup_steps) / span)
+        if cfg.lr_schedule == "linear":
+            return 1.0 - progress
+        return 0.5 * (1.0 + math.cos(math.pi * progress))  # cosine
+
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+class PolicyUpdater:
+    """Owns the optimizer, the schedule and the (optional) KL reference."""
+
+    def __init__(self, model: torch.nn.Module, trainer: TrainerConfig, algorithm: AlgorithmConfig,
+                 *, temperature: float, lora: bool) -> None:
+        self.model = model
+        self.trainer = trainer
+        self.algorithm = algorithm
+        self.temperature = temperature
+        self.optimizer, self.scheduler = build_optimizer(model, trainer)
+        self._reference: torch.nn.Module | None = None
+        self._lora_reference = algorithm.kl_coef > 0 and algorithm.kl_reference == "lora_base"
+        if algorithm.kl_coef > 0 and algorithm.kl_reference == "frozen":
+            # A frozen copy of the initial weights (with LoRA: the adapter at init, i.e. the base).
+            self._reference = copy.deepcopy(model).eval().requires_grad_(False)
+        if self._lora_reference and not lora:
+            raise ValueError("algorithm.kl_reference=lora_base needs model.lora.enabled=true")
+
+    def update(self, packed: list[Any]) -> dict[str, float]:
+        """One optimizer step (per PPO epoch) over all packed sequences of the step."""
+        from ajet.algorithms.losses import kl_penalty, policy_loss
+        from ajet.context.packed_forward import forward_packed
+
+        device = next(self.model.parameters()).device
+        autocast = (
+            torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+            if self.trainer.bf16 else contextlib.nullcontext()
+        )
+        totals: dict[str, float] = {}
+        self.model.train()
+        try:
+            for _epoch in range(self.trainer.ppo_epochs):
+                self.optimizer.zero_grad(set_to_none=True)
+                for seq in packed:
+                    if not seq.entry_pos:
+                        continue
+                    old = torch.tensor(seq.entry_old_logprob, dtype=torch.float32, device=device)
+                    adv = torch.tensor(seq.entry_advantage, dtype=torch.float32, device=device)
+                    weight = torch.tensor(seq.entry_weight, dtype=torch.float32, device=device)
+                    with autocast:
+                        new, entropy = forward_packed(self.model, seq, with_entropy=True,
+                                                      temperature=self.temperature)
+                    new = new.float()
+                    loss, metrics = policy_loss(
+                        new, old, adv, weight,
+                        clip_low=self.algorithm.clip_ratio_low, clip_high=self.algorithm.clip_ratio_high,
+                    )
+                    if self.algorithm.kl_coef > 0:
+                        ref = self._reference_logprobs(seq)
+                        kl = kl_penalty(new, ref, kind="k3")
+                        loss = loss + self.algorithm.kl_coef * (weight * kl).sum()
+                        _add(totals, "actor/kl", float((weight * kl).sum()))
+                    if self.algorithm.entropy_coef and entropy is not None:
+                        loss = loss - self.algorithm.entropy_coef * (weight * entropy.float()).sum()
+                    loss.backward()
+                    _add(totals, "actor/loss", float(loss.detach()))
+                    if entropy is not None:
+                        _add(totals, "actor/entropy", float((weight * entropy.detach().float()).sum()))
+                    for key, value in metrics.items():
+                        _add(totals, f"actor/{key}", float(value) * float(weight.sum()))
+                grad_norm = torch.nn.utils.clip_grad_norm_(
+                    [p for p in self.model.parameters() if p.requires_grad], self.trainer.grad_clip
+                )
+                self.optimizer.step()
+                totals["actor/grad_norm"] = float(grad_norm)
+            self.scheduler.step()
+        finally:
+            self.model.eval()
+        totals["actor/lr"] = self.scheduler.get_last_lr()[0]
+        epochs = self.trainer.ppo_epochs
+        return {k: (v / epochs if k not in ("actor/grad_norm", "actor/lr") else v) for k, v in totals.items()}
+
+    @torch.no_grad()
+    def _reference_logprobs(self, seq: Any) -> torch.Tensor:
+        from ajet.context.packed_forward import forward_packed
+
+        if self._reference is not None:
+            ref, _ = forward_packed(self._reference, seq, with_entropy=False, temperature=self.temperature)
+        else:
+            with self.model.disable_adapter():  # peft: the base model without the adapter
+                ref, _ = forward_packed(self.model, seq, with_entropy=False, temperature=self.temperature)
+        return ref.float()
+
+
+def _add(totals: dict[str, float], key: str, value: float) -> None:
+    totals[key] = totals.get(key, 0.0) + value

@@ -1,0 +1,1 @@
+"""Run outputs: metrics (JSONL, TensorBoard, wandb/swanlab), token records, progress, viewer, report."""

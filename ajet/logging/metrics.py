@@ -1,0 +1,81 @@
+"""One metrics interface for the whole run: JSONL always, TensorBoard/wandb/swanlab when enabled."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from ajet.config.schema import LoggingConfig
+
+log = logging.getLogger(__name__)
+
+
+class MetricsLogger:
+    """`log(step, metrics, split)` appends to RUN/metrics.jsonl and mirrors to the enabled sinks."""
+
+    def __init__(self, run_dir: Path, cfg: LoggingConfig, *, run_name: str, config_dict: dict[str, Any]) -> None:
+        self.path = run_dir / "metrics.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._tb = None
+        self._wandb = None
+        self._swanlab = None
+        if cfg.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+        if cfg.wandb:
+            self._wandb = _optional_sink("wandb", run_dir, run_name, config_dict)
+        if cfg.swanlab:
+            self._swanlab = _optional_sink("swanlab", run_dir, run_name, config_dict)
+
+    def log(self, step: int, metrics: dict[str, float], split: str = "train") -> None:
+        clean = {k: float(v) for k, v in metrics.items() if _is_number(v)}
+        record = {"step": step, "split": split, "time": time.time(), **clean}
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        if self._tb is not None:
+            for key, value in clean.items():
+                self._tb.add_scalar(key if split == "train" or key.startswith("val/") else f"{split}/{key}", value, step)
+            self._tb.flush()
+        for sink in (self._wandb, self._swanlab):
+            if sink is not None:
+                sink.log(clean, step=step)
+
+    def close(self) -> None:
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+        for sink in (self._wandb, self._swanlab):
+            if sink is not None:
+                sink.finish()
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _optional_sink(name: str, run_dir: Path, run_name: str, config_dict: dict[str, Any]) -> Any:
+    if importlib.util.find_spec(name) is None:
+        log.warning("logging.%s is enabled but the '%s' package is not installed; skipping it (pip install %s)", name, name, name)
+        return None
+    module = __import__(name)
+    module.init(project="ajet", name=run_name, config=config_dict, dir=str(run_dir))
+    return module
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """All records of a metrics.jsonl; for a resumed run the last record of a (step, split) wins."""
+    latest: dict[tuple[int, str], dict[str, Any]] = {}
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            line = line.strip()
+            if line:
+                rec = json.loads(line)
+                latest[(rec["step"], rec.get("split", "train"))] = rec
+    return [latest[k] for k in sorted(latest)]

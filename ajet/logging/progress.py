@@ -1,0 +1,68 @@
+"""The one progress display of a training run: a live rich bar, or plain log lines when quiet.
+
+Quiet mode is used when `logging.quiet` is set, when stdout is not a terminal (CI
+logs) or when CI=true.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from typing import Any
+
+log = logging.getLogger("ajet.progress")
+
+
+def is_quiet(requested: bool) -> bool:
+    return requested or not sys.stdout.isatty() or os.environ.get("CI", "").lower() == "true"
+
+
+class TrainingProgress:
+    def __init__(self, total_steps: int, start_step: int, *, quiet: bool) -> None:
+        self.total = total_steps
+        self.quiet = is_quiet(quiet)
+        self._start = time.monotonic()
+        self._start_step = start_step
+        self._progress: Any = None
+        self._task: Any = None
+        if not self.quiet:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._progress = Progress(
+                TextColumn("[bold]train"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[stats]}"),
+                TimeRemainingColumn(),
+                refresh_per_second=2,
+            )
+            self._task = self._progress.add_task("train", total=total_steps, completed=start_step, stats="starting…")
+            self._progress.start()
+
+    def phase(self, text: str) -> None:
+        """What the current step is doing (rollout, update, validation)."""
+        if self._progress is not None:
+            self._progress.update(self._task, stats=text)
+
+    def step_done(self, step: int, metrics: dict[str, float]) -> None:
+        line = (
+            f"step {step}/{self.total}  reward {metrics.get('reward/mean', float('nan')):.3f}  "
+            f"success {metrics.get('success/rate', float('nan')):.2f}  "
+            f"tok/s {metrics.get('perf/tokens_per_s', 0.0):.0f}  "
+            f"failed {int(metrics.get('rollout/failed', 0))}"
+        )
+        done = step - self._start_step
+        if done > 0:
+            eta = (time.monotonic() - self._start) / done * (self.total - step)
+            line += f"  eta {eta:.0f}s"
+        if self._progress is not None:
+            self._progress.update(self._task, completed=step, stats=line.split("  ", 1)[1])
+            self._progress.console.log(line)
+        else:
+            log.info(line)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()

@@ -1,0 +1,46 @@
+"""Token-level records: one JSON line per trained sample (format in docs/outputs.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+from ajet.context.types import Sample
+
+
+def write_step_records(
+    run_dir: Path,
+    step: int,
+    samples: list[Sample],
+    *,
+    decode_token: Callable[[int], str],
+    episode_info: dict[str, dict[str, Any]],
+) -> Path:
+    """Write RUN/records/step_{step:06d}.jsonl atomically and return its path."""
+    out = run_dir / "records" / f"step_{step:06d}.jsonl"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".jsonl.tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        for sample in samples:
+            info = episode_info.get(sample.episode_id, {})
+            record = {
+                "step": step,
+                "episode_id": sample.episode_id,
+                "task_id": info.get("task_id", sample.group_id),
+                "group_id": sample.group_id,
+                "role": sample.role,
+                "reward": sample.reward,
+                "is_success": info.get("is_success"),
+                "query": info.get("query", ""),
+                "input_ids": sample.input_ids,
+                "tokens": [decode_token(t) for t in sample.input_ids],
+                "loss_mask": sample.loss_mask,
+                "logprobs": [round(x, 5) for x in sample.old_logprobs],
+                "advantages": [round(x, 5) for x in (sample.advantages or [0.0] * len(sample.input_ids))],
+                "segments": [list(s) for s in sample.segments],
+            }
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+    os.replace(tmp, out)
+    return out
