@@ -1,0 +1,211 @@
+"""Advantage estimators as pure functions over plain Python data (no torch).
+
+Episode level: one reward per episode, grouped by `group_id` (the task: GRPO siblings).
+Step level (REINFORCE++ with per-call rewards): one value per LLM call of the episode.
+`assign_token_advantages` then spreads the values over each `Sample`'s trained tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ajet.config.schema import AlgorithmConfig
+    from ajet.context.types import Sample
+
+logger = logging.getLogger(__name__)
+
+
+def _group_indices(group_ids: Sequence[str]) -> dict[str, list[int]]:
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, gid in enumerate(group_ids):
+        groups[gid].append(i)
+    return groups
+
+
+def _check_lengths(rewards: Sequence[float], group_ids: Sequence[str]) -> None:
+    if len(rewards) != len(group_ids):
+        raise ValueError(
+            f"rewards ({len(rewards)}) and group_ids ({len(group_ids)}) must have one entry "
+            "per episode"
+        )
+
+
+def grpo_advantages(
+    rewards: Sequence[float],
+    group_ids: Sequence[str],
+    *,
+    norm_by_std: bool = True,
+    eps: float = 1e-6,
+) -> list[float]:
+    """GRPO: `(r - mean_group) / (std_group + eps)`, or `r - mean_group` (Dr.GRPO).
+
+    The std is the unbiased one (n - 1 denominator), as `torch.std` in verl and TRL.
+    A group of one episode has no baseline and gets advantage 0 (verl instead passes
+    its raw reward through; a lone sample carries no relative signal, so we drop it).
+    """
+    _check_lengths(rewards, group_ids)
+    out = [0.0] * len(rewards)
+    for idx in _group_indices(group_ids).values():
+        n = len(idx)
+        if n < 2:
+            continue
+        values = [float(rewards[i]) for i in idx]
+        mean = sum(values) / n
+        std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+        for i, v in zip(idx, values, strict=True):
+            out[i] = (v - mean) / (std + eps) if norm_by_std else v - mean
+    return out
+
+
+def rloo_advantages(rewards: Sequence[float], group_ids: Sequence[str]) -> list[float]:
+    """RLOO: `r_i - mean(r_j for j != i)` within the group; a group of one gets 0."""
+    _check_lengths(rewards, group_ids)
+    out = [0.0] * len(rewards)
+    for idx in _group_indices(group_ids).values():
+        n = len(idx)
+        if n < 2:
+            continue
+        total = sum(float(rewards[i]) for i in idx)
+        for i in idx:
+            r = float(rewards[i])
+            out[i] = r - (total - r) / (n - 1)
+    return out
+
+
+def discounted_returns(step_rewards: Sequence[float], gamma: float) -> list[float]:
+    """`G_t = sum_{k >= t} gamma^(k - t) * r_k` for one episode."""
+    returns = [0.0] * len(step_rewards)
+    running = 0.0
+    for t in range(len(step_rewards) - 1, -1, -1):
+        running = float(step_rewards[t]) + gamma * running
+        returns[t] = running
+    return returns
+
+
+def reinforce_pp_advantages(
+    rewards: Sequence[float],
+    *,
+    step_rewards: Sequence[Sequence[float] | None] | None = None,
+    gamma: float = 1.0,
+    eps: float = 1e-8,
+) -> list[list[float]]:
+    """REINFORCE++: discounted returns per step, whitened over the whole batch.
+
+    Episode `i` has steps (its LLM calls, in call order) with rewards `step_rewards[i]`;
+    its final reward `rewards[i]` is added to the last step. Without step rewards (or
+    with `None`/`[]` for an episode) the episode is one step carrying its final reward.
+    The returns of every step of every episode are then whitened together as verl's
+    `masked_whiten` does: `(G - mean) / sqrt(var + eps)`, unbiased variance. verl
+    whitens over tokens; here each step counts once (`assign_token_advantages` spreads
+    a step's value over its tokens). A batch with a single step gets 0.
+    """
+    if step_rewards is not None and len(step_rewards) != len(rewards):
+        raise ValueError(
+            f"step_rewards ({len(step_rewards)}) must have one entry per episode "
+            f"({len(rewards)} rewards)"
+        )
+    returns: list[list[float]] = []
+    for i, final in enumerate(rewards):
+        steps = list(step_rewards[i] or []) if step_rewards is not None else []
+        steps = [float(s) for s in steps] or [0.0]
+        steps[-1] += float(final)
+        returns.append(discounted_returns(steps, gamma))
+
+    flat = [g for ep in returns for g in ep]
+    n = len(flat)
+    if n == 0:
+        return returns
+    mean = sum(flat) / n
+    var = sum((g - mean) ** 2 for g in flat) / (n - 1) if n > 1 else 0.0
+    scale = 1.0 / math.sqrt(var + eps)
+    return [[(g - mean) * scale for g in ep] for ep in returns]
+
+
+def compute_advantages(
+    config: AlgorithmConfig,
+    episode_ids: Sequence[str],
+    rewards: Sequence[float],
+    group_ids: Sequence[str],
+    step_rewards: Sequence[Sequence[float] | None] | None = None,
+) -> dict[str, float] | dict[str, list[float]]:
+    """Dispatch on `config.name`; returns `{episode_id: advantage or per-step advantages}`.
+
+    PPO without a critic uses the GRPO group baseline. SFT and DPO have no advantages.
+    """
+    from ajet.config.schema import Algorithm
+
+    if len(episode_ids) != len(rewards):
+        raise ValueError(f"episode_ids ({len(episode_ids)}) and rewards ({len(rewards)}) differ")
+    name = Algorithm(config.name)
+    if name in (Algorithm.grpo, Algorithm.ppo):
+        adv = grpo_advantages(rewards, group_ids, norm_by_std=config.norm_adv_by_std)
+    elif name == Algorithm.rloo:
+        adv = rloo_advantages(rewards, group_ids)
+    elif name == Algorithm.reinforce_pp:
+        per_step = reinforce_pp_advantages(rewards, step_rewards=step_rewards, gamma=config.gamma)
+        return dict(zip(episode_ids, per_step, strict=True))
+    else:
+        raise ValueError(
+            f"algorithm.name={name.value} uses no advantages; call compute_advantages only for "
+            "grpo, rloo, reinforce_pp or ppo"
+        )
+    return dict(zip(episode_ids, adv, strict=True))
+
+
+def assign_token_advantages(
+    samples: Sequence[Sample],
+    episode_advantages: dict[str, float] | dict[str, list[float]],
+) -> None:
+    """Fill `sample.advantages` per token: the episode's value on trained tokens, 0 elsewhere.
+
+    Per-step values (a list per episode, indexed by call index) need the sample's
+    `token_call_ids` (call index per token, -1 where untrained). Samples without that
+    field fall back to the episode-level value: step 0's, the return of the whole episode.
+    """
+    warned = False
+    for sample in samples:
+        if sample.episode_id not in episode_advantages:
+            raise KeyError(
+                f"no advantage for episode {sample.episode_id!r}; compute advantages for every "
+                "episode that produced samples"
+            )
+        value = episode_advantages[sample.episode_id]
+        mask = sample.loss_mask
+        if not isinstance(value, list):
+            sample.advantages = [float(value) if m else 0.0 for m in mask]
+            continue
+        if not value:
+            raise ValueError(f"episode {sample.episode_id!r} has an empty list of step advantages")
+        call_ids = getattr(sample, "token_call_ids", None)
+        if not call_ids:
+            if not warned:
+                logger.warning(
+                    "samples carry no token_call_ids; per-step advantages fall back to the "
+                    "episode-level value (step 0)"
+                )
+                warned = True
+            sample.advantages = [float(value[0]) if m else 0.0 for m in mask]
+            continue
+        if len(call_ids) != len(mask):
+            raise ValueError(
+                f"sample of episode {sample.episode_id!r}: token_call_ids ({len(call_ids)}) and "
+                f"loss_mask ({len(mask)}) differ in length"
+            )
+        sample.advantages = [
+            _step_value(value, c, sample.episode_id) if m else 0.0
+            for m, c in zip(mask, call_ids, strict=True)
+        ]
+
+
+def _step_value(values: list[float], call_id: int, episode_id: str) -> float:
+    if not 0 <= call_id < len(values):
+        raise ValueError(
+            f"episode {episode_id!r}: a trained token belongs to call {call_id} but only "
+            f"{len(values)} step advantages were given (one per LLM call, in call order)"
+        )
+    return float(values[call_id])
