@@ -1,0 +1,70 @@
+"""An AgentScope ReAct agent with a calculator tool, trained by ajet (simple mode: model=tuner)."""
+
+from __future__ import annotations
+
+import ast
+import operator
+
+from ajet import Workflow, WorkflowOutput, WorkflowTask
+
+SYSTEM_PROMPT = (
+    "You solve arithmetic word problems. You may call the `calculate` tool with an arithmetic "
+    "expression. Give the final answer as a number in \\boxed{}, e.g. \\boxed{42}."
+)
+
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+
+
+def _evaluate(node: ast.AST) -> float:
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+        return node.value
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+        return _OPS[type(node.op)](_evaluate(node.left), _evaluate(node.right))
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return -_evaluate(node.operand)
+    raise ValueError("only numbers and + - * / are allowed")
+
+
+async def calculate(expression: str):  # noqa: ANN201 - AgentScope reads the docstring
+    """Evaluate an arithmetic expression such as "12 * (3 + 4)".
+
+    Args:
+        expression (str): The arithmetic expression to evaluate.
+    """
+    from agentscope.message import TextBlock
+    from agentscope.tool import ToolResponse
+
+    try:
+        value = _evaluate(ast.parse(expression, mode="eval").body)
+        text = f"{value:g}"
+    except (SyntaxError, ValueError, ZeroDivisionError, TypeError) as exc:
+        text = f"error: {exc}"
+    return ToolResponse(content=[TextBlock(type="text", text=text)])
+
+
+class MathAgent(Workflow):
+    name: str = "math_agent"
+
+    async def execute(self, task: WorkflowTask, tuner) -> WorkflowOutput:  # noqa: ANN001
+        from agentscope.agent import ReActAgent
+        from agentscope.formatter import OpenAIChatFormatter
+        from agentscope.memory import InMemoryMemory
+        from agentscope.message import Msg
+        from agentscope.tool import Toolkit
+
+        toolkit = Toolkit()
+        toolkit.register_tool_function(calculate)
+        agent = ReActAgent(
+            name="math_agent",
+            sys_prompt=SYSTEM_PROMPT,
+            model=tuner,  # the only change to a normal AgentScope agent
+            formatter=OpenAIChatFormatter(),
+            toolkit=toolkit,
+            memory=InMemoryMemory(),
+            max_iters=3,
+        )
+        agent.set_console_output_enabled(False)
+        reply = await agent.reply(Msg("user", task.main_query, role="user"))
+        answer = reply.get_text_content() or ""
+        # reward=None: the configured judge (judge.type: math) compares with task.metadata["answer"].
+        return WorkflowOutput(reward=None, metadata={"final_answer": answer})
