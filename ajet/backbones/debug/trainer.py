@@ -64,7 +64,7 @@ class DebugTrainer:
 
         self.updater = PolicyUpdater(
             self.model, cfg.trainer, cfg.algorithm,
-            temperature=cfg.rollout.temperature or 1.0, lora=cfg.model.lora.enabled,
+            temperature=cfg.rollout.temperature or 1.0,
         )
         if resume:
             self._resume()

@@ -7,7 +7,6 @@ micro-batch losses gives exactly the full-batch gradient (accumulation is exact)
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import math
 from typing import Any
@@ -43,19 +42,16 @@ class PolicyUpdater:
     """Owns the optimizer, the schedule and the (optional) KL reference."""
 
     def __init__(self, model: torch.nn.Module, trainer: TrainerConfig, algorithm: AlgorithmConfig,
-                 *, temperature: float, lora: bool) -> None:
+                 *, temperature: float) -> None:
         self.model = model
         self.trainer = trainer
         self.algorithm = algorithm
         self.temperature = temperature
         self.optimizer, self.scheduler = build_optimizer(model, trainer)
-        self._reference: torch.nn.Module | None = None
-        self._lora_reference = algorithm.kl_coef > 0 and algorithm.kl_reference == "lora_base"
-        if algorithm.kl_coef > 0 and algorithm.kl_reference == "frozen":
-            # A frozen copy of the initial weights (with LoRA: the adapter at init, i.e. the base).
-            self._reference = copy.deepcopy(model).eval().requires_grad_(False)
-        if self._lora_reference and not lora:
-            raise ValueError("algorithm.kl_reference=lora_base needs model.lora.enabled=true")
+        from ajet.algorithms.reference import build_reference
+
+        # Built before the first update: a frozen copy of the initial weights, or the base with LoRA off.
+        self.reference = build_reference(model, algorithm)
 
     def update(self, packed: list[Any]) -> dict[str, float]:
         """One optimizer step (per PPO epoch) over all packed sequences of the step."""
@@ -98,6 +94,9 @@ class PolicyUpdater:
                     if entropy is not None:
                         _add(totals, "actor/entropy", float((weight * entropy.detach().float()).sum()))
                     for key, value in metrics.items():
+                        if key == "n_entries":
+                            continue
+                        # entry means, weighted by the sequence's share of the step's loss weight
                         _add(totals, f"actor/{key}", float(value) * float(weight.sum()))
                 grad_norm = torch.nn.utils.clip_grad_norm_(
                     [p for p in self.model.parameters() if p.requires_grad], self.trainer.grad_clip
@@ -111,15 +110,11 @@ class PolicyUpdater:
         epochs = self.trainer.ppo_epochs
         return {k: (v / epochs if k not in ("actor/grad_norm", "actor/lr") else v) for k, v in totals.items()}
 
-    @torch.no_grad()
     def _reference_logprobs(self, seq: Any) -> torch.Tensor:
         from ajet.context.packed_forward import forward_packed
 
-        if self._reference is not None:
-            ref, _ = forward_packed(self._reference, seq, with_entropy=False, temperature=self.temperature)
-        else:
-            with self.model.disable_adapter():  # peft: the base model without the adapter
-                ref, _ = forward_packed(self.model, seq, with_entropy=False, temperature=self.temperature)
+        assert self.reference is not None
+        ref, _ = self.reference.ref_logprobs(forward_packed, seq, with_entropy=False, temperature=self.temperature)
         return ref.float()
 
 
