@@ -1,0 +1,149 @@
+"""`TaskReader`: the train/val task lists plus an endless, resumable batch iterator.
+
+Every reader type (jsonl, hf_dataset, env_service, generate) only produces two lists of
+`WorkflowTask`; this class owns what they share: the deterministic validation hold-out,
+epoch shuffling by `seed + epoch`, and a `state_dict` so a resumed run continues with
+exactly the batches an uninterrupted run would have drawn.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+from collections.abc import Sequence
+
+from ajet.workflow import WorkflowTask
+
+logger = logging.getLogger(__name__)
+
+
+class TaskReaderError(Exception):
+    """A problem with the tasks or their source; the message says where and how to fix it."""
+
+
+def holdout_split(
+    tasks: Sequence[WorkflowTask], val_fraction: float, seed: int
+) -> tuple[list[WorkflowTask], list[WorkflowTask]]:
+    """Split `tasks` into (train, val) with `round(len * val_fraction)` val tasks (at least one).
+
+    The choice depends only on `seed` and the task count, so a rerun holds out the same tasks;
+    both parts keep the source order.
+    """
+    if not 0 <= val_fraction < 1:
+        raise TaskReaderError(f"task_reader.val_fraction={val_fraction} must be in [0, 1)")
+    if val_fraction == 0 or not tasks:
+        return list(tasks), []
+    n_val = max(1, round(len(tasks) * val_fraction))
+    if n_val >= len(tasks):
+        raise TaskReaderError(
+            f"task_reader.val_fraction={val_fraction} holds out all {len(tasks)} tasks; "
+            "lower it or provide more tasks"
+        )
+    order = list(range(len(tasks)))
+    random.Random(seed).shuffle(order)
+    val_idx = set(order[:n_val])
+    train = [t for i, t in enumerate(tasks) if i not in val_idx]
+    val = [t for i, t in enumerate(tasks) if i in val_idx]
+    return train, val
+
+
+def _fingerprint(tasks: Sequence[WorkflowTask]) -> str:
+    digest = hashlib.sha1()
+    for task in tasks:
+        digest.update(task.task_id.encode("utf-8") + b"\0")
+    return digest.hexdigest()[:16]
+
+
+class TaskReader:
+    """Train and val tasks; `next_batch` walks endless epochs over the train tasks.
+
+    `skipped` counts source records that were dropped (malformed lines, unparsable
+    generations) so the caller can log it.
+    """
+
+    def __init__(
+        self,
+        train: Sequence[WorkflowTask],
+        val: Sequence[WorkflowTask] = (),
+        *,
+        seed: int = 0,
+        shuffle: bool = True,
+        skipped: int = 0,
+        source: str = "",
+    ) -> None:
+        if not train:
+            raise TaskReaderError(f"no train tasks from {source or 'the task source'}; check the data")
+        self._train = list(train)
+        self._val = list(val)
+        self.seed = seed
+        self.shuffle = shuffle
+        self.skipped = skipped
+        self.source = source
+        self._epoch = 0
+        self._position = 0  # index into the current epoch's order
+        self._order = self._epoch_order(0)
+
+    def __repr__(self) -> str:
+        return (
+            f"TaskReader({self.source!r}, train={len(self._train)}, val={len(self._val)}, "
+            f"skipped={self.skipped}, epoch={self._epoch}, position={self._position})"
+        )
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next task will come from (0-based)."""
+        return self._epoch
+
+    def train_tasks(self) -> list[WorkflowTask]:
+        return list(self._train)
+
+    def val_tasks(self) -> list[WorkflowTask]:
+        return list(self._val)
+
+    def next_batch(self, batch_size: int) -> list[WorkflowTask]:
+        """The next `batch_size` train tasks; a batch may run across an epoch boundary."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        batch: list[WorkflowTask] = []
+        while len(batch) < batch_size:
+            if self._position >= len(self._order):
+                self._epoch += 1
+                self._position = 0
+                self._order = self._epoch_order(self._epoch)
+            take = min(batch_size - len(batch), len(self._order) - self._position)
+            idx = self._order[self._position : self._position + take]
+            batch.extend(self._train[i] for i in idx)
+            self._position += take
+        return batch
+
+    def state_dict(self) -> dict:
+        return {
+            "epoch": self._epoch,
+            "position": self._position,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "num_train": len(self._train),
+            "train_fingerprint": _fingerprint(self._train),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue where the saved reader stopped. The train set must be the same."""
+        if state.get("train_fingerprint") != _fingerprint(self._train):
+            raise TaskReaderError(
+                f"cannot resume the task reader: the train tasks changed since the checkpoint "
+                f"({state.get('num_train')} tasks then, {len(self._train)} now). Resume with the "
+                "same task data, or start a fresh run."
+            )
+        self.seed = int(state["seed"])
+        self.shuffle = bool(state["shuffle"])
+        self._epoch = int(state["epoch"])
+        self._position = int(state["position"])
+        self._order = self._epoch_order(self._epoch)
+
+    def _epoch_order(self, epoch: int) -> list[int]:
+        order = list(range(len(self._train)))
+        if self.shuffle:
+            # A string seed hashes deterministically (sha512), unlike hash() of a tuple.
+            random.Random(f"ajet-{self.seed}-{epoch}").shuffle(order)
+        return order

@@ -1,0 +1,133 @@
+"""Clients for the env-service HTTP protocol (see `env_server.py` for the protocol).
+
+`EnvServiceClient` is synchronous (the reader lists tasks with it); `AsyncEnvServiceClient`
+has the same methods as coroutines, for workflows that drive an environment inside the
+rollout's event loop. Both raise `EnvServiceError` with the URL and what to do.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import httpx
+
+from ajet.task_reader.base import TaskReaderError
+
+logger = logging.getLogger(__name__)
+
+START_HINT = (
+    "The env service must be running; start the reference server with "
+    "`python -m ajet.task_reader.env_server --port 8765` (or set task_reader.env_service.base_url)"
+)
+
+
+class EnvServiceError(TaskReaderError):
+    """The env service could not be reached or refused a request."""
+
+
+def _unreachable(url: str, exc: Exception) -> EnvServiceError:
+    return EnvServiceError(f"cannot reach the env service at {url}: {type(exc).__name__}: {exc}. {START_HINT}")
+
+
+def _result(url: str, response: httpx.Response) -> Any:
+    if response.status_code >= 400:
+        try:
+            detail = response.json().get("detail", response.text)
+        except ValueError:
+            detail = response.text
+        raise EnvServiceError(f"env service {url} answered {response.status_code}: {detail}")
+    try:
+        return response.json()
+    except ValueError:
+        raise EnvServiceError(f"env service {url} answered non-JSON: {response.text[:200]!r}") from None
+
+
+class EnvServiceClient:
+    """Blocking client: `create`, `step`, `evaluate`, `release`, `list_tasks`, `health`."""
+
+    def __init__(self, base_url: str, timeout: float = 30.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> EnvServiceClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, method: str, path: str, body: dict | None = None) -> Any:
+        url = f"{self.base_url}{path}"
+        try:
+            response = self._http.request(method, path, json=body)
+        except httpx.TransportError as exc:
+            raise _unreachable(url, exc) from exc
+        return _result(url, response)
+
+    def health(self) -> dict:
+        return self._call("GET", "/health")
+
+    def list_tasks(self, env_type: str, split: str = "train") -> list[str]:
+        return list(self._call("POST", "/list_tasks", {"env_type": env_type, "split": split})["task_ids"])
+
+    def create(self, env_type: str, task_id: str) -> dict:
+        """-> {instance_id, observation, info}"""
+        return self._call("POST", "/create", {"env_type": env_type, "task_id": task_id})
+
+    def step(self, instance_id: str, action: Any) -> dict:
+        """-> {observation, reward, done, info}; `action` is a dict or the agent's text."""
+        return self._call("POST", "/step", {"instance_id": instance_id, "action": action})
+
+    def evaluate(self, instance_id: str) -> dict:
+        """-> {reward, is_success, ...}"""
+        return self._call("POST", "/evaluate", {"instance_id": instance_id})
+
+    def release(self, instance_id: str) -> None:
+        self._call("POST", "/release", {"instance_id": instance_id})
+
+
+class AsyncEnvServiceClient:
+    """The same protocol as `EnvServiceClient`, as coroutines."""
+
+    def __init__(self, base_url: str, timeout: float = 30.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncEnvServiceClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _call(self, method: str, path: str, body: dict | None = None) -> Any:
+        url = f"{self.base_url}{path}"
+        try:
+            response = await self._http.request(method, path, json=body)
+        except httpx.TransportError as exc:
+            raise _unreachable(url, exc) from exc
+        return _result(url, response)
+
+    async def health(self) -> dict:
+        return await self._call("GET", "/health")
+
+    async def list_tasks(self, env_type: str, split: str = "train") -> list[str]:
+        result = await self._call("POST", "/list_tasks", {"env_type": env_type, "split": split})
+        return list(result["task_ids"])
+
+    async def create(self, env_type: str, task_id: str) -> dict:
+        return await self._call("POST", "/create", {"env_type": env_type, "task_id": task_id})
+
+    async def step(self, instance_id: str, action: Any) -> dict:
+        return await self._call("POST", "/step", {"instance_id": instance_id, "action": action})
+
+    async def evaluate(self, instance_id: str) -> dict:
+        return await self._call("POST", "/evaluate", {"instance_id": instance_id})
+
+    async def release(self, instance_id: str) -> None:
+        await self._call("POST", "/release", {"instance_id": instance_id})

@@ -1,0 +1,127 @@
+"""The reference environment server: the env-service HTTP protocol over `KVStoreEnv`.
+
+    python -m ajet.task_reader.env_server --port 8765      # host defaults to 127.0.0.1
+
+Protocol (JSON bodies; errors are HTTP 4xx with {"detail": "..."}):
+    GET  /health                          -> {status, env_types}
+    POST /list_tasks {env_type, split}    -> {task_ids}
+    POST /create     {env_type, task_id}  -> {instance_id, observation, info}
+    POST /step       {instance_id, action}-> {observation, reward, done, info}
+    POST /evaluate   {instance_id}        -> {reward, is_success, ...}
+    POST /release    {instance_id}        -> {released}
+Any server that speaks this protocol works with `EnvServiceClient` and the env_service reader.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import logging
+import threading
+from typing import Any
+
+from fastapi import FastAPI, HTTPException
+from pydantic import BaseModel
+
+from ajet.task_reader.kv_env import KVEpisode, KVStoreEnv
+
+logger = logging.getLogger(__name__)
+
+
+class ListTasksRequest(BaseModel):
+    env_type: str
+    split: str = "train"
+
+
+class CreateRequest(BaseModel):
+    env_type: str
+    task_id: str
+
+
+class StepRequest(BaseModel):
+    instance_id: str
+    action: Any
+
+
+class InstanceRequest(BaseModel):
+    instance_id: str
+
+
+def create_app(num_train: int = 32, num_val: int = 8) -> FastAPI:
+    """The app with a fresh instance table (one per server)."""
+    envs = {KVStoreEnv.env_type: KVStoreEnv(num_train=num_train, num_val=num_val)}
+    instances: dict[str, tuple[KVStoreEnv, KVEpisode]] = {}
+    lock = threading.Lock()
+    counter = itertools.count()
+    app = FastAPI(title="ajet reference env server")
+
+    def env_for(env_type: str) -> KVStoreEnv:
+        if env_type not in envs:
+            raise HTTPException(404, f"unknown env_type '{env_type}'; this server offers {sorted(envs)}")
+        return envs[env_type]
+
+    def instance(instance_id: str) -> tuple[KVStoreEnv, KVEpisode]:
+        with lock:
+            if instance_id not in instances:
+                raise HTTPException(404, f"unknown instance_id '{instance_id}' (released, or never created)")
+            return instances[instance_id]
+
+    @app.get("/health")
+    def health() -> dict:
+        return {"status": "ok", "env_types": sorted(envs)}
+
+    @app.post("/list_tasks")
+    def list_tasks(req: ListTasksRequest) -> dict:
+        return {"task_ids": env_for(req.env_type).list_tasks(req.split)}
+
+    @app.post("/create")
+    def create(req: CreateRequest) -> dict:
+        env = env_for(req.env_type)
+        try:
+            episode, observation, info = env.create(req.task_id)
+        except KeyError as exc:
+            raise HTTPException(404, str(exc.args[0])) from None
+        with lock:
+            instance_id = f"{req.env_type}-{next(counter)}"
+            instances[instance_id] = (env, episode)
+        return {"instance_id": instance_id, "observation": observation, "info": info}
+
+    @app.post("/step")
+    def step(req: StepRequest) -> dict:
+        env, episode = instance(req.instance_id)
+        try:
+            observation, reward, done, info = env.step(episode, req.action)
+        except ValueError as exc:
+            raise HTTPException(409, str(exc)) from None
+        return {"observation": observation, "reward": reward, "done": done, "info": info}
+
+    @app.post("/evaluate")
+    def evaluate(req: InstanceRequest) -> dict:
+        env, episode = instance(req.instance_id)
+        return env.evaluate(episode)
+
+    @app.post("/release")
+    def release(req: InstanceRequest) -> dict:
+        with lock:
+            released = instances.pop(req.instance_id, None) is not None
+        return {"released": released}
+
+    return app
+
+
+def main(argv: list[str] | None = None) -> None:
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description="ajet reference env server (key-value store tasks)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--num-train", type=int, default=32)
+    parser.add_argument("--num-val", type=int, default=8)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO)
+    app = create_app(num_train=args.num_train, num_val=args.num_val)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()

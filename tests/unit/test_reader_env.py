@@ -1,0 +1,191 @@
+"""Env-service reader, client and the reference key-value-store server, end to end over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from ajet.config.schema import EnvServiceReaderConfig, ReaderType, TaskReaderConfig
+from ajet.task_reader import (
+    AsyncEnvServiceClient,
+    EnvServiceClient,
+    EnvServiceError,
+    TaskReaderError,
+    build_reader,
+)
+from ajet.task_reader.kv_env import make_task
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server_url() -> Iterator[str]:
+    import uvicorn
+
+    from ajet.task_reader.env_server import create_app
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(num_train=12, num_val=4), host="127.0.0.1",
+                                           port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline, "env server did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def env_cfg(base_url: str, **kw) -> TaskReaderConfig:
+    return TaskReaderConfig(type=ReaderType.env_service, shuffle=False,
+                            env_service=EnvServiceReaderConfig(base_url=base_url, **kw))
+
+
+def oracle_actions(task_id: str) -> list[dict]:
+    """Actions that reach the goal store of a generated task (known to the test, not the agent)."""
+    split, index = task_id.split("-")[1], int(task_id.split("-")[2])
+    task = make_task(split, index)
+    actions: list[dict] = [{"action": "delete", "key": k} for k in task.initial if k not in task.goal]
+    actions += [{"action": "set", "key": k, "value": v} for k, v in task.goal.items()
+                if task.initial.get(k) != v]
+    return actions + [{"action": "done"}]
+
+
+def test_unreachable_service_says_url_and_how_to_start() -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    with pytest.raises(TaskReaderError) as info:
+        build_reader(env_cfg(url, env_type="kv_store", request_timeout_s=2), seed=0)
+    message = str(info.value)
+    assert url in message
+    assert "must be running" in message
+    assert "python -m ajet.task_reader.env_server" in message
+
+
+def test_reader_lists_tasks_from_service(server_url: str) -> None:
+    reader = build_reader(env_cfg(server_url, env_type="kv_store", num_train_tasks=5,
+                                  num_val_tasks=2), seed=0)
+    train, val = reader.train_tasks(), reader.val_tasks()
+    assert [t.task_id for t in train] == [f"kv-train-{i:03d}" for i in range(5)]
+    assert [t.task_id for t in val] == ["kv-val-000", "kv-val-001"]
+    assert all(t.env_type == "kv_store" for t in train + val)
+    assert train[0].metadata == {"env_base_url": server_url, "split": "train"}
+    # num_train_tasks <= 0 means all the service offers
+    assert len(build_reader(env_cfg(server_url, env_type="kv_store", num_train_tasks=0),
+                            seed=0).train_tasks()) == 12
+
+
+def test_env_type_must_be_offered(server_url: str) -> None:
+    with pytest.raises(TaskReaderError, match=r"env_type is empty.*\['kv_store'\]"):
+        build_reader(env_cfg(server_url), seed=0)
+    with pytest.raises(TaskReaderError, match=r"no env_type 'chess'.*\['kv_store'\]"):
+        build_reader(env_cfg(server_url, env_type="chess"), seed=0)
+
+
+@pytest.mark.parametrize("task_id", ["kv-train-000", "kv-train-007", "kv-val-003"])
+def test_oracle_agent_succeeds(server_url: str, task_id: str) -> None:
+    with EnvServiceClient(server_url) as env:
+        created = env.create("kv_store", task_id)
+        assert "Goal:" in created["observation"] and '"action"' in created["observation"]
+        iid = created["instance_id"]
+        for action in oracle_actions(task_id):
+            result = env.step(iid, action)
+        assert result["done"] is True and result["reward"] == 1.0
+        scored = env.evaluate(iid)
+        assert scored["reward"] == 1.0 and scored["is_success"] is True
+        env.release(iid)
+        with pytest.raises(EnvServiceError, match="404.*unknown instance_id"):
+            env.evaluate(iid)
+
+
+def test_idle_agent_fails_and_get_reads_values(server_url: str) -> None:
+    task = make_task("train", 1)
+    key, value = next(iter(task.initial.items()))
+    with EnvServiceClient(server_url) as env:
+        iid = env.create("kv_store", task.task_id)["instance_id"]
+        # an LLM's reply: prose around the JSON action is accepted
+        got = env.step(iid, f'I will read it first. {{"action": "get", "key": "{key}"}}')
+        assert got["observation"] == f"{key} = {value}" and got["done"] is False
+        bad = env.step(iid, {"action": "fly"})
+        assert "unknown action" in bad["observation"] and bad["info"]["error"]
+        end = env.step(iid, {"action": "done"})
+        assert end["done"] is True and 0.0 <= end["reward"] < 1.0
+        assert env.evaluate(iid)["is_success"] is False
+        with pytest.raises(EnvServiceError, match="409.*finished"):
+            env.step(iid, {"action": "list"})
+
+
+def test_episode_ends_when_out_of_steps(server_url: str) -> None:
+    task = make_task("train", 2)
+    with EnvServiceClient(server_url) as env:
+        iid = env.create("kv_store", task.task_id)["instance_id"]
+        results = [env.step(iid, {"action": "list"}) for _ in range(task.max_steps)]
+    assert [r["done"] for r in results] == [False] * (task.max_steps - 1) + [True]
+    assert "out of steps" in results[-1]["observation"]
+
+
+def test_unknown_task_and_env_type(server_url: str) -> None:
+    with EnvServiceClient(server_url) as env:
+        with pytest.raises(EnvServiceError, match="unknown task_id 'kv-train-999'"):
+            env.create("kv_store", "kv-train-999")
+        with pytest.raises(EnvServiceError, match="unknown env_type 'x'"):
+            env.list_tasks("x")
+
+
+def test_async_client_runs_an_episode(server_url: str) -> None:
+    async def episode() -> dict:
+        async with AsyncEnvServiceClient(server_url) as env:
+            assert "kv-val-000" in await env.list_tasks("kv_store", "val")
+            iid = (await env.create("kv_store", "kv-val-000"))["instance_id"]
+            for action in oracle_actions("kv-val-000"):
+                await env.step(iid, action)
+            result = await env.evaluate(iid)
+            await env.release(iid)
+            return result
+
+    assert asyncio.run(episode())["is_success"] is True
+
+
+def test_tasks_are_deterministic_and_solvable() -> None:
+    for split in ("train", "val"):
+        for i in range(30):
+            a, b = make_task(split, i), make_task(split, i)
+            assert a == b
+            assert a.goal != a.initial  # there is always something to do
+            assert len(oracle_actions(a.task_id)) <= a.max_steps
+    assert make_task("train", 0).instruction != make_task("val", 0).instruction
+
+
+def test_server_runs_as_a_module() -> None:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "ajet.task_reader.env_server", "--port", str(port),
+                             "--num-train", "3"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).json()
+                break
+            except httpx.TransportError:
+                assert proc.poll() is None, proc.stderr.read().decode()
+                assert time.monotonic() < deadline, "server did not come up"
+                time.sleep(0.2)
+        assert health == {"status": "ok", "env_types": ["kv_store"]}
+        with EnvServiceClient(f"http://127.0.0.1:{port}") as env:
+            assert env.list_tasks("kv_store") == ["kv-train-000", "kv-train-001", "kv-train-002"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
