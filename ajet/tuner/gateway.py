@@ -1,0 +1,305 @@
+"""An OpenAI-compatible HTTP gateway in front of the episode sessions.
+
+Any framework that speaks chat completions (OpenAI SDK, LangChain, raw HTTP) reaches
+the local engine through it. Each (episode, role) gets its own unguessable API key;
+the key routes a request to its `EpisodeSession`, so concurrent episodes never see
+each other's calls, and a key dies when the runner unregisters its episode.
+
+The server is uvicorn on a background thread with its own event loop; sessions run
+their `chat` on that loop (the engine is thread- and loop-safe).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import socket
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ajet.tuner import openai_compat as wire
+from ajet.tuner.session import ContextBudgetError, SessionClosedError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ajet.tuner.session import EpisodeSession
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+
+
+class GatewayError(RuntimeError):
+    """The gateway could not start or is used before `start()`."""
+
+
+class _RequestError(Exception):
+    def __init__(self, status: int, message: str, type_: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type_, self.code = status, message, type_, code
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(
+            wire.error_body(self.message, self.type_, self.code), status_code=self.status
+        )
+
+
+class Gateway:
+    """`start()` → serve `POST /v1/chat/completions` and `GET /v1/models` on `base_url`."""
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.max_body_bytes = max_body_bytes
+        self._keys: dict[str, tuple[EpisodeSession, str]] = {}
+        self._keys_lock = threading.Lock()
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+        self._socket: socket.socket | None = None
+        self._created = int(time.time())
+        self.app = self._build_app()
+
+    # -- lifecycle -------------------------------------------------------------
+    @property
+    def base_url(self) -> str:
+        if self._thread is None:
+            raise GatewayError("the gateway is not running; call Gateway.start() first")
+        return f"http://{self.host}:{self.port}/v1"
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self, timeout_s: float = 30.0) -> Gateway:
+        """Start serving; returns once the server accepts connections."""
+        import uvicorn
+
+        if self._thread is not None:
+            return self
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.host, self.port))
+        except OSError as err:
+            sock.close()
+            raise GatewayError(
+                f"cannot bind the gateway to {self.host}:{self.port}: {err}"
+            ) from err
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(
+            self.app, log_level="warning", lifespan="off", loop="asyncio", access_log=False
+        )
+        self._server = uvicorn.Server(config)
+        self._socket = sock
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [sock]}, name="ajet-gateway", daemon=True
+        )
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise GatewayError(
+                    f"the gateway on {self.host}:{self.port} did not start within {timeout_s} s"
+                )
+            time.sleep(0.01)
+        log.info("gateway serving on %s", self.base_url)
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        if self._socket is not None:
+            self._socket.close()
+        self._server = self._thread = self._socket = None
+        with self._keys_lock:
+            self._keys.clear()
+
+    def __enter__(self) -> Gateway:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- keys ------------------------------------------------------------------
+    def register(self, session: EpisodeSession, role: str) -> str:
+        """A new API key routing to `session` as `role`."""
+        key = secrets.token_urlsafe(32)
+        with self._keys_lock:
+            self._keys[key] = (session, role)
+        return key
+
+    def unregister(self, api_key: str) -> None:
+        with self._keys_lock:
+            self._keys.pop(api_key, None)
+
+    def unregister_session(self, session: EpisodeSession) -> int:
+        """Drop every key of `session`; returns how many."""
+        with self._keys_lock:
+            dead = [k for k, (s, _) in self._keys.items() if s is session]
+            for key in dead:
+                del self._keys[key]
+        return len(dead)
+
+    def num_keys(self) -> int:
+        with self._keys_lock:
+            return len(self._keys)
+
+    def _lookup(self, request: Request) -> tuple[EpisodeSession, str]:
+        header = request.headers.get("authorization", "")
+        scheme, _, key = header.partition(" ")
+        if scheme.lower() != "bearer" or not key.strip():
+            raise _RequestError(
+                401,
+                "missing API key: send 'Authorization: Bearer <key>' with the key from "
+                "tuner.base_url_and_key(role)",
+                "invalid_request_error",
+                "invalid_api_key",
+            )
+        with self._keys_lock:
+            entry = self._keys.get(key.strip())
+        if entry is None or entry[0].closed:
+            raise _RequestError(
+                401,
+                "unknown or expired API key (keys are valid only during their episode)",
+                "invalid_request_error",
+                "invalid_api_key",
+            )
+        return entry
+
+    # -- HTTP ------------------------------------------------------------------
+    def _build_app(self) -> FastAPI:
+        app = FastAPI(title="ajet gateway", docs_url=None, redoc_url=None, openapi_url=None)
+
+        @app.exception_handler(StarletteHTTPException)
+        async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+            return JSONResponse(
+                wire.error_body(str(exc.detail), "invalid_request_error"), exc.status_code
+            )
+
+        @app.get("/v1/models")
+        async def models(request: Request) -> JSONResponse:
+            try:
+                self._lookup(request)
+            except _RequestError as err:
+                return err.response()
+            return JSONResponse(wire.models_response(self._created))
+
+        @app.post("/v1/chat/completions")
+        async def chat_completions(request: Request) -> Any:
+            try:
+                session, role = self._lookup(request)
+                body = await self._read_json(request)
+                return await self._complete(session, role, body)
+            except _RequestError as err:
+                return err.response()
+
+        return app
+
+    async def _read_json(self, request: Request) -> wire.ChatCompletionRequest:
+        too_big = _RequestError(
+            413,
+            f"request body exceeds {self.max_body_bytes} bytes",
+            "invalid_request_error",
+            "request_too_large",
+        )
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > self.max_body_bytes:
+            raise too_big
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise too_big
+            chunks.append(chunk)
+        try:
+            payload = json.loads(b"".join(chunks))
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise _RequestError(
+                400, f"request body is not valid JSON: {err}", "invalid_request_error"
+            ) from err
+        if not isinstance(payload, dict):
+            raise _RequestError(400, "request body must be a JSON object", "invalid_request_error")
+        try:
+            req = wire.ChatCompletionRequest.model_validate(payload)
+        except ValidationError as err:
+            raise _RequestError(400, _validation_message(err), "invalid_request_error") from err
+        if req.n != 1:
+            raise _RequestError(
+                400,
+                f"n={req.n} is not supported; use n=1",
+                "invalid_request_error",
+                "unsupported_parameter",
+            )
+        return req
+
+    async def _complete(
+        self, session: EpisodeSession, role: str, req: wire.ChatCompletionRequest
+    ) -> Any:
+        try:
+            result = await session.chat(
+                role,
+                req.messages,
+                req.tools,
+                tool_choice=req.tool_choice,
+                **req.sampling_overrides(),
+            )
+        except SessionClosedError as err:
+            raise _RequestError(401, str(err), "invalid_request_error", "invalid_api_key") from err
+        except ContextBudgetError as err:
+            raise _RequestError(
+                400, str(err), "invalid_request_error", "context_length_exceeded"
+            ) from err
+        except (
+            ValueError
+        ) as err:  # bad parameters (InvalidRequestError) or a prompt the engine rejects
+            raise _RequestError(400, str(err), "invalid_request_error") from err
+        except Exception as err:  # noqa: BLE001 - reported to the client as a 500, and logged
+            log.exception("gateway: chat call of episode %s failed", session.episode_id)
+            raise _RequestError(500, f"{type(err).__name__}: {err}", "server_error") from err
+        completion_id = wire.new_completion_id()
+        if not req.stream:
+            return JSONResponse(
+                wire.completion_response(
+                    result.message,
+                    result.finish_reason,
+                    result.usage,
+                    model=req.model,
+                    completion_id=completion_id,
+                )
+            )
+        chunks = wire.stream_chunks(
+            result.message,
+            result.finish_reason,
+            result.usage if req.include_usage else None,
+            model=req.model,
+            completion_id=completion_id,
+        )
+
+        async def events() -> Any:
+            for line in wire.sse_lines(chunks):
+                yield line
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def _validation_message(err: ValidationError) -> str:
+    parts = []
+    for e in err.errors()[:5]:
+        where = ".".join(str(p) for p in e.get("loc", ()))
+        parts.append(f"{where}: {e.get('msg')}")
+    return "invalid request: " + "; ".join(parts)

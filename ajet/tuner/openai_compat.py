@@ -1,0 +1,181 @@
+"""The OpenAI chat-completions wire format: the request model and response builders.
+
+Pure functions over plain data so that the gateway only routes; what goes over the
+wire is tested here without a server.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+MODEL_NAME = "ajet-policy"
+
+
+class ChatCompletionRequest(BaseModel):
+    """The fields ajet reads. Other OpenAI fields (user, metadata, response_format,
+    parallel_tool_calls, logprobs, ...) are accepted and ignored, as vLLM does."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = MODEL_NAME
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1)  # vLLM extension; -1 or 0 = off
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+
+    @field_validator("messages")
+    @classmethod
+    def _messages_have_roles(cls, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for i, message in enumerate(messages):
+            if not isinstance(message.get("role"), str):
+                raise ValueError(f"messages[{i}] has no 'role'")
+        return messages
+
+    def sampling_overrides(self) -> dict[str, Any]:
+        top_k = 0 if self.top_k == -1 else self.top_k
+        return {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": top_k,
+            "max_tokens": self.max_tokens
+            if self.max_tokens is not None
+            else self.max_completion_tokens,
+            "stop": self.stop,
+            "seed": self.seed,
+            "n": self.n,
+        }
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.get("include_usage"))
+
+
+def error_body(message: str, type_: str = "invalid_request_error", code: str | None = None) -> dict:
+    """OpenAI-style error body: {"error": {"message", "type", "code", "param"}}."""
+    return {"error": {"message": message, "type": type_, "code": code, "param": None}}
+
+
+def new_completion_id() -> str:
+    return f"chatcmpl-{uuid.uuid4().hex}"
+
+
+def completion_response(
+    message: dict[str, Any],
+    finish_reason: str,
+    usage: dict[str, int],
+    *,
+    model: str,
+    completion_id: str,
+) -> dict[str, Any]:
+    """A `chat.completion` object for a non-streaming request."""
+    return {
+        "id": completion_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": _wire_message(message),
+                "finish_reason": finish_reason,
+                "logprobs": None,
+            }
+        ],
+        "usage": dict(usage),
+    }
+
+
+def stream_chunks(
+    message: dict[str, Any],
+    finish_reason: str,
+    usage: dict[str, int] | None,
+    *,
+    model: str,
+    completion_id: str,
+) -> list[dict[str, Any]]:
+    """The `chat.completion.chunk` objects of one reply, in order.
+
+    The engine hands over a finished completion, so the reply is streamed in a few
+    chunks (role, content, one per tool call, finish) rather than token by token.
+    With `usage` (stream_options.include_usage), a last chunk with empty choices
+    carries it, as OpenAI does.
+    """
+    created = int(time.time())
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {
+            "id": completion_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
+        }
+
+    chunks = [chunk({"role": "assistant", "content": ""})]
+    if message.get("content"):
+        chunks.append(chunk({"content": message["content"]}))
+    for index, call in enumerate(message.get("tool_calls") or []):
+        function = call.get("function", {})
+        chunks.append(
+            chunk(
+                {
+                    "tool_calls": [
+                        {
+                            "index": index,
+                            "id": call.get("id"),
+                            "type": "function",
+                            "function": {
+                                "name": function.get("name"),
+                                "arguments": function.get("arguments", ""),
+                            },
+                        }
+                    ]
+                }
+            )
+        )
+    chunks.append(chunk({}, finish_reason))
+    if usage is not None:
+        chunks.append(
+            {
+                "id": completion_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "choices": [],
+                "usage": dict(usage),
+            }
+        )
+    return chunks
+
+
+def sse_lines(chunks: list[dict[str, Any]]) -> list[str]:
+    """Server-sent events for the chunks, ending with `data: [DONE]`."""
+    return [f"data: {json.dumps(c, ensure_ascii=False)}\n\n" for c in chunks] + ["data: [DONE]\n\n"]
+
+
+def models_response(created: int) -> dict[str, Any]:
+    return {
+        "object": "list",
+        "data": [{"id": MODEL_NAME, "object": "model", "created": created, "owned_by": "ajet"}],
+    }
+
+
+def _wire_message(message: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
+    if message.get("tool_calls"):
+        out["tool_calls"] = message["tool_calls"]
+    return out

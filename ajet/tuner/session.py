@@ -1,0 +1,331 @@
+"""One episode's chat sessions: every LLM call of the episode goes through here.
+
+`EpisodeSession.chat` is the single path from an agent's messages to the engine and
+back: the tracker builds the prompt ids (extending earlier calls token for token),
+the per-call budget caps the completion length, the engine samples, the chat format
+parses tool calls, and the call is recorded as an `LLMCall`. The `ModelTuner`
+(AgentScope) and the OpenAI-compatible `Gateway` are thin shells around it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ajet.config.schema import ContextConfig, RolloutConfig
+from ajet.context.types import LLMCall
+from ajet.engine.base import Completion, InferenceEngine, SamplingParams
+
+log = logging.getLogger(__name__)
+
+# Limits on what a request may override (the rollout config gives the defaults).
+_MAX_TEMPERATURE = 2.0
+
+
+class SessionError(Exception):
+    """Base class for errors a chat call reports to the agent."""
+
+
+class SessionClosedError(SessionError):
+    """The episode has ended; its model and keys are dead."""
+
+
+class InvalidRequestError(SessionError, ValueError):
+    """A request parameter is unknown, unsupported or out of range."""
+
+
+class ContextBudgetError(SessionError, ValueError):
+    """The prompt alone exceeds the per-call / model-window budget."""
+
+
+class ChatFormatLike(Protocol):
+    """What the session needs from `ajet.engine.chat.ChatFormat`."""
+
+    eos_token_ids: set[int]
+
+    def decode(self, token_ids: list[int]) -> str: ...
+
+    def parse_completion(self, text: str) -> Any: ...
+
+    def to_openai_message(self, parsed: Any) -> dict: ...
+
+
+class TrackerLike(Protocol):
+    """What the session needs from `ajet.context.tracker.ContextTracker`."""
+
+    def build_prompt(
+        self, role: str, messages: list[dict], tools: list[dict] | None
+    ) -> list[int]: ...
+
+    def record(self, call: LLMCall) -> None: ...
+
+
+@dataclass
+class ChatResult:
+    """What one chat call returns: the OpenAI-style reply plus its record."""
+
+    message: dict[str, Any]  # {"role": "assistant", "content": ..., "tool_calls": [...]}
+    finish_reason: str  # "stop" | "length" | "tool_calls"
+    usage: dict[str, int]  # prompt_tokens, completion_tokens, total_tokens
+    call: LLMCall
+    text: str  # the decoded completion as generated (tool-call markup included)
+    malformed_tool_call: bool = False
+    capped: bool = False  # max_tokens was lowered to fit the budget
+
+
+@dataclass
+class SessionCounters:
+    calls: int = 0
+    malformed_tool_calls: int = 0
+    capped_calls: int = 0
+    failed_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    per_role_calls: dict[str, int] = field(default_factory=dict)
+
+
+def resolve_sampling(rollout: RolloutConfig, overrides: dict[str, Any]) -> SamplingParams:
+    """The rollout defaults with a request's overrides, validated (pure).
+
+    Accepted keys: temperature, top_p, top_k, max_tokens (alias max_completion_tokens),
+    stop (str or list), seed, n (only 1). `None` values mean "use the default".
+    """
+    params = SamplingParams(
+        temperature=rollout.temperature,
+        top_p=rollout.top_p,
+        top_k=rollout.top_k,
+        max_tokens=rollout.max_tokens,
+    )
+    values = {k: v for k, v in overrides.items() if v is not None}
+    if "max_completion_tokens" in values:
+        values.setdefault("max_tokens", values.pop("max_completion_tokens"))
+    unknown = set(values) - {"temperature", "top_p", "top_k", "max_tokens", "stop", "seed", "n"}
+    if unknown:
+        raise InvalidRequestError(
+            f"unsupported sampling parameter(s) {sorted(unknown)}; supported: temperature, "
+            "top_p, top_k, max_tokens, stop, seed"
+        )
+    if "n" in values and values["n"] != 1:
+        raise InvalidRequestError(
+            f"n={values['n']} is not supported: ask for one completion per call (n=1)"
+        )
+    if "temperature" in values:
+        params.temperature = _number("temperature", values["temperature"], 0.0, _MAX_TEMPERATURE)
+    if "top_p" in values:
+        params.top_p = _number("top_p", values["top_p"], 0.0, 1.0)
+        if params.top_p == 0.0:
+            raise InvalidRequestError("top_p must be in (0, 1]")
+    if "top_k" in values:
+        params.top_k = int(_number("top_k", values["top_k"], 0, float("inf"), integer=True))
+    if "max_tokens" in values:
+        params.max_tokens = int(
+            _number("max_tokens", values["max_tokens"], 1, float("inf"), integer=True)
+        )
+    if "seed" in values:
+        params.seed = int(_number("seed", values["seed"], -(2**63), 2**63 - 1, integer=True))
+    if "stop" in values:
+        params.stop = _stop_list(values["stop"])
+    return params
+
+
+def _number(name: str, value: Any, low: float, high: float, *, integer: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidRequestError(f"{name} must be a number, got {value!r}")
+    if integer and not float(value).is_integer():
+        raise InvalidRequestError(f"{name} must be an integer, got {value!r}")
+    if not low <= value <= high:
+        raise InvalidRequestError(f"{name}={value} is out of range [{low}, {high}]")
+    return value
+
+
+def _stop_list(stop: Any) -> list[str]:
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise InvalidRequestError(
+            f"stop must be a non-empty string or a list of them, got {stop!r}"
+        )
+    return list(stops)
+
+
+def completion_text(chat: ChatFormatLike, token_ids: list[int], stop: list[str]) -> str:
+    """The reply text the agent receives: the completion decoded without its final EOS,
+    cut before the first stop string (OpenAI semantics). Pure given `chat`."""
+    ids = list(token_ids)
+    while ids and ids[-1] in chat.eos_token_ids:
+        ids.pop()
+    text = chat.decode(ids)
+    cuts = [text.find(s) for s in stop if s in text]
+    return text[: min(cuts)] if cuts else text
+
+
+class EpisodeSession:
+    """All chat calls of one episode. Thread-safe; `close()` makes it refuse new calls."""
+
+    def __init__(
+        self,
+        episode_id: str,
+        engine: InferenceEngine,
+        chat: ChatFormatLike,
+        tracker: TrackerLike,
+        rollout: RolloutConfig,
+        context: ContextConfig,
+        trainable_roles: set[str] | None,
+        model_max_len: int,
+    ) -> None:
+        self.episode_id = episode_id
+        self.engine = engine
+        self.chat_format = chat
+        self.tracker = tracker
+        self.rollout = rollout
+        self.context = context
+        # None or empty = every role is trainable.
+        self.trainable_roles = set(trainable_roles) if trainable_roles else None
+        self.model_max_len = model_max_len
+        self.counters = SessionCounters()
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # -- state ---------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Mark the session dead: later (and still running) calls raise SessionClosedError."""
+        with self._lock:
+            self._closed = True
+
+    def is_trainable(self, role: str) -> bool:
+        return self.trainable_roles is None or role in self.trainable_roles
+
+    def stats(self) -> dict[str, float]:
+        with self._lock:
+            c = self.counters
+            return {
+                "tuner/calls": c.calls,
+                "tuner/malformed_tool_calls": c.malformed_tool_calls,
+                "tuner/capped_calls": c.capped_calls,
+                "tuner/failed_calls": c.failed_calls,
+                "tuner/prompt_tokens": c.prompt_tokens,
+                "tuner/completion_tokens": c.completion_tokens,
+            }
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SessionClosedError(
+                f"episode {self.episode_id} has ended; its model can no longer be called "
+                "(keep every LLM call inside Workflow.execute)"
+            )
+
+    # -- the call --------------------------------------------------------------
+    async def chat(
+        self,
+        role: str,
+        messages: list[dict],
+        tools: list[dict] | None = None,
+        *,
+        tool_choice: str | dict | None = None,
+        **sampling_overrides: Any,
+    ) -> ChatResult:
+        """One chat call: prompt through the tracker, budget, sample, parse, record.
+
+        `tool_choice="none"` leaves the reply unparsed (tool-call markup stays text);
+        other values are accepted but not enforced (no constrained decoding).
+        """
+        self._check_open()
+        if not isinstance(messages, list) or not messages:
+            raise InvalidRequestError("messages must be a non-empty list of message dicts")
+        params = resolve_sampling(self.rollout, sampling_overrides)
+        tools = tools or None
+        prompt_ids = self.tracker.build_prompt(role, messages, tools)
+        requested = params.max_tokens
+        params.max_tokens = self._budget(len(prompt_ids), requested)
+        capped = params.max_tokens < requested
+        try:
+            completions = await self.engine.generate(list(prompt_ids), params)
+        except Exception:
+            with self._lock:
+                self.counters.failed_calls += 1
+            raise
+        completion = _single(completions)
+        return self._finish(
+            role, messages, tools, tool_choice, params, prompt_ids, completion, capped
+        )
+
+    def _budget(self, prompt_len: int, requested: int) -> int:
+        from ajet.context.budget import call_budget
+
+        allowed = call_budget(prompt_len, requested, self.context, self.model_max_len)
+        if allowed <= 0:
+            with self._lock:
+                self.counters.failed_calls += 1
+            raise ContextBudgetError(
+                f"episode {self.episode_id}: the prompt is {prompt_len} tokens, which leaves no room "
+                f"for a completion within the model window ({self.model_max_len} tokens). Shorten the "
+                "conversation (summarise or drop old turns) or raise context.max_model_len."
+            )
+        return min(allowed, requested)
+
+    def _finish(
+        self,
+        role: str,
+        messages: list[dict],
+        tools: list[dict] | None,
+        tool_choice: str | dict | None,
+        params: SamplingParams,
+        prompt_ids: list[int],
+        completion: Completion,
+        capped: bool,
+    ) -> ChatResult:
+        text = completion_text(self.chat_format, completion.token_ids, params.stop)
+        malformed = False
+        if tool_choice == "none":
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+        else:
+            parsed = self.chat_format.parse_completion(text)
+            malformed = bool(parsed.malformed_tool_call)
+            message = self.chat_format.to_openai_message(parsed)
+        finish_reason = "tool_calls" if message.get("tool_calls") else completion.finish_reason
+        call = LLMCall(
+            role=role,
+            prompt_ids=list(prompt_ids),
+            completion_ids=list(completion.token_ids),
+            completion_logprobs=list(completion.logprobs),
+            finish_reason=finish_reason,
+            policy_version=completion.policy_version,
+            messages=[dict(m) for m in messages],
+            tools=tools,
+            response_message=message,
+            trainable=self.is_trainable(role),
+        )
+        with self._lock:
+            # A call still running when the episode ended is discarded, not recorded.
+            self._check_open()
+            self.tracker.record(call)
+            c = self.counters
+            c.calls += 1
+            c.per_role_calls[role] = c.per_role_calls.get(role, 0) + 1
+            c.malformed_tool_calls += int(malformed)
+            c.capped_calls += int(capped)
+            c.prompt_tokens += len(prompt_ids)
+            c.completion_tokens += len(completion.token_ids)
+        if capped:
+            log.debug(
+                "episode %s: max_tokens capped to %d by the call budget",
+                self.episode_id,
+                params.max_tokens,
+            )
+        usage = {
+            "prompt_tokens": len(prompt_ids),
+            "completion_tokens": len(completion.token_ids),
+            "total_tokens": len(prompt_ids) + len(completion.token_ids),
+        }
+        return ChatResult(message, finish_reason, usage, call, text, malformed, capped)
+
+
+def _single(completions: list[Completion]) -> Completion:
+    if len(completions) != 1:
+        raise RuntimeError(f"the engine returned {len(completions)} completions for n=1")
+    return completions[0]

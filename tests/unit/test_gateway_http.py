@@ -1,0 +1,198 @@
+"""Gateway over real HTTP (uvicorn on a thread): keys, errors, isolation."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from test_tuner_fakes import make_session
+
+from ajet.tuner import Gateway
+
+BODY = {"model": "ajet-policy", "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.fixture(scope="module")
+def gateway() -> Iterator[Gateway]:
+    gw = Gateway(max_body_bytes=64 * 1024).start()
+    yield gw
+    gw.stop()
+
+
+def post(gateway: Gateway, body: object = BODY, key: str | None = None, **kw) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    headers.update(kw.pop("headers", {}))
+    content = (
+        body if isinstance(body, (bytes, str)) or hasattr(body, "__next__") else json.dumps(body)
+    )
+    return httpx.post(
+        f"{gateway.base_url}/chat/completions",
+        content=content,
+        headers={"Content-Type": "application/json", **headers},
+        timeout=30,
+        **kw,
+    )
+
+
+def assert_openai_error(response: httpx.Response, status: int, code: str | None = None) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) >= {"message", "type", "code"} and error["message"]
+    if code is not None:
+        assert error["code"] == code
+    return error
+
+
+def test_binds_localhost_and_lists_models(gateway: Gateway) -> None:
+    assert gateway.base_url.startswith("http://127.0.0.1:") and gateway.base_url.endswith("/v1")
+    session, *_ = make_session([])
+    key = gateway.register(session, "default")
+    models = httpx.get(
+        f"{gateway.base_url}/models", headers={"Authorization": f"Bearer {key}"}
+    ).json()
+    assert models["object"] == "list" and models["data"][0]["id"] == "ajet-policy"
+    assert_openai_error(httpx.get(f"{gateway.base_url}/models"), 401, "invalid_api_key")
+    gateway.unregister(key)
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"Authorization": "Bearer"},
+        {"Authorization": "Basic abc"},
+        {"Authorization": "Bearer not-a-key"},
+    ],
+)
+def test_missing_or_unknown_key_is_401_and_reaches_no_session(
+    gateway: Gateway, headers: dict
+) -> None:
+    session, engine, tracker, _ = make_session(["never"])
+    gateway.register(session, "default")
+    assert_openai_error(post(gateway, headers=headers), 401, "invalid_api_key")
+    assert tracker.built == [] and engine.seen == []
+
+
+def test_keys_die_after_unregister_and_with_their_episode(gateway: Gateway) -> None:
+    session, _, tracker, _ = make_session(["one", "two"])
+    key = gateway.register(session, "default")
+    assert post(gateway, key=key).status_code == 200
+    gateway.unregister(key)
+    assert_openai_error(post(gateway, key=key), 401)
+
+    key2 = gateway.register(session, "default")
+    session.close()
+    assert_openai_error(post(gateway, key=key2), 401)
+    assert gateway.unregister_session(session) == 1
+    assert len(tracker.calls) == 1
+
+
+def test_keys_are_unguessable(gateway: Gateway) -> None:
+    session, *_ = make_session([])
+    keys = {gateway.register(session, "default") for _ in range(50)}
+    assert len(keys) == 50 and all(len(k) >= 40 for k in keys)
+    assert gateway.unregister_session(session) == 50
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        (b"{not json", "not valid JSON"),
+        (b"[1, 2]", "JSON object"),
+        ({"model": "x"}, "messages"),
+        ({"messages": []}, "messages"),
+        ({"messages": [{"content": "no role"}]}, "role"),
+        ({**BODY, "temperature": 5}, "temperature"),
+        ({**BODY, "max_tokens": 0}, "max_tokens"),
+        ({**BODY, "n": 2}, "n=2"),
+        ({**BODY, "stop": [""]}, "stop"),
+    ],
+)
+def test_bad_requests_are_400_with_openai_bodies(
+    gateway: Gateway, body: object, fragment: str
+) -> None:
+    session, engine, _, _ = make_session(["never"])
+    key = gateway.register(session, "default")
+    error = assert_openai_error(post(gateway, body, key), 400)
+    assert fragment in error["message"] and error["type"] == "invalid_request_error"
+    assert engine.seen == []
+    gateway.unregister(key)
+
+
+def test_oversized_body_is_413(gateway: Gateway) -> None:
+    session, engine, _, _ = make_session(["never"])
+    key = gateway.register(session, "default")
+    big = {"messages": [{"role": "user", "content": "x" * (70 * 1024)}]}
+    assert_openai_error(post(gateway, big, key), 413, "request_too_large")
+
+    def chunked():  # no Content-Length: the limit holds while streaming the body
+        data = json.dumps(big).encode()
+        for i in range(0, len(data), 8192):
+            yield data[i : i + 8192]
+
+    assert_openai_error(post(gateway, chunked(), key), 413)
+    assert engine.seen == []
+
+
+def test_prompt_over_budget_is_400_context_length_exceeded(gateway: Gateway) -> None:
+    session, engine, _, _ = make_session(["never"], model_max_len=8)
+    key = gateway.register(session, "default")
+    assert_openai_error(post(gateway, key=key), 400, "context_length_exceeded")
+    assert engine.seen == []
+
+
+def test_engine_failure_is_500(gateway: Gateway) -> None:
+    session, engine, tracker, _ = make_session(["x"])
+    engine.fail_with = RuntimeError("engine thread died")
+    key = gateway.register(session, "default")
+    error = assert_openai_error(post(gateway, key=key), 500)
+    assert "engine thread died" in error["message"] and error["type"] == "server_error"
+    assert tracker.calls == []
+
+
+def test_unknown_route_is_an_openai_error(gateway: Gateway) -> None:
+    assert_openai_error(httpx.get(f"{gateway.base_url}/nothing"), 404)
+
+
+def test_concurrent_episodes_never_see_each_others_calls(gateway: Gateway) -> None:
+    def echo(prompt: str) -> str:  # the reply names the episode whose prompt it saw
+        return "reply to " + prompt.split("episode ")[-1].split("<")[0]
+
+    sessions = [make_session(echo, episode_id=f"ep{i}", delay_s=0.02) for i in range(3)]
+    keys = [gateway.register(s[0], "default") for s in sessions]
+
+    async def one(client: httpx.AsyncClient, i: int, turn: int) -> str:
+        body = {"messages": [{"role": "user", "content": f"episode {i}-{turn}"}], "temperature": 0}
+        r = await client.post(
+            f"{gateway.base_url}/chat/completions",
+            json=body,
+            headers={"Authorization": f"Bearer {keys[i]}"},
+        )
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["message"]["content"]
+
+    async def main() -> list[str]:
+        async with httpx.AsyncClient(timeout=30) as client:
+            return await asyncio.gather(*(one(client, i, t) for t in range(4) for i in range(3)))
+
+    replies = asyncio.run(main())
+    assert replies == [f"reply to {i}-{t}" for t in range(4) for i in range(3)]
+    for i, (session, _, tracker, _) in enumerate(sessions):
+        assert len(tracker.calls) == 4
+        assert {c.messages[0]["content"] for c in tracker.calls} == {
+            f"episode {i}-{t}" for t in range(4)
+        }
+        gateway.unregister_session(session)
+
+
+def test_start_stop_restart_frees_the_port() -> None:
+    gw = Gateway().start()
+    url = gw.base_url
+    gw.stop()
+    with pytest.raises(httpx.TransportError):
+        httpx.get(url + "/models", timeout=2)
+    with pytest.raises(RuntimeError, match="not running"):
+        _ = gw.base_url
