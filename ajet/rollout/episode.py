@@ -1,0 +1,62 @@
+"""The result of one episode, and the errors that decide how an episode ends.
+
+An `Episode` is plain data: the manager aggregates episodes into metrics and the
+backbone turns the timelines of the `ok` ones into training samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ajet.workflow import WorkflowOutput, WorkflowTask
+
+EpisodeStatus = Literal["ok", "failed", "timeout"]
+
+OK = "ok"
+FAILED = "failed"
+TIMEOUT = "timeout"
+
+
+class InfrastructureError(Exception):
+    """The engine, gateway or session failed, not the workflow.
+
+    Raised by the tuner/engine. The runner retries the episode on a fresh session
+    (with backoff, up to `rollout.max_retries`); a workflow's own exceptions are never retried.
+    """
+
+
+class BadOutputError(Exception):
+    """A workflow returned something that is not a reward or a `WorkflowOutput`."""
+
+
+@dataclass
+class Episode:
+    """One run of the workflow on one task.
+
+    `reason` is "" for ok episodes, else a short machine-readable cause that becomes a
+    metric key (`rollout/failed/<reason>`): `workflow_error:<ExceptionType>`, `timeout`,
+    `bad_output`, `no_reward`, `judge_error:<ExceptionType>`, `judge_timeout`,
+    `infrastructure:<ExceptionType>` (retries exhausted), `session_error:<ExceptionType>`,
+    `tracker_error:<ExceptionType>`. `error_message` holds the human-readable detail
+    (the traceback for exceptions).
+    """
+
+    episode_id: str
+    task: WorkflowTask
+    group_id: str
+    status: EpisodeStatus = OK
+    reason: str = ""
+    error_message: str = ""
+    output: WorkflowOutput | None = None
+    reward: float = 0.0
+    is_success: bool = False
+    timelines: list[Any] = field(default_factory=list)  # ajet.context.types.Timeline
+    tracker_stats: dict[str, Any] = field(default_factory=dict)
+    num_calls: int = 0
+    duration_s: float = 0.0
+    retries: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == OK

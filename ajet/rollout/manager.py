@@ -1,0 +1,154 @@
+"""RolloutManager: run every task `n` times, concurrently and bounded, and summarise the step.
+
+One failing or hanging episode never takes the step down: the runner turns every ending
+into an `Episode`, and the result counts the failures by reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import statistics
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+from ajet.config.schema import RolloutConfig
+from ajet.rollout.episode import FAILED, OK, TIMEOUT, Episode
+from ajet.rollout.runner import TaskRunner
+from ajet.workflow import WorkflowTask
+
+logger = logging.getLogger(__name__)
+
+# Rewards closer than this count as equal when dropping groups without signal.
+EQUAL_REWARD_TOL = 1e-8
+
+
+@dataclass
+class RolloutResult:
+    """All episodes of one rollout, and the ones to train on.
+
+    `ok_episodes`: status "ok", minus the groups dropped because all their rewards were
+    equal (only when `rollout.drop_equal_reward_groups`).
+    """
+
+    episodes: list[Episode]
+    ok_episodes: list[Episode]
+    dropped_groups: list[str] = field(default_factory=list)
+    max_in_flight: int = 0
+
+    def metrics(self) -> dict[str, float]:
+        """Flat metrics for the step (see docs/outputs.md).
+
+        `rollout/failed` counts every episode that is not ok (timeouts included);
+        `rollout/failed/<reason>` breaks it down (a timeout's reason is "timeout").
+        `reward/*`, `success/rate`, `workflow/*` and `judge/*` average over the ok episodes
+        (before dropping groups) and are absent when there are none.
+        """
+        episodes = self.episodes
+        ok = [e for e in episodes if e.status == OK]
+        not_ok = [e for e in episodes if e.status != OK]
+        out: dict[str, float] = {
+            "rollout/episodes": float(len(episodes)),
+            "rollout/ok": float(len(ok)),
+            "rollout/failed": float(len(not_ok)),
+            "rollout/timeouts": float(sum(e.status == TIMEOUT for e in episodes)),
+            "rollout/retries": float(sum(e.retries for e in episodes)),
+            "rollout/dropped_groups": float(len(self.dropped_groups)),
+            "rollout/max_in_flight": float(self.max_in_flight),
+        }
+        for reason, count in Counter(e.reason for e in not_ok).items():
+            out[f"rollout/failed/{reason}"] = float(count)
+        if episodes:
+            out["rollout/episode_time_s"] = statistics.fmean(e.duration_s for e in episodes)
+        if ok:
+            rewards = [e.reward for e in ok]
+            out["reward/mean"] = statistics.fmean(rewards)
+            out["reward/std"] = statistics.pstdev(rewards)
+            out["success/rate"] = statistics.fmean(float(e.is_success) for e in ok)
+            out["rollout/calls_per_episode"] = statistics.fmean(e.num_calls for e in ok)
+            out.update(_mean_log_metrics(ok))
+        return out
+
+
+def _mean_log_metrics(episodes: list[Episode]) -> dict[str, float]:
+    """Mean of each `log_metrics` key over the episodes that report it. Judge breakdowns
+    (`judge/<component>`) keep their name; the workflow's own get the `workflow/` prefix."""
+    values: dict[str, list[float]] = defaultdict(list)
+    for e in episodes:
+        for key, value in (e.output.log_metrics if e.output else {}).items():
+            name = key if key.startswith("judge/") else f"workflow/{key}"
+            values[name].append(float(value))
+    return {name: statistics.fmean(v) for name, v in values.items()}
+
+
+def drop_equal_reward_groups(episodes: list[Episode]) -> tuple[list[Episode], list[str]]:
+    """Remove the groups whose ok episodes all have the same reward (no GRPO signal).
+
+    Returns the kept episodes (order preserved) and the dropped group ids.
+    """
+    by_group: dict[str, list[float]] = defaultdict(list)
+    for e in episodes:
+        by_group[e.group_id].append(e.reward)
+    dropped = [g for g, r in by_group.items() if max(r) - min(r) <= EQUAL_REWARD_TOL]
+    dropped_set = set(dropped)
+    return [e for e in episodes if e.group_id not in dropped_set], dropped
+
+
+class RolloutManager:
+    def __init__(self, runner: TaskRunner, config: RolloutConfig) -> None:
+        self.runner = runner
+        self.config = config
+
+    async def rollout(
+        self, tasks: list[WorkflowTask], n: int | None = None, *, episode_prefix: str = ""
+    ) -> RolloutResult:
+        """Run every task `n` times (default `rollout.n`), at most `max_concurrency` at once.
+
+        Episode ids are `f"{episode_prefix}{task_id}-e{i}"` (e.g. prefix "s3-" for step 3);
+        a task id repeated in `tasks` continues the numbering, so ids stay unique. The group
+        id is the task id.
+        """
+        n = self.config.n if n is None else n
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        semaphore = asyncio.Semaphore(self.config.max_concurrency)
+        in_flight = 0
+        max_in_flight = 0
+
+        async def one(task: WorkflowTask, episode_id: str) -> Episode:
+            nonlocal in_flight, max_in_flight
+            async with semaphore:
+                in_flight += 1
+                max_in_flight = max(max_in_flight, in_flight)
+                try:
+                    return await self.runner.run_episode(task, episode_id, group_id=task.task_id)
+                finally:
+                    in_flight -= 1
+
+        jobs = [
+            one(task, episode_id) for task, episode_id in _episode_ids(tasks, n, episode_prefix)
+        ]
+        episodes = list(await asyncio.gather(*jobs))
+        ok = [e for e in episodes if e.status == OK]
+        dropped: list[str] = []
+        if self.config.drop_equal_reward_groups:
+            ok, dropped = drop_equal_reward_groups(ok)
+        failed = sum(e.status == FAILED for e in episodes)
+        timeouts = sum(e.status == TIMEOUT for e in episodes)
+        if failed or timeouts:
+            logger.info(
+                "rollout: %d episodes, %d failed, %d timed out", len(episodes), failed, timeouts
+            )
+        return RolloutResult(
+            episodes=episodes, ok_episodes=ok, dropped_groups=dropped, max_in_flight=max_in_flight
+        )
+
+
+def _episode_ids(tasks: list[WorkflowTask], n: int, prefix: str) -> list[tuple[WorkflowTask, str]]:
+    seen: Counter[str] = Counter()
+    pairs = []
+    for task in tasks:
+        start = seen[task.task_id]
+        seen[task.task_id] += n
+        pairs.extend((task, f"{prefix}{task.task_id}-e{start + i}") for i in range(n))
+    return pairs
