@@ -245,22 +245,31 @@ class EpisodeSession:
         capped = params.max_tokens < requested
         try:
             completions = await self.engine.generate(list(prompt_ids), params)
-        except Exception:
-            with self._lock:
-                self.counters.failed_calls += 1
+        except ValueError:  # the engine rejected this request (e.g. prompt too long)
+            self._count_failure()
             raise
+        except Exception as err:  # noqa: BLE001 - re-raised as an infrastructure failure
+            from ajet.rollout.episode import InfrastructureError
+
+            self._count_failure()
+            raise InfrastructureError(
+                f"episode {self.episode_id}: the inference engine failed: {type(err).__name__}: {err}"
+            ) from err
         completion = _single(completions)
         return self._finish(
             role, messages, tools, tool_choice, params, prompt_ids, completion, capped
         )
+
+    def _count_failure(self) -> None:
+        with self._lock:
+            self.counters.failed_calls += 1
 
     def _budget(self, prompt_len: int, requested: int) -> int:
         from ajet.context.budget import call_budget
 
         allowed = call_budget(prompt_len, requested, self.context, self.model_max_len)
         if allowed <= 0:
-            with self._lock:
-                self.counters.failed_calls += 1
+            self._count_failure()
             raise ContextBudgetError(
                 f"episode {self.episode_id}: the prompt is {prompt_len} tokens, which leaves no room "
                 f"for a completion within the model window ({self.model_max_len} tokens). Shorten the "

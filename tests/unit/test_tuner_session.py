@@ -198,3 +198,17 @@ def test_resolve_sampling_and_completion_text_are_pure() -> None:
 
     assert completion_text(Chat(), [104, 105, 0], []) == "hi"
     assert completion_text(Chat(), [104, 105, 33, 0], ["!", "i"]) == "h"
+
+
+def test_engine_failures_are_infrastructure_errors_and_rejections_are_not() -> None:
+    from ajet.rollout.episode import InfrastructureError
+
+    session, engine, tracker, _ = make_session(["x"])
+    engine.fail_with = RuntimeError("engine thread died")
+    with pytest.raises(InfrastructureError, match="engine thread died"):
+        asyncio.run(session.chat("default", USER))
+    engine.fail_with = ValueError("prompt too long for the engine")
+    with pytest.raises(ValueError, match="prompt too long") as info:
+        asyncio.run(session.chat("default", USER))
+    assert not isinstance(info.value, InfrastructureError)
+    assert tracker.calls == [] and session.stats()["tuner/failed_calls"] == 2
