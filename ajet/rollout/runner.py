@@ -3,8 +3,9 @@
 `run_episode` never raises for a workflow's or judge's fault: every ending becomes an
 `Episode` with a status and a reason (see `ajet.rollout.episode.Episode`). Only
 infrastructure errors (engine, gateway, session: `InfrastructureError`, `ConnectionError`,
-`httpx.TransportError`, `openai.APIConnectionError`) are retried, each time on a fresh
-episode handle, with exponential backoff.
+`httpx.TransportError`, `openai.APIConnectionError`, `openai.InternalServerError`; also when
+user code raised its own error from one) are retried, each on a fresh episode handle, with
+exponential backoff.
 
 The runner keeps no global state: the workflow, judge and session factory are injected,
 so the same object can later live inside a Ray actor.
@@ -308,7 +309,9 @@ def _infrastructure_types() -> tuple[type[BaseException], ...]:
         pass
     openai = sys.modules.get("openai")  # only if the workflow already uses it
     if openai is not None and hasattr(openai, "APIConnectionError"):
-        types.append(openai.APIConnectionError)
+        # Unreachable gateway, or a 5xx from it: the gateway answers 500 when the
+        # session/engine failed (after the OpenAI client's own retries).
+        types.extend([openai.APIConnectionError, openai.InternalServerError])
     return tuple(types)
 
 

@@ -310,6 +310,24 @@ def test_connection_errors_count_as_infrastructure(error: BaseException) -> None
     assert ep.status == "ok" and ep.retries == 1 and factory.open_attempts == 2
 
 
+def test_openai_client_errors_from_the_gateway_are_infrastructure() -> None:
+    import openai
+
+    request = httpx.Request("POST", "http://127.0.0.1:1/v1/chat/completions")
+    server_error = openai.InternalServerError(
+        "engine failed", response=httpx.Response(500, request=request), body=None
+    )
+    unreachable = openai.APIConnectionError(request=request)
+    factory = FakeFactory([server_error, unreachable, None])
+    ep, _ = run_one(ChatWorkflow(result=1.0), factory=factory, max_retries=2)
+    assert ep.status == "ok" and ep.retries == 2
+    bad_request = openai.BadRequestError(
+        "bad tool schema", response=httpx.Response(400, request=request), body=None
+    )
+    ep2, factory2 = run_one(ChatWorkflow(result=1.0), factory=FakeFactory([bad_request]))
+    assert ep2.reason == "workflow_error:BadRequestError" and factory2.open_attempts == 1
+
+
 def test_infrastructure_error_wrapped_by_user_code_is_still_retried() -> None:
     class Wrapping(Workflow):
         async def execute(self, task: WorkflowTask, tuner: Any) -> WorkflowOutput:
