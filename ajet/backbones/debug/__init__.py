@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from ajet.config.schema import AjetConfig
 
 
 def check_config(cfg: AjetConfig) -> list[tuple[str, str]]:
+    """Settings that would do nothing on the debug backbone."""
     problems = []
-    if cfg.ray.address and False:  # placeholder for backbone-specific checks
-        problems.append(("ray.address", ""))
+    for key, value, default in (
+        ("trinity.explorer_gpus", cfg.trinity.explorer_gpus, 1),
+        ("trinity.trainer_gpus", cfg.trinity.trainer_gpus, 1),
+        ("verl.n_gpus_per_node", cfg.verl.n_gpus_per_node, 1),
+        ("verl.nnodes", cfg.verl.nnodes, 1),
+        ("verl.tensor_model_parallel_size", cfg.verl.tensor_model_parallel_size, 1),
+    ):
+        if value != default:
+            problems.append((key, f"has no effect on --backbone=debug (one process); remove it or "
+                                  f"use --backbone={key.split('.')[0]}"))
     return problems
 
 
@@ -16,7 +27,7 @@ def translate(cfg: AjetConfig) -> str | None:
     return None
 
 
-def run(cfg: AjetConfig, *, with_ray: bool, resume: bool) -> None:
+def run(cfg: AjetConfig, *, with_ray: bool, resume: bool, workflow: Any = None) -> None:
     from ajet.backbones.debug.trainer import train
 
-    train(cfg, with_ray=with_ray, resume=resume)
+    train(cfg, with_ray=with_ray, resume=resume, workflow=workflow)

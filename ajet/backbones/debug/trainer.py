@@ -89,10 +89,10 @@ class DebugTrainer:
         (self.run_dir / "config.yaml").write_text(to_yaml(self.cfg))
 
     def _load_workflow(self) -> Any:
-        from ajet.rollout.loader import load_workflow, workflow_from_object
+        from ajet.rollout.loader import as_workflow, load_workflow
 
         if self._workflow_arg is not None:
-            return workflow_from_object(self._workflow_arg)
+            return as_workflow(self._workflow_arg)
         return load_workflow(self.cfg.workflow.target)
 
     def _build_reader(self) -> Any:
@@ -157,6 +157,7 @@ class DebugTrainer:
             context=cfg.context, trainable_roles=roles or None, model_max_len=self.model_max_len,
         )
         self.runner = TaskRunner(self.workflow, self.judge, factory, cfg.rollout)
+        self._closers.append(self.runner.close)
         self.manager = RolloutManager(self.runner, cfg.rollout)
 
     def _resume(self) -> None:
@@ -208,7 +209,7 @@ class DebugTrainer:
         start = time.monotonic()
         tasks = self.reader.next_batch(self.cfg.trainer.batch_size)
         progress.phase(f"step {step}: rollout of {len(tasks)} tasks × {self.cfg.rollout.n}")
-        result = self._loop.run_until_complete(self.manager.rollout(tasks, self.cfg.rollout.n, prefix=f"s{step}-"))
+        result = self._loop.run_until_complete(self.manager.rollout(tasks, self.cfg.rollout.n, episode_prefix=f"s{step}-"))
         rollout_s = time.monotonic() - start
         episodes = result.ok_episodes
         metrics = dict(result.metrics())
@@ -250,7 +251,7 @@ class DebugTrainer:
             return {}
         k = self.cfg.trainer.val_n
         progress.phase(f"validation: {len(tasks)} tasks × {k}")
-        result = self._loop.run_until_complete(self.manager.rollout(tasks, k, prefix=f"val{self.step}-"))
+        result = self._loop.run_until_complete(self.manager.rollout(tasks, k, episode_prefix=f"val{self.step}-"))
         metrics = validation_metrics(result.episodes, k)
         self.metrics.log(self.step, metrics, split="val")
         log.info("validation at step %d: %s", self.step,
