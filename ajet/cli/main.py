@@ -14,6 +14,8 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("ajet.cli.train", "Train (the default command)."),
     "config": ("ajet.cli.config_cmd", "Print the default config or a resolved config."),
+    "view": ("ajet.cli.view", "Write a token-level HTML viewer of a run."),
+    "report": ("ajet.cli.report", "Plot a run's metrics (or compare runs) into PNGs + HTML."),
 }
 
 
