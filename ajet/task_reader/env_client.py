@@ -23,7 +23,11 @@ START_HINT = (
 
 
 class EnvServiceError(TaskReaderError):
-    """The env service could not be reached or refused a request."""
+    """The env service could not be reached (`status_code` None) or refused a request."""
+
+    def __init__(self, message: str, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
 
 
 def _unreachable(url: str, exc: Exception) -> EnvServiceError:
@@ -36,7 +40,9 @@ def _result(url: str, response: httpx.Response) -> Any:
             detail = response.json().get("detail", response.text)
         except ValueError:
             detail = response.text
-        raise EnvServiceError(f"env service {url} answered {response.status_code}: {detail}")
+        raise EnvServiceError(
+            f"env service {url} answered {response.status_code}: {detail}", response.status_code
+        )
     try:
         return response.json()
     except ValueError:

@@ -12,7 +12,7 @@ import logging
 
 from ajet.config.schema import EnvServiceReaderConfig
 from ajet.task_reader.base import TaskReaderError
-from ajet.task_reader.env_client import EnvServiceClient
+from ajet.task_reader.env_client import EnvServiceClient, EnvServiceError
 from ajet.workflow import WorkflowTask
 
 logger = logging.getLogger(__name__)
@@ -22,7 +22,12 @@ def load_env_tasks(cfg: EnvServiceReaderConfig) -> tuple[list[WorkflowTask], lis
     """(train, val) tasks: the first `num_train_tasks` of split 'train' (<= 0: all) and the
     first `num_val_tasks` of split 'val' (0: none)."""
     with EnvServiceClient(cfg.base_url, timeout=cfg.request_timeout_s) as client:
-        offered = client.health().get("env_types", [])
+        try:
+            offered = client.health().get("env_types", [])
+        except EnvServiceError as exc:
+            if exc.status_code != 404:
+                raise
+            offered = []  # a service without /health: list_tasks below still checks it
         if not cfg.env_type:
             raise TaskReaderError(
                 f"task_reader.env_service.env_type is empty; the service at {cfg.base_url} "

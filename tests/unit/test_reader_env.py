@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import subprocess
 import sys
@@ -30,24 +31,32 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server_url() -> Iterator[str]:
+@contextlib.contextmanager
+def serve(app) -> Iterator[str]:
+    """Run an ASGI app on a free local port in a thread; yield its base URL."""
     import uvicorn
 
-    from ajet.task_reader.env_server import create_app
-
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(num_train=12, num_val=4), host="127.0.0.1",
-                                           port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline, "env server did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
+    try:
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def server_url() -> Iterator[str]:
+    from ajet.task_reader.env_server import create_app
+
+    with serve(create_app(num_train=12, num_val=4)) as url:
+        yield url
 
 
 def env_cfg(base_url: str, **kw) -> TaskReaderConfig:
@@ -189,3 +198,18 @@ def test_server_runs_as_a_module() -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_service_without_health_endpoint() -> None:
+    """/health is optional: a minimal service answering only list_tasks still works."""
+    from fastapi import FastAPI
+
+    app = FastAPI()
+
+    @app.post("/list_tasks")
+    def list_tasks(body: dict) -> dict:
+        return {"task_ids": [f"{body['env_type']}-{body['split']}-{i}" for i in range(3)]}
+
+    with serve(app) as url:
+        reader = build_reader(env_cfg(url, env_type="maze"), seed=0)
+    assert [t.task_id for t in reader.train_tasks()] == ["maze-train-0", "maze-train-1", "maze-train-2"]
