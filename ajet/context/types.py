@@ -61,4 +61,7 @@ class Sample:
     segments: list[tuple[int, int]] = field(default_factory=list)
     # Number of LLM calls merged into this sample (for seq_mean loss normalisation).
     num_calls: int = 1
+    # Per token: the call_index (within the episode) of the call whose trained token it
+    # is, -1 for untrained tokens. Lets loss normalisation count calls and episodes.
+    token_call_ids: list[int] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,215 @@
+"""Tree packing: samples that share token prefixes are forwarded as one token tree.
+
+All samples of a batch (across episodes: GRPO siblings share their prompt) are
+inserted into a trie over token ids. Each distinct trie node is one position of a
+packed sequence; its `position_ids` value is its depth and `parents` points at
+its parent's position, so a tree attention mask (token attends to its ancestors)
+reproduces every sample's own causal forward. A trained token of a sample becomes
+a *loss entry*: the position whose logits predict it (its parent) plus the token,
+rollout logprob, advantage, weight and sample index. A node trained by two
+samples keeps two entries, so nothing is lost by sharing.
+
+Nodes are laid out in depth-first pre-order, so a parent always precedes its
+children and every subtree is a contiguous range (`packed_forward` relies on it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ajet.context.types import Sample
+from ajet.context.weights import loss_weights
+
+__all__ = ["PackedSequence", "pack_samples", "pack_stats", "loss_weights"]
+
+
+@dataclass
+class PackedSequence:
+    input_ids: list[int]
+    position_ids: list[int]  # depth of the node in its tree
+    parents: list[int]  # position of the parent node, -1 for a root
+    entry_pos: list[int] = field(default_factory=list)  # position whose logits predict the token
+    entry_token: list[int] = field(default_factory=list)
+    entry_old_logprob: list[float] = field(default_factory=list)
+    entry_advantage: list[float] = field(default_factory=list)
+    entry_weight: list[float] = field(default_factory=list)
+    entry_sample: list[int] = field(default_factory=list)  # index into the packed samples
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def num_entries(self) -> int:
+        return len(self.entry_pos)
+
+
+class _Trie:
+    def __init__(self) -> None:
+        self.token: list[int] = []
+        self.parent: list[int] = []
+        self.children: list[dict[int, int]] = []
+        self.roots: dict[int, int] = {}
+
+    def insert(self, ids: list[int]) -> list[int]:
+        """Insert a token sequence; return its node per token."""
+        path: list[int] = []
+        level = self.roots
+        parent = -1
+        for tok in ids:
+            node = level.get(tok)
+            if node is None:
+                node = len(self.token)
+                self.token.append(tok)
+                self.parent.append(parent)
+                self.children.append({})
+                level[tok] = node
+            path.append(node)
+            parent, level = node, self.children[node]
+        return path
+
+    def preorder(self, root: int) -> list[int]:
+        out, stack = [], [root]
+        while stack:
+            node = stack.pop()
+            out.append(node)
+            stack.extend(reversed(list(self.children[node].values())))
+        return out
+
+
+def pack_samples(
+    samples: list[Sample], weights: list[list[float]], max_tokens: int
+) -> list[PackedSequence]:
+    """Pack samples into tree sequences of at most `max_tokens` nodes (whole trees).
+
+    Trees are placed first-fit in decreasing size; a tree larger than `max_tokens`
+    gets a sequence of its own. `max_tokens <= 0` disables tree packing: each
+    sample is forwarded alone as a plain causal sequence, nothing shared.
+    """
+    if len(weights) != len(samples):
+        raise ValueError(f"{len(samples)} samples but {len(weights)} weight rows")
+    if max_tokens <= 0:
+        return [_pack([s], [w], [i]) for i, (s, w) in enumerate(zip(samples, weights, strict=True))]
+    trie = _Trie()
+    paths = [trie.insert(s.input_ids) for s in samples]
+    trees = {root: trie.preorder(root) for root in trie.roots.values()}
+    bins: list[list[int]] = []  # root nodes per sequence
+    sizes: list[int] = []
+    for root in sorted(trees, key=lambda r: (-len(trees[r]), r)):
+        n = len(trees[root])
+        slot = next((b for b, used in enumerate(sizes) if used + n <= max_tokens), None)
+        if slot is None:
+            bins.append([root])
+            sizes.append(n)
+        else:
+            bins[slot].append(root)
+            sizes[slot] += n
+    root_bin = {root: b for b, roots in enumerate(bins) for root in roots}
+    members: list[list[int]] = [[] for _ in bins]
+    for i, path in enumerate(paths):
+        if path:
+            members[root_bin[path[0]]].append(i)
+    out = []
+    for roots, idx in zip(bins, members, strict=True):
+        nodes = [node for root in roots for node in trees[root]]
+        out.append(
+            _layout(
+                trie,
+                nodes,
+                [samples[i] for i in idx],
+                [paths[i] for i in idx],
+                [weights[i] for i in idx],
+                idx,
+            )
+        )
+    return out
+
+
+def _pack(samples: list[Sample], weights: list[list[float]], indices: list[int]) -> PackedSequence:
+    trie = _Trie()
+    paths = [trie.insert(s.input_ids) for s in samples]
+    nodes = [node for root in trie.roots.values() for node in trie.preorder(root)]
+    return _layout(trie, nodes, samples, paths, weights, indices)
+
+
+def _layout(
+    trie: _Trie,
+    nodes: list[int],
+    samples: list[Sample],
+    paths: list[list[int]],
+    weights: list[list[float]],
+    indices: list[int],
+) -> PackedSequence:
+    at = {node: pos for pos, node in enumerate(nodes)}
+    parents = [at[trie.parent[n]] if trie.parent[n] >= 0 else -1 for n in nodes]
+    depth: list[int] = []
+    for p in parents:
+        depth.append(depth[p] + 1 if p >= 0 else 0)
+    seq = PackedSequence(
+        input_ids=[trie.token[n] for n in nodes], position_ids=depth, parents=parents
+    )
+    for sample, path, w, index in zip(samples, paths, weights, indices, strict=True):
+        _check(sample, w, index)
+        if sample.loss_mask and sample.loss_mask[0]:
+            raise ValueError(
+                f"sample {index}: its first token is marked trained but nothing predicts it"
+            )
+        adv = sample.advantages or [0.0] * len(sample.input_ids)
+        for t in range(1, len(path)):
+            if sample.loss_mask[t]:
+                seq.entry_pos.append(at[path[t - 1]])
+                seq.entry_token.append(sample.input_ids[t])
+                seq.entry_old_logprob.append(float(sample.old_logprobs[t]))
+                seq.entry_advantage.append(float(adv[t]))
+                seq.entry_weight.append(float(w[t]))
+                seq.entry_sample.append(index)
+    return seq
+
+
+def _check(sample: Sample, w: list[float], index: int) -> None:
+    n = len(sample.input_ids)
+    lengths = {
+        "loss_mask": len(sample.loss_mask),
+        "old_logprobs": len(sample.old_logprobs),
+        "weights": len(w),
+    }
+    if sample.advantages:
+        lengths["advantages"] = len(sample.advantages)
+    bad = {k: v for k, v in lengths.items() if v != n}
+    if bad:
+        raise ValueError(
+            f"sample {index} has {n} tokens but per-token lists of other lengths: {bad}"
+        )
+
+
+def pack_stats(samples: list[Sample], packed: list[PackedSequence]) -> dict[str, float]:
+    """What merging and packing saved, in tokens forwarded.
+
+    - tokens_per_call: tokens forwarded with one sample per trained call (each call's
+      prompt + completion; calls are found through `token_call_ids`, else one per sample)
+    - tokens_merged: tokens of the merged samples
+    - tokens_packed: tokens of the packed sequences
+    - tokens_distinct: distinct prefix-tree nodes over all samples (the ideal)
+    - merge_ratio: tokens_per_call / tokens_packed
+    """
+    per_call = 0
+    for s in samples:
+        ends: dict[int, int] = {}
+        for t, (m, c) in enumerate(
+            zip(s.loss_mask, s.token_call_ids or [0] * len(s.input_ids), strict=True)
+        ):
+            if m:
+                ends[c] = t + 1
+        per_call += sum(ends.values())
+    trie = _Trie()
+    for s in samples:
+        trie.insert(s.input_ids)
+    merged = sum(len(s.input_ids) for s in samples)
+    tokens_packed = sum(p.num_tokens for p in packed)
+    return {
+        "tokens_per_call": float(per_call),
+        "tokens_merged": float(merged),
+        "tokens_packed": float(tokens_packed),
+        "tokens_distinct": float(len(trie.token)),
+        "merge_ratio": per_call / tokens_packed if tokens_packed else 0.0,
+    }
