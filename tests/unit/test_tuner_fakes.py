@@ -11,9 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import sys
 import threading
-import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -185,24 +183,6 @@ class FakeEngine:
         return self.bump_version()
 
 
-def _fallback_call_budget(
-    prompt_len: int, requested: int, config: ContextConfig, model_max_len: int
-) -> int:
-    # Stand-in for ajet.context.budget.call_budget until it lands: the documented contract.
-    room = model_max_len - prompt_len if model_max_len else requested
-    return max(0, min(requested, config.max_call_tokens, room))
-
-
-def ensure_budget_module() -> None:
-    """Install the stand-in budget module when the real one is not in the tree yet."""
-    try:
-        import ajet.context.budget  # noqa: F401
-    except ImportError:
-        module = types.ModuleType("ajet.context.budget")
-        module.call_budget = _fallback_call_budget
-        sys.modules["ajet.context.budget"] = module
-
-
 def make_session(
     script: list[str] | Callable[[str], str] = (),
     *,
@@ -215,7 +195,6 @@ def make_session(
 ):
     from ajet.tuner import EpisodeSession
 
-    ensure_budget_module()
     chat = FakeChat()
     engine = FakeEngine(chat, script if callable(script) else list(script), delay_s=delay_s)
     tracker = FakeTracker(chat)
