@@ -80,49 +80,85 @@ class _Trie:
 def pack_samples(
     samples: list[Sample], weights: list[list[float]], max_tokens: int
 ) -> list[PackedSequence]:
-    """Pack samples into tree sequences of at most `max_tokens` nodes (whole trees).
+    """Pack samples into tree sequences of about `max_tokens` nodes at most.
 
-    Trees are placed first-fit in decreasing size; a tree larger than `max_tokens`
-    gets a sequence of its own. `max_tokens <= 0` disables tree packing: each
-    sample is forwarded alone as a plain causal sequence, nothing shared.
+    Each prefix tree is one item; items are placed first-fit in decreasing size. A
+    tree larger than `max_tokens` is first cut into groups of whole samples taken in
+    depth-first order, each group with at most `max_tokens` distinct nodes (a trunk
+    shared by two groups is then forwarded once per group). A single sample longer
+    than `max_tokens` gets a sequence of its own. So tokens packed == distinct tokens
+    unless a tree had to be cut. `max_tokens <= 0` disables tree packing: each sample
+    is forwarded alone as a plain causal sequence, nothing shared.
     """
     if len(weights) != len(samples):
         raise ValueError(f"{len(samples)} samples but {len(weights)} weight rows")
     if max_tokens <= 0:
         return [_pack([s], [w], [i]) for i, (s, w) in enumerate(zip(samples, weights, strict=True))]
     trie = _Trie()
-    paths = [trie.insert(s.input_ids) for s in samples]
-    trees = {root: trie.preorder(root) for root in trie.roots.values()}
-    bins: list[list[int]] = []  # root nodes per sequence
-    sizes: list[int] = []
-    for root in sorted(trees, key=lambda r: (-len(trees[r]), r)):
-        n = len(trees[root])
-        slot = next((b for b, used in enumerate(sizes) if used + n <= max_tokens), None)
-        if slot is None:
-            bins.append([root])
-            sizes.append(n)
-        else:
-            bins[slot].append(root)
-            sizes[slot] += n
-    root_bin = {root: b for b, roots in enumerate(bins) for root in roots}
-    members: list[list[int]] = [[] for _ in bins]
-    for i, path in enumerate(paths):
+    by_root: dict[int, list[int]] = {}
+    nodes_of: dict[int, set[int]] = {}
+    for i, sample in enumerate(samples):
+        path = trie.insert(sample.input_ids)
         if path:
-            members[root_bin[path[0]]].append(i)
+            by_root.setdefault(path[0], []).append(i)
+            nodes_of.setdefault(path[0], set()).update(path)
+    items: list[tuple[int, list[int]]] = []  # (distinct nodes, sample indices)
+    for root, idx in by_root.items():
+        size = len(nodes_of[root])
+        if size <= max_tokens:
+            items.append((size, idx))
+        else:
+            items.extend(_cut_tree(samples, idx, max_tokens))
+    bins: list[list[int]] = []
+    used: list[int] = []
+    for size, idx in sorted(items, key=lambda item: (-item[0], item[1][0])):
+        slot = next((b for b, n in enumerate(used) if n + size <= max_tokens), None)
+        if slot is None:
+            bins.append(list(idx))
+            used.append(size)
+        else:
+            bins[slot].extend(idx)
+            used[slot] += size
     out = []
-    for roots, idx in zip(bins, members, strict=True):
-        nodes = [node for root in roots for node in trees[root]]
-        out.append(
-            _layout(
-                trie,
-                nodes,
-                [samples[i] for i in idx],
-                [paths[i] for i in idx],
-                [weights[i] for i in idx],
-                idx,
-            )
-        )
+    for idx in bins:
+        idx = sorted(idx)
+        out.append(_pack([samples[i] for i in idx], [weights[i] for i in idx], idx))
     return out
+
+
+def _cut_tree(
+    samples: list[Sample], idx: list[int], max_tokens: int
+) -> list[tuple[int, list[int]]]:
+    """Groups of whole samples of one tree, each with at most `max_tokens` distinct nodes.
+
+    In lexicographic (= depth-first) order, a sample adds exactly the tokens past its
+    common prefix with the sample before it.
+    """
+    order = sorted(idx, key=lambda i: samples[i].input_ids)
+    groups: list[tuple[int, list[int]]] = []
+    group: list[int] = []
+    size = 0
+    prev: list[int] = []
+    for i in order:
+        ids = samples[i].input_ids
+        added = len(ids) - _common_prefix(prev, ids) if group else len(ids)
+        if group and size + added > max_tokens:
+            groups.append((size, group))
+            group, size, added = [], 0, len(ids)
+        group.append(i)
+        size += added
+        prev = ids
+    if group:
+        groups.append((size, group))
+    return groups
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for k in range(n):
+        if a[k] != b[k]:
+            return k
+    return n
 
 
 def _pack(samples: list[Sample], weights: list[list[float]], indices: list[int]) -> PackedSequence:
@@ -189,7 +225,8 @@ def pack_stats(samples: list[Sample], packed: list[PackedSequence]) -> dict[str,
       prompt + completion; calls are found through `token_call_ids`, else one per sample)
     - tokens_merged: tokens of the merged samples
     - tokens_packed: tokens of the packed sequences
-    - tokens_distinct: distinct prefix-tree nodes over all samples (the ideal)
+    - tokens_distinct: distinct prefix-tree nodes over all samples (the ideal; equal to
+      tokens_packed unless a tree larger than the packing budget had to be cut)
     - merge_ratio: tokens_per_call / tokens_packed
     """
     per_call = 0

@@ -227,3 +227,28 @@ def test_length_mismatch_is_rejected():
     bad = Sample(input_ids=[1, 2, 3], loss_mask=[0, 1], old_logprobs=[0.0, 0.0, 0.0])
     with pytest.raises(ValueError):
         loss_weights([bad], LossAgg.token_mean)
+
+
+def test_a_tree_larger_than_the_budget_is_cut_into_groups_of_whole_samples():
+    prompt = list(range(100, 110))
+    samples = [
+        Sample(
+            input_ids=prompt + [200 + k] * 5,
+            loss_mask=[0] * 10 + [1] * 5,
+            old_logprobs=[0.0] * 10 + [-0.1 * k] * 5,
+            episode_id=f"e{k}",
+        )
+        for k in range(6)
+    ]
+    weights = loss_weights(samples, LossAgg.token_mean)
+    packed = pack_samples(samples, weights, 25)
+    # Greedy in depth-first order: 15 + 5 + 5 nodes per group, the prompt once per group.
+    assert [p.num_tokens for p in packed] == [25, 25]
+    assert sorted(i for p in packed for i in set(p.entry_sample)) == list(range(6))
+    assert sum(p.num_entries for p in packed) == 30
+    stats = pack_stats(samples, packed)
+    assert (stats["tokens_packed"], stats["tokens_distinct"]) == (50, 40)
+    # One sample longer than the budget goes alone.
+    long = Sample(input_ids=list(range(40)), loss_mask=[0] + [1] * 39, old_logprobs=[0.0] * 40)
+    alone = pack_samples([long], loss_weights([long], LossAgg.token_mean), 25)
+    assert [p.num_tokens for p in alone] == [40]
