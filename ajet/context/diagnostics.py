@@ -116,20 +116,22 @@ def check_prefix_preserving(renderer: ChatRenderer) -> bool:
     return True
 
 
-_checked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# Per renderer object (weakly held): (probe, prefix-preserving?), computed once.
+_cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def warn_if_not_prefix_preserving(renderer: ChatRenderer) -> bool:
-    """Run `check_prefix_preserving` once per renderer object; log a warning if it fails."""
+def inspect_template(renderer: ChatRenderer) -> TemplateProbe:
+    """`probe_template`, plus the pre-flight check with a warning, once per renderer object."""
     try:
-        return _checked[renderer]
+        return _cache[renderer][0]
     except KeyError:
         pass
-    except TypeError:  # not weak-referenceable: check every time
-        return _check_and_warn(renderer)
-    result = _check_and_warn(renderer)
-    _checked[renderer] = result
-    return result
+    except TypeError:  # not weak-referenceable (or unhashable): probe every time
+        _check_and_warn(renderer)
+        return probe_template(renderer)
+    probe = probe_template(renderer)
+    _cache[renderer] = (probe, _check_and_warn(renderer))
+    return probe
 
 
 def _check_and_warn(renderer: ChatRenderer) -> bool:

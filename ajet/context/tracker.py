@@ -26,8 +26,7 @@ from ajet.context.diagnostics import (
     TemplateProbe,
     check_prefix_preserving,
     extension_ids,
-    probe_template,
-    warn_if_not_prefix_preserving,
+    inspect_template,
 )
 from ajet.context.types import LLMCall, Timeline
 from ajet.engine.base import ChatRenderer
@@ -45,6 +44,7 @@ FORK_CAUSES = (
     "template_not_prefix_preserving",  # the template renders history differently once extended
     "retry",  # the same messages as an earlier call (its prompt ids are reused)
     "branch",  # extends an earlier call whose timeline already moved on
+    "concurrent_call",  # built while the role's earlier calls were still running
     "untracked_prompt",  # recorded with prompt ids that build_prompt did not return
 )
 
@@ -89,9 +89,8 @@ class ContextTracker:
         """The prompt ids for a call; extends an earlier call's tokens where possible."""
         with self._lock:
             if self._probe is None:
-                # Warn once per renderer; each extension is still checked on its own text.
-                warn_if_not_prefix_preserving(self.renderer)
-                self._probe = probe_template(self.renderer)
+                # Warns once per renderer; each extension is still checked on its own text.
+                self._probe = inspect_template(self.renderer)
             full = self.renderer.render(messages, tools, add_generation_prompt=True)
             tools_key = _tools_key(tools)
             ids, parent, cause = self._match(role, messages, tools, tools_key, full)
@@ -233,6 +232,8 @@ class ContextTracker:
                 text, tools_key = None, _tools_key(call.tools)
                 if parent is None and not self.calls:
                     cause = "first_call"
+            if parent is None and cause in ("first_call", "other_role"):
+                cause = self._root_cause(call)  # calls may have been recorded since the build
             tip = parent is not None and self._chains[self._nodes[parent].timeline][-1] == parent
             if parent is not None and not tip:
                 cause = cause if cause == "retry" else "branch"
@@ -246,6 +247,14 @@ class ContextTracker:
             call.timeline_id, call.fork_cause = timeline, cause
             self.calls.append(call)
             self._nodes.append(_Node(call, text, tools_key, timeline))
+
+    def _root_cause(self, call: LLMCall) -> str:
+        same_role = [c for c in self.calls if c.role == call.role]
+        if any(c.prompt_ids == call.prompt_ids for c in same_role):
+            return "retry"
+        if same_role:
+            return "concurrent_call"
+        return "other_role" if self.calls else "first_call"
 
     def _parent_by_tokens(self, call: LLMCall) -> int | None:
         """For prompts not built here: the latest same-role call the prompt extends, by tokens."""

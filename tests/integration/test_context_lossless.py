@@ -313,3 +313,55 @@ def test_loss_and_gradient_equal_on_the_bundled_model(renderer, bundled_model_di
     got_loss, got_grad = grads(model, lambda: packed_loss(model, packed))
     assert abs(got_loss - ref_loss) <= 1e-4 * abs(ref_loss)
     assert float((got_grad - ref_grad).norm() / ref_grad.norm()) <= 1e-4
+
+
+def test_with_the_engine_chat_format_and_tool_calls(bundled_model_dir):
+    chat = pytest.importorskip("ajet.engine.chat")
+    from transformers import AutoTokenizer
+
+    fmt = chat.ChatFormat(AutoTokenizer.from_pretrained(bundled_model_dir))
+    assert check_prefix_preserving(fmt)
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "calc",
+                "description": "evaluate an expression",
+                "parameters": {"type": "object", "properties": {"expr": {"type": "string"}}},
+            },
+        }
+    ]
+    tracker = ContextTracker(fmt, None, ContextConfig())
+    eos = next(iter(fmt.eos_token_ids))
+    messages = [SYS, user("What is 6*7?")]
+    calls = []
+    for text in (
+        '<tool_call>\n{"name": "calc", "arguments": {"expr": "6*7"}}\n</tool_call>',
+        "It is 42.",
+    ):
+        prompt = tracker.build_prompt("default", messages, tools)
+        ids = fmt.encode(text) + [eos]
+        reply = fmt.to_openai_message(fmt.parse_completion(text))
+        call = LLMCall(
+            role="default",
+            prompt_ids=prompt,
+            completion_ids=ids,
+            completion_logprobs=[-1.0] * len(ids),
+            finish_reason="stop",
+            policy_version=0,
+            messages=[dict(m) for m in messages],
+            tools=tools,
+            response_message=reply,
+        )
+        tracker.record(call)
+        calls.append(call)
+        if reply.get("tool_calls"):
+            # The agent echoes the parsed reply back (arguments as a JSON string) + the result.
+            tool_id = reply["tool_calls"][0]["id"]
+            messages = messages + [
+                reply,
+                {"role": "tool", "tool_call_id": tool_id, "content": "42"},
+            ]
+    assert calls[0].response_message["tool_calls"]
+    assert calls[1].fork_cause == "" and calls[1].timeline_id == 0
+    assert calls[1].prompt_ids == fmt.encode(fmt.render(calls[1].messages, tools))

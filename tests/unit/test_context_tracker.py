@@ -321,3 +321,25 @@ def test_all_roles_trainable_by_default():
     tracker, agent = make_tracker(renderer=CharChatML())
     call = agent.call("anyone", [USER], "x")
     assert call.trainable
+
+
+def test_concurrent_first_calls_are_told_apart():
+    tracker, agent = make_tracker()
+    r = agent.renderer
+    # Both prompts are built before either call is recorded (calls in flight together).
+    prompts = [tracker.build_prompt("default", [SYS, USER], None) for _ in range(2)]
+    other = tracker.build_prompt("default", [SYS, {"role": "user", "content": "Other?"}], None)
+    causes = []
+    for ids in prompts + [other]:
+        call = LLMCall(
+            role="default",
+            prompt_ids=ids,
+            completion_ids=r.encode("x") + [IM_END],
+            completion_logprobs=[-1.0, -1.0],
+            finish_reason="stop",
+            policy_version=0,
+            messages=[SYS, USER],
+        )
+        tracker.record(call)
+        causes.append(call.fork_cause)
+    assert causes == ["first_call", "retry", "concurrent_call"]
