@@ -350,3 +350,32 @@ def test_scripted_openai_tool_loop_streaming_is_one_exact_timeline(
     assert_exact(scripted["chat"], tracker, received)
     assert [c.fork_cause for c in tracker.calls] == ["first_call", ""]
     assert len(tracker.timelines()) == 1
+
+
+def test_react_agent_with_structured_output_finishes(stack: dict[str, Any]) -> None:
+    """Structured output goes through a `generate_response` tool with tool_choice="required",
+    which the small model may ignore: the agent must still finish (hints, then a summary)."""
+    from agentscope.agent import ReActAgent
+    from agentscope.formatter import OpenAIChatFormatter
+    from agentscope.message import Msg
+    from pydantic import BaseModel
+
+    class Answer(BaseModel):
+        value: int
+
+    tuner, tracker = open_episode(stack, "react-structured-e0")
+    agent = ReActAgent(
+        name="solver", sys_prompt=SYSTEM, model=tuner, formatter=OpenAIChatFormatter(), max_iters=2
+    )
+    agent.set_console_output_enabled(False)
+    reply = asyncio.run(
+        asyncio.wait_for(agent(Msg("user", QUESTION, "user"), structured_model=Answer), 300)
+    )
+    tuner.close()
+
+    assert reply.role == "assistant"
+    assert (
+        1 <= len(tracker.calls) <= 3
+    )  # max_iters reasoning calls, plus a summary if none finished
+    assert_exact(stack["chat"], tracker, [c.response_message for c in tracker.calls])
+    assert tracker.calls[0].tools[0]["function"]["name"] == "generate_response"
