@@ -140,9 +140,9 @@ def test_close_kills_the_model() -> None:
         asyncio.run(tuner(AS_MESSAGES))
 
 
-def _react_agent(tuner: ModelTuner, calls: list[dict]):
+def _react_agent(tuner: ModelTuner, calls: list[dict], formatter: str = "openai"):
     from agentscope.agent import ReActAgent
-    from agentscope.formatter import OpenAIChatFormatter
+    from agentscope.formatter import DashScopeChatFormatter, OpenAIChatFormatter
     from agentscope.message import TextBlock
     from agentscope.tool import Toolkit, ToolResponse
 
@@ -162,7 +162,7 @@ def _react_agent(tuner: ModelTuner, calls: list[dict]):
         name="solver",
         sys_prompt="Solve it.",
         model=tuner,
-        formatter=OpenAIChatFormatter(),
+        formatter=OpenAIChatFormatter() if formatter == "openai" else DashScopeChatFormatter(),
         toolkit=toolkit,
         max_iters=4,
     )
@@ -170,14 +170,15 @@ def _react_agent(tuner: ModelTuner, calls: list[dict]):
     return agent
 
 
-def test_react_agent_runs_a_tool_loop_through_the_tuner() -> None:
+@pytest.mark.parametrize("formatter", ["openai", "dashscope"])
+def test_react_agent_runs_a_tool_loop_through_the_tuner(formatter: str) -> None:
     from agentscope.message import Msg
 
     session, _, tracker, chat = make_session(
         [tool_call("add", {"a": 2, "b": 3}), "The answer is 5."]
     )
     tool_runs: list[dict] = []
-    agent = _react_agent(ModelTuner(session), tool_runs)
+    agent = _react_agent(ModelTuner(session), tool_runs, formatter)
     reply = asyncio.run(agent(Msg("user", "What is 2+3?", "user")))
 
     assert reply.get_text_content() == "The answer is 5."
