@@ -27,11 +27,15 @@ class UserError(Exception):
 def user_errors() -> Iterator[None]:
     """Turn config and user errors into a red message and an exit code, no traceback."""
     from ajet.config import ConfigError
+    from ajet.errors import AjetUserError
 
     try:
         yield
     except ConfigError as exc:
         err_console.print(Text.assemble(("ajet: config error: ", "bold red"), str(exc)), soft_wrap=True)
+        raise typer.Exit(EXIT_CONFIG) from None
+    except AjetUserError as exc:
+        err_console.print(Text.assemble(("ajet: ", "bold red"), str(exc)), soft_wrap=True)
         raise typer.Exit(EXIT_CONFIG) from None
     except UserError as exc:
         err_console.print(Text.assemble(("ajet: ", "bold red"), str(exc)), soft_wrap=True)

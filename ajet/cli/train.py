@@ -61,6 +61,10 @@ def train(
         if quiet:
             extra.append("logging.quiet=true")
         cfg = load_config(conf, extra)
+        from ajet.logging.setup import configure_logging
+
+        if not dry_run:
+            configure_logging(cfg.logging.level, quiet=cfg.logging.quiet)
         from ajet.backbones.registry import get_backbone
 
         runner = get_backbone(backbone.value)

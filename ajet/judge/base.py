@@ -12,13 +12,14 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
+from ajet.errors import AjetUserError
 from ajet.workflow import WorkflowOutput, WorkflowTask
 
 ANSWER_KEYS = ("final_answer", "answer", "text")
 T = TypeVar("T")
 
 
-class JudgeError(Exception):
+class JudgeError(AjetUserError):
     """A judge is misconfigured or cannot score; the message says what to fix."""
 
 

@@ -17,10 +17,12 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ajet.errors import AjetUserError
+
 logger = logging.getLogger(__name__)
 
 
-class RunDataError(Exception):
+class RunDataError(AjetUserError):
     """A run directory lacks the files the viewer or report reads, or holds malformed data."""
 
 

@@ -21,6 +21,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from ajet.errors import AjetUserError
+
 log = logging.getLogger(__name__)
 
 BUNDLED_NAME = "smollm2-135m-instruct"
@@ -31,7 +33,7 @@ _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _CONVERSION_VERSION = "1"
 
 
-class ModelNotFoundError(Exception):
+class ModelNotFoundError(AjetUserError):
     """The configured model is not available on this machine."""
 
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from pydantic import PrivateAttr
 
+from ajet.errors import AjetUserError
 from ajet.rollout.episode import BadOutputError
 from ajet.workflow import Workflow, WorkflowOutput, WorkflowTask
 
@@ -49,7 +50,7 @@ _TASK_ANNOTATIONS = {
 _RETURN_ANNOTATIONS = {"float", "int", "WorkflowOutput"}
 
 
-class WorkflowLoadError(Exception):
+class WorkflowLoadError(AjetUserError):
     """The workflow could not be loaded; the message says what failed and the expected form."""
 
 
