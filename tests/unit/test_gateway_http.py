@@ -196,3 +196,12 @@ def test_start_stop_restart_frees_the_port() -> None:
         httpx.get(url + "/models", timeout=2)
     with pytest.raises(RuntimeError, match="not running"):
         _ = gw.base_url
+
+
+def test_listening_socket_disables_nagle(gateway: Gateway) -> None:
+    # Without TCP_NODELAY on accepted sockets each small reply waited ~40 ms (delayed ACK).
+    import socket
+
+    sock = gateway._socket
+    assert sock is not None and sock.proto == socket.IPPROTO_TCP
+    assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
