@@ -91,6 +91,8 @@ def resolve_sampling(rollout: RolloutConfig, overrides: dict[str, Any]) -> Sampl
 
     Accepted keys: temperature, top_p, top_k, max_tokens (alias max_completion_tokens),
     stop (str or list), seed, n (only 1). `None` values mean "use the default".
+    `logprob_temperature` is the rollout temperature (1.0 when greedy), whatever the
+    request's temperature, so old logprobs match the trainer's recomputation.
     """
     params = SamplingParams(
         temperature=rollout.temperature,
@@ -127,6 +129,9 @@ def resolve_sampling(rollout: RolloutConfig, overrides: dict[str, Any]) -> Sampl
         params.seed = int(_number("seed", values["seed"], -(2**63), 2**63 - 1, integer=True))
     if "stop" in values:
         params.stop = _stop_list(values["stop"])
+    # Logprobs are always computed at the rollout temperature, the one the trainer
+    # recomputes them at, even when a request samples at its own temperature.
+    params.logprob_temperature = rollout.temperature or 1.0
     return params
 
 

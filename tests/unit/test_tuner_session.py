@@ -212,3 +212,10 @@ def test_engine_failures_are_infrastructure_errors_and_rejections_are_not() -> N
         asyncio.run(session.chat("default", USER))
     assert not isinstance(info.value, InfrastructureError)
     assert tracker.calls == [] and session.stats()["tuner/failed_calls"] == 2
+
+
+def test_logprobs_are_asked_at_the_rollout_temperature_whatever_the_request() -> None:
+    rollout = RolloutConfig(temperature=0.7)
+    assert resolve_sampling(rollout, {"temperature": 0.0}).logprob_temperature == 0.7
+    assert resolve_sampling(rollout, {"temperature": 1.3}).logprob_temperature == 0.7
+    assert resolve_sampling(RolloutConfig(temperature=0.0), {}).logprob_temperature == 1.0
