@@ -83,7 +83,8 @@ class DebugTrainer:
         if not resume and latest_checkpoint(ckpt_root) is not None:
             raise UserError(
                 f"{self.run_dir} already holds checkpoints of an earlier run. Pass --resume to continue "
-                "it, or choose another project.name / --exp-dir."
+                "it, or choose another project.name / --exp-dir.",
+                exit_code=2,
             )
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(to_yaml(self.cfg))
