@@ -1,0 +1,281 @@
+"""Chat formatting: OpenAI-style messages (+ tools) to prompt text, and replies back to messages.
+
+`ChatFormat` renders through the tokenizer's own chat template. Many small models' templates
+(the bundled SmolLM2's among them) know nothing of tools and fail on `content: None`, so
+messages are normalised first:
+
+- content `None` becomes "", a list of `{"type": "text"}` blocks becomes their joined text;
+- when the template ignores `tools` (found by rendering with and without them), tools go
+  into the system prompt, hermes-style (`<tools>...</tools>` plus instructions), an
+  assistant's `tool_calls` are written into its content as
+  `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>` blocks, and each `tool`
+  message becomes a user turn `<tool_response>\\n...\\n</tool_response>`;
+- when the template handles tools itself, tools, `tool_calls` and `tool` messages are passed
+  through (tool-call arguments as dicts, the form HF templates expect).
+
+Every message renders on its own (consecutive tool results are not merged), so rendering is
+deterministic and, for ChatML templates, prefix-preserving: the rendering of `messages[:k]`
+is a textual prefix of the rendering of `messages[:k+1]` (both without generation prompt).
+
+`parse_completion` reads hermes `<tool_call>{json}</tool_call>` blocks out of a reply. A
+malformed block (bad JSON, no name) stays in the content as text, the reply is flagged
+`malformed_tool_call` and a WARNING is logged; parsing never raises.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+_TOOLS_PREAMBLE = (
+    "# Tools\n\n"
+    "You may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+)
+_TOOLS_POSTAMBLE = (
+    "\n</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+)
+_TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_PROBE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "ajet_probe_tool",
+        "description": "probe",
+        "parameters": {"type": "object", "properties": {}},
+    },
+}
+
+
+@dataclass
+class ParsedReply:
+    """An assistant reply split into text and OpenAI-format tool calls."""
+
+    content: str
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    malformed_tool_call: bool = False
+
+
+class ChatFormat:
+    """Implements `ajet.engine.base.ChatRenderer` with the tokenizer's chat template."""
+
+    def __init__(self, tokenizer: Any, eos_token_ids: set[int] | None = None) -> None:
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise ValueError(
+                "the tokenizer has no chat template; use an instruct/chat checkpoint "
+                "(its tokenizer_config.json or chat_template.jinja defines one)"
+            )
+        self.tokenizer = tokenizer
+        if eos_token_ids is None:
+            eos = tokenizer.eos_token_id
+            eos_token_ids = {eos} if eos is not None else set()
+        self.eos_token_ids: set[int] = set(eos_token_ids)
+        self.native_tools = self._template_uses_tools()
+
+    # ------------------------------------------------------------------ render
+    def render(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> str:
+        """The prompt text for `messages` (and `tools`) under the model's chat template."""
+        if not messages:
+            raise ValueError("messages is empty: a chat prompt needs at least one message")
+        tools = list(tools) if tools else None
+        if self.native_tools:
+            normalised = [_native_message(m) for m in messages]
+            return self._apply(normalised, tools, add_generation_prompt)
+        normalised = [_hermes_message(m) for m in messages]
+        if tools:
+            normalised = _with_tools_in_system(normalised, tools)
+        return self._apply(normalised, None, add_generation_prompt)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text`; special tokens only where the text spells them."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, token_ids: list[int]) -> str:
+        """The exact text of `token_ids`, special tokens included."""
+        return self.tokenizer.decode(token_ids, skip_special_tokens=False)
+
+    def _apply(
+        self, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool
+    ) -> str:
+        kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
+        if tools:
+            kwargs["tools"] = tools
+        text = self.tokenizer.apply_chat_template(messages, **kwargs)
+        if not isinstance(text, str):
+            raise TypeError(f"apply_chat_template returned {type(text).__name__}, expected str")
+        return text
+
+    def _template_uses_tools(self) -> bool:
+        probe = [{"role": "user", "content": "hi"}]
+        return self._apply(probe, [_PROBE_TOOL], False) != self._apply(probe, None, False)
+
+    # ------------------------------------------------------------------ parse
+    def parse_completion(self, text: str) -> ParsedReply:
+        return parse_completion(text)
+
+    def to_openai_message(self, parsed: ParsedReply) -> dict[str, Any]:
+        return to_openai_message(parsed)
+
+
+def parse_completion(text: str) -> ParsedReply:
+    """Split a reply into content and hermes `<tool_call>` blocks (never raises)."""
+    tool_calls: list[dict[str, Any]] = []
+    kept: list[str] = []  # content pieces, malformed blocks included verbatim
+    malformed = False
+    cursor = 0
+    for match in _TOOL_CALL_RE.finditer(text):
+        kept.append(text[cursor : match.start()])
+        cursor = match.end()
+        call, problem = _parse_tool_call(match.group(1))
+        if call is None:
+            malformed = True
+            log.warning("malformed tool call (%s): %.200r", problem, match.group(0))
+            kept.append(match.group(0))
+        else:
+            tool_calls.append(call)
+    rest = text[cursor:]
+    if "<tool_call>" in rest:
+        malformed = True
+        log.warning("unclosed <tool_call> in the reply: %.200r", rest[rest.index("<tool_call>") :])
+    kept.append(rest)
+    content = "".join(kept).strip() if tool_calls else "".join(kept)
+    return ParsedReply(content=content, tool_calls=tool_calls, malformed_tool_call=malformed)
+
+
+def to_openai_message(parsed: ParsedReply) -> dict[str, Any]:
+    """The assistant message an OpenAI client expects for `parsed`."""
+    message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+    if parsed.tool_calls:
+        message["content"] = parsed.content or None
+        message["tool_calls"] = [dict(call) for call in parsed.tool_calls]
+    return message
+
+
+def _parse_tool_call(body: str) -> tuple[dict[str, Any] | None, str]:
+    try:
+        payload = json.loads(body.strip())
+    except json.JSONDecodeError as exc:
+        return None, f"bad JSON: {exc.msg}"
+    if not isinstance(payload, dict):
+        return None, "not a JSON object"
+    name = payload.get("name")
+    if not isinstance(name, str) or not name:
+        return None, "missing name"
+    arguments = payload.get("arguments", payload.get("parameters", {}))
+    if isinstance(arguments, str):  # some models write the arguments as a JSON string
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            return None, "arguments are not JSON"
+    if not isinstance(arguments, dict):
+        return None, "arguments are not a JSON object"
+    return {
+        "id": f"call_{uuid.uuid4().hex[:24]}",
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)},
+    }, ""
+
+
+# ---------------------------------------------------------------------- message normalisation
+def content_text(content: Any) -> str:
+    """Message content as plain text: None → "", text blocks joined with newlines."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for block in content:
+            if isinstance(block, str):
+                parts.append(block)
+            elif isinstance(block, dict) and block.get("type") == "text":
+                parts.append(str(block.get("text", "")))
+            else:
+                kind = block.get("type") if isinstance(block, dict) else type(block).__name__
+                raise ValueError(
+                    f"message content block of type {kind!r} is not supported: the model is text-only"
+                )
+        return "\n".join(parts)
+    raise ValueError(
+        f"message content of type {type(content).__name__} is not supported; use a str or text blocks"
+    )
+
+
+def _function_of(call: dict[str, Any]) -> tuple[str, Any]:
+    """(name, arguments as a dict when they parse, else the raw value) of an OpenAI tool call."""
+    function = call.get("function", call)
+    arguments = function.get("arguments", {})
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            pass  # keep the raw string: render what the caller gave
+    return function.get("name", ""), arguments
+
+
+def _hermes_message(message: dict[str, Any]) -> dict[str, str]:
+    role = message.get("role")
+    if not role:
+        raise ValueError(f"message without a role: {message!r}")
+    content = content_text(message.get("content"))
+    if role == "tool":
+        return {"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"}
+    if role == "assistant" and message.get("tool_calls"):
+        blocks = []
+        for call in message["tool_calls"]:
+            name, arguments = _function_of(call)
+            payload = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+            blocks.append(f"<tool_call>\n{payload}\n</tool_call>")
+        content = "\n".join(([content] if content else []) + blocks)
+    return {"role": role, "content": content}
+
+
+def _native_message(message: dict[str, Any]) -> dict[str, Any]:
+    if not message.get("role"):
+        raise ValueError(f"message without a role: {message!r}")
+    out = {k: v for k, v in message.items() if k in ("role", "name", "tool_call_id")}
+    out["content"] = content_text(message.get("content"))
+    if message.get("tool_calls"):
+        calls = []
+        for call in message["tool_calls"]:
+            name, arguments = _function_of(call)
+            calls.append(
+                {
+                    "type": "function",
+                    "id": call.get("id", ""),
+                    "function": {"name": name, "arguments": arguments},
+                }
+            )
+        out["tool_calls"] = calls
+    return out
+
+
+def _with_tools_in_system(
+    messages: list[dict[str, str]], tools: list[dict]
+) -> list[dict[str, str]]:
+    specs = "".join("\n" + json.dumps(_as_tool_spec(tool), ensure_ascii=False) for tool in tools)
+    block = _TOOLS_PREAMBLE + specs + _TOOLS_POSTAMBLE
+    if messages and messages[0]["role"] == "system":
+        system = messages[0]["content"]
+        merged = f"{system}\n\n{block}" if system else block
+        return [{"role": "system", "content": merged}, *messages[1:]]
+    return [{"role": "system", "content": block}, *messages]
+
+
+def _as_tool_spec(tool: dict[str, Any]) -> dict[str, Any]:
+    if "function" in tool or tool.get("type") == "function":
+        return tool
+    return {"type": "function", "function": tool}  # a bare function schema
