@@ -19,6 +19,9 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)  # stop strings (not included in the output)
     n: int = 1
     seed: int | None = None
+    # Temperature of the returned logprobs: None = the sampling temperature (1.0 when greedy);
+    # set 1.0 to get untempered logprobs. See ajet/engine/sampling.py.
+    logprob_temperature: float | None = None
 
 
 @dataclass

@@ -1,0 +1,551 @@
+"""The local inference engine: continuous batching over a Hugging Face causal LM.
+
+One engine thread owns the decode loop. Callers on any thread or event loop submit with
+`await engine.generate(prompt_ids, params)`; the request waits in a queue, joins the running
+batch between two decode steps, and its result is handed back on the caller's own loop
+(`loop.call_soon_threadsafe`). Every decode step forwards all active sequences together.
+
+How a request runs:
+1. Prefill, one request at a time (no padding: its logits are exactly those of a plain
+   forward). The first token of each of its `n` completions is sampled from these logits,
+   so the n completions share one prefill.
+2. Its KV rows join the batch cache (`BatchKV`): left-padded to the batch's length, the
+   pad columns masked out with an additive mask and each row keeping its own position ids.
+3. Decode steps until EOS ("stop", the EOS token is kept in `token_ids`), a stop string
+   ("stop"; `token_ids` keep every sampled token up to and including the one that completed
+   the stop string, `text` ends before the stop string) or `max_tokens` ("length").
+
+Measured on the 2-core CPU (bundled model, fp32): prefilling requests one by one costs
+little next to 128 decode steps, and a preallocated KV buffer (written in place) avoids
+the per-step `torch.cat` of `DynamicCache`; see scripts/bench_engine.py.
+
+Logprobs follow the convention in `ajet.engine.sampling`. `Completion.policy_version` is the
+version of the weights when the request was prefilled (the oldest weights that contributed,
+if the trainer updated them in place mid-request).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import deque
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ajet.engine.base import Completion, SamplingParams
+from ajet.engine.sampling import (
+    TokenChoice,
+    choose_token,
+    find_stop,
+    make_generator,
+    stop_strings,
+    validate_params,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from ajet.engine.kv import BatchKV
+
+log = logging.getLogger(__name__)
+
+
+class PromptTooLongError(ValueError):
+    """The prompt does not fit the engine's `max_model_len`."""
+
+
+class EngineClosedError(RuntimeError):
+    """The engine was closed before (or while) serving the request."""
+
+
+@dataclass(eq=False)
+class _Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+    stops: list[str]
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+    results: list[Completion | None] = field(default_factory=list)
+    policy_version: int = 0
+    done: bool = False  # result or error delivered
+    cancelled: bool = False  # the caller stopped waiting
+
+
+@dataclass(eq=False)
+class _Sequence:
+    request: _Request
+    index: int  # which of the request's n completions
+    generator: Any  # torch.Generator
+    position: int  # tokens of this sequence in the KV cache = position id of the next input
+    budget: int  # most tokens it may generate
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finished: bool = False
+
+
+class LocalEngine:
+    """Continuous-batching engine over `model` (shared with an in-process trainer).
+
+    max_batch_size: most sequences decoded together (a request with n completions takes n).
+    max_model_len: longest prompt + completion; default `model.config.max_position_embeddings`.
+    eos_token_ids: tokens that end a completion; default the tokenizer's and the model's
+        generation config's EOS ids; an empty list never stops on EOS (benchmarks).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        max_batch_size: int = 32,
+        max_model_len: int | None = None,
+        eos_token_ids: Iterable[int] | None = None,
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size={max_batch_size}: must be >= 1")
+        self.model = model
+        self.model.eval()
+        self.tokenizer = tokenizer
+        self.max_batch_size = max_batch_size
+        config = model.config
+        self.max_model_len = int(
+            max_model_len or getattr(config, "max_position_embeddings", 0) or 4096
+        )
+        self.vocab_size = int(model.get_input_embeddings().num_embeddings)
+        if eos_token_ids is None:
+            self.eos_token_ids = _default_eos(model, tokenizer)
+            if not self.eos_token_ids:
+                raise ValueError("no EOS token id found; pass eos_token_ids=[...] to LocalEngine")
+        else:
+            self.eos_token_ids = set(eos_token_ids)  # empty: never stop on EOS (benchmarks)
+        self.policy_version = 0
+        # Counters for metrics; "max_batch" is the most sequences one decode step has served.
+        self.stats = {
+            "requests": 0,
+            "prefill_tokens": 0,
+            "generated_tokens": 0,
+            "decode_steps": 0,
+            "max_batch": 0,
+        }
+        self._cv = threading.Condition()
+        self._pending: deque[_Request] = deque()
+        self._active: list[_Sequence] = []  # row i of the KV cache is self._active[i]
+        self._kv: BatchKV | None = None
+        self._pause_depth = 0
+        self._is_paused = False
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="ajet-engine", daemon=True)
+        self._thread.start()
+
+    # ---------------------------------------------------------------- public API
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> list[Completion]:
+        """Return `params.n` completions of `prompt_ids` (waits while the engine is paused)."""
+        validate_params(params)
+        ids = self._check_prompt(prompt_ids)
+        loop = asyncio.get_running_loop()
+        request = _Request(ids, params, stop_strings(params), loop, loop.create_future())
+        request.results = [None] * params.n
+        with self._cv:
+            if self._closed:
+                raise EngineClosedError("the engine is closed; create a new LocalEngine")
+            self._pending.append(request)
+            self._cv.notify_all()
+        try:
+            return await request.future
+        except asyncio.CancelledError:
+            request.cancelled = True  # the engine drops its sequences at the next step
+            raise
+
+    def bump_version(self) -> int:
+        """The shared weights changed in place: increment and return `policy_version`.
+
+        An in-process trainer updates weights as
+        `with engine.paused(): optimizer.step(); engine.bump_version()`.
+        """
+        with self._cv:
+            self.policy_version += 1
+            return self.policy_version
+
+    def load_state_dict(self, state_dict: dict, strict: bool = True) -> int:
+        """Load weights with no decode step in flight, then bump and return the version."""
+        with self.paused():
+            self.model.load_state_dict(state_dict, strict=strict)
+            return self.bump_version()  # before any request is prefilled with the new weights
+
+    def pause(self) -> None:
+        """Block until no decode step is in flight; requests wait until `resume()`."""
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("pause() called from the engine thread would deadlock")
+        with self._cv:
+            self._pause_depth += 1
+            self._cv.notify_all()
+            while not self._is_paused and not self._closed and self._thread.is_alive():
+                self._cv.wait(timeout=1.0)
+
+    def resume(self) -> None:
+        """Undo one `pause()`. The model is put back in eval mode before decoding restarts."""
+        with self._cv:
+            if self._pause_depth == 0:
+                raise RuntimeError("resume() without a matching pause()")
+            self._pause_depth -= 1
+            if self._pause_depth == 0:
+                self.model.eval()
+                self._cv.notify_all()
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """`with engine.paused(): update weights` — no decode step runs inside the block."""
+        self.pause()
+        try:
+            yield
+        finally:
+            self.resume()
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop the engine thread; waiting requests fail with `EngineClosedError`."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                log.warning("engine thread did not stop within %.0f s", timeout)
+
+    @property
+    def num_active(self) -> int:
+        """Sequences in the running batch."""
+        return len(self._active)
+
+    @property
+    def num_pending(self) -> int:
+        """Requests waiting to join the batch."""
+        with self._cv:
+            return len(self._pending)
+
+    def __enter__(self) -> LocalEngine:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------- checks
+    def _check_prompt(self, prompt_ids: list[int]) -> list[int]:
+        ids = [int(t) for t in prompt_ids]
+        if not ids:
+            raise ValueError("prompt_ids is empty; the engine needs at least one prompt token")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(
+                f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})"
+            )
+        if len(ids) >= self.max_model_len:
+            raise PromptTooLongError(
+                f"the prompt has {len(ids)} tokens but max_model_len is {self.max_model_len} "
+                "(prompt + completion); shorten the conversation or raise max_model_len"
+            )
+        return ids
+
+    # ---------------------------------------------------------------- engine thread
+    def _run(self) -> None:
+        import torch
+
+        with torch.inference_mode():
+            while self._wait_for_work():
+                try:
+                    self._admit()
+                    if self._active:
+                        self._step()
+                except Exception as exc:  # noqa: BLE001 - a failed step must not kill the engine
+                    log.exception("engine step failed; failing its %d sequences", len(self._active))
+                    self._fail_active(exc)
+        self._fail_everything(EngineClosedError("the engine was closed"))
+
+    def _wait_for_work(self) -> bool:
+        with self._cv:
+            while True:
+                if self._closed:
+                    return False
+                if self._pause_depth > 0:
+                    if not self._is_paused:
+                        self._is_paused = True
+                        self._cv.notify_all()
+                    self._cv.wait()
+                    continue
+                self._is_paused = False
+                if self._pending or self._active:
+                    return True
+                self._cv.wait()
+
+    def _admit(self) -> None:
+        """Prefill waiting requests while there is room, then join them to the batch."""
+        taken: list[_Request] = []
+        with self._cv:
+            room = self.max_batch_size - len(self._active)
+            while self._pending:
+                request = self._pending[0]
+                if request.params.n > room and (self._active or taken):
+                    break
+                self._pending.popleft()
+                if not request.cancelled:
+                    taken.append(request)
+                    room -= request.params.n
+        joining: list[tuple[_Sequence, list]] = []
+        for group in prefill_groups([len(r.prompt_ids) for r in taken]):
+            requests = [taken[i] for i in group]
+            try:
+                prefilled = self._prefill(requests)
+            except Exception as exc:  # noqa: BLE001 - isolate the failing request
+                if len(requests) > 1:
+                    log.warning("batched prefill failed (%s); prefilling one by one", exc)
+                    prefilled = []
+                    for request in requests:
+                        try:
+                            prefilled.extend(self._prefill([request]))
+                        except Exception as one_exc:  # noqa: BLE001 - fail this request only
+                            self._fail_prefill(request, one_exc)
+                else:
+                    self._fail_prefill(requests[0], exc)
+                    continue
+            joining.extend(prefilled)
+        if joining:
+            self._join(joining)
+
+    def _fail_prefill(self, request: _Request, error: BaseException) -> None:
+        log.warning("request failed in prefill: %s: %s", type(error).__name__, error)
+        self._deliver(request, error=error)
+
+    def _prefill(self, requests: list[_Request]) -> list[tuple[_Sequence, list]]:
+        """One forward over the prompts (left-padded when several); sample each first token."""
+        import torch
+        from transformers import DynamicCache
+
+        lengths = [len(r.prompt_ids) for r in requests]
+        width = max(lengths)
+        device = self._device
+        kwargs: dict[str, Any] = {}
+        if len(requests) > 1:
+            pad = [[0] * (width - n) for n in lengths]
+            ids = [p + r.prompt_ids for p, r in zip(pad, requests, strict=True)]
+            mask = torch.tensor([[0] * (width - n) + [1] * n for n in lengths], device=device)
+            kwargs["attention_mask"] = mask
+            kwargs["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0)
+        else:
+            ids = [requests[0].prompt_ids]
+        out = self.model(
+            input_ids=torch.tensor(ids, dtype=torch.long, device=device),
+            past_key_values=DynamicCache(),
+            use_cache=True,
+            logits_to_keep=1,
+            **kwargs,
+        )
+        layers = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+        joining = []
+        for row, (request, length) in enumerate(zip(requests, lengths, strict=True)):
+            # This row's prompt KV without the left padding.
+            row_kv = [
+                (k[row : row + 1, :, width - length :], v[row : row + 1, :, width - length :])
+                for k, v in layers
+            ]
+            self.stats["requests"] += 1
+            self.stats["prefill_tokens"] += length
+            try:
+                joining.extend(self._start_sequences(request, out.logits[row, -1], row_kv))
+            except Exception as exc:  # noqa: BLE001 - fail this request only
+                self._fail_prefill(request, exc)
+        return joining
+
+    def _start_sequences(
+        self, request: _Request, logits: Any, row_kv: list
+    ) -> list[tuple[_Sequence, list]]:
+        """Sample the first token of each of the request's n completions from the prefill logits."""
+        params = request.params
+        request.policy_version = self.policy_version
+        prompt_len = len(request.prompt_ids)
+        budget = min(params.max_tokens, self.max_model_len - prompt_len)
+        joining = []
+        for index in range(params.n):
+            seq = _Sequence(request, index, make_generator(params.seed, index), prompt_len, budget)
+            self._accept(seq, choose_token(logits, params, seq.generator))
+            if not seq.finished:
+                joining.append((seq, row_kv))
+        return joining
+
+    def _join(self, joining: list[tuple[_Sequence, list]]) -> None:
+        from ajet.engine.kv import BatchKV
+
+        rows = [layers_kv for _, layers_kv in joining]
+        if self._kv is None or not self._active:
+            self._kv = BatchKV.from_rows(rows)
+        else:
+            self._kv.add_rows(rows)
+        self._active.extend(seq for seq, _ in joining)
+
+    def _step(self) -> None:
+        """One decode step over every active sequence."""
+        import torch
+
+        kv = self._kv
+        assert kv is not None and kv.rows == len(self._active)
+        tokens = [[seq.token_ids[-1]] for seq in self._active]
+        positions = [[seq.position] for seq in self._active]
+        input_ids = torch.tensor(tokens, dtype=torch.long, device=self._device)
+        position_ids = torch.tensor(positions, dtype=torch.long, device=self._device)
+        mask = kv.prepare_step(self._dtype)
+        out = self.model(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            attention_mask=mask,
+            past_key_values=kv.cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        kv.advance()
+        logits = out.logits[:, -1, :]
+        self.stats["decode_steps"] += 1
+        self.stats["max_batch"] = max(self.stats["max_batch"], kv.rows)
+        for row, seq in enumerate(self._active):
+            seq.position += 1
+            if seq.request.done or seq.request.cancelled:
+                continue
+            try:
+                choice = choose_token(logits[row], seq.request.params, seq.generator)
+            except Exception as exc:  # noqa: BLE001 - fail this request only
+                log.warning("sampling failed: %s: %s", type(exc).__name__, exc)
+                self._deliver(seq.request, error=exc)
+                continue
+            self._accept(seq, choice)
+        self._retire()
+
+    def _accept(self, seq: _Sequence, choice: TokenChoice) -> None:
+        """Append a sampled token; finish the sequence on EOS, a stop string or its budget."""
+        seq.token_ids.append(choice.token_id)
+        seq.logprobs.append(choice.logprob)
+        self.stats["generated_tokens"] += 1
+        request = seq.request
+        if choice.token_id in self.eos_token_ids:
+            self._finish(seq, "stop", self._decode(seq.token_ids[:-1]))
+            return
+        if request.stops:
+            text = self._decode(seq.token_ids)
+            at = find_stop(text, request.stops)
+            if at >= 0:
+                self._finish(seq, "stop", text[:at])
+                return
+        if len(seq.token_ids) >= seq.budget:
+            self._finish(seq, "length", self._decode(seq.token_ids))
+
+    def _finish(self, seq: _Sequence, reason: str, text: str) -> None:
+        seq.finished = True
+        request = seq.request
+        request.results[seq.index] = Completion(
+            token_ids=list(seq.token_ids),
+            logprobs=list(seq.logprobs),
+            finish_reason=reason,
+            policy_version=request.policy_version,
+            text=text,
+        )
+        if all(result is not None for result in request.results):
+            self._deliver(request, result=list(request.results))
+
+    def _retire(self) -> None:
+        """Drop finished, failed and cancelled sequences from the batch."""
+        keep = [
+            row
+            for row, seq in enumerate(self._active)
+            if not (seq.finished or seq.request.done or seq.request.cancelled)
+        ]
+        if len(keep) == len(self._active):
+            return
+        if not keep or self._kv is None:
+            self._active, self._kv = [self._active[row] for row in keep], None
+            return
+        order = self._kv.keep_rows(keep)
+        self._active = [self._active[row] for row in order]
+
+    def _deliver(
+        self, request: _Request, result: Any = None, error: BaseException | None = None
+    ) -> None:
+        if request.done:
+            return
+        request.done = True
+        future = request.future
+
+        def settle() -> None:
+            if future.done():  # the caller cancelled
+                return
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(result)
+
+        try:
+            request.loop.call_soon_threadsafe(settle)
+        except RuntimeError:  # the caller's event loop is closed: nobody is waiting
+            log.debug("dropping a result for a closed event loop")
+
+    def _fail_active(self, error: BaseException) -> None:
+        for seq in self._active:
+            self._deliver(seq.request, error=error)
+        self._active = []
+        self._kv = None
+
+    def _fail_everything(self, error: BaseException) -> None:
+        self._fail_active(error)
+        with self._cv:
+            pending, self._pending = list(self._pending), deque()
+        for request in pending:
+            self._deliver(request, error=error)
+
+    def _decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    @property
+    def _device(self) -> torch.device:
+        return self.model.get_input_embeddings().weight.device
+
+    @property
+    def _dtype(self) -> torch.dtype:
+        return self.model.get_input_embeddings().weight.dtype
+
+
+def prefill_groups(
+    lengths: list[int], max_padding: float = 0.25, max_tokens: int = 8192
+) -> list[list[int]]:
+    """Group prompts (by index) for batched prefill: similar lengths together, so that left
+    padding adds at most `max_padding` of the group's real tokens, and no group forwards
+    more than `max_tokens` (padded) tokens. A prompt longer than that is prefilled alone.
+
+    Measured (bundled model, 1 thread, 16 chat prompts of ~38 tokens): one forward for all 16
+    took 1.7 s CPU, one forward each 3.0 s.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    groups: list[list[int]] = []
+    group: list[int] = []
+    real = 0
+    for i in order:
+        width = lengths[i]  # sorted: the newcomer is the widest
+        padded = width * (len(group) + 1)
+        if group and (padded > (1 + max_padding) * (real + width) or padded > max_tokens):
+            groups.append(group)
+            group, real = [], 0
+        group.append(i)
+        real += width
+    if group:
+        groups.append(group)
+    return groups
+
+
+def _default_eos(model: Any, tokenizer: Any) -> set[int]:
+    ids: set[int] = set()
+    for value in (
+        getattr(tokenizer, "eos_token_id", None),
+        getattr(getattr(model, "generation_config", None), "eos_token_id", None),
+    ):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value)
+    return ids

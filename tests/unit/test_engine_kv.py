@@ -1,0 +1,107 @@
+"""BatchKV: left-padded rows, in-place steps, row removal and trimming keep every row's data."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from ajet.engine.kv import BatchKV  # noqa: E402
+
+LAYERS, HEADS, DIM = 2, 2, 4
+
+
+def row(length: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    return [
+        (
+            torch.randn(1, HEADS, length, DIM, generator=gen),
+            torch.randn(1, HEADS, length, DIM, generator=gen),
+        )
+        for _ in range(LAYERS)
+    ]
+
+
+def row_data(kv: BatchKV, r: int):
+    """Row r's valid keys/values, per layer."""
+    start = kv.starts[r]
+    return [
+        (kv.keys[i][r, :, start : kv.length], kv.values[i][r, :, start : kv.length])
+        for i in range(LAYERS)
+    ]
+
+
+def assert_row(kv: BatchKV, r: int, expected):
+    for (k, v), (ek, ev) in zip(row_data(kv, r), expected, strict=True):
+        assert torch.equal(k, ek[0]) and torch.equal(v, ev[0])
+    for i in range(LAYERS):  # the pad columns are zeros (finite, masked out)
+        assert not kv.keys[i][r, :, : kv.starts[r]].any()
+
+
+def step(kv: BatchKV, new_rows):
+    """What one decode step does: prepare, every layer's attention writes a column, advance."""
+    kv.prepare_step(torch.float32)
+    for i, layer in enumerate(kv.cache.layers):
+        keys, values = layer.update(new_rows[i][0], new_rows[i][1], i)
+        assert keys.shape[2] == kv.length + 1
+    kv.advance()
+
+
+def test_rows_are_right_aligned_and_masked():
+    rows = [row(3, 0), row(7, 1), row(5, 2)]
+    kv = BatchKV.from_rows(rows)
+    assert (kv.rows, kv.length, kv.starts) == (3, 7, [4, 0, 2])
+    for r, data in enumerate(rows):
+        assert_row(kv, r, data)
+    mask = kv.prepare_step(torch.float32)
+    assert mask.shape == (3, 1, 1, 8)
+    masked = mask[:, 0, 0] < 0
+    assert masked.sum(1).tolist() == [4, 0, 2]
+    assert not masked[:, -1].any()  # the new token's column is visible to every row
+
+
+def test_no_mask_when_no_row_is_padded():
+    kv = BatchKV.from_rows([row(4, 0), row(4, 1)])
+    assert kv.prepare_step(torch.float32) is None
+
+
+def test_steps_grow_past_capacity_and_keep_data():
+    first = row(3, 0)
+    kv = BatchKV.from_rows([first])
+    written = []
+    for s in range(kv.col_capacity + 5):  # forces at least one reallocation
+        new = row(1, 100 + s)
+        written.append(new)
+        step(kv, new)
+    assert kv.length == 3 + len(written)
+    for i in range(LAYERS):
+        expected = torch.cat([first[i][0]] + [w[i][0] for w in written], dim=2)
+        assert torch.equal(kv.keys[i][0, :, : kv.length], expected[0])
+
+
+def test_keep_rows_moves_tail_rows_into_holes():
+    rows = [row(3, 0), row(6, 1), row(5, 2), row(2, 3)]
+    kv = BatchKV.from_rows(rows)
+    order = kv.keep_rows([1, 3])
+    assert order == [3, 1]
+    assert kv.rows == 2
+    assert_row(kv, 0, rows[3])
+    assert_row(kv, 1, rows[1])
+
+
+def test_longer_prompt_joining_shifts_existing_rows():
+    short = row(3, 0)
+    kv = BatchKV.from_rows([short])
+    long = row(9, 1)
+    kv.add_rows([long])
+    assert (kv.length, kv.starts) == (9, [6, 0])
+    assert_row(kv, 0, short)
+    assert_row(kv, 1, long)
+
+
+def test_leading_pad_columns_are_dropped_when_the_long_row_leaves():
+    long, short = row(200, 0), row(3, 1)
+    kv = BatchKV.from_rows([long, short])
+    assert kv.length == 200
+    kv.keep_rows([1])
+    assert (kv.length, kv.starts) == (3, [0])
+    assert_row(kv, 0, short)
