@@ -60,6 +60,12 @@ def tune(
     if problems:
         lines = "\n".join(f"  {key}: {msg}" for key, msg in problems)
         raise ConfigError(f"invalid config for backbone={backbone} ({config_path}):\n{lines}")
+    import logging as _logging
+
+    if not _logging.getLogger().handlers:  # a script, not an app with its own logging setup
+        from ajet.logging.setup import configure_logging
+
+        configure_logging(cfg.logging.level, quiet=cfg.logging.quiet)
     runner.run(cfg, with_ray=with_ray, resume=resume, workflow=wf)  # type: ignore[call-arg]
 
 

@@ -212,8 +212,9 @@ class TaskRunner:
             reward, success = judged
             output.reward, output.is_success = reward, success
         episode.reward = reward
-        # No explicit verdict: any positive reward counts as a success.
-        episode.is_success = bool(success) if success is not None else reward > 0
+        # No explicit verdict: a reward at the top of the usual 0..1 scale counts as a success
+        # (partial credit such as 0.2 for a near miss does not).
+        episode.is_success = bool(success) if success is not None else reward >= 1.0
         episode.status = OK
 
     async def _judge(

@@ -1,0 +1,43 @@
+"""The functional form: a plain async function is the workflow.
+
+    python tutorial/example_function_workflow/adder.py          # = ajet.tune(adder, "adder.yaml")
+
+The agent must answer with the number alone. The reward is 1.0 for exactly the right
+number, 0.2 when the right number appears inside a longer reply, else 0.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+SYSTEM_PROMPT = "You are a calculator. Reply with the result only, as digits, nothing else."
+
+
+def score(reply: str, answer: str) -> float:
+    text = reply.strip().rstrip(".")
+    if text == answer:
+        return 1.0
+    if answer in re.findall(r"-?\d+", reply):
+        return 0.2
+    return 0.0
+
+
+async def adder(task: dict, model) -> float:  # noqa: ANN001 - `model` is ajet's ModelTuner
+    client = model.openai_client()
+    reply = await client.chat.completions.create(
+        model="policy",
+        messages=[
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": task["main_query"]},
+        ],
+    )
+    return score(reply.choices[0].message.content or "", task["answer"])
+
+
+if __name__ == "__main__":
+    import sys
+
+    import ajet
+
+    ajet.tune(adder, str(Path(__file__).with_name("adder.yaml")), overrides=sys.argv[1:])
