@@ -126,3 +126,27 @@ def test_sigkill_mid_run_then_resume_continues(tmp_path: Path, tiny_model_dir: P
     assert steps[-1] == saved_step + 1
     assert sorted(set(steps)) == list(range(1, saved_step + 2))
     assert not list((run / "checkpoints").glob(".tmp-*"))
+
+
+def test_lora_with_kl_to_the_lora_disabled_base(tmp_path: Path, tiny_model_dir: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    conf = make_run(tmp_path, tiny_model_dir)
+    result = ajet(
+        "--conf", str(conf), "trainer.total_steps=1", "trainer.val_every=0",
+        "model.lora.enabled=true", "model.lora.r=4", "trainer.lr=0.05",
+        "algorithm.kl_coef=0.1", "algorithm.kl_reference=lora_base",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "exp" / "tiny"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if r["split"] == "train"]
+    assert len(train) == 1 and "actor/kl" in train[0]
+    # The checkpoint holds only the adapter; the final model is merged and loads with plain transformers.
+    weights = torch.load(run / "checkpoints" / "step_000001" / "weights.pt", weights_only=True)
+    assert weights and all("lora_" in name for name in weights)
+    before = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    after = AutoModelForCausalLM.from_pretrained(run / "final_model").state_dict()
+    assert set(before) == set(after)
+    assert any(not torch.equal(before[k], after[k]) for k in before if "q_proj" in k)
