@@ -27,6 +27,8 @@ PATH_KEYS = (
     "task_reader.jsonl.val_path",
     "task_reader.hf_dataset.path",
     "task_reader.generate.cache_path",
+    "sft.train_path",
+    "sft.dev_path",
 )
 PATH_LIST_KEYS = ("task_reader.generate.documents",)
 

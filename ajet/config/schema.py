@@ -200,6 +200,83 @@ class AlgorithmConfig:
     dpo_loss: str = "sigmoid"  # sigmoid | hinge | ipo
     dpo_label_smoothing: float = 0.0
     dpo_reference_free: bool = False
+    # The DPO reference: frozen (a copy of the stage's initial model) | lora_base (LoRA off).
+    dpo_reference: str = "frozen"
+
+
+class CoresetStrategy(str, Enum):
+    none = "none"  # train on every dialog
+    loss_topk = "loss_topk"  # the highest-loss (hardest) dialogs
+    diversity = "diversity"  # greedy coverage of distinct token n-grams
+    hybrid = "hybrid"  # greedy on hybrid_alpha * difficulty + (1 - hybrid_alpha) * new n-grams
+    random = "random"  # a seeded random subset
+
+
+@dataclass
+class CoresetConfig:
+    strategy: CoresetStrategy = CoresetStrategy.none
+    # Dialogs kept (0 = all).
+    size: int = 0
+    # n of the n-grams that measure lexical diversity.
+    ngram: int = 2
+    # hybrid: weight of difficulty (model loss) against diversity, in [0, 1].
+    hybrid_alpha: float = 0.5
+
+
+@dataclass
+class ReplayConfig:
+    # Rehearsal buffer for online continual learning over sft.rounds (reservoir sampling);
+    # 0 = no replay.
+    buffer_size: int = 0
+    # Share of each round's training data replayed from the buffer, in [0, 1).
+    ratio: float = 0.0
+
+
+@dataclass
+class SftConfig:
+    # JSONL of agent dialogs, one per line: {"messages": [...], "tools": [...],
+    # "target_tools": [...], "task_type": "...", "loss": optional}. Loss on assistant turns only.
+    train_path: str = ""
+    dev_path: str = ""
+    # Fraction of train dialogs held out as the dev set when no dev_path is given (0 = none).
+    dev_fraction: float = 0.0
+    epochs: int = 1
+    # Dialogs per optimizer step.
+    batch_size: int = 8
+    lr: float = 1.0e-5
+    # Dev loss every N optimizer steps; 0 = after every epoch.
+    eval_every: int = 0
+    # Mixture weight per task_type: each epoch sees a type's dialogs `weight` times
+    # (fractions by seeded subsampling; 0 drops the type). Unlisted types weigh 1.
+    task_weights: dict[str, float] = field(default_factory=dict)
+    # Online continual learning: the train data arrives in this many consecutive rounds.
+    rounds: int = 1
+    coreset: CoresetConfig = field(default_factory=CoresetConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+
+
+@dataclass
+class EvalConfig:
+    # Tasks to evaluate: val | train.
+    split: str = "val"
+    # Episodes per task; pass@k is reported for k = n.
+    n: int = 1
+    # Sampling temperature; null = rollout.temperature (0 = greedy).
+    temperature: float | None = None
+    # Evaluate only the first N tasks of the split (0 = all).
+    max_tasks: int = 0
+    # Output name: RUN/eval/eval_<name>.json; "" = derived from the model path.
+    name: str = ""
+
+
+@dataclass
+class PipelineConfig:
+    # Stages run in order, each starting from the model the previous one produced:
+    # sft | dpo | grpo | rloo | reinforce_pp | ppo | eval. Empty = a single run.
+    stages: list[str] = field(default_factory=list)
+    # Per stage name: a nested mapping merged over this config for that stage only,
+    # e.g. {grpo: {trainer: {lr: 1.0e-6}}}.
+    overrides: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -279,6 +356,9 @@ class AjetConfig:
     context: ContextConfig = field(default_factory=ContextConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    sft: SftConfig = field(default_factory=SftConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     ray: RayConfig = field(default_factory=RayConfig)
     trinity: TrinityConfig = field(default_factory=TrinityConfig)

@@ -18,7 +18,10 @@ GROUP_ALGORITHMS = (Algorithm.grpo, Algorithm.rloo)
 
 
 def validate(cfg: AjetConfig, *, require_workflow: bool = True) -> list[tuple[str, str]]:
-    problems: list[tuple[str, str]] = []
+    from ajet.pipeline import needs_workflow, stage_problems
+
+    problems: list[tuple[str, str]] = stage_problems(cfg)
+    require_workflow = require_workflow and needs_workflow(cfg)
 
     def need(ok: bool, key: str, msg: str) -> None:
         if not ok:

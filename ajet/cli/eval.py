@@ -1,0 +1,59 @@
+"""`ajet eval --conf X.yaml [--model PATH] [--split val|train] [--n K] [KEY=VALUE ...]`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ajet.cli.common import user_errors
+
+app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)
+
+
+@app.command(
+    help=(
+        "Run the workflow on a task split with a model and report mean reward, success rate, "
+        "pass@k, tool-selection F1 (tasks with target_tools), step efficiency (tasks with "
+        "optimal_steps) and end-to-end success: a table here, JSON in RUN/eval/eval_<name>.json."
+    ),
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+def eval_(
+    conf: Annotated[Path, typer.Option("--conf", "-c", help="The run's YAML config (workflow, tasks, judge).")],
+    overrides: Annotated[
+        list[str] | None, typer.Argument(help="Dotted overrides, KEY=VALUE.", show_default=False)
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option("--model", "-m", help="Checkpoint dir to evaluate [default: model.path].")
+    ] = None,
+    split: Annotated[str | None, typer.Option("--split", help="val or train [default: eval.split].")] = None,
+    n: Annotated[int | None, typer.Option("--n", help="Episodes per task; pass@n [default: eval.n].")] = None,
+    name: Annotated[str | None, typer.Option("--name", help="Report name: RUN/eval/eval_<name>.json.")] = None,
+    exp_dir: Annotated[
+        Path | None, typer.Option("--exp-dir", help="Experiment root (overrides project.exp_dir).")
+    ] = None,
+) -> None:
+    from ajet.config import load_config
+
+    with user_errors():
+        extra = list(overrides or [])
+        if model is not None:
+            path = Path(model).expanduser()
+            extra.append(f"model.path={path.resolve() if path.exists() else model}")
+        for key, value in (("eval.split", split), ("eval.n", n), ("eval.name", name), ("project.exp_dir", exp_dir)):
+            if value is not None:
+                extra.append(f"{key}={value}")
+        cfg = load_config(conf, extra, require_workflow=False)
+        from rich.console import Console
+
+        from ajet.eval.runner import evaluate, metrics_table
+        from ajet.logging.setup import configure_logging
+        from ajet.pipeline import single_stage_config
+
+        cfg = single_stage_config(cfg, "eval")
+        configure_logging(cfg.logging.level, quiet=True)
+        report = evaluate(cfg)
+        Console().print(metrics_table([report]))
+        typer.echo(f"wrote {report.path}")

@@ -1,0 +1,106 @@
+"""`evaluate`: run the workflow on a split with a given model and write RUN/eval/eval_<name>.json.
+
+The model is loaded from `model.path` (a Hugging Face checkpoint dir or the bundled
+model's name), so reports of different checkpoints compare: each names its model path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ajet.config.schema import AjetConfig
+from ajet.errors import AjetUserError
+from ajet.eval.metrics import EpisodeResult
+
+log = logging.getLogger(__name__)
+
+
+class EvalError(AjetUserError):
+    """Nothing to evaluate (empty split) or a bad eval setting."""
+
+
+@dataclass
+class EvalReport:
+    path: Path
+    name: str
+    model: str
+    metrics: dict[str, float]
+    results: list[EpisodeResult]
+
+
+def default_name(model_path: str) -> str:
+    """A file-name-safe label of a model path: `.../stages/01_sft/final_model` -> `01_sft-final_model`."""
+    parts = [p for p in Path(model_path).parts if p not in ("/", "")][-2:]
+    return re.sub(r"[^A-Za-z0-9_.+-]+", "-", "-".join(parts)) or "model"
+
+
+def evaluate(cfg: AjetConfig, *, workflow: Any = None, name: str | None = None,
+             out_dir: Path | None = None) -> EvalReport:
+    """Run `eval.n` episodes of each task of `eval.split` with `model.path`; write and return the report."""
+    from ajet.eval.metrics import episode_result, summarize, write_report
+    from ajet.eval.rollout import RolloutStack
+    from ajet.models.load import load_model_and_tokenizer
+    from ajet.models.resolve import resolve_model_path
+    from ajet.rollout.loader import as_workflow, load_workflow
+    from ajet.sft.model import model_window
+    from ajet.task_reader import build_reader
+
+    e = cfg.eval
+    wf = as_workflow(workflow) if workflow is not None else load_workflow(cfg.workflow.target)
+    reader = build_reader(cfg.task_reader, seed=cfg.project.seed)
+    tasks = reader.val_tasks() if e.split == "val" else reader.train_tasks()
+    if not tasks:
+        raise EvalError(
+            f"the {e.split} split has no tasks; set task_reader.jsonl.val_path (or task_reader.val_fraction), "
+            "or evaluate --split train")
+    if e.max_tasks:
+        tasks = tasks[: e.max_tasks]
+    temperature = cfg.rollout.temperature if e.temperature is None else e.temperature
+    rollout = dataclasses.replace(cfg.rollout, temperature=temperature)
+    model, tokenizer = load_model_and_tokenizer(cfg.model)
+    model_path = str(resolve_model_path(cfg.model.path, cfg.model.cache_dir))
+    name = name or e.name or default_name(model_path)
+    stack = RolloutStack(cfg, model, tokenizer, wf, model_max_len=model_window(model, cfg.context.max_model_len),
+                         rollout=rollout)
+    start = time.monotonic()
+    try:
+        log.info("eval %s: %d %s tasks x %d on %s (temperature %g)", name, len(tasks), e.split, e.n,
+                 model_path, temperature)
+        result = stack.rollout(tasks, e.n, episode_prefix="eval-")
+        results = [episode_result(ep, stack.factory.calls(ep.episode_id)) for ep in result.episodes]
+    finally:
+        stack.close()
+    metrics = summarize(results, k=e.n)
+    metrics["time_s"] = time.monotonic() - start
+    out_dir = out_dir or Path(cfg.project.exp_dir) / cfg.project.name / "eval"
+    path = out_dir / f"eval_{name}.json"
+    write_report(path, name=name, model=model_path, split=e.split, n=e.n, temperature=temperature,
+                 metrics=metrics, results=results)
+    log.info("eval %s: %s -> %s", name, "  ".join(f"{k} {v:.3f}" for k, v in metrics.items()), path)
+    return EvalReport(path=path, name=name, model=model_path, metrics=metrics, results=results)
+
+
+def metrics_table(reports: list[EvalReport] | list[dict[str, Any]]) -> Any:
+    """A rich Table with one column per report (model), one row per metric."""
+    from rich.table import Table
+
+    rows = [r if isinstance(r, dict) else {"name": r.name, "model": r.model, "metrics": r.metrics} for r in reports]
+    table = Table(title="ajet eval", show_lines=False)
+    table.add_column("metric", style="bold")
+    for row in rows:
+        table.add_column(str(row["name"]), justify="right")
+    keys: list[str] = []
+    for row in rows:
+        keys += [k for k in row["metrics"] if k not in keys]
+    for key in keys:
+        values = [row["metrics"].get(key) for row in rows]
+        table.add_row(key, *("-" if v is None else f"{v:.3f}" if isinstance(v, float) and not v.is_integer()
+                             else f"{v:g}" for v in values))
+    table.caption = "  ".join(f"{row['name']}: {row['model']}" for row in rows)
+    return table

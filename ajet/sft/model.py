@@ -1,0 +1,52 @@
+"""The model a training stage updates: loaded from `model.path`, with LoRA when enabled.
+
+The same setup as the debug backbone's RL trainer (full fine-tuning or a peft LoRA
+adapter from `model.lora`); peft is imported only when LoRA is on.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from pathlib import Path
+from typing import Any
+
+from ajet.config.schema import ModelConfig
+
+log = logging.getLogger(__name__)
+
+
+def load_trainable_model(cfg: ModelConfig, *, seed: int, gradient_checkpointing: bool = False) -> tuple[Any, Any]:
+    """(model in eval mode, tokenizer); a peft model when `cfg.lora.enabled`."""
+    import torch
+
+    from ajet.models.load import load_model_and_tokenizer
+
+    torch.manual_seed(seed)
+    model, tokenizer = load_model_and_tokenizer(cfg)
+    if cfg.lora.enabled:
+        from peft import LoraConfig, get_peft_model
+
+        lora = cfg.lora
+        model = get_peft_model(model, LoraConfig(
+            r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+            target_modules=list(lora.target_modules), task_type="CAUSAL_LM",
+        ))
+        model.eval()
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    return model, tokenizer
+
+
+def model_window(model: Any, configured: int) -> int:
+    return configured or int(getattr(model.config, "max_position_embeddings", 0) or 4096)
+
+
+def save_final_model(model: Any, tokenizer: Any, out: Path, *, lora: bool) -> Path:
+    """A plain Hugging Face checkpoint (a LoRA adapter is merged into a copy first)."""
+    if lora:
+        model = copy.deepcopy(model).merge_and_unload()
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    log.info("final model saved to %s", out)
+    return out

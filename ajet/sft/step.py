@@ -1,0 +1,86 @@
+"""SFT on packed samples: one optimizer step, and per-sample loss without gradients.
+
+Samples go through the same lossless tree packing as RL (`pack_samples` +
+`forward_packed`): dialogs that share a system prompt forward it once. Loss weights
+come from `loss_weights` over the whole batch before packing, so summing the
+micro-batch losses is exactly the batch loss.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+from ajet.config.schema import LossAgg
+from ajet.context.types import Sample
+
+
+def _autocast(model: torch.nn.Module, bf16: bool) -> Any:
+    if not bf16:
+        return contextlib.nullcontext()
+    device = next(model.parameters()).device
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+
+def sft_step(model: torch.nn.Module, samples: list[Sample], optimizer: Any, *, loss_agg: LossAgg | str,
+             micro_batch_tokens: int, grad_clip: float, bf16: bool = False) -> dict[str, float]:
+    """Forward/backward every packed sequence of the batch, clip, step; return metrics."""
+    from ajet.algorithms.losses import sft_loss
+    from ajet.context.pack import loss_weights, pack_samples
+    from ajet.context.packed_forward import forward_packed
+
+    weights = loss_weights(samples, loss_agg)
+    packed = pack_samples(samples, weights, micro_batch_tokens)
+    device = next(model.parameters()).device
+    total = 0.0
+    model.train()
+    try:
+        optimizer.zero_grad(set_to_none=True)
+        for seq in packed:
+            if not seq.entry_pos:
+                continue
+            with _autocast(model, bf16):
+                logp, _ = forward_packed(model, seq)
+            loss = sft_loss(logp.float(), torch.tensor(seq.entry_weight, dtype=torch.float32, device=device))
+            loss.backward()
+            total += float(loss.detach())
+        grad_norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], grad_clip)
+        optimizer.step()
+    finally:
+        model.eval()
+    return {
+        "sft/loss": total,
+        "actor/grad_norm": float(grad_norm),
+        "sft/trained_tokens": float(sum(sum(s.loss_mask) for s in samples)),
+        "sft/tokens_packed": float(sum(p.num_tokens for p in packed)),
+        "sft/tokens": float(sum(len(s.input_ids) for s in samples)),
+    }
+
+
+@torch.no_grad()
+def sample_nll(model: torch.nn.Module, samples: list[Sample], *, micro_batch_tokens: int,
+               bf16: bool = False) -> list[tuple[float, int]]:
+    """Per sample: (summed NLL of its trained tokens, number of trained tokens)."""
+    from ajet.context.pack import pack_samples
+    from ajet.context.packed_forward import forward_packed
+
+    ones = [[1.0 if m else 0.0 for m in s.loss_mask] for s in samples]
+    nll = [0.0] * len(samples)
+    count = [sum(s.loss_mask) for s in samples]
+    model.eval()
+    for seq in pack_samples(samples, ones, micro_batch_tokens):
+        if not seq.entry_pos:
+            continue
+        with _autocast(model, bf16):
+            logp, _ = forward_packed(model, seq)
+        for index, value in zip(seq.entry_sample, logp.float().tolist(), strict=True):
+            nll[index] -= value
+    return list(zip(nll, count, strict=True))
+
+
+def mean_nll(pairs: list[tuple[float, int]]) -> float:
+    """Token-mean NLL over (sum, count) pairs; nan when there are no trained tokens."""
+    tokens = sum(n for _, n in pairs)
+    return sum(s for s, _ in pairs) / tokens if tokens else float("nan")

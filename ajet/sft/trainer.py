@@ -1,0 +1,245 @@
+"""The SFT stage: agent dialogs -> masked samples -> coreset -> planned batches -> updates.
+
+setup: read dialogs, load the model (full or LoRA), render samples with loss on assistant
+turns, select a coreset, plan every batch (rounds, replay, mixture), build the optimizer.
+train: one optimizer step per planned batch; dev loss at step 0, every `sft.eval_every`
+steps (or at each epoch end) and at the end; checkpoints as the RL trainer writes them.
+Outputs (docs/outputs.md): RUN/config.yaml, metrics.jsonl, checkpoints/, final_model/.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from ajet.config import AjetConfig, to_yaml
+from ajet.context.types import Sample
+from ajet.sft.data import Dialog, DialogDataError, read_dialogs, split_dev
+
+log = logging.getLogger(__name__)
+
+
+def train_sft(cfg: AjetConfig, *, resume: bool = False) -> Path:
+    """Run the SFT stage; return the run directory (the model is in RUN/final_model)."""
+    trainer = SftTrainer(cfg)
+    trainer.setup(resume=resume)
+    try:
+        trainer.train()
+    finally:
+        trainer.cleanup()
+    return trainer.run_dir
+
+
+class SftTrainer:
+    def __init__(self, cfg: AjetConfig) -> None:
+        self.cfg = cfg
+        self.run_dir = Path(cfg.project.exp_dir) / cfg.project.name
+        self.step = 0
+        self._closers: list[Any] = []
+
+    # ------------------------------------------------------------------ setup
+    def setup(self, *, resume: bool) -> None:
+        from ajet.backbones.debug.update import build_optimizer
+        from ajet.engine.chat import ChatFormat
+        from ajet.logging.metrics import MetricsLogger
+        from ajet.sft.model import load_trainable_model, model_window
+
+        cfg = self.cfg
+        prepare_run_dir(self.run_dir, cfg, resume=resume)
+        train_dialogs, dev_dialogs = self._read_dialogs()
+        self.model, self.tokenizer = load_trainable_model(
+            cfg.model, seed=cfg.project.seed, gradient_checkpointing=cfg.trainer.gradient_checkpointing)
+        self.window = model_window(self.model, cfg.context.max_model_len)
+        self.chat = ChatFormat(self.tokenizer)
+        self.dialogs, self.samples, budget = self._render(train_dialogs)
+        _, self.dev_samples, _ = self._render(dev_dialogs)
+        self.selected, self.setup_metrics = self._select()
+        self.setup_metrics.update(budget)
+        self.schedule = self._plan()
+        trainer_cfg = dataclasses.replace(cfg.trainer, lr=cfg.sft.lr, total_steps=len(self.schedule))
+        self.optimizer, self.scheduler = build_optimizer(self.model, trainer_cfg)
+        if resume:
+            self._resume()
+        self.metrics = MetricsLogger(self.run_dir, cfg.logging, run_name=cfg.project.name,
+                                     config_dict={"yaml": to_yaml(cfg)})
+        self._closers.append(self.metrics.close)
+        log.info("sft: %d dialogs (%d selected), %d dev, %d optimizer steps", len(self.dialogs),
+                 len(self.selected), len(dev_dialogs), len(self.schedule))
+
+    def _read_dialogs(self) -> tuple[list[Dialog], list[Dialog]]:
+        sft = self.cfg.sft
+        if not sft.train_path:
+            raise DialogDataError("sft.train_path is empty; point it at a JSONL file of dialogs")
+        train = read_dialogs(sft.train_path)
+        if sft.dev_path:
+            return train, read_dialogs(sft.dev_path)
+        return split_dev(train, sft.dev_fraction, self.cfg.project.seed)
+
+    def _render(self, dialogs: list[Dialog]) -> tuple[list[Dialog], list[list[Sample]], dict[str, float]]:
+        """Samples per dialog within the token budget; dialogs left with nothing to train are dropped."""
+        from ajet.context.budget import apply_budget
+        from ajet.context.diagnostics import probe_template
+        from ajet.sft.masks import dialog_samples
+
+        probe = probe_template(self.chat)
+        kept_dialogs, kept_samples = [], []
+        totals: dict[str, float] = {}
+        for dialog in dialogs:
+            try:
+                samples = dialog_samples(dialog, self.chat, probe)
+            except ValueError as exc:
+                where = "" if dialog.dialog_id in str(exc) else f"dialog {dialog.dialog_id}: "
+                raise DialogDataError(f"{where}{exc}") from None
+            samples, counts = apply_budget(samples, self.cfg.context, self.window)
+            for key, value in counts.items():
+                totals[f"sft/{key}"] = totals.get(f"sft/{key}", 0.0) + value
+            samples = [s for s in samples if any(s.loss_mask)]
+            if samples:
+                kept_dialogs.append(dialog)
+                kept_samples.append(samples)
+        return kept_dialogs, kept_samples, totals
+
+    def _select(self) -> tuple[list[int], dict[str, float]]:
+        from ajet.sft.coreset import dialog_stats, fill_losses, select_coreset, selection_summary
+
+        coreset = self.cfg.sft.coreset
+        losses: list[float | None] = [d.loss for d in self.dialogs]
+        if coreset.strategy.value in ("loss_topk", "hybrid"):
+            losses = fill_losses(losses, self._model_losses)
+        tokens = [[t for s in samples for t in s.input_ids] for samples in self.samples]
+        stats = dialog_stats(tokens, losses, coreset.ngram)
+        chosen = select_coreset(stats, coreset.strategy.value, coreset.size, seed=self.cfg.project.seed,
+                                hybrid_alpha=coreset.hybrid_alpha)
+        return chosen, selection_summary(stats, chosen)
+
+    def _model_losses(self, indices: list[int]) -> list[float]:
+        """The model's mean loss per trained token of each of these dialogs."""
+        from ajet.sft.step import sample_nll
+
+        flat = [(i, s) for i in indices for s in self.samples[i]]
+        nll = sample_nll(self.model, [s for _, s in flat], micro_batch_tokens=self._pack_tokens(),
+                         bf16=self.cfg.trainer.bf16)
+        sums = {i: [0.0, 0] for i in indices}
+        for (i, _), (total, count) in zip(flat, nll, strict=True):
+            sums[i][0] += total
+            sums[i][1] += count
+        return [total / count if count else 0.0 for total, count in (sums[i] for i in indices)]
+
+    def _plan(self) -> list[Any]:
+        from ajet.sft.schedule import plan_batches
+
+        sft = self.cfg.sft
+        batches = plan_batches(
+            self.selected, [d.task_type for d in self.dialogs], rounds=sft.rounds, epochs=sft.epochs,
+            batch_size=sft.batch_size, task_weights=dict(sft.task_weights),
+            replay_size=sft.replay.buffer_size, replay_ratio=sft.replay.ratio, seed=self.cfg.project.seed,
+        )
+        if not batches:
+            raise DialogDataError("the SFT schedule is empty: every dialog was dropped (task weights 0, "
+                                  "coreset size, or longer than context.max_sample_tokens)")
+        return batches
+
+    def _pack_tokens(self) -> int:
+        return self.cfg.trainer.micro_batch_tokens if self.cfg.context.tree_packing else 0
+
+    def _resume(self) -> None:
+        from ajet.backbones.debug.checkpoint import latest_checkpoint, load_checkpoint
+
+        ckpt = latest_checkpoint(self.run_dir / "checkpoints")
+        if ckpt is None:
+            log.warning("--resume: no checkpoint under %s; starting from step 0", self.run_dir)
+            return
+        state = load_checkpoint(ckpt, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
+        if state.get("schedule_len") != len(self.schedule):
+            raise DialogDataError(
+                f"{ckpt} was written for a schedule of {state.get('schedule_len')} steps, this config "
+                f"plans {len(self.schedule)}: the data or the sft settings changed. Start a new run.")
+        self.step = int(state["step"])
+
+    # ------------------------------------------------------------------ train
+    def train(self) -> None:
+        cfg = self.cfg
+        every = cfg.sft.eval_every
+        if self.step == 0:
+            self.metrics.log(0, self.setup_metrics)
+            self.dev_loss()
+        while self.step < len(self.schedule):
+            batch = self.schedule[self.step]
+            metrics = self.train_step(batch)
+            self.step += 1
+            self.metrics.log(self.step, metrics)
+            log.info("sft step %d/%d  loss %.4f  lr %.2e", self.step, len(self.schedule),
+                     metrics["sft/loss"], metrics["actor/lr"])
+            last = self.step == len(self.schedule)
+            nxt = None if last else self.schedule[self.step]
+            epoch_end = nxt is None or (nxt.round, nxt.epoch) != (batch.round, batch.epoch)
+            if (every and self.step % every == 0) or (not every and epoch_end) or last:
+                self.dev_loss()
+            save_every = cfg.trainer.save_every
+            if save_every and self.step % save_every == 0 and not last:
+                self.save_checkpoint()
+        self.save_checkpoint()
+        if cfg.trainer.save_final_model:
+            from ajet.sft.model import save_final_model
+
+            save_final_model(self.model, self.tokenizer, self.run_dir / "final_model", lora=cfg.model.lora.enabled)
+
+    def train_step(self, batch: Any) -> dict[str, float]:
+        from ajet.sft.step import sft_step
+
+        start = time.monotonic()
+        samples = [s for i in batch.indices for s in self.samples[i]]
+        metrics = sft_step(self.model, samples, self.optimizer, loss_agg=self.cfg.context.loss_agg,
+                           micro_batch_tokens=self._pack_tokens(), grad_clip=self.cfg.trainer.grad_clip,
+                           bf16=self.cfg.trainer.bf16)
+        self.scheduler.step()
+        metrics.update({
+            "actor/lr": self.scheduler.get_last_lr()[0],
+            "sft/dialogs": float(len(batch.indices)),
+            "sft/round": float(batch.round),
+            "sft/epoch": float(batch.epoch),
+            "perf/step_time_s": time.monotonic() - start,
+        })
+        return metrics
+
+    def dev_loss(self) -> float | None:
+        from ajet.sft.step import mean_nll, sample_nll
+
+        if not self.dev_samples:
+            return None
+        flat = [s for samples in self.dev_samples for s in samples]
+        loss = mean_nll(sample_nll(self.model, flat, micro_batch_tokens=self._pack_tokens(),
+                                   bf16=self.cfg.trainer.bf16))
+        self.metrics.log(self.step, {"val/sft/loss": loss, "val/sft/dialogs": float(len(self.dev_samples))},
+                         split="val")
+        log.info("sft dev loss at step %d: %.4f", self.step, loss)
+        return loss
+
+    def save_checkpoint(self) -> None:
+        from ajet.backbones.debug.checkpoint import save_checkpoint
+
+        save_checkpoint(self.run_dir / "checkpoints", self.step, model=self.model, optimizer=self.optimizer,
+                        scheduler=self.scheduler, extra={"schedule_len": len(self.schedule)},
+                        keep_last=self.cfg.trainer.keep_checkpoints)
+
+    def cleanup(self) -> None:
+        for close in reversed(self._closers):
+            close()
+
+
+def prepare_run_dir(run_dir: Path, cfg: AjetConfig, *, resume: bool) -> None:
+    """Refuse to overwrite an earlier run's checkpoints unless resuming; write config.yaml."""
+    from ajet.backbones.debug.checkpoint import cleanup_partial, latest_checkpoint
+    from ajet.cli.common import EXIT_CONFIG, UserError
+
+    ckpt_root = run_dir / "checkpoints"
+    cleanup_partial(ckpt_root)
+    if not resume and latest_checkpoint(ckpt_root) is not None:
+        raise UserError(
+            f"{run_dir} already holds checkpoints of an earlier run. Pass --resume to continue it, "
+            "or choose another project.name / --exp-dir.", exit_code=EXIT_CONFIG)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(to_yaml(cfg))
