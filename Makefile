@@ -36,6 +36,7 @@ test-unit: install
 	$(PY) -m pytest -m "not integration and not tutorial" $(PYTEST_ARGS)
 
 bench: install
+	$(PIP) install -q -e '.[dev,bench]'
 	$(PY) scripts/bench_engine.py
 	$(PY) scripts/bench_context.py
 	$(PY) scripts/bench_train.py
