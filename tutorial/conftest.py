@@ -1,0 +1,129 @@
+"""Fixtures for the tutorial tests: the model fixtures of `tests/conftest.py`, and `one_step`,
+which runs an example's YAML for one short training step through the real CLI.
+
+`tests/` is not a package, so its conftest is loaded by path (under its own module name)
+and its fixtures re-exported here; `pytest tutorial/` and a plain `pytest` both find them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _load_tests_conftest() -> Any:
+    path = REPO / "tests" / "conftest.py"
+    spec = importlib.util.spec_from_file_location("ajet_tests_conftest", path)
+    if spec is None or spec.loader is None:  # pragma: no cover - the file ships with the repo
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_shared = _load_tests_conftest()
+bundled_model_dir = _shared.bundled_model_dir
+tiny_model_dir = _shared.tiny_model_dir
+
+# One short step on the tiny model: 2 tasks x 2 episodes, few tokens, no validation,
+# one checkpoint at the end, no TensorBoard.
+ONE_STEP = (
+    "trainer.total_steps=1",
+    "trainer.batch_size=2",
+    "rollout.n=2",
+    "rollout.max_tokens=16",
+    "trainer.val_every=0",
+    "trainer.save_every=0",
+    "logging.tensorboard=false",
+)
+
+
+@dataclass
+class StepRun:
+    """What one `ajet` run left behind (see docs/outputs.md)."""
+
+    run_dir: Path
+    returncode: int
+    stderr: str
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def train_rows(self) -> list[dict[str, Any]]:
+        return [row for row in self.metrics if row.get("split") == "train"]
+
+    def step(self, step: int = 1) -> dict[str, Any]:
+        rows = [row for row in self.train_rows if row["step"] == step]
+        assert rows, f"no train metrics for step {step} in {self.run_dir / 'metrics.jsonl'}"
+        return rows[-1]
+
+    def records(self, step: int = 1) -> list[dict[str, Any]]:
+        path = self.run_dir / "records" / f"step_{step:06d}.jsonl"
+        assert path.is_file(), f"{path} was not written"
+        return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+    def assert_completed(self) -> dict[str, Any]:
+        """The run exited 0 and logged train step 1; failed episodes are counted, not fatal.
+        Returns step 1's metrics."""
+        assert self.returncode == 0, f"ajet exited {self.returncode}:\n{self.stderr[-4000:]}"
+        metrics = self.step(1)
+        episodes = metrics["rollout/episodes"]
+        assert episodes >= 1
+        assert metrics["rollout/ok"] + metrics["rollout/failed"] == episodes
+        reasons = {k: v for k, v in metrics.items() if k.startswith("rollout/failed/")}
+        assert sum(reasons.values()) == metrics["rollout/failed"], reasons
+        assert (self.run_dir / "checkpoints" / "latest").read_text().strip() == "step_000001"
+        return metrics
+
+
+def read_run(run_dir: Path, returncode: int = 0, stderr: str = "") -> StepRun:
+    metrics_file = run_dir / "metrics.jsonl"
+    rows = []
+    if metrics_file.is_file():
+        rows = [json.loads(line) for line in metrics_file.read_text().splitlines() if line]
+    return StepRun(run_dir=run_dir, returncode=returncode, stderr=stderr, metrics=rows)
+
+
+@pytest.fixture
+def one_step_overrides(tiny_model_dir: Path) -> list[str]:
+    """The overrides of `one_step` without the output dir, for `ajet.tune(..., overrides=...)`."""
+    return [f"model.path={tiny_model_dir}", *ONE_STEP]
+
+
+@pytest.fixture(name="read_run")
+def read_run_fixture():
+    """`read_run(run_dir) -> StepRun`, for runs started in-process (`ajet.tune`)."""
+    return read_run
+
+
+@pytest.fixture
+def one_step(tmp_path: Path, tiny_model_dir: Path):
+    """`one_step(conf, *overrides, env=None, timeout=300) -> StepRun`: `ajet --conf conf` for one
+    step on the tiny random model, outputs under tmp_path."""
+
+    calls = 0
+
+    def run(conf: Path, *overrides: str, env: dict[str, str] | None = None, timeout: int = 300) -> StepRun:
+        nonlocal calls
+        calls += 1
+        exp_dir = tmp_path / f"exp{calls}"
+        args = [
+            sys.executable, "-m", "ajet.cli.main", "--conf", str(conf),
+            f"model.path={tiny_model_dir}", f"project.exp_dir={exp_dir}", *ONE_STEP, *overrides,
+        ]
+        full_env = {**os.environ, "OMP_NUM_THREADS": "1", "CI": "true", **(env or {})}
+        result = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=REPO)
+        runs = [p for p in exp_dir.iterdir() if p.is_dir()] if exp_dir.is_dir() else []
+        assert len(runs) == 1, f"expected one run dir under {exp_dir}, got {runs}:\n{result.stderr[-4000:]}"
+        return read_run(runs[0], result.returncode, result.stderr)
+
+    return run
