@@ -1,0 +1,49 @@
+"""FrozenLake, multi-turn: each turn the agent sees the grid as text and answers with a move.
+
+The conversation grows by one assistant reply and one user observation per turn, so every
+call extends the previous one: the context tracker builds each prompt from the earlier
+prompt + completion token ids, and the episode's N calls merge into one training sample.
+Reward: 1 for reaching G, else 0 (a hole, or out of steps).
+"""
+
+from __future__ import annotations
+
+from frozenlake_env import FrozenLake
+
+from ajet import Workflow, WorkflowOutput, WorkflowTask
+
+SYSTEM_PROMPT = (
+    "You walk on a frozen lake drawn as a grid: P is you, F is safe ice, H is a hole, G is the "
+    "goal. Rows are listed top to bottom; 'down' moves one row down, 'right' one column right. "
+    "Reach G without stepping into a hole. Each turn, answer with one move: left, down, right "
+    "or up."
+)
+
+
+class FrozenLakeAgent(Workflow):
+    name: str = "frozenlake"
+
+    async def execute(self, task: WorkflowTask, tuner) -> WorkflowOutput:  # noqa: ANN001
+        env = FrozenLake(list(task.metadata["map"]), max_steps=int(task.metadata["max_steps"]))
+        messages = [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": f"{task.main_query}\n{env.render()}\nYour move?"},
+        ]
+        while not env.done:
+            response = await tuner(messages)
+            reply = "".join(block["text"] for block in response.content if block["type"] == "text")
+            # The reply goes back exactly as received, so the next call extends this one.
+            messages.append({"role": "assistant", "content": reply})
+            result = env.step(reply)
+            if not result.done:
+                messages.append({"role": "user", "content": f"{result.observation}\nYour move?"})
+        return WorkflowOutput(
+            reward=1.0 if env.reached_goal else 0.0,
+            is_success=env.reached_goal,
+            metadata={"trail": env.trail},
+            log_metrics={
+                "turns": float(env.steps),
+                "invalid_moves": float(env.invalid_moves),
+                "reached_goal": float(env.reached_goal),
+            },
+        )

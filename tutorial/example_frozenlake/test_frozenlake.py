@@ -1,0 +1,79 @@
+"""FrozenLake trains for one step on the debug backbone, and the tracker merges each episode's
+turns into one sample; the environment's rules hold."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture
+def env_module(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.syspath_prepend(str(HERE))
+    import frozenlake_env
+
+    return frozenlake_env
+
+
+@pytest.mark.tutorial
+@pytest.mark.integration
+def test_one_step_merges_turns(one_step) -> None:
+    run = one_step(HERE / "frozenlake.yaml")
+    metrics = run.assert_completed()
+    assert metrics["rollout/failed"] == 0
+    ok = metrics["rollout/ok"]
+    calls = metrics["context/calls"]
+    # Several turns per episode (the tiny random model never finds a move, so it walks
+    # until max_steps), all extending one timeline: one sample per episode.
+    assert metrics["rollout/calls_per_episode"] > 1
+    assert metrics["workflow/turns"] == metrics["rollout/calls_per_episode"]
+    assert calls > metrics["context/samples"] == ok
+    assert metrics["context/timelines"] == ok
+    records = run.records(1)
+    assert len(records) == ok
+    # Each record holds every call of its episode: one completion segment per call,
+    # all of them trained.
+    assert sum(len(r["segments"]) for r in records) == calls
+    for r in records:
+        assert len(r["segments"]) > 1
+        for start, end in r["segments"]:
+            assert all(r["loss_mask"][start:end])
+        assert sum(r["loss_mask"]) == sum(end - start for start, end in r["segments"])
+
+
+def test_maps_are_deterministic_and_solvable(env_module) -> None:
+    for seed in range(20):
+        rows = env_module.generate_map(4, seed)
+        assert rows == env_module.generate_map(4, seed)
+        assert rows[0][0] == "S" and rows[-1][-1] == "G" and env_module.has_path(rows)
+    assert env_module.generate_map(4, 0) != env_module.generate_map(4, 1)
+    assert not env_module.has_path(["SH", "HG"])
+
+
+def test_rules(env_module) -> None:
+    FrozenLake = env_module.FrozenLake
+    env = FrozenLake(["SF", "HG"], max_steps=5)
+    assert env.render() == "P F\nH G"
+    result = env.step("I will go up")  # the edge: stay
+    assert (env.position, result.valid, result.done) == ((0, 0), True, False)
+    result = env.step("hmm")  # no move: stay, counted
+    assert (env.position, result.valid, env.invalid_moves) == ((0, 0), False, 1)
+    result = env.step("left? no: right")  # the last move word counts
+    assert env.position == (0, 1) and env.trail == ["up", "right"]
+    result = env.step("down")
+    assert (result.reward, result.done, env.reached_goal) == (1.0, True, True)
+    with pytest.raises(ValueError):
+        env.step("down")
+
+    hole = FrozenLake(["SF", "HG"], max_steps=5)
+    result = hole.step("Down.")
+    assert result.done and result.reward == 0.0 and "hole" in result.observation
+    assert not hole.reached_goal
+
+    slow = FrozenLake(["SF", "FG"], max_steps=2)
+    slow.step("wait")
+    result = slow.step("wait")
+    assert result.done and result.reward == 0.0 and "Out of steps" in result.observation
