@@ -1,0 +1,79 @@
+"""The env-service agent trains for one step on the debug backbone against the reference env
+server (started here on a free port), and drives it: every episode creates, steps, evaluates
+and releases its own instance."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+
+
+class _EnvServer:
+    """`ajet.task_reader.env_server` in a thread, counting requests per path."""
+
+    def __init__(self) -> None:
+        import uvicorn
+
+        from ajet.task_reader.env_server import create_app
+
+        self.hits: Counter[str] = Counter()
+        app = create_app(num_train=8, num_val=2)
+
+        @app.middleware("http")
+        async def count(request, call_next):  # noqa: ANN001, ANN202
+            response = await call_next(request)
+            if response.status_code < 400:
+                self.hits[request.url.path] += 1
+            return response
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self) -> _EnvServer:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline, "the env server did not start"
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.sock.close()
+
+
+@pytest.fixture
+def env_server() -> Iterator[_EnvServer]:
+    with _EnvServer() as server:
+        yield server
+
+
+@pytest.mark.tutorial
+@pytest.mark.integration
+def test_one_step_drives_the_env_server(one_step, env_server: _EnvServer) -> None:
+    run = one_step(HERE / "appworld.yaml", f"task_reader.env_service.base_url={env_server.url}")
+    metrics = run.assert_completed()
+    assert metrics["rollout/failed"] == 0
+    episodes = int(metrics["rollout/episodes"])
+    hits = env_server.hits
+    assert hits["/list_tasks"] >= 1
+    assert hits["/create"] == hits["/evaluate"] == hits["/release"] == episodes
+    # Every model reply went to the environment as an action.
+    assert hits["/step"] == metrics["context/calls"] == metrics["workflow/turns"] * episodes
+    # The environment's evaluation is the reward (fraction of keys in their goal state).
+    assert 0.0 <= metrics["reward/mean"] <= 1.0
+    # Multi-turn: each episode's calls extend one conversation, one sample per episode.
+    assert metrics["context/samples"] == metrics["rollout/ok"]
+    assert {r["task_id"] for r in run.records(1)} <= {f"kv-train-{i:03d}" for i in range(8)}

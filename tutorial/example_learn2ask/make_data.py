@@ -1,0 +1,51 @@
+"""Regenerate train.jsonl / val.jsonl: patients with hidden profiles (deterministic).
+
+    python tutorial/example_learn2ask/make_data.py
+
+Each row: the patient's vague opening line (`question`), the hidden `facts` the simulated
+patient answers from, and `answer`: the facts as one text, which the LLM judge sees as the
+reference ("Reference answer") when it grades the consultation.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+COMPLAINTS = ["a headache", "a cough", "a stomach ache", "back pain", "a rash", "a sore throat"]
+FACTS = {
+    "duration": ["It started yesterday.", "It started three days ago.", "It has been going on for two weeks."],
+    "severity": ["It is mild, maybe 3 out of 10.", "It is about 6 out of 10.", "It is very bad, 9 out of 10."],
+    "fever": ["I have no fever.", "I had a fever of 38.5 last night."],
+    "medication": ["I am not taking anything.", "I took ibuprofen twice.", "I take blood pressure pills every day."],
+    "allergies": ["I have no allergies.", "I am allergic to penicillin."],
+    "history": ["This never happened before.", "I had the same thing last year."],
+}
+
+
+def patient(rng: random.Random) -> tuple[str, dict[str, str]]:
+    complaint = rng.choice(COMPLAINTS)
+    topics = sorted(rng.sample(sorted(FACTS), 4))  # four facts per patient
+    return complaint, {t: rng.choice(FACTS[t]) for t in topics}
+
+
+def main() -> None:
+    here = Path(__file__).parent
+    for split, count, seed in (("train", 64, 0), ("val", 16, 1)):
+        rng = random.Random(seed)
+        rows = []
+        for i in range(count):
+            complaint, facts = patient(rng)
+            rows.append({
+                "task_id": f"{split}-{i}",
+                "question": f"Hello doctor, I have {complaint}.",
+                "facts": facts,
+                "max_questions": 3,
+                "answer": f"The patient has {complaint}. The patient says: " + " ".join(facts.values()),
+            })
+        (here / f"{split}.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""Learn2ask trains for one step on the debug backbone (with the grader-free judge, and with
+the YAML's LLM judge on the local model); the simulated patient answers only what is asked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+CALLS = 3 + 1  # max_questions questions, then the summary
+
+
+@pytest.fixture
+def patient_module(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.syspath_prepend(str(HERE))
+    import patient
+
+    return patient
+
+
+@pytest.mark.tutorial
+@pytest.mark.integration
+def test_one_step_with_the_elicitation_judge(one_step) -> None:
+    run = one_step(HERE / "learn2ask_elicitation.yaml")
+    metrics = run.assert_completed()
+    assert metrics["rollout/failed"] == 0
+    assert metrics["rollout/calls_per_episode"] == CALLS
+    # The consultation is one conversation: its calls merge into one sample per episode.
+    assert metrics["context/samples"] == metrics["rollout/ok"] < metrics["context/calls"]
+    # The judge's reward is the fraction of facts uncovered, which the workflow also logs.
+    assert metrics["reward/mean"] == pytest.approx(metrics["workflow/facts_elicited"])
+    records = run.records(1)
+    assert all(len(r["segments"]) == CALLS for r in records)
+
+
+@pytest.mark.tutorial
+@pytest.mark.integration
+def test_one_step_with_the_llm_judge(one_step) -> None:
+    from ajet.tuner import Gateway
+
+    if not hasattr(Gateway, "register_static_key"):
+        # The debug backbone hands judges a gateway client with the key "local" unless the
+        # gateway can issue a step-wide key; without one every grading call gets a 401.
+        pytest.xfail("Gateway.register_static_key is missing: judge.type=llm on the local model gets 401")
+    run = one_step(HERE / "learn2ask.yaml", "judge.params.max_tokens=16")
+    metrics = run.assert_completed()
+    # The tiny random grader rarely writes a score: on_parse_error=zero scores those 0 and
+    # counts them; none of this fails an episode.
+    assert metrics["rollout/failed"] == 0
+    graded = metrics.get("judge/llm_parse_error", 0.0) + ("judge/llm_score" in metrics)
+    assert graded > 0
+    assert 0.0 <= metrics["reward/mean"] <= 1.0
+
+
+def test_patient_answers_only_what_is_asked(patient_module) -> None:
+    patient = patient_module.Patient({"duration": "Since Monday.", "fever": "No fever.", "allergies": "None."})
+    assert patient.answer("Tell me more.") == patient_module.NOT_SURE
+    assert patient.elicited == 0.0
+    assert patient.answer("When did it start?") == "Since Monday."
+    assert patient.answer("Any fever or allergies?") == "No fever. None."
+    assert patient.revealed == {"duration", "fever", "allergies"} and patient.elicited == 1.0
+    with pytest.raises(ValueError, match="unknown fact topics"):
+        patient_module.Patient({"mood": "fine"})
+
+
+def test_elicitation_judge(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(HERE))
+    from judge import ElicitationJudge
+
+    from ajet.workflow import WorkflowOutput, WorkflowTask
+
+    task = WorkflowTask(task_id="t", metadata={"facts": {"fever": "x", "duration": "y"}})
+    judge = ElicitationJudge()
+    assert judge.compute_reward(task, WorkflowOutput(metadata={"revealed": ["fever"]})) == (0.5, False)
+    assert judge.compute_reward(task, WorkflowOutput(metadata={"revealed": ["fever", "duration"]})) == (1.0, True)
+    assert judge.compute_reward(task, WorkflowOutput()) == (0.0, False)
