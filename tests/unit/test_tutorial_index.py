@@ -63,7 +63,8 @@ def test_config_and_workflow_load(conf: Path) -> None:
 
     cfg = load_config(conf, require_workflow=False)
     assert cfg.project.name, conf
-    assert conf.name in (conf.parent / "README.md").read_text(), f"{conf.parent.name}/README.md never names {conf.name}"
+    readme = conf.parent / "README.md"
+    assert readme.is_file() and conf.name in readme.read_text(), f"{conf.parent.name}/README.md never names {conf.name}"
     if cfg.workflow.target:
         assert isinstance(load_workflow(cfg.workflow.target), Workflow)
     else:  # a function workflow: run through ajet.tune, named in the YAML's comments
