@@ -150,8 +150,10 @@ class BatchKV:
         live = self.length - unused
         length = max(live, min_length)
         shift = length - live  # existing rows move right by this much after dropping `unused`
-        row_cap = max(rows_needed, 2 * self.rows, 1)
-        col_cap = length + max(_MIN_SPARE_COLS, length // 2) + 1
+        # Spare room: reallocations copy the whole cache, so they should be rare, but spare
+        # rows and columns hold memory (bundled model: ~46 KB per row per column).
+        row_cap = rows_needed + max(2, rows_needed // 4)
+        col_cap = length + max(_MIN_SPARE_COLS, length // 4) + 1
         new_keys, new_values = [], []
         for layer, (k0, v0) in enumerate(self._template):
             shape_k = (row_cap, k0.shape[1], col_cap, k0.shape[3])

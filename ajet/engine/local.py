@@ -118,6 +118,11 @@ class LocalEngine:
             max_model_len or getattr(config, "max_position_embeddings", 0) or 4096
         )
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
+        if "sliding_attention" in (getattr(config, "layer_types", None) or []):
+            log.warning(
+                "this model has sliding-window layers; the local engine attends to the whole "
+                "context, which is exact only while sequences are shorter than the window"
+            )
         if eos_token_ids is None:
             self.eos_token_ids = _default_eos(model, tokenizer)
             if not self.eos_token_ids:
