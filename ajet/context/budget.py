@@ -37,15 +37,19 @@ def call_budget(
 ) -> int:
     """The max_tokens one call may generate; 0 when the prompt alone fills the window.
 
-    `requested_max_tokens <= 0` means no request: `config.max_call_tokens` applies.
+    The smallest of the request, `config.max_call_tokens` and the room left in the model
+    window; a value <= 0 for the request or `max_call_tokens` means no limit from it.
     """
-    allowed = config.max_call_tokens
-    if requested_max_tokens > 0:
-        allowed = min(allowed, requested_max_tokens)
+    limits = [v for v in (requested_max_tokens, config.max_call_tokens) if v > 0]
     window = model_window(config, model_max_len)
     if window:
-        allowed = min(allowed, window - prompt_len)
-    return max(0, allowed)
+        limits.append(window - prompt_len)
+    if not limits:
+        raise ValueError(
+            "no limit on a call's completion: set rollout.max_tokens, context.max_call_tokens "
+            "or context.max_model_len"
+        )
+    return max(0, min(limits))
 
 
 def apply_budget(

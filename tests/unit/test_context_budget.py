@@ -24,6 +24,9 @@ def test_call_budget():
     assert call_budget(1200, 500, c, 1000) == 0
     assert call_budget(10, 0, c, 1000) == 100  # no request: the per-call limit
     assert call_budget(10, 500, c, 0) == 100  # unknown window
+    assert call_budget(10, 500, cfg(max_call_tokens=0), 1000) == 500  # no per-call limit
+    with pytest.raises(ValueError, match="no limit"):
+        call_budget(10, 0, cfg(max_call_tokens=0), 0)
     assert (
         call_budget(10, 500, cfg(max_call_tokens=100, max_model_len=64), 1000) == 54
     )  # config wins
