@@ -46,3 +46,34 @@ class LocalSessionFactory:
         )
         tuner = ModelTuner(session, gateway=self.gateway, trainable_targets=self.trainable_roles)
         return EpisodeHandle(tuner=tuner, tracker=tracker, session=session)
+
+
+class StatelessTracker:
+    """Tracker for service calls (e.g. an LLM judge on the local model): nothing is kept or trained."""
+
+    def __init__(self, chat: Any) -> None:
+        self.chat = chat
+        self.calls: list[Any] = []
+
+    def build_prompt(self, role: str, messages: list[dict], tools: list[dict] | None) -> list[int]:
+        return self.chat.encode(self.chat.render(messages, tools, add_generation_prompt=True))
+
+    def record(self, call: Any) -> None:
+        """Service calls are not training data: dropped."""
+
+    def timelines(self) -> list[Any]:
+        return []
+
+    def stats(self) -> dict[str, float]:
+        return {}
+
+
+def service_api_key(factory: LocalSessionFactory, name: str = "service") -> str:
+    """A gateway key for in-run services (judges) on the policy model; never recorded or trained."""
+    from ajet.tuner import EpisodeSession
+
+    session = EpisodeSession(
+        name, factory.engine, factory.chat, StatelessTracker(factory.chat), factory.rollout,
+        factory.context, set(), factory.model_max_len,
+    )
+    return factory.gateway.register(session, "judge")

@@ -51,8 +51,6 @@ class DebugTrainer:
         if cfg.algorithm.name not in RL_ALGORITHMS:
             raise UserError(f"algorithm.name={cfg.algorithm.name.value} is not an RL algorithm; "
                             "use `ajet sft` / the staged pipeline for sft and dpo.")
-        if self.with_ray:
-            raise UserError("--with-ray on the debug backbone is not implemented yet; run without it.")
         self._prepare_run_dir(resume)
         # Fail fast on user code and data before the model loads.
         self.workflow = self._load_workflow()
@@ -60,6 +58,10 @@ class DebugTrainer:
         self.judge = self._build_judge()
         self._build_model()
         self._build_rollout()
+        if self.with_ray:  # episodes run in Ray actors; engine, tracker and trainer stay here
+            from ajet.rollout.ray_rollout import attach
+
+            self._closers.append(attach(self))
         from ajet.backbones.debug.update import PolicyUpdater
 
         self.updater = PolicyUpdater(
@@ -110,8 +112,9 @@ class DebugTrainer:
         """An OpenAI client on the gateway, for judges that default to the local model."""
         import openai
 
-        key = self.gateway.register_static_key() if hasattr(self.gateway, "register_static_key") else "local"
-        return openai.AsyncOpenAI(base_url=self.gateway.base_url, api_key=key)
+        from ajet.backbones.debug.episodes import service_api_key
+
+        return openai.AsyncOpenAI(base_url=self.gateway.base_url, api_key=service_api_key(self.factory))
 
     def _build_model(self) -> None:
         import torch
@@ -157,6 +160,7 @@ class DebugTrainer:
             engine=self.engine, chat=self.chat, gateway=self.gateway, rollout=cfg.rollout,
             context=cfg.context, trainable_roles=roles or None, model_max_len=self.model_max_len,
         )
+        self.factory = factory
         self.runner = TaskRunner(self.workflow, self.judge, factory, cfg.rollout)
         self._closers.append(self.runner.close)
         self.manager = RolloutManager(self.runner, cfg.rollout)
