@@ -41,6 +41,14 @@ def train(
     with_ray: Annotated[
         bool, typer.Option("--with-ray", help="Start (or join ray.address) a Ray cluster; rollout runs in Ray actors.")
     ] = False,
+    with_ray_cluster: Annotated[
+        Optional[str],
+        typer.Option("--with-ray-cluster", metavar="ADDR", help="Join the Ray cluster at ADDR (sets ray.address; implies --with-ray)."),
+    ] = None,
+    with_env: Annotated[
+        Optional[list[str]],
+        typer.Option("--with-env", metavar="NAME", help="Start env_services.NAME before training, stop it after (repeatable)."),
+    ] = None,
     exp_dir: Annotated[
         Optional[Path], typer.Option("--exp-dir", help="Experiment root (overrides project.exp_dir).")
     ] = None,
@@ -60,6 +68,9 @@ def train(
             extra.append(f"project.exp_dir={exp_dir}")
         if quiet:
             extra.append("logging.quiet=true")
+        if with_ray_cluster:
+            extra.append(f"ray.address={with_ray_cluster}")
+            with_ray = True
         cfg = load_config(conf, extra)
         from ajet.logging.setup import configure_logging
 
@@ -74,6 +85,9 @@ def train(
 
             lines = "\n".join(f"  {key}: {msg}" for key, msg in problems)
             raise ConfigError(f"invalid config for --backbone={backbone.value} ({conf}):\n{lines}")
+        from ajet.launcher import Launcher, env_service_specs
+
+        services = env_service_specs(cfg.env_services, with_env or [])
         if dry_run:
             typer.echo("# resolved ajet config")
             typer.echo(to_yaml(cfg))
@@ -82,4 +96,8 @@ def train(
                 typer.echo(f"# translated {backbone.value} config")
                 typer.echo(translated)
             return
-        runner.run(cfg, with_ray=with_ray, resume=resume)
+        if not services:
+            runner.run(cfg, with_ray=with_ray, resume=resume)
+            return
+        with Launcher(env_services=services, log_dir=Path(cfg.project.exp_dir) / cfg.project.name / "services"):
+            runner.run(cfg, with_ray=with_ray, resume=resume)

@@ -326,6 +326,19 @@ class RayConfig:
 
 
 @dataclass
+class EnvServiceConfig:
+    # An environment service the launcher starts with `--with-env NAME` and stops on exit.
+    # Command line (no shell); a leading `python` means the interpreter running ajet.
+    command: str = ""
+    # Polled until it answers HTTP 2xx; "" = only check the process stays up.
+    health_url: str = ""
+    startup_timeout_s: float = 60.0
+    # Working directory ("" = the current one) and extra environment variables.
+    cwd: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
 class TrinityConfig:
     # Trinity-RFT specific; translated into its Config by the trinity backbone.
     explorer_gpus: int = 1
@@ -363,3 +376,5 @@ class AjetConfig:
     ray: RayConfig = field(default_factory=RayConfig)
     trinity: TrinityConfig = field(default_factory=TrinityConfig)
     verl: VerlConfig = field(default_factory=VerlConfig)
+    # name -> service, started by `--with-env NAME` (see ajet/launcher.py).
+    env_services: dict[str, EnvServiceConfig] = field(default_factory=dict)

@@ -1,0 +1,223 @@
+"""Launcher: env services start, answer their health check and are stopped on exit, on an
+exception, on Ctrl-C and on SIGTERM; failures are clear; GPU queries; the CLI options."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from ajet.cli import train as train_cmd
+from ajet.config import ConfigError
+from ajet.config.schema import EnvServiceConfig
+from ajet.launcher import (
+    Launcher,
+    LaunchError,
+    ServiceSpec,
+    env_service_specs,
+    free_gpus,
+    free_port,
+    parse_nvidia_smi,
+    service_argv,
+)
+
+
+def env_server(port: int, timeout_s: float = 60.0) -> ServiceSpec:
+    return ServiceSpec(command=f"python -m ajet.task_reader.env_server --port {port}",
+                       health_url=f"http://127.0.0.1:{port}/health", startup_timeout_s=timeout_s)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie still answers kill(0); treat it as gone
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().split()[2] == "Z")
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_env_service_starts_healthy_and_stops(tmp_path: Path) -> None:
+    port = free_port()
+    with Launcher(env_services={"kv": env_server(port)}, log_dir=tmp_path) as launcher:
+        assert httpx.get(f"http://127.0.0.1:{port}/health").json()["status"] == "ok"
+        # the service is usable: the reference env server lists its tasks
+        tasks = httpx.post(f"http://127.0.0.1:{port}/list_tasks", json={"env_type": "kv_store"})
+        assert tasks.status_code == 200 and tasks.json()["task_ids"]
+        pid = launcher.children[0].proc.pid
+    assert not pid_alive(pid) and not port_open(port)
+    assert launcher.children == []
+
+
+def test_services_are_stopped_when_the_body_raises_or_is_interrupted() -> None:
+    for exc in (RuntimeError("boom"), KeyboardInterrupt()):
+        port = free_port()
+        with pytest.raises(type(exc)):
+            with Launcher(env_services={"kv": env_server(port)}) as launcher:
+                pid = launcher.children[0].proc.pid
+                raise exc
+        assert not pid_alive(pid) and not port_open(port)
+
+
+def test_service_that_exits_fails_clearly(tmp_path: Path) -> None:
+    spec = ServiceSpec(command="python -c \"import sys; print('bad flag'); sys.exit(3)\"",
+                       health_url="http://127.0.0.1:9/health", startup_timeout_s=30)
+    with pytest.raises(LaunchError, match="exited with code 3") as info:
+        with Launcher(env_services={"broken": spec}, log_dir=tmp_path):
+            pass
+    assert str(tmp_path / "broken.log") in str(info.value)
+    assert "bad flag" in (tmp_path / "broken.log").read_text()
+
+
+def test_unhealthy_service_times_out_and_is_stopped() -> None:
+    port = free_port()
+    spec = env_server(port, timeout_s=6)
+    spec.health_url = f"http://127.0.0.1:{port}/no-such-path"  # the server answers 404
+    launcher = Launcher(env_services={"kv": spec})
+    with pytest.raises(LaunchError, match="not healthy .* HTTP 404"):
+        launcher.__enter__()
+    assert launcher.children == [] and not port_open(port)
+
+
+SCRIPT = """
+import sys, time
+from pathlib import Path
+from ajet.launcher import Launcher, ServiceSpec
+port, out = int(sys.argv[1]), Path(sys.argv[2])
+spec = ServiceSpec(command=f"python -m ajet.task_reader.env_server --port {port}",
+                   health_url=f"http://127.0.0.1:{port}/health")
+try:
+    with Launcher(env_services={"kv": spec}) as launcher:
+        out.write_text(str(launcher.children[0].proc.pid))
+        time.sleep(120)
+except KeyboardInterrupt:
+    out.write_text(out.read_text() + " interrupted")
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_and_sigterm_stop_the_services(tmp_path: Path, sig: signal.Signals) -> None:
+    port, out = free_port(), tmp_path / "pid"
+    (tmp_path / "script.py").write_text(textwrap.dedent(SCRIPT))
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "script.py"), str(port), str(out)])
+    try:
+        deadline = time.monotonic() + 60
+        while not out.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        service_pid = int(out.read_text())
+        assert pid_alive(service_pid) and port_open(port)
+        proc.send_signal(sig)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+    assert out.read_text().endswith("interrupted")
+    assert not pid_alive(service_pid) and not port_open(port)
+
+
+def test_service_argv_uses_this_interpreter() -> None:
+    assert service_argv("python -m x --port 1") == [sys.executable, "-m", "x", "--port", "1"]
+    assert service_argv("node 'my server.js'") == ["node", "my server.js"]
+    with pytest.raises(LaunchError):
+        service_argv("  ")
+
+
+def test_env_service_specs_pick_named_services() -> None:
+    configured = {"kv": EnvServiceConfig(command="python -m s", health_url="http://h/health", env={"A": "1"}),
+                  "empty": EnvServiceConfig()}
+    specs = env_service_specs(configured, ["kv"])
+    assert specs == {"kv": ServiceSpec(command="python -m s", health_url="http://h/health", env={"A": "1"})}
+    assert env_service_specs(configured, []) == {}
+    with pytest.raises(ConfigError, match="no env_services.web .*configured: empty, kv"):
+        env_service_specs(configured, ["web"])
+    with pytest.raises(ConfigError, match="env_services.empty.command is empty"):
+        env_service_specs(configured, ["empty"])
+
+
+def test_gpu_queries_are_parsed() -> None:
+    text = "0, 500, 81920\n1, 70000, 81920\nbogus line\n"
+    gpus = parse_nvidia_smi(text)
+    assert gpus == [{"index": 0, "used_mib": 500, "total_mib": 81920},
+                    {"index": 1, "used_mib": 70000, "total_mib": 81920}]
+    assert free_gpus(0.1, gpus) == [0]
+    assert free_gpus(0.9, gpus) == [0, 1]
+    assert free_gpus(0.1, []) == []
+
+
+def test_cli_with_env_unknown_name_exits_2(tmp_path: Path) -> None:
+    (tmp_path / "agent.py").write_text("")
+    (tmp_path / "train.jsonl").write_text('{"question": "q"}\n')
+    conf = tmp_path / "run.yaml"
+    conf.write_text("workflow: {target: agent.py:W}\ntask_reader: {jsonl: {train_path: train.jsonl}}\n"
+                    "env_services: {kv: {command: python -m ajet.task_reader.env_server}}\n")
+    result = CliRunner().invoke(train_cmd.app, ["--conf", str(conf), "--with-env", "web", "--dry-run"])
+    assert result.exit_code == 2 and "env_services.web" in result.output and "kv" in result.output
+    ok = CliRunner().invoke(train_cmd.app, ["--conf", str(conf), "--with-env", "kv", "--dry-run",
+                                            "--with-ray-cluster", "10.0.0.1:6379"])
+    assert ok.exit_code == 0, ok.output
+    assert "address: 10.0.0.1:6379" in ok.output
+
+
+@pytest.mark.integration  # two real CLI processes (torch import): slow on a loaded machine
+def test_real_cli_without_gpu_has_no_traceback(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (tmp_path / "agent.py").write_text("")
+    (tmp_path / "train.jsonl").write_text('{"question": "q"}\n')
+    conf = tmp_path / "run.yaml"
+    conf.write_text(f"model: {{path: {model}}}\nworkflow: {{target: agent.py:W}}\n"
+                    "task_reader: {jsonl: {train_path: train.jsonl}}\n")
+    for backbone in ("trinity", "verl"):
+        out = subprocess.run([sys.executable, "-m", "ajet.cli.main", "--conf", str(conf), f"--backbone={backbone}"],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 1, out.stderr
+        assert "needs NVIDIA GPUs" in out.stderr and "--backbone=debug" in out.stderr
+        assert "Traceback" not in out.stderr
+
+
+@pytest.mark.integration
+def test_cli_with_env_starts_the_service_for_the_run_and_stops_it(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """The env-service tutorial trains one step against a server that only --with-env starts."""
+    import json
+
+    port = free_port()
+    agent = Path(__file__).resolve().parents[2] / "tutorial" / "example_appworld" / "env_agent.py"
+    conf = tmp_path / "run.yaml"
+    conf.write_text(f"""
+project: {{name: env, exp_dir: {tmp_path / 'exp'}}}
+model: {{path: {tiny_model_dir}}}
+workflow: {{target: {agent}:EnvServiceAgent}}
+task_reader: {{type: env_service, env_service: {{base_url: "http://127.0.0.1:{port}", env_type: kv_store,
+              num_train_tasks: 4, num_val_tasks: 0}}}}
+rollout: {{n: 2, max_tokens: 8}}
+trainer: {{total_steps: 1, batch_size: 2}}
+logging: {{tensorboard: false}}
+env_services:
+  kv: {{command: "python -m ajet.task_reader.env_server --port {port}", health_url: "http://127.0.0.1:{port}/health"}}
+""")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CI": "true"}
+    out = subprocess.run([sys.executable, "-m", "ajet.cli.main", "--conf", str(conf), "--with-env", "kv"],
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "env service kv: healthy" in out.stderr and "stopped" in out.stderr
+    rows = [json.loads(line) for line in (tmp_path / "exp" / "env" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["rollout/episodes"] == 4.0
+    assert not port_open(port)
