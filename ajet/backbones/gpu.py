@@ -1,17 +1,40 @@
-"""Shared checks for the GPU backbones."""
+"""Shared pieces of the GPU backbones (trinity, verl).
+
+- checks and refusals: `require_gpus`, `common_refusals` (settings neither backbone honours);
+- pure helpers of the translations: `run_dir`, `flatten`, `dump_yaml`, `lora_target_regex`;
+- `EpisodeRuntime`: ajet's rollout stack inside a backbone's worker process (Trinity's
+  workflow runner, verl's agent-loop worker), used by both adapters.
+
+No torch / ray / trinity / verl import at module level.
+"""
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+from typing import Any
+
 from ajet.cli.common import UserError
+from ajet.config.schema import AjetConfig, Algorithm, ReaderType, TrinityConfig, VerlConfig
+
+log = logging.getLogger(__name__)
+
+# The RL algorithms the GPU adapters translate, and each backbone's name for them.
+TRINITY_ALGORITHMS = {Algorithm.rloo: "rloo", Algorithm.reinforce_pp: "reinforceplusplus"}
+VERL_ESTIMATORS = {
+    Algorithm.grpo: "grpo",
+    Algorithm.rloo: "rloo",
+    Algorithm.reinforce_pp: "reinforce_plus_plus",
+}
 
 
 def require_gpus(backbone: str, extra: str, module: str) -> None:
     """Fail with a clear message when the backbone cannot run on this machine."""
     import importlib.util
 
-    import torch
+    from ajet.launcher import visible_gpus
 
-    if not torch.cuda.is_available():
+    if not visible_gpus():
         raise UserError(
             f"--backbone={backbone} needs NVIDIA GPUs and none is visible on this machine.\n"
             f"  To train here (CPU or one GPU), use --backbone=debug.\n"
@@ -22,3 +45,185 @@ def require_gpus(backbone: str, extra: str, module: str) -> None:
             f"--backbone={backbone} needs the '{module}' package: pip install 'ajet[{extra}]' "
             f"(in its own environment: make env-{extra})."
         )
+
+
+def run_dir(cfg: AjetConfig) -> Path:
+    """The run directory (absolute): every output of the run goes under it."""
+    return (Path(cfg.project.exp_dir).expanduser() / cfg.project.name).resolve()
+
+
+def model_path_for(cfg: AjetConfig) -> tuple[str, bool]:
+    """(local checkpoint path, found): the resolved model directory, or the configured
+    string when it cannot be resolved on this machine (dry-run on a laptop)."""
+    from ajet.models.resolve import ModelNotFoundError, resolve_model_path
+
+    try:
+        return str(resolve_model_path(cfg.model.path, cfg.model.cache_dir)), True
+    except ModelNotFoundError as exc:
+        log.debug("model.path not resolved here: %s", exc)
+        return cfg.model.path, False
+
+
+def changed_fields(section: Any, default: Any, prefix: str) -> list[str]:
+    """Dotted keys of a dataclass section whose values differ from `default`'s (pure)."""
+    out = []
+    for name in vars(default):
+        if getattr(section, name) != getattr(default, name):
+            out.append(f"{prefix}.{name}")
+    return out
+
+
+def common_refusals(cfg: AjetConfig, backbone: str) -> list[tuple[str, str]]:
+    """Settings neither GPU backbone can honour (pure): each names the key and the fix."""
+    problems: list[tuple[str, str]] = []
+    other, other_default = (
+        ("verl", VerlConfig()) if backbone == "trinity" else ("trinity", TrinityConfig())
+    )
+    for key in changed_fields(getattr(cfg, other), other_default, other):
+        problems.append((key, f"is a {other} setting and has no effect on --backbone={backbone}; "
+                              f"remove it or use --backbone={other}"))
+    if cfg.model.device == "cpu":
+        problems.append(("model.device", f"=cpu cannot run on --backbone={backbone} (GPU only); "
+                                         "use --backbone=debug to train on CPU"))
+    name = cfg.algorithm.name
+    if name in (Algorithm.sft, Algorithm.dpo):
+        problems.append(("algorithm.name", f"={name.value} is not an RL algorithm; the {backbone} "
+                                           "adapter trains grpo, rloo or reinforce_pp"))
+    elif name == Algorithm.ppo:
+        problems.append(("algorithm.name", f"=ppo would need a critic on {backbone}, which the "
+                                           "adapter does not set up; use grpo (the same clipped "
+                                           "loss with group advantages)"))
+    if cfg.trainer.lr_schedule == "linear":
+        problems.append(("trainer.lr_schedule", f"=linear is not offered by {backbone}'s FSDP "
+                                                "optimizer; use constant or cosine"))
+    if cfg.model.lora.enabled and cfg.model.lora.dropout:
+        problems.append(("model.lora.dropout", f"has no {backbone} equivalent; set it to 0"))
+    if cfg.task_reader.type == ReaderType.generate:
+        problems.append(("task_reader.type", "=generate needs the local model to write tasks; "
+                                             "generate them with --backbone=debug first, then "
+                                             "point task_reader.jsonl at the result"))
+    return problems
+
+
+def lora_target_regex(modules: list[str]) -> str:
+    """A module-name regex for a list of module names (trinity takes one string) (pure)."""
+    if not modules:
+        return "all-linear"
+    if len(modules) == 1 and modules[0] == "all-linear":
+        return "all-linear"
+    return r".*\.(" + "|".join(sorted(set(modules))) + ")"
+
+
+def dump_yaml(data: Any) -> str:
+    """YAML text of plain data (dicts keep their insertion order)."""
+    import yaml
+
+    class NoAliases(yaml.SafeDumper):  # repeated sub-dicts are written out, not as &anchors
+        def ignore_aliases(self, data: Any) -> bool:
+            return True
+
+    return yaml.dump(data, Dumper=NoAliases, sort_keys=False, default_flow_style=False, allow_unicode=True)
+
+
+def first_trained(loss_mask: list[int]) -> int:
+    """Index of the first trained token, or -1 (pure)."""
+    for i, m in enumerate(loss_mask):
+        if m:
+            return i
+    return -1
+
+
+def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}; lists and empty dicts stay leaves (pure)."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, path))
+        else:
+            out[path] = value
+    return out
+
+
+# ---------------------------------------------------------------------- episodes in a worker
+def episode_samples(episode: Any, context: Any, model_max_len: int) -> tuple[list[Any], dict[str, int]]:
+    """An ok episode's timelines -> merged samples within the budgets (advantages are the
+    backbone's job). Returns the samples and the budget's overflow counts."""
+    from ajet.context.budget import apply_budget
+    from ajet.context.merge import merge_timelines, timelines_to_samples
+
+    timelines = merge_timelines(episode.timelines) if context.merge else list(episode.timelines)
+    samples = timelines_to_samples(timelines, episode_id=episode.episode_id,
+                                   group_id=episode.group_id, reward=float(episode.reward))
+    return apply_budget(samples, context, model_max_len)
+
+
+def episode_metrics(episode: Any) -> dict[str, float]:
+    """Scalars of one episode for the backbone's own logger (pure)."""
+    out = {"ajet/reward": float(episode.reward), "ajet/success": float(bool(episode.is_success)),
+           "ajet/calls": float(episode.num_calls), "ajet/ok": float(episode.status == "ok"),
+           "ajet/retries": float(episode.retries)}
+    if episode.output is not None:
+        out.update({f"ajet/workflow/{k}": float(v) for k, v in episode.output.log_metrics.items()})
+    return out
+
+
+class EpisodeRuntime:
+    """The ajet rollout stack inside a foreign worker process (a Trinity workflow runner,
+    a verl agent-loop worker): the user's workflow and judge, our tracker/session/tuner per
+    episode, and a gateway for OpenAI-protocol agents, all against `engine` (the backbone's
+    vLLM server behind ajet's InferenceEngine protocol). One per process and config."""
+
+    _instances: dict[str, EpisodeRuntime] = {}
+
+    def __init__(self, cfg: AjetConfig, engine: Any, tokenizer: Any) -> None:
+        from ajet.backbones.debug.episodes import LocalSessionFactory
+        from ajet.engine.chat import ChatFormat
+        from ajet.judge import build_judge
+        from ajet.rollout.loader import load_workflow
+        from ajet.rollout.runner import TaskRunner
+        from ajet.tuner import Gateway
+
+        self.cfg = cfg
+        self.engine = engine
+        workflow = load_workflow(cfg.workflow.target)
+        # The translations size the backbone's engine window the same way.
+        self.model_max_len = cfg.context.max_model_len or cfg.context.max_sample_tokens
+        self.gateway = Gateway().start()
+        roles = list(cfg.workflow.trainable_targets) or list(getattr(workflow, "trainable_targets", None) or [])
+        factory = LocalSessionFactory(
+            engine=engine, chat=ChatFormat(tokenizer), gateway=self.gateway, rollout=cfg.rollout,
+            context=cfg.context, trainable_roles=roles or None, model_max_len=self.model_max_len,
+        )
+        self.runner = TaskRunner(workflow, build_judge(cfg.judge), factory, cfg.rollout)
+
+    @classmethod
+    def shared(cls, config_path: str, engine_factory: Any, tokenizer: Any) -> EpisodeRuntime:
+        """The process-wide runtime for `config_path`, built on first use with
+        `engine_factory(tokenizer)`; `tokenizer` is a tokenizer or a path to load one from."""
+        if config_path not in cls._instances:
+            from ajet.config import load_config
+
+            cfg = load_config(config_path)
+            if isinstance(tokenizer, str):
+                from transformers import AutoTokenizer
+
+                tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+            cls._instances[config_path] = cls(cfg, engine_factory(tokenizer), tokenizer)
+        return cls._instances[config_path]
+
+    async def run(self, task: Any, episode_id: str, group_id: str) -> tuple[Any, list[Any], dict[str, float]]:
+        """Run one episode: (episode, its samples, metrics). A failed episode has no samples."""
+        episode = await self.runner.run_episode(task, episode_id, group_id=group_id)
+        metrics = episode_metrics(episode)
+        if episode.status != "ok":
+            log.warning("episode %s (task %s) %s: %s", episode_id, task.task_id, episode.status, episode.reason)
+            return episode, [], metrics
+        samples, overflow = episode_samples(episode, self.cfg.context, self.model_max_len)
+        metrics.update({f"ajet/context/{k}": float(v) for k, v in overflow.items()})
+        metrics["ajet/samples"] = float(len(samples))
+        return episode, samples, metrics
+
+    def close(self) -> None:
+        self.runner.close()
+        self.gateway.stop()

@@ -1,0 +1,69 @@
+"""Run Trinity-RFT on this run's config (GPU path; imports nothing heavy until started).
+
+1. write the resolved ajet config to RUN/config.yaml (the workflow plugin reads it),
+2. export the reader's tasks to RUN/tasks/{train,validation}.jsonl,
+3. write Trinity's config to RUN/trinity_config.yaml (Trinity's own outputs and
+   checkpoints go to RUN/trinity/),
+4. start (or join `ray.address`) a Ray head node and run `trinity run --config ...` as a
+   managed child: Ctrl-C stops Trinity and the head node, nothing else.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import sys
+from pathlib import Path
+
+from ajet.backbones.gpu import dump_yaml, model_path_for, run_dir
+from ajet.backbones.trinity.convert import write_taskset
+from ajet.backbones.trinity.translate import to_trinity_config
+from ajet.cli.common import UserError
+from ajet.config import AjetConfig, to_yaml
+
+log = logging.getLogger(__name__)
+
+
+def prepare(cfg: AjetConfig, *, resume: bool) -> Path:
+    """Write everything Trinity reads; return the path of its config (no GPU needed)."""
+    from ajet.task_reader import build_reader
+
+    run = run_dir(cfg)
+    trinity = run / "trinity"
+    if not resume and any(p.is_dir() for p in trinity.glob("global_step_*")):
+        raise UserError(f"{trinity} already holds checkpoints of an earlier trinity run. Pass --resume "
+                        "to continue it, or choose another project.name / --exp-dir.", exit_code=2)
+    model_path, found = model_path_for(cfg)
+    if not found:
+        raise UserError(f"model.path={cfg.model.path} is not a local checkpoint on this machine", exit_code=2)
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "config.yaml").write_text(to_yaml(cfg))
+    reader = build_reader(cfg.task_reader, seed=cfg.project.seed)
+    train, val = reader.train_tasks(), reader.val_tasks()
+    write_taskset(run / "tasks", train, val if cfg.trainer.val_every else [])
+    log.info("trinity: %d train / %d val tasks written to %s", len(train), len(val), run / "tasks")
+    path = run / "trinity_config.yaml"
+    path.write_text(dump_yaml(to_trinity_config(cfg, model_path=model_path, resume=resume)))
+    return path
+
+
+def run_trinity(cfg: AjetConfig, *, resume: bool) -> None:
+    from ajet.launcher import Launcher, require_free_gpus
+
+    t = cfg.trinity
+    gpus = t.explorer_gpus + t.trainer_gpus
+    require_free_gpus(gpus, "trinity")
+    config_path = prepare(cfg, resume=resume)
+    trinity_bin = shutil.which("trinity", path=str(Path(sys.executable).parent)) or shutil.which("trinity")
+    if trinity_bin is None:
+        raise UserError("the `trinity` command is not installed: pip install 'ajet[trinity]' "
+                        "(in its own environment: make env-trinity)")
+    run = run_dir(cfg)
+    with Launcher(ray=None if cfg.ray.address else "head", ray_address=cfg.ray.address,
+                  ray_num_gpus=gpus, log_dir=run / "services") as launcher:
+        env = {"RAY_ADDRESS": launcher.ray_address} if launcher.ray_address else {}
+        log.info("trinity: running %s run --config %s", trinity_bin, config_path)
+        code = launcher.run_command([trinity_bin, "run", "--config", str(config_path)], name="trinity", env=env)
+    if code != 0:
+        raise UserError(f"trinity exited with code {code}; see its output above and {run / 'trinity'}")
+    log.info("trinity run finished; checkpoints under %s", run / "trinity")

@@ -1,0 +1,170 @@
+"""Our merged samples -> verl's data (pure, no verl import).
+
+verl splits each sequence into a prompt (left-padded to `max_prompt_length`) and a
+response (right-padded to `max_response_length`); only response tokens can be trained.
+The split point is the first trained token: everything before it is the prompt, and the
+rest (assistant turns, tool outputs, later user turns) is the response, with
+`response_mask` = our loss mask (tool outputs and untrained roles 0). The episode reward
+sits on the last response token of `token_level_scores` (verl's `rm_scores` convention).
+
+Two levels:
+- `sample_to_agent_loop_fields`: one unpadded sample, the fields of verl's
+  `AgentLoopOutput` (what our agent loop returns; verl pads it).
+- `samples_to_batch`: a padded batch as torch tensors with verl's `DataProto` batch keys
+  (`input_ids`, `attention_mask`, `position_ids`, `prompts`, `responses`,
+  `response_mask`, `old_log_probs`, `token_level_scores`), for driving verl's trainer
+  directly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ajet.backbones.gpu import first_trained
+from ajet.backbones.verl.translate import AGENT_NAME
+from ajet.context.types import Sample
+from ajet.workflow import WorkflowTask
+
+
+class SampleTooLongError(ValueError):
+    """A sample's prompt or response does not fit verl's padded lengths."""
+
+
+def split_sample(sample: Sample) -> int:
+    """The prompt length: index of the first trained token (pure)."""
+    n = len(sample.input_ids)
+    if len(sample.loss_mask) != n or len(sample.old_logprobs) != n:
+        raise ValueError(
+            f"sample of episode {sample.episode_id!r}: input_ids ({n}), loss_mask "
+            f"({len(sample.loss_mask)}) and old_logprobs ({len(sample.old_logprobs)}) differ in length"
+        )
+    start = first_trained(sample.loss_mask)
+    if start <= 0:
+        raise ValueError(f"sample of episode {sample.episode_id!r} has no trained token after a prompt")
+    return start
+
+
+def sample_to_agent_loop_fields(sample: Sample, *, max_prompt_length: int, max_response_length: int
+                                ) -> dict[str, Any]:
+    """`AgentLoopOutput` fields (lists) for one sample; raises SampleTooLongError when it
+    does not fit (the context budget should have cut it: context.max_sample_tokens)."""
+    start = split_sample(sample)
+    prompt, response = sample.input_ids[:start], sample.input_ids[start:]
+    if len(prompt) > max_prompt_length or len(response) > max_response_length:
+        raise SampleTooLongError(
+            f"sample of episode {sample.episode_id!r}: prompt {len(prompt)} / response "
+            f"{len(response)} tokens exceed verl's data.max_prompt_length={max_prompt_length} / "
+            f"data.max_response_length={max_response_length}; lower context.max_sample_tokens"
+        )
+    return {
+        "prompt_ids": list(prompt),
+        "response_ids": list(response),
+        "response_mask": [int(bool(m)) for m in sample.loss_mask[start:]],
+        "response_logprobs": [float(x) for x in sample.old_logprobs[start:]],
+        "reward_score": float(sample.reward),
+        "num_turns": 2 * sample.num_calls,
+    }
+
+
+def pick_episode_sample(samples: list[Sample]) -> tuple[Sample | None, int]:
+    """verl takes one sequence per episode: the sample with the most trained tokens.
+
+    Returns it (None when no sample trains anything) and how many trained samples were left
+    out (forks that did not merge; counted as a metric, never silently).
+    """
+    trained = [s for s in samples if any(s.loss_mask)]
+    if not trained:
+        return None, 0
+    best = max(trained, key=lambda s: (sum(1 for m in s.loss_mask if m), -trained.index(s)))
+    return best, len(trained) - 1
+
+
+def samples_to_batch(samples: list[Sample], *, pad_token_id: int, max_prompt_length: int,
+                     max_response_length: int) -> dict[str, Any]:
+    """A padded batch with verl's DataProto keys (torch tensors) (pure over the samples)."""
+    import torch
+
+    rows = [sample_to_agent_loop_fields(s, max_prompt_length=max_prompt_length,
+                                        max_response_length=max_response_length) for s in samples]
+    b, p, r = len(rows), max_prompt_length, max_response_length
+    prompts = torch.full((b, p), pad_token_id, dtype=torch.long)
+    responses = torch.full((b, r), pad_token_id, dtype=torch.long)
+    prompt_attn = torch.zeros((b, p), dtype=torch.long)
+    response_attn = torch.zeros((b, r), dtype=torch.long)
+    response_mask = torch.zeros((b, r), dtype=torch.long)
+    old_log_probs = torch.zeros((b, r), dtype=torch.float32)
+    scores = torch.zeros((b, r), dtype=torch.float32)
+    for i, row in enumerate(rows):
+        np_, nr = len(row["prompt_ids"]), len(row["response_ids"])
+        prompts[i, p - np_:] = torch.tensor(row["prompt_ids"], dtype=torch.long)  # left pad
+        prompt_attn[i, p - np_:] = 1
+        responses[i, :nr] = torch.tensor(row["response_ids"], dtype=torch.long)  # right pad
+        response_attn[i, :nr] = 1
+        response_mask[i, :nr] = torch.tensor(row["response_mask"], dtype=torch.long)
+        old_log_probs[i, :nr] = torch.tensor(row["response_logprobs"], dtype=torch.float32)
+        scores[i, nr - 1] = row["reward_score"]
+    attention_mask = torch.cat([prompt_attn, response_attn], dim=1)
+    # verl's compute_position_id_with_mask: positions count attended tokens only.
+    position_ids = torch.clamp(torch.cumsum(attention_mask, dim=1) - 1, min=0)
+    return {
+        "input_ids": torch.cat([prompts, responses], dim=1),
+        "attention_mask": attention_mask,
+        "position_ids": position_ids,
+        "prompts": prompts,
+        "responses": responses,
+        "response_mask": response_mask,
+        "old_log_probs": old_log_probs,
+        "token_level_scores": scores,
+    }
+
+
+def batch_meta(samples: list[Sample]) -> dict[str, list[Any]]:
+    """Non-tensor columns: `uid` (verl's GRPO group key = our group id) and the episode ids."""
+    return {"uid": [s.group_id for s in samples], "episode_id": [s.episode_id for s in samples]}
+
+
+def to_dataproto(batch: dict[str, Any], meta: dict[str, list[Any]]) -> Any:
+    """The real verl object (GPU path only: imports verl)."""
+    import numpy as np
+    from verl.protocol import DataProto
+
+    non_tensors = {k: np.array(v, dtype=object) for k, v in meta.items()}
+    return DataProto.from_dict(tensors=batch, non_tensors=non_tensors)
+
+
+# ---------------------------------------------------------------------- tasks -> verl's dataset
+def task_to_verl_row(task: WorkflowTask, *, index: int, split: str, config_path: str) -> dict[str, Any]:
+    """One row of the parquet verl's RLHFDataset reads (pure).
+
+    `prompt` (chat messages) is what verl tokenizes and shows; the agent loop rebuilds the
+    full task from `extra_info.ajet_task` and finds the run's config at `extra_info.ajet_config`.
+    """
+    messages = list(task.init_messages) or [{"role": "user", "content": task.main_query}]
+    return {
+        "data_source": "ajet",
+        "agent_name": AGENT_NAME,
+        "prompt": [{"role": str(m.get("role", "user")), "content": str(m.get("content") or "")} for m in messages],
+        "reward_model": {"style": "rule", "ground_truth": ""},
+        "extra_info": {"index": index, "split": split, "ajet_task": task.model_dump_json(),
+                       "ajet_config": config_path},
+    }
+
+
+def task_from_extra_info(extra_info: dict[str, Any]) -> tuple[WorkflowTask, str]:
+    """(task, config path) from a row's `extra_info` (pure)."""
+    try:
+        return WorkflowTask.model_validate_json(extra_info["ajet_task"]), str(extra_info["ajet_config"])
+    except KeyError as exc:
+        raise ValueError(f"extra_info has no {exc.args[0]!r}; the dataset must be written by ajet's "
+                         "verl backbone (ajet.backbones.verl.convert.task_to_verl_row)") from None
+
+
+def write_parquet(path: str | Path, rows: list[dict[str, Any]]) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
