@@ -37,12 +37,6 @@ def test_one_step_with_the_elicitation_judge(one_step) -> None:
 @pytest.mark.tutorial
 @pytest.mark.integration
 def test_one_step_with_the_llm_judge(one_step) -> None:
-    from ajet.tuner import Gateway
-
-    if not hasattr(Gateway, "register_static_key"):
-        # The debug backbone hands judges a gateway client with the key "local" unless the
-        # gateway can issue a step-wide key; without one every grading call gets a 401.
-        pytest.xfail("Gateway.register_static_key is missing: judge.type=llm on the local model gets 401")
     run = one_step(HERE / "learn2ask.yaml", "judge.params.max_tokens=16")
     metrics = run.assert_completed()
     # The tiny random grader rarely writes a score: on_parse_error=zero scores those 0 and
