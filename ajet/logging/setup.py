@@ -26,7 +26,7 @@ def configure_logging(level: str = "INFO", *, quiet: bool = False) -> None:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
     root.addHandler(handler)
     root.setLevel(level.upper())
-    for noisy in ("httpx", "httpcore", "uvicorn.access", "urllib3", "asyncio", "filelock"):
+    for noisy in ("httpx", "httpx2", "httpcore", "httpcore2", "uvicorn.access", "urllib3", "asyncio", "filelock"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         import transformers

@@ -2,8 +2,8 @@
 
     python tutorial/example_function_workflow/adder.py          # = ajet.tune(adder, "adder.yaml")
 
-The agent must answer with the number alone. The reward is 1.0 for exactly the right
-number, 0.2 when the right number appears inside a longer reply, else 0.
+The agent answers one-digit additions. The reward is 1.0 when the last number of the reply
+is the right sum ("8", "4 + 4 = 8"), else 0.0; a float reward of 1.0 counts as a success.
 """
 
 from __future__ import annotations
@@ -15,12 +15,8 @@ SYSTEM_PROMPT = "You are a calculator. Reply with the result only, as digits, no
 
 
 def score(reply: str, answer: str) -> float:
-    text = reply.strip().rstrip(".")
-    if text == answer:
-        return 1.0
-    if answer in re.findall(r"-?\d+", reply):
-        return 0.2
-    return 0.0
+    numbers = re.findall(r"-?\d+", reply)
+    return 1.0 if numbers and numbers[-1] == answer else 0.0
 
 
 async def adder(task: dict, model) -> float:  # noqa: ANN001 - `model` is ajet's ModelTuner
