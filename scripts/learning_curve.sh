@@ -12,7 +12,7 @@ OUT=${OUT:-experiments/learning_curve}
 rm -rf "$OUT"
 start=$(date +%s)
 "$PY" tutorial/example_function_workflow/adder.py project.exp_dir="$OUT" project.seed=0 \
-  logging.quiet=true "$@"
+  logging.quiet=true trainer.total_steps=16 trainer.val_every=4 "$@"
 end=$(date +%s)
 echo "wall-clock: $((end - start)) s"
 "$PY" -m ajet.cli.main report "$OUT/adder" --out "$OUT/adder/report"
