@@ -239,7 +239,8 @@ class DebugTrainer:
             update_start = time.monotonic()
             with self.engine.paused():
                 metrics.update(self.updater.update(packed))
-            self.engine.bump_version()
+                # Inside the pause: no request can be prefilled between the update and the bump.
+                self.engine.bump_version()
             update_s = time.monotonic() - update_start
             metrics["perf/update_s"] = update_s
             tokens = sum(p.num_tokens for p in packed)
