@@ -186,6 +186,7 @@ def run_pipeline(cfg: AjetConfig, *, workflow: Any = None, resume: bool = False)
     run_dir.mkdir(parents=True, exist_ok=True)
     model_path, label = cfg.model.path, "base"
     done: list[dict[str, Any]] = []
+    reports: list[dict[str, Any]] = []
     for index, stage in enumerate(cfg.pipeline.stages, start=1):
         stage_cfg = stage_config(cfg, stage, index, model_path)
         if stage == "eval":
@@ -194,6 +195,7 @@ def run_pipeline(cfg: AjetConfig, *, workflow: Any = None, resume: bool = False)
             if not (resume and out.is_file()):
                 evaluate(stage_cfg, workflow=workflow, name=name, out_dir=run_dir / "eval")
             done.append({"stage": stage, "index": index, "model": model_path, "eval": str(out)})
+            reports.append(json.loads(out.read_text()))
             continue
         stage_dir = Path(stage_cfg.project.exp_dir) / stage_cfg.project.name
         final = stage_dir / "final_model"
@@ -206,4 +208,19 @@ def run_pipeline(cfg: AjetConfig, *, workflow: Any = None, resume: bool = False)
         done.append({"stage": stage, "index": index, "run_dir": str(stage_dir), "model": model_path})
         (run_dir / "pipeline.json").write_text(json.dumps({"stages": done}, indent=2))
     (run_dir / "pipeline.json").write_text(json.dumps({"stages": done, "final_model": model_path}, indent=2))
+    if reports:
+        log.info("pipeline evaluations (%s):\n%s", run_dir / "eval", _table_text(reports))
     return run_dir
+
+
+def _table_text(reports: list[dict[str, Any]]) -> str:
+    """The eval stages side by side, as text for the log."""
+    import io
+
+    from rich.console import Console
+
+    from ajet.eval.runner import metrics_table
+
+    buffer = io.StringIO()
+    Console(file=buffer, width=120, color_system=None).print(metrics_table(reports))
+    return buffer.getvalue()

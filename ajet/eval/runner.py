@@ -102,5 +102,6 @@ def metrics_table(reports: list[EvalReport] | list[dict[str, Any]]) -> Any:
         values = [row["metrics"].get(key) for row in rows]
         table.add_row(key, *("-" if v is None else f"{v:.3f}" if isinstance(v, float) and not v.is_integer()
                              else f"{v:g}" for v in values))
-    table.caption = "  ".join(f"{row['name']}: {row['model']}" for row in rows)
+    table.caption = "\n".join(f"{row['name']}: {row['model']}" for row in rows)
+    table.caption_justify = "left"
     return table

@@ -116,3 +116,26 @@ def test_help_lists_the_new_commands() -> None:
 
     epilog = commands_epilog()
     assert "ajet sft" in epilog and "ajet eval" in epilog
+
+
+def test_debug_backbone_dispatches_sft_dpo_and_pipelines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import ajet.backbones.debug as debug
+    import ajet.dpo.trainer
+    import ajet.pipeline
+    import ajet.sft.trainer
+    from ajet.cli.common import UserError
+
+    calls: list[tuple[str, object]] = []
+    monkeypatch.setattr(ajet.sft.trainer, "train_sft", lambda cfg, resume=False: calls.append(("sft", cfg)))
+    monkeypatch.setattr(ajet.dpo.trainer, "train_dpo",
+                        lambda cfg, resume=False, workflow=None: calls.append(("dpo", cfg)))
+    monkeypatch.setattr(ajet.pipeline, "run_pipeline",
+                        lambda cfg, workflow=None, resume=False: calls.append(("pipeline", cfg)))
+    conf = write(tmp_path, "sft:\n  train_path: dialogs.jsonl\n")
+    debug.run(load_config(conf, ["algorithm.name=sft"]), with_ray=False, resume=False)
+    debug.run(load_config(conf, ["algorithm.name=dpo"]), with_ray=False, resume=False)
+    debug.run(load_config(conf, ["pipeline.stages=[sft,grpo]"]), with_ray=False, resume=False)
+    assert [name for name, _ in calls] == ["sft", "dpo", "pipeline"]
+    assert calls[0][1].algorithm.name == Algorithm.sft and calls[1][1].algorithm.name == Algorithm.dpo
+    with pytest.raises(UserError, match="--with-ray"):
+        debug.run(load_config(conf, ["algorithm.name=sft"]), with_ray=True, resume=False)
