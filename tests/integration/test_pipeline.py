@@ -124,12 +124,16 @@ def test_sft_dpo_eval_pipeline(tmp_path: Path, tiny_model_dir: Path) -> None:
 def test_sft_then_eval_commands(tmp_path: Path, tiny_model_dir: Path) -> None:
     conf = make_run(tmp_path, tiny_model_dir)
     result = ajet("sft", "--conf", str(conf), "sft.epochs=1", "sft.coreset.strategy=loss_topk",
-                  "sft.coreset.size=3")
+                  "sft.coreset.size=3", "sft.rounds=2", "sft.replay.buffer_size=4", "sft.replay.ratio=0.5",
+                  "sft.task_weights.odd=1.0")
     assert result.returncode == 0, result.stderr[-4000:]
     run = tmp_path / "exp" / "pipe"
     setup = rows(run)[0]
     assert setup["coreset/selected"] == 3 and setup["coreset/total"] == 5
     assert setup["coreset/selected/loss"] >= setup["coreset/all/loss"]  # the hardest ones
+    # round 0: 2 of the 3 selected dialogs; round 1: its 1 dialog + 1 replayed (ratio 0.5)
+    steps = [r for r in rows(run) if r["split"] == "train" and r["step"] > 0]
+    assert [(r["sft/round"], r["sft/dialogs"]) for r in steps] == [(0, 2), (1, 2)]
     model = run / "final_model"
     out = ajet("eval", "--conf", str(conf), "--model", str(model), "--n", "1", "--split", "train",
                "--name", "after_sft")
@@ -137,3 +141,21 @@ def test_sft_then_eval_commands(tmp_path: Path, tiny_model_dir: Path) -> None:
     assert "pass@1" in out.stdout and "after_sft" in out.stdout
     report = json.loads((run / "eval" / "eval_after_sft.json").read_text())
     assert report["model"] == str(model) and report["split"] == "train" and report["metrics"]["episodes"] == 6
+
+
+def test_lora_sft_then_dpo_against_the_lora_base(tmp_path: Path, tiny_model_dir: Path) -> None:
+    conf = make_run(tmp_path, tiny_model_dir)
+    result = ajet("--conf", str(conf), "pipeline.stages=[sft,dpo]", "model.lora.enabled=true",
+                  "model.lora.r=4", "algorithm.dpo_reference=lora_base", "sft.epochs=1", "sft.lr=0.05",
+                  "trainer.lr=0.05")
+    assert result.returncode == 0, result.stderr[-4000:]
+    run = tmp_path / "exp" / "pipe"
+    sft_dir, dpo_dir = run / "stages" / "01_sft", run / "stages" / "02_dpo"
+    import torch
+
+    weights = torch.load(sft_dir / "checkpoints" / "step_000002" / "weights.pt", weights_only=True)
+    assert weights and all("lora_" in name for name in weights)  # checkpoints hold the adapter only
+    assert changed(tiny_model_dir, sft_dir / "final_model")  # merged into a plain HF checkpoint
+    (step,) = [r for r in rows(dpo_dir) if r["split"] == "train"]
+    assert step["dpo/pairs"] >= 1
+    assert changed(sft_dir / "final_model", dpo_dir / "final_model")
