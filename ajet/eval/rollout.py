@@ -68,8 +68,9 @@ class RolloutStack:
     def _local_llm_client(self) -> Any:
         import openai
 
-        key = self.gateway.register_static_key() if hasattr(self.gateway, "register_static_key") else "local"
-        return openai.AsyncOpenAI(base_url=self.gateway.base_url, api_key=key)
+        from ajet.backbones.debug.episodes import service_api_key
+
+        return openai.AsyncOpenAI(base_url=self.gateway.base_url, api_key=service_api_key(self.factory.inner))
 
     def rollout(self, tasks: list[Any], n: int, *, episode_prefix: str) -> Any:
         """`RolloutManager.rollout`, run to completion on this stack's event loop."""
