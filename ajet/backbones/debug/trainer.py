@@ -117,27 +117,13 @@ class DebugTrainer:
         return openai.AsyncOpenAI(base_url=self.gateway.base_url, api_key=service_api_key(self.factory))
 
     def _build_model(self) -> None:
-        import torch
+        from ajet.sft.model import load_trainable_model, model_window
 
-        from ajet.models.load import load_model_and_tokenizer
-
-        torch.manual_seed(self.cfg.project.seed)
-        model, tokenizer = load_model_and_tokenizer(self.cfg.model)
-        if self.cfg.model.lora.enabled:
-            from peft import LoraConfig, get_peft_model
-
-            lora = self.cfg.model.lora
-            model = get_peft_model(model, LoraConfig(
-                r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                target_modules=list(lora.target_modules), task_type="CAUSAL_LM",
-            ))
-            model.eval()
-        if self.cfg.trainer.gradient_checkpointing:
-            model.gradient_checkpointing_enable()
-        self.model, self.tokenizer = model, tokenizer
-        self.model_max_len = self.cfg.context.max_model_len or int(
-            getattr(model.config, "max_position_embeddings", 0) or 4096
+        self.model, self.tokenizer = load_trainable_model(
+            self.cfg.model, seed=self.cfg.project.seed,
+            gradient_checkpointing=self.cfg.trainer.gradient_checkpointing,
         )
+        self.model_max_len = model_window(self.model, self.cfg.context.max_model_len)
 
     def _build_rollout(self) -> None:
         from ajet.backbones.debug.episodes import LocalSessionFactory
@@ -226,7 +212,7 @@ class DebugTrainer:
         metrics.update(batch.metrics)
         metrics.update(_context_metrics(result.episodes))
         has_signal = any(
-            m and a != 0 for s in batch.samples for m, a in zip(s.loss_mask, s.advantages)
+            m and a != 0 for s in batch.samples for m, a in zip(s.loss_mask, s.advantages, strict=False)
         )
         if not has_signal:
             metrics["actor/skipped_update"] = 1.0
@@ -291,15 +277,9 @@ class DebugTrainer:
         )
 
     def save_final_model(self) -> None:
-        out = self.run_dir / "final_model"
-        model = self.model
-        if self.cfg.model.lora.enabled:
-            import copy
+        from ajet.sft.model import save_final_model
 
-            model = copy.deepcopy(self.model).merge_and_unload()
-        model.save_pretrained(out)
-        self.tokenizer.save_pretrained(out)
-        log.info("final model saved to %s", out)
+        save_final_model(self.model, self.tokenizer, self.run_dir / "final_model", lora=self.cfg.model.lora.enabled)
 
     def cleanup(self) -> None:
         for close in reversed(self._closers):
