@@ -44,5 +44,5 @@ class Workflow(BaseModel):
     name: str = "workflow"
     trainable_targets: ClassVar[list[str] | None] = None
 
-    async def execute(self, task: WorkflowTask, tuner: "ModelTuner") -> WorkflowOutput:
+    async def execute(self, task: WorkflowTask, tuner: ModelTuner) -> WorkflowOutput:
         raise NotImplementedError(f"{type(self).__name__}.execute(task, tuner) is not implemented")

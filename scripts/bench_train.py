@@ -24,7 +24,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 import torch  # noqa: E402
-
 from bench_context import WORKLOADS, Renderer, samples_of  # noqa: E402
 
 

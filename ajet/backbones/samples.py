@@ -17,29 +17,16 @@ class StepBatch:
 
 
 def episode_advantages(episodes: list[Any], algorithm: AlgorithmConfig) -> dict[str, Any]:
-    """episode_id -> advantage (a float, or per-step list for REINFORCE++ with step rewards)."""
-    from ajet.algorithms.advantages import grpo_advantages, reinforce_pp_advantages, rloo_advantages
+    """episode_id -> advantage (a float, or per-step values for REINFORCE++)."""
+    from ajet.algorithms.advantages import compute_advantages
 
-    rewards = [float(ep.reward) for ep in episodes]
-    groups = [ep.group_id for ep in episodes]
-    ids = [ep.episode_id for ep in episodes]
-    name = algorithm.name.value
-    if name in ("grpo", "ppo"):
-        values: list[Any] = grpo_advantages(rewards, groups, norm_by_std=algorithm.norm_adv_by_std)
-    elif name == "rloo":
-        values = rloo_advantages(rewards, groups)
-    elif name == "reinforce_pp":
-        step_rewards = [ep.output.step_rewards if ep.output is not None else None for ep in episodes]
-        has_steps = any(s for s in step_rewards)
-        per_step = reinforce_pp_advantages(
-            rewards,
-            step_rewards=[s or [r] for s, r in zip(step_rewards, rewards)] if has_steps else None,
-            gamma=algorithm.gamma,
-        )
-        values = [steps if has_steps else steps[-1] for steps in per_step]
-    else:
-        raise ValueError(f"algorithm.name={name} is not an RL algorithm of the debug backbone's RL loop")
-    return dict(zip(ids, values))
+    return compute_advantages(
+        algorithm,
+        [ep.episode_id for ep in episodes],
+        [float(ep.reward) for ep in episodes],
+        [ep.group_id for ep in episodes],
+        step_rewards=[ep.output.step_rewards if ep.output is not None else None for ep in episodes],
+    )
 
 
 def build_step_batch(episodes: list[Any], context: ContextConfig, algorithm: AlgorithmConfig,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -15,8 +15,8 @@ app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions
 @app.command(help="Print every setting with its default, or the resolved config of a YAML.")
 def config(
     defaults: Annotated[bool, typer.Option("--defaults", help="Print the shipped defaults.")] = False,
-    conf: Annotated[Optional[Path], typer.Option("--conf", "-c", help="A run's YAML.")] = None,
-    overrides: Annotated[Optional[list[str]], typer.Argument(help="KEY=VALUE overrides.")] = None,
+    conf: Annotated[Path | None, typer.Option("--conf", "-c", help="A run's YAML.")] = None,
+    overrides: Annotated[list[str] | None, typer.Argument(help="KEY=VALUE overrides.")] = None,
 ) -> None:
     from ajet.config import defaults_yaml, load_config, to_yaml
 

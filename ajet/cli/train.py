@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -31,7 +31,7 @@ class BackboneName(str, Enum):
 def train(
     conf: Annotated[Path, typer.Option("--conf", "-c", help="The run's YAML config.")],
     overrides: Annotated[
-        Optional[list[str]],
+        list[str] | None,
         typer.Argument(help="Dotted overrides, KEY=VALUE.", show_default=False),
     ] = None,
     backbone: Annotated[
@@ -42,15 +42,15 @@ def train(
         bool, typer.Option("--with-ray", help="Start (or join ray.address) a Ray cluster; rollout runs in Ray actors.")
     ] = False,
     with_ray_cluster: Annotated[
-        Optional[str],
+        str | None,
         typer.Option("--with-ray-cluster", metavar="ADDR", help="Join the Ray cluster at ADDR (sets ray.address; implies --with-ray)."),
     ] = None,
     with_env: Annotated[
-        Optional[list[str]],
+        list[str] | None,
         typer.Option("--with-env", metavar="NAME", help="Start env_services.NAME before training, stop it after (repeatable)."),
     ] = None,
     exp_dir: Annotated[
-        Optional[Path], typer.Option("--exp-dir", help="Experiment root (overrides project.exp_dir).")
+        Path | None, typer.Option("--exp-dir", help="Experiment root (overrides project.exp_dir).")
     ] = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Load, validate and print the resolved config, then exit.")

@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger(__name__)
 
 
-def pick_device(device: str) -> "torch.device":
+def pick_device(device: str) -> torch.device:
     import torch
 
     if device == "auto":
@@ -23,7 +23,7 @@ def pick_device(device: str) -> "torch.device":
     return torch.device(device)
 
 
-def torch_dtype(name: str, device: "torch.device") -> "torch.dtype":
+def torch_dtype(name: str, device: torch.device) -> torch.dtype:
     import torch
 
     if name == "auto":

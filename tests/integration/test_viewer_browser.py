@@ -1,7 +1,7 @@
 """The viewer in a real headless Chromium: token classes are styled, the search box filters.
 
 Needs Debian's `chromium` + `chromium-driver` and `selenium` (scripts/install_browser.sh);
-skipped with the reason when they are missing. Runs on a small fake run by default; set
+skipped with the reason when they are missing. Runs on a small fake run and on a real 2-step run of the tiny model; set
 AJET_VIEWER_RUN_DIR to a real run directory to check the viewer of that run instead.
 Set AJET_VIEWER_SCREENSHOT=FILE.png to keep a screenshot of the opened episode.
 """
@@ -48,12 +48,29 @@ def fake_run(root: Path) -> Path:
     }
     for step, recs in steps.items():
         (run / "records" / f"step_{step:06d}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    (run / "FAKE_RUN").write_text("made by fake_run: its text is known\n")
     return run
 
 
-@pytest.fixture
-def run_dir(tmp_path: Path) -> Path:
-    return Path(os.environ["AJET_VIEWER_RUN_DIR"]) if os.environ.get("AJET_VIEWER_RUN_DIR") else fake_run(tmp_path)
+def real_tiny_run(root: Path, model_dir: Path) -> Path:
+    """Two real training steps of the debug backbone on the tiny model (the CLI, as a user runs it)."""
+    from test_debug_backbone import ajet, make_run
+
+    conf = make_run(root, model_dir)
+    result = ajet("--conf", str(conf), "trainer.val_every=0")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return root / "exp" / "tiny"
+
+
+@pytest.fixture(params=["fake", "real"])
+def run_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    if os.environ.get("AJET_VIEWER_RUN_DIR"):
+        return Path(os.environ["AJET_VIEWER_RUN_DIR"])
+    if request.param == "real":
+        if not (CHROMIUM and CHROMEDRIVER):
+            pytest.skip("chromium/chromedriver missing: run scripts/install_browser.sh")
+        return real_tiny_run(tmp_path, request.getfixturevalue("tiny_model_dir"))
+    return fake_run(tmp_path)
 
 
 @pytest.fixture
@@ -140,16 +157,16 @@ def test_search_box_filters_the_episode_list(driver, run_dir: Path, tmp_path: Pa
                 for el in driver.find_elements("css selector", ".ep")}
 
     # Every query: the rendered rows are exactly the episodes the rule says match.
-    queries = selective[:1] + (["ZEBRA"] if os.environ.get("AJET_VIEWER_RUN_DIR") is None else [])
+    queries = selective[:1] + (["ZEBRA"] if (run_dir / "FAKE_RUN").exists() else [])
     for query in queries:
         expected = expected_matches(records, query)
         assert expected and expected < total, f"{query!r} should match some, not all, episodes"
         box = driver.find_element("id", "search")
         box.clear()
         box.send_keys(query)
-        WebDriverWait(driver, 10).until(lambda d, want=expected: rows() == want)
+        WebDriverWait(driver, 30).until(lambda d, want=expected: rows() == want)
         assert f"{len(expected)} of {len(total)} episodes match" in driver.find_element("id", "count").text
 
     driver.find_element("id", "search").clear()
     driver.execute_script("document.getElementById('search').dispatchEvent(new Event('input'))")
-    WebDriverWait(driver, 10).until(lambda d: "episodes match" not in d.find_element("id", "count").text)
+    WebDriverWait(driver, 30).until(lambda d: "episodes match" not in d.find_element("id", "count").text)
