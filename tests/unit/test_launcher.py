@@ -95,8 +95,11 @@ def test_unhealthy_service_times_out_and_is_stopped() -> None:
 
 
 SCRIPT = """
-import sys, time
+import signal, sys, time
 from pathlib import Path
+# A background job (nohup, CI runners) starts with SIGINT ignored, and Python then installs no
+# KeyboardInterrupt handler; restore it so the script behaves like a program in a terminal.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from ajet.launcher import Launcher, ServiceSpec
 port, out = int(sys.argv[1]), Path(sys.argv[2])
 spec = ServiceSpec(command=f"python -m ajet.task_reader.env_server --port {port}",
