@@ -97,9 +97,10 @@ def test_unhealthy_service_times_out_and_is_stopped() -> None:
 SCRIPT = """
 import signal, sys, time
 from pathlib import Path
-# A background job (nohup, CI runners) starts with SIGINT ignored, and Python then installs no
-# KeyboardInterrupt handler; restore it so the script behaves like a program in a terminal.
+# A child inherits an ignored or blocked SIGINT from its parent (background jobs, libraries in the
+# test process), and Python then never raises KeyboardInterrupt; restore a terminal's defaults.
 signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
 from ajet.launcher import Launcher, ServiceSpec
 port, out = int(sys.argv[1]), Path(sys.argv[2])
 spec = ServiceSpec(command=f"python -m ajet.task_reader.env_server --port {port}",
