@@ -47,19 +47,15 @@ def tune(
     `ajet.config.ConfigError` for a bad config, before anything heavy starts.
     """
     wf = as_workflow(workflow)  # pure checks: nothing heavy imported yet
-    from ajet.backbones.registry import get_backbone
-    from ajet.config import ConfigError, load_config
+    from ajet.backbones.registry import checked_backbone
+    from ajet.config import load_config
 
     cfg = load_config(config_path, list(overrides), require_workflow=False)
     if cfg.workflow.target:
         logger.info(
             "ajet.tune: using the workflow passed in, not workflow.target=%s", cfg.workflow.target
         )
-    runner = get_backbone(backbone)
-    problems = runner.check_config(cfg)
-    if problems:
-        lines = "\n".join(f"  {key}: {msg}" for key, msg in problems)
-        raise ConfigError(f"invalid config for backbone={backbone} ({config_path}):\n{lines}")
+    runner = checked_backbone(backbone, cfg, str(config_path))
     import logging as _logging
 
     if not _logging.getLogger().handlers:  # a script, not an app with its own logging setup

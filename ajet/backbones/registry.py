@@ -29,3 +29,15 @@ def get_backbone(name: str) -> BackboneRunner:
     if name not in _MODULES:
         raise ValueError(f"unknown backbone '{name}'; choose one of {sorted(_MODULES)}")
     return importlib.import_module(_MODULES[name])  # type: ignore[return-value]
+
+
+def checked_backbone(name: str, cfg: AjetConfig, source: str) -> BackboneRunner:
+    """The backbone, after its own config checks; raises ConfigError naming every problem."""
+    from ajet.config import ConfigError
+
+    runner = get_backbone(name)
+    problems = runner.check_config(cfg)
+    if problems:
+        lines = "\n".join(f"  {key}: {msg}" for key, msg in problems)
+        raise ConfigError(f"invalid config for --backbone={name} ({source}):\n{lines}")
+    return runner

@@ -76,15 +76,9 @@ def train(
 
         if not dry_run:
             configure_logging(cfg.logging.level, quiet=cfg.logging.quiet)
-        from ajet.backbones.registry import get_backbone
+        from ajet.backbones.registry import checked_backbone
 
-        runner = get_backbone(backbone.value)
-        problems = runner.check_config(cfg)
-        if problems:
-            from ajet.config import ConfigError
-
-            lines = "\n".join(f"  {key}: {msg}" for key, msg in problems)
-            raise ConfigError(f"invalid config for --backbone={backbone.value} ({conf}):\n{lines}")
+        runner = checked_backbone(backbone.value, cfg, str(conf))
         from ajet.launcher import Launcher, env_service_specs
 
         services = env_service_specs(cfg.env_services, with_env or [])
