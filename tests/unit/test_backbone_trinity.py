@@ -392,3 +392,19 @@ def test_episode_runtime_turns_an_episode_into_experiences(tmp_path: Path, tiny_
     assert f["reward"] == 0.25 and f["metrics"]["ajet/workflow/turns"] == 2.0
     calls = [c for tl in episode.timelines for c in tl.completion_spans]
     assert sum(e - s for s, e in samples[0].segments) == sum(f["action_mask"]) <= sum(e - s for s, e in calls)
+
+
+def test_cli_with_gpu_but_without_packages_names_the_gpu_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    import ajet.launcher
+
+    monkeypatch.setattr(ajet.launcher, "query_gpus", lambda: [{"index": 0, "total_mib": 80000, "used_mib": 0}])
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("trinity", "vllm") else real_find_spec(name, *a))
+    result = CliRunner().invoke(train_cmd.app, ["--conf", str(cli_conf(tmp_path)), "--backbone=trinity"])
+    assert result.exit_code == 1, result.output  # like the no-GPU case: this machine, not the config
+    assert "'trinity' and 'vllm' packages" in result.output
+    assert "ajet[trinity-gpu]" in result.output and "make env-trinity GPU=1" in result.output
+    assert "Traceback" not in result.output

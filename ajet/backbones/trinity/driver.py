@@ -56,8 +56,8 @@ def run_trinity(cfg: AjetConfig, *, resume: bool) -> None:
     config_path = prepare(cfg, resume=resume)
     trinity_bin = shutil.which("trinity", path=str(Path(sys.executable).parent)) or shutil.which("trinity")
     if trinity_bin is None:
-        raise UserError("the `trinity` command is not installed: pip install 'ajet[trinity]' "
-                        "(in its own environment: make env-trinity)")
+        raise UserError("the `trinity` command is not installed: pip install 'ajet[trinity-gpu]' "
+                        "(in its own environment: make env-trinity GPU=1)")
     run = run_dir(cfg)
     with Launcher(ray=None if cfg.ray.address else "head", ray_address=cfg.ray.address,
                   ray_num_gpus=gpus, log_dir=run / "services") as launcher:

@@ -38,9 +38,11 @@ class AjetTrinityWorkflow(TrinityWorkflow):
 
     def _engine(self, tokenizer: Any) -> OpenAICompletionsEngine:
         client = self.model.get_openai_async_client()  # resolves the server address
+        model = self.model
+        # `model_version_async` is an async *property*: each read is a new coroutine to await.
         return OpenAICompletionsEngine(
-            str(client.base_url), model=client.model_path, api_key=self.model.api_key,
-            version_fn=self.model.model_version_async,
+            str(client.base_url), model=client.model_path, api_key=model.api_key,
+            version_fn=lambda: model.model_version_async,
         )
 
     async def run_async(self) -> list[Any]:
