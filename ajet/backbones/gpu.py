@@ -174,30 +174,22 @@ class EpisodeRuntime:
     """The ajet rollout stack inside a foreign worker process (a Trinity workflow runner,
     a verl agent-loop worker): the user's workflow and judge, our tracker/session/tuner per
     episode, and a gateway for OpenAI-protocol agents, all against `engine` (the backbone's
-    vLLM server behind ajet's InferenceEngine protocol). One per process and config."""
+    vLLM server behind ajet's InferenceEngine protocol; LLM judges on the policy model go
+    through the gateway as in-run services). One per process and config."""
 
     _instances: dict[str, EpisodeRuntime] = {}
 
     def __init__(self, cfg: AjetConfig, engine: Any, tokenizer: Any) -> None:
-        from ajet.backbones.debug.episodes import LocalSessionFactory
-        from ajet.engine.chat import ChatFormat
-        from ajet.judge import build_judge
         from ajet.rollout.loader import load_workflow
-        from ajet.rollout.runner import TaskRunner
-        from ajet.tuner import Gateway
+        from ajet.rollout.stack import RolloutStack
 
         self.cfg = cfg
         self.engine = engine
-        workflow = load_workflow(cfg.workflow.target)
         # The translations size the backbone's engine window the same way.
         self.model_max_len = cfg.context.max_model_len or cfg.context.max_sample_tokens
-        self.gateway = Gateway().start()
-        roles = list(cfg.workflow.trainable_targets) or list(getattr(workflow, "trainable_targets", None) or [])
-        factory = LocalSessionFactory(
-            engine=engine, chat=ChatFormat(tokenizer), gateway=self.gateway, rollout=cfg.rollout,
-            context=cfg.context, trainable_roles=roles or None, model_max_len=self.model_max_len,
-        )
-        self.runner = TaskRunner(workflow, build_judge(cfg.judge), factory, cfg.rollout)
+        self.stack = RolloutStack(cfg, engine, tokenizer, load_workflow(cfg.workflow.target),
+                                  model_max_len=self.model_max_len)
+        self.runner = self.stack.runner
 
     @classmethod
     def shared(cls, config_path: str, engine_factory: Any, tokenizer: Any) -> EpisodeRuntime:
@@ -227,5 +219,4 @@ class EpisodeRuntime:
         return episode, samples, metrics
 
     def close(self) -> None:
-        self.runner.close()
-        self.gateway.stop()
+        self.stack.close()

@@ -40,7 +40,7 @@ class DpoTrainer:
     def setup(self, *, resume: bool) -> None:
         from ajet.algorithms.reference import ReferencePolicy
         from ajet.backbones.debug.update import build_optimizer
-        from ajet.eval.rollout import RolloutStack
+        from ajet.eval.rollout import LocalRollout
         from ajet.logging.metrics import MetricsLogger
         from ajet.rollout.loader import as_workflow, load_workflow
         from ajet.sft.model import load_trainable_model, model_window
@@ -58,7 +58,7 @@ class DpoTrainer:
         a = cfg.algorithm
         # Built before any update: the stage's initial policy.
         self.reference = None if a.dpo_reference_free else ReferencePolicy(self.model, a.dpo_reference)
-        self.stack = RolloutStack(cfg, self.model, self.tokenizer, self.workflow, model_max_len=self.window)
+        self.stack = LocalRollout(cfg, self.model, self.tokenizer, self.workflow, model_max_len=self.window)
         self._closers.append(self.stack.close)
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg.trainer)
         if resume:

@@ -44,7 +44,7 @@ def evaluate(cfg: AjetConfig, *, workflow: Any = None, name: str | None = None,
              out_dir: Path | None = None) -> EvalReport:
     """Run `eval.n` episodes of each task of `eval.split` with `model.path`; write and return the report."""
     from ajet.eval.metrics import episode_result, summarize, write_report
-    from ajet.eval.rollout import RolloutStack
+    from ajet.eval.rollout import LocalRollout
     from ajet.models.load import load_model_and_tokenizer
     from ajet.models.resolve import resolve_model_path
     from ajet.rollout.loader import as_workflow, load_workflow
@@ -66,7 +66,7 @@ def evaluate(cfg: AjetConfig, *, workflow: Any = None, name: str | None = None,
     model, tokenizer = load_model_and_tokenizer(cfg.model)
     model_path = str(resolve_model_path(cfg.model.path, cfg.model.cache_dir))
     name = name or e.name or default_name(model_path)
-    stack = RolloutStack(cfg, model, tokenizer, wf, model_max_len=model_window(model, cfg.context.max_model_len),
+    stack = LocalRollout(cfg, model, tokenizer, wf, model_max_len=model_window(model, cfg.context.max_model_len),
                          rollout=rollout)
     start = time.monotonic()
     try:

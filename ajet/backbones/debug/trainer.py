@@ -110,11 +110,7 @@ class DebugTrainer:
 
     def _local_llm_client(self) -> Any:
         """An OpenAI client on the gateway, for judges that default to the local model."""
-        import openai
-
-        from ajet.backbones.debug.episodes import service_api_key
-
-        return openai.AsyncOpenAI(base_url=self.gateway.base_url, api_key=service_api_key(self.factory))
+        return self.stack.local_llm_client()
 
     def _build_model(self) -> None:
         from ajet.sft.model import load_trainable_model, model_window
@@ -126,30 +122,17 @@ class DebugTrainer:
         self.model_max_len = model_window(self.model, self.cfg.context.max_model_len)
 
     def _build_rollout(self) -> None:
-        from ajet.backbones.debug.episodes import LocalSessionFactory
-        from ajet.engine.chat import ChatFormat
         from ajet.engine.local import LocalEngine
-        from ajet.rollout.manager import RolloutManager
-        from ajet.rollout.runner import TaskRunner
-        from ajet.tuner import Gateway
+        from ajet.rollout.stack import RolloutStack
 
-        cfg = self.cfg
-        self.chat = ChatFormat(self.tokenizer)
-        self.engine = LocalEngine(self.model, self.tokenizer, max_batch_size=max(1, cfg.rollout.max_concurrency),
+        self.engine = LocalEngine(self.model, self.tokenizer, max_batch_size=max(1, self.cfg.rollout.max_concurrency),
                                   max_model_len=self.model_max_len)
         self._closers.append(self.engine.close)
-        self.gateway = Gateway()
-        self.gateway.start()
-        self._closers.append(self.gateway.stop)
-        roles = list(cfg.workflow.trainable_targets) or list(getattr(self.workflow, "trainable_targets", None) or [])
-        factory = LocalSessionFactory(
-            engine=self.engine, chat=self.chat, gateway=self.gateway, rollout=cfg.rollout,
-            context=cfg.context, trainable_roles=roles or None, model_max_len=self.model_max_len,
-        )
-        self.factory = factory
-        self.runner = TaskRunner(self.workflow, self.judge, factory, cfg.rollout)
-        self._closers.append(self.runner.close)
-        self.manager = RolloutManager(self.runner, cfg.rollout)
+        self.stack = RolloutStack(self.cfg, self.engine, self.tokenizer, self.workflow,
+                                  model_max_len=self.model_max_len, judge=self.judge)
+        self._closers.append(self.stack.close)
+        # --with-ray replaces runner and manager (ajet.rollout.ray_rollout.attach).
+        self.chat, self.runner, self.manager = self.stack.chat, self.stack.runner, self.stack.manager
 
     def _resume(self) -> None:
         from ajet.backbones.debug.checkpoint import latest_checkpoint, load_checkpoint
