@@ -85,13 +85,19 @@ class ContextTracker:
         self._probe: TemplateProbe | None = None
 
     # ------------------------------------------------------------------ prompts
-    def build_prompt(self, role: str, messages: list[dict], tools: list[dict] | None) -> list[int]:
-        """The prompt ids for a call; extends an earlier call's tokens where possible."""
+    def build_prompt(
+        self, role: str, messages: list[dict], tools: list[dict] | None, reply_prefix: str = ""
+    ) -> list[int]:
+        """The prompt ids for a call; extends an earlier call's tokens where possible.
+
+        `reply_prefix`: forced start of the reply (e.g. `tool_choice` markup), part of the
+        prompt: context, never trained; the reply that continues it renders back as a prefix.
+        """
         with self._lock:
             if self._probe is None:
                 # Warns once per renderer; each extension is still checked on its own text.
                 self._probe = inspect_template(self.renderer)
-            full = self.renderer.render(messages, tools, add_generation_prompt=True)
+            full = self.renderer.render(messages, tools, add_generation_prompt=True) + reply_prefix
             tools_key = _tools_key(tools)
             ids, parent, cause = self._match(role, messages, tools, tools_key, full)
             self._built[(role, tuple(ids))] = _Built(tools_key, full, parent, cause)

@@ -243,6 +243,31 @@ def _hermes_message(message: dict[str, Any]) -> dict[str, str]:
     return {"role": role, "content": content}
 
 
+def tool_choice_prefix(tool_choice: Any, tools: list[dict[str, Any]] | None) -> str:
+    """The start of the reply that enforces `tool_choice`, in hermes tool-call markup (pure).
+
+    "" for None / "auto" / "none"; `<tool_call>\n{"name": "` for "required" / "any" (the model
+    picks the function); `<tool_call>\n{"name": "NAME", "arguments": ` for a function name or
+    `{"type": "function", "function": {"name": NAME}}`. It is written exactly as an assistant's
+    tool call renders (`_hermes_message`), so the reply continues a prefix of its own rendering.
+    Raises ValueError for a choice that names no offered tool, or requires one with none offered.
+    """
+    if tool_choice in (None, "auto", "none"):
+        return ""
+    names = [_function_of(t)[0] for t in tools or []]
+    if not names:
+        raise ValueError(f"tool_choice={tool_choice!r} requires a tool call, but no tools were given")
+    if tool_choice in ("required", "any"):
+        return '<tool_call>\n{"name": "'
+    if isinstance(tool_choice, dict):
+        name = (tool_choice.get("function") or {}).get("name")
+    else:
+        name = tool_choice
+    if not isinstance(name, str) or name not in names:
+        raise ValueError(f"tool_choice={tool_choice!r} names no offered tool; the tools are {names}")
+    return '<tool_call>\n{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": '
+
+
 def _native_message(message: dict[str, Any]) -> dict[str, Any]:
     if not message.get("role"):
         raise ValueError(f"message without a role: {message!r}")

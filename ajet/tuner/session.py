@@ -56,7 +56,7 @@ class TrackerLike(Protocol):
     """What the session needs from `ajet.context.tracker.ContextTracker`."""
 
     def build_prompt(
-        self, role: str, messages: list[dict], tools: list[dict] | None
+        self, role: str, messages: list[dict], tools: list[dict] | None, reply_prefix: str = ""
     ) -> list[int]: ...
 
     def record(self, call: LLMCall) -> None: ...
@@ -237,14 +237,22 @@ class EpisodeSession:
         """One chat call: prompt through the tracker, budget, sample, parse, record.
 
         `tool_choice="none"` leaves the reply unparsed (tool-call markup stays text);
-        other values are accepted but not enforced (no constrained decoding).
+        "required" / "any" / a function name start the reply with the tool-call markup
+        (`ajet.engine.chat.tool_choice_prefix`): the model writes the rest. The forced start
+        is part of the prompt, so it is context, not trained.
         """
         self._check_open()
         if not isinstance(messages, list) or not messages:
             raise InvalidRequestError("messages must be a non-empty list of message dicts")
         params = resolve_sampling(self.rollout, sampling_overrides)
         tools = tools or None
-        prompt_ids = self.tracker.build_prompt(role, messages, tools)
+        from ajet.engine.chat import tool_choice_prefix
+
+        try:
+            prefix = tool_choice_prefix(tool_choice, tools)
+        except ValueError as err:
+            raise InvalidRequestError(str(err)) from None
+        prompt_ids = self.tracker.build_prompt(role, messages, tools, prefix)
         requested = params.max_tokens
         params.max_tokens = self._budget(len(prompt_ids), requested)
         capped = params.max_tokens < requested
@@ -262,8 +270,20 @@ class EpisodeSession:
             ) from err
         completion = _single(completions)
         return self._finish(
-            role, messages, tools, tool_choice, params, prompt_ids, completion, capped
+            role, messages, tools, tool_choice, params, prompt_ids, completion, capped, prefix
         )
+
+    def _close_forced_call(self, text: str, parsed: Any) -> Any:
+        """A forced tool call the model ended (EOS, stop) without its closing markup is
+        closed: `</tool_call>`, or `}</tool_call>` when the arguments object was the last
+        thing written. What was sampled is recorded unchanged."""
+        if "</tool_call>" in text:
+            return parsed
+        for closing in ("\n</tool_call>", "}\n</tool_call>"):
+            closed = self.chat_format.parse_completion(text.rstrip() + closing)
+            if not closed.malformed_tool_call:
+                return closed
+        return parsed
 
     def _count_failure(self) -> None:
         with self._lock:
@@ -292,13 +312,16 @@ class EpisodeSession:
         prompt_ids: list[int],
         completion: Completion,
         capped: bool,
+        prefix: str = "",
     ) -> ChatResult:
-        text = completion_text(self.chat_format, completion.token_ids, params.stop)
+        text = prefix + completion_text(self.chat_format, completion.token_ids, params.stop)
         malformed = False
         if tool_choice == "none":
             message: dict[str, Any] = {"role": "assistant", "content": text}
         else:
             parsed = self.chat_format.parse_completion(text)
+            if prefix and parsed.malformed_tool_call:
+                parsed = self._close_forced_call(text, parsed)
             malformed = bool(parsed.malformed_tool_call)
             message = self.chat_format.to_openai_message(parsed)
         finish_reason = "tool_calls" if message.get("tool_calls") else completion.finish_reason

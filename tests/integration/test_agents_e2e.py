@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -94,7 +95,13 @@ def assert_exact(chat: Any, tracker: Any, received: list[dict[str, Any]]) -> Non
     ids decode to the rendered prompt."""
     assert len(tracker.calls) == len(received) >= 1
     for call, got in zip(tracker.calls, received, strict=True):
-        generated = chat.decode(strip_eos(chat, call.completion_ids))
+        rendered = chat.render(call.messages, call.tools, add_generation_prompt=True)
+        prompt_text = chat.decode(call.prompt_ids)
+        assert prompt_text.startswith(rendered)
+        # a start forced by tool_choice ends the prompt (ajet.engine.chat.tool_choice_prefix)
+        forced = prompt_text[len(rendered):]
+        assert forced == "" or re.fullmatch(r'<tool_call>\n\{"name": ("|"[^"]+", "arguments": )', forced), forced
+        generated = forced + chat.decode(strip_eos(chat, call.completion_ids))
         expected = chat.to_openai_message(chat.parse_completion(generated))
         for message in (expected, call.response_message):
             assert (got.get("content") or "") == (message.get("content") or "")
@@ -102,8 +109,6 @@ def assert_exact(chat: Any, tracker: Any, received: list[dict[str, Any]]) -> Non
         if not got.get("tool_calls"):  # plain text: the very same string
             assert got.get("content") == generated
         assert len(call.completion_logprobs) == len(call.completion_ids) > 0
-        rendered = chat.render(call.messages, call.tools, add_generation_prompt=True)
-        assert chat.decode(call.prompt_ids) == rendered
         if not call.fork_cause:  # an extension: the earlier prompt + completion, token for token
             parent = [
                 c

@@ -112,6 +112,7 @@ class FakeChat:
                     "function": {"name": name, "arguments": json.dumps(args)},
                 }
             )
+        malformed = malformed or "<tool_call>" in _TOOL_CALL.sub("", text)  # unclosed, as the real parser
         content = text if malformed else _TOOL_CALL.sub("", text).strip()
         return Parsed(content, calls, malformed)
 
@@ -131,10 +132,12 @@ class FakeTracker:
         self.built: list[tuple[str, list[dict], list[dict] | None]] = []
         self._lock = threading.Lock()
 
-    def build_prompt(self, role: str, messages: list[dict], tools: list[dict] | None) -> list[int]:
+    def build_prompt(
+        self, role: str, messages: list[dict], tools: list[dict] | None, reply_prefix: str = ""
+    ) -> list[int]:
         with self._lock:
             self.built.append((role, messages, tools))
-        return self.chat.encode(self.chat.render(messages, tools))
+        return self.chat.encode(self.chat.render(messages, tools) + reply_prefix)
 
     def record(self, call: LLMCall) -> None:
         with self._lock:

@@ -75,8 +75,17 @@ class Answer(BaseModel):
     value: int
 
 
+def forced(reply: str, prefix: str) -> str:
+    """What the model writes of `reply` after the start that tool_choice forces."""
+    assert reply.startswith(prefix)
+    return reply[len(prefix):]
+
+
+NAMED = '<tool_call>\n{"name": "generate_structured_output", "arguments": '  # structured_model's forced start
+
+
 def test_structured_model_uses_a_tool_and_fills_metadata() -> None:
-    session, _, tracker, _ = make_session([tool_call("generate_structured_output", {"value": 5})])
+    session, _, tracker, _ = make_session([forced(tool_call("generate_structured_output", {"value": 5}), NAMED)])
     response = asyncio.run(ModelTuner(session)(AS_MESSAGES, tools=TOOLS, structured_model=Answer))
     assert response.metadata == {"value": 5}
     (spec,) = tracker.calls[0].tools  # the request's tools are replaced by the schema tool
@@ -84,11 +93,15 @@ def test_structured_model_uses_a_tool_and_fills_metadata() -> None:
     assert "value" in spec["function"]["parameters"]["properties"]
 
 
-def test_structured_model_falls_back_to_json_text() -> None:
-    session, _, _, _ = make_session(['{"value": 7}', "no json here"])
+def test_structured_model_closes_an_unclosed_forced_call() -> None:
+    # the model stops after the arguments (EOS) without `}` and `</tool_call>`: closed for it
+    session, _, tracker, chat = make_session(['{"value": 7}', '{"value": 8}}', "no json here"])
     tuner = ModelTuner(session)
     assert asyncio.run(tuner(AS_MESSAGES, structured_model=Answer)).metadata == {"value": 7}
-    assert asyncio.run(tuner(AS_MESSAGES, structured_model=Answer)).metadata is None
+    assert asyncio.run(tuner(AS_MESSAGES, structured_model=Answer)).metadata == {"value": 8}
+    assert chat.decode(tracker.calls[0].completion_ids[:-1]) == '{"value": 7}'  # recorded as sampled
+    response = asyncio.run(tuner(AS_MESSAGES, structured_model=Answer))
+    assert response.metadata is None and session.stats()["tuner/malformed_tool_calls"] == 1
 
 
 def test_roles_route_to_tuners_or_default_models() -> None:
@@ -196,7 +209,8 @@ def test_react_agent_runs_a_tool_loop_through_the_tuner(formatter: str) -> None:
 def test_react_agent_structured_output_finishes() -> None:
     from agentscope.message import Msg
 
-    script = [tool_call("generate_response", {"value": 5}), "Done: 5."]
+    # AgentScope asks for the generate_response tool with tool_choice="required"
+    script = [forced(tool_call("generate_response", {"value": 5}), '<tool_call>\n{"name": "'), "Done: 5."]
     session, _, tracker, _ = make_session(script)
     agent = _react_agent(ModelTuner(session), [])
     reply = asyncio.run(agent(Msg("user", "What is 2+3?", "user"), structured_model=Answer))

@@ -219,3 +219,41 @@ def test_logprobs_are_asked_at_the_rollout_temperature_whatever_the_request() ->
     assert resolve_sampling(rollout, {"temperature": 0.0}).logprob_temperature == 0.7
     assert resolve_sampling(rollout, {"temperature": 1.3}).logprob_temperature == 0.7
     assert resolve_sampling(RolloutConfig(temperature=0.0), {}).logprob_temperature == 1.0
+
+
+@pytest.mark.parametrize(
+    ("tool_choice", "prefix"),
+    [
+        ("required", '<tool_call>\n{"name": "'),
+        ("any", '<tool_call>\n{"name": "'),
+        ("calc", '<tool_call>\n{"name": "calc", "arguments": '),
+        ({"type": "function", "function": {"name": "calc"}}, '<tool_call>\n{"name": "calc", "arguments": '),
+    ],
+)
+def test_tool_choice_forces_the_tool_call_markup(tool_choice: object, prefix: str) -> None:
+    rest = TOOL_REPLY[TOOL_REPLY.index("<tool_call>") + len(prefix):]  # what the model writes
+    session, engine, tracker, chat = make_session([rest])
+    result = asyncio.run(session.chat("default", USER, TOOLS, tool_choice=tool_choice))
+    (call,) = tracker.calls
+    # the forced start is the end of the prompt (context): the model only writes the rest
+    assert engine.seen[0][0] == call.prompt_ids == chat.encode(chat.render(USER, TOOLS) + prefix)
+    assert chat.decode(call.completion_ids[:-1]) == rest
+    (tc,) = result.message["tool_calls"]
+    assert tc["function"]["name"] == "calc" and tc["function"]["arguments"] == '{"expr": "2+3"}'
+    assert result.finish_reason == "tool_calls" and result.text == prefix + rest
+
+
+@pytest.mark.parametrize(
+    ("tools", "tool_choice", "message"),
+    [
+        (TOOLS, "multiply", "names no offered tool"),
+        (TOOLS, {"type": "function", "function": {}}, "names no offered tool"),
+        (None, "required", "no tools were given"),
+    ],
+)
+def test_impossible_tool_choice_is_rejected_before_the_engine(tools: object, tool_choice: object,
+                                                              message: str) -> None:
+    session, engine, tracker, _ = make_session(["never"])
+    with pytest.raises(InvalidRequestError, match=message):
+        asyncio.run(session.chat("default", USER, tools, tool_choice=tool_choice))
+    assert engine.seen == [] and tracker.calls == []

@@ -71,3 +71,28 @@ def test_openai_sdk_tool_loop_extends_one_timeline() -> None:
         asyncio.run(agent())
         tuner.close()
     assert_one_extended_timeline(tracker)
+
+
+def test_forced_tool_choice_extends_one_timeline_and_trains_only_what_was_sampled() -> None:
+    prefix = '<tool_call>\n{"name": "add", "arguments": '
+    session, tracker = real_tracker_session([CALL[len(prefix):], "It is 5."])
+    with Gateway() as gateway:
+        tuner = ModelTuner(session, gateway=gateway)
+
+        async def agent() -> None:
+            client = tuner.openai_client()
+            messages = [{"role": "user", "content": "2+3?"}]
+            r = await client.chat.completions.create(
+                model="m", messages=messages, tools=TOOLS,
+                tool_choice={"type": "function", "function": {"name": "add"}})
+            msg = r.choices[0].message
+            assert msg.tool_calls[0].function.name == "add"
+            messages.append(msg.model_dump(exclude_none=True))
+            messages.append({"role": "tool", "tool_call_id": msg.tool_calls[0].id, "content": "5"})
+            await client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+
+        asyncio.run(agent())
+        tuner.close()
+    first = tracker.calls[0]
+    assert session.chat_format.decode(first.prompt_ids).endswith("<|im_start|>assistant\n" + prefix)
+    assert_one_extended_timeline(tracker)  # trainable = the two completions, not the forced start

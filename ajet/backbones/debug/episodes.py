@@ -55,8 +55,10 @@ class StatelessTracker:
         self.chat = chat
         self.calls: list[Any] = []
 
-    def build_prompt(self, role: str, messages: list[dict], tools: list[dict] | None) -> list[int]:
-        return self.chat.encode(self.chat.render(messages, tools, add_generation_prompt=True))
+    def build_prompt(
+        self, role: str, messages: list[dict], tools: list[dict] | None, reply_prefix: str = ""
+    ) -> list[int]:
+        return self.chat.encode(self.chat.render(messages, tools, add_generation_prompt=True) + reply_prefix)
 
     def record(self, call: Any) -> None:
         """Service calls are not training data: dropped."""
