@@ -45,3 +45,33 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, bundled_model_dir: 
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+TWO_CALLS = '''
+from ajet import Workflow, WorkflowOutput
+
+
+class TwoCalls(Workflow):
+    async def execute(self, task, tuner):
+        messages = [{"role": "user", "content": task.main_query}]
+        first = await tuner(messages)
+        text = "".join(b.get("text", "") for b in first.content if b.get("type") == "text")
+        messages += [{"role": "assistant", "content": text}, {"role": "user", "content": "More."}]
+        await tuner(messages)
+        return WorkflowOutput(reward=0.25, log_metrics={"turns": 2})
+'''
+
+
+@pytest.fixture()
+def two_calls_conf(tmp_path: Path, tiny_model_dir: Path) -> Path:
+    """A run YAML in tmp_path: the tiny model, three tasks, and a workflow that makes two chat
+    calls (the second extends the first, after an untrained user turn) for reward 0.25."""
+    import json
+
+    (tmp_path / "agent.py").write_text(TWO_CALLS)
+    (tmp_path / "train.jsonl").write_text("".join(
+        json.dumps({"task_id": f"t{i}", "question": f"Count to {i + 2}."}) + "\n" for i in range(3)))
+    conf = tmp_path / "run.yaml"
+    conf.write_text(f"model: {{path: {tiny_model_dir}}}\nworkflow: {{target: agent.py:TwoCalls}}\n"
+                    "task_reader: {jsonl: {train_path: train.jsonl}}\nrollout: {max_tokens: 6, n: 2}\n")
+    return conf

@@ -22,34 +22,14 @@ pytest.importorskip("trinity", reason="runs in the trinity environment: make tes
 
 from vllm_stub import FakeModelWrapper, VllmStub  # noqa: E402
 
-WORKFLOW = '''
-from ajet import Workflow, WorkflowOutput
-
-
-class TwoCalls(Workflow):
-    async def execute(self, task, tuner):
-        messages = [{"role": "user", "content": task.main_query}]
-        first = await tuner(messages)
-        text = "".join(b.get("text", "") for b in first.content if b.get("type") == "text")
-        messages += [{"role": "assistant", "content": text}, {"role": "user", "content": "More."}]
-        await tuner(messages)
-        return WorkflowOutput(reward=0.25, log_metrics={"turns": 2})
-'''
-
 
 @pytest.fixture()
-def prepared(tmp_path: Path, tiny_model_dir: Path) -> tuple[Path, Path]:
+def prepared(tmp_path: Path, two_calls_conf: Path) -> tuple[Path, Path]:
     """(trinity_config.yaml, run dir) as `ajet --backbone=trinity` writes them."""
     from ajet.backbones.trinity.driver import prepare
     from ajet.config import load_config
 
-    (tmp_path / "agent.py").write_text(WORKFLOW)
-    (tmp_path / "train.jsonl").write_text("".join(
-        json.dumps({"task_id": f"t{i}", "question": f"Count to {i + 2}."}) + "\n" for i in range(3)))
-    conf = tmp_path / "run.yaml"
-    conf.write_text(f"model: {{path: {tiny_model_dir}}}\nworkflow: {{target: agent.py:TwoCalls}}\n"
-                    "task_reader: {jsonl: {train_path: train.jsonl}}\nrollout: {max_tokens: 6, n: 2}\n")
-    cfg = load_config(conf, [f"project.exp_dir={tmp_path / 'exp'}"])
+    cfg = load_config(two_calls_conf, [f"project.exp_dir={tmp_path / 'exp'}"])
     path = prepare(cfg, resume=False)
     return path, path.parent
 

@@ -13,7 +13,6 @@ LocalEngine on a tiny model) in place of its vLLM servers.
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 from typing import Any
 
@@ -21,19 +20,6 @@ import pytest
 
 pytest.importorskip("verl", reason="runs in the verl environment: make test-verl")
 
-WORKFLOW = '''
-from ajet import Workflow, WorkflowOutput
-
-
-class TwoCalls(Workflow):
-    async def execute(self, task, tuner):
-        messages = [{"role": "user", "content": task.main_query}]
-        first = await tuner(messages)
-        text = "".join(b.get("text", "") for b in first.content if b.get("type") == "text")
-        messages += [{"role": "assistant", "content": text}, {"role": "user", "content": "More."}]
-        await tuner(messages)
-        return WorkflowOutput(reward=0.5, log_metrics={"turns": 2})
-'''
 
 
 class StubServerManager:
@@ -60,20 +46,14 @@ class StubServerManager:
 
 
 @pytest.fixture()
-def prepared(tmp_path: Path, tiny_model_dir: Path) -> tuple[Any, Path]:
+def prepared(tmp_path: Path, two_calls_conf: Path) -> tuple[Any, Path]:
     """(verl's composed config, verl dir) as `ajet --backbone=verl` writes and verl reads them."""
     from hydra import compose, initialize_config_module
 
     from ajet.backbones.verl.driver import prepare
     from ajet.config import load_config
 
-    (tmp_path / "agent.py").write_text(WORKFLOW)
-    (tmp_path / "train.jsonl").write_text("".join(
-        json.dumps({"task_id": f"t{i}", "question": f"Count to {i + 2}."}) + "\n" for i in range(3)))
-    conf = tmp_path / "run.yaml"
-    conf.write_text(f"model: {{path: {tiny_model_dir}}}\nworkflow: {{target: agent.py:TwoCalls}}\n"
-                    "task_reader: {jsonl: {train_path: train.jsonl}}\nrollout: {max_tokens: 6, n: 2}\n")
-    cfg = load_config(conf, [f"project.exp_dir={tmp_path / 'exp'}"])
+    cfg = load_config(two_calls_conf, [f"project.exp_dir={tmp_path / 'exp'}"])
     overrides = prepare(cfg, resume=False)
     with initialize_config_module(config_module="verl.trainer.config", version_base=None):
         composed = compose(config_name="ppo_trainer", overrides=overrides)
@@ -152,7 +132,7 @@ def test_agent_loop_runs_an_episode_into_verl_outputs(prepared: tuple[Any, Path]
     assert mask[0] == 1 and 0 in mask[:first_len] and mask[first_len] == 1  # the "More." turn untrained
     assert len(mask) == len(output.response_ids) == len(output.response_logprobs)
     assert all(lp < 0 for lp, m in zip(output.response_logprobs, mask, strict=True) if m)
-    assert output.reward_score == 0.5 and output.num_turns == 4
+    assert output.reward_score == 0.25 and output.num_turns == 4
     assert output.extra_fields["ajet_failed"] == 0 and output.extra_fields["ajet/workflow/turns"] == 2.0
     assert len(output.prompt_ids) <= rollout.prompt_length and len(mask) <= rollout.response_length
 
@@ -165,7 +145,7 @@ def test_agent_loop_runs_an_episode_into_verl_outputs(prepared: tuple[Any, Path]
 
     sample = Sample(input_ids=whole, loss_mask=[0] * len(output.prompt_ids) + mask,
                     old_logprobs=[0.0] * len(output.prompt_ids) + output.response_logprobs,
-                    group_id="t1", episode_id="t1-e0", reward=0.5, num_calls=2)
+                    group_id="t1", episode_id="t1-e0", reward=0.25, num_calls=2)
     batch = samples_to_batch([sample, sample], pad_token_id=tokenizer.pad_token_id,
                              max_prompt_length=rollout.prompt_length, max_response_length=rollout.response_length)
     proto = to_dataproto(batch, batch_meta([sample, sample]))

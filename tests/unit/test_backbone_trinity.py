@@ -339,23 +339,8 @@ def test_prepare_writes_what_trinity_reads(tmp_path: Path) -> None:
     assert yaml.safe_load(prepare(cfg, resume=True).read_text())["continue_from_checkpoint"] is True
 
 
-WORKFLOW = '''
-from ajet import Workflow, WorkflowOutput
-
-
-class TwoCalls(Workflow):
-    async def execute(self, task, tuner):
-        messages = [{"role": "user", "content": task.main_query}]
-        first = await tuner(messages)
-        text = "".join(b.get("text", "") for b in first.content if b.get("type") == "text")
-        messages += [{"role": "assistant", "content": text}, {"role": "user", "content": "More."}]
-        await tuner(messages)
-        return WorkflowOutput(reward=0.25, log_metrics={"turns": 2})
-'''
-
-
 @pytest.mark.integration
-def test_episode_runtime_turns_an_episode_into_experiences(tmp_path: Path, tiny_model_dir: Path) -> None:
+def test_episode_runtime_turns_an_episode_into_experiences(two_calls_conf: Path) -> None:
     """What the Trinity plugin runs in a runner process, with ajet's LocalEngine (tiny model)
     standing in for Trinity's vLLM endpoint."""
     import asyncio
@@ -365,12 +350,7 @@ def test_episode_runtime_turns_an_episode_into_experiences(tmp_path: Path, tiny_
     from ajet.engine.local import LocalEngine
     from ajet.models.load import load_model_and_tokenizer
 
-    (tmp_path / "agent.py").write_text(WORKFLOW)
-    (tmp_path / "train.jsonl").write_text('{"question": "q"}\n')
-    conf = tmp_path / "run.yaml"
-    conf.write_text(f"model: {{path: {tiny_model_dir}}}\nworkflow: {{target: agent.py:TwoCalls}}\n"
-                    "task_reader: {jsonl: {train_path: train.jsonl}}\nrollout: {max_tokens: 6}\n")
-    cfg = load_config(conf)
+    cfg = load_config(two_calls_conf)
     model, tokenizer = load_model_and_tokenizer(cfg.model)
     engine = LocalEngine(model, tokenizer, max_batch_size=2, max_model_len=2048)
     runtime = EpisodeRuntime(cfg, engine, tokenizer)
