@@ -7,6 +7,8 @@
 - Environment services (`env_services.<name>` in the config, started with
   `--with-env NAME`): each command runs in its own process group; the launcher polls its
   health URL until it answers 2xx (or the process dies, or the timeout passes).
+- vLLM servers (`vllm_servers.<name>`, started with `--with-vllm NAME`): the same, running
+  vLLM's OpenAI server on GPUs that were free at start (`vllm_service_specs`).
 - Ray: `ray="init"` joins `ray_address` or starts a local Ray inside this process
   (`ray.init`, no dashboard) and shuts it down on exit if it started it; `ray="head"`
   runs `ray start --head --block` as a child (for trainers started as separate processes,
@@ -86,6 +88,43 @@ def env_service_specs(configured: Mapping[str, Any], names: Sequence[str]) -> di
     return specs
 
 
+def vllm_service_specs(configured: Mapping[str, Any], names: Sequence[str],
+                       free: Sequence[int]) -> dict[str, ServiceSpec]:
+    """The `vllm_servers` entries named by `--with-vllm`, as services on GPUs taken in order
+    from `free` (pure). Each runs vLLM's OpenAI server under `CUDA_VISIBLE_DEVICES` and is
+    healthy when `/health` answers."""
+    from ajet.config import ConfigError
+
+    specs: dict[str, ServiceSpec] = {}
+    left = list(free)
+    for name in names:
+        if name not in configured:
+            known = ", ".join(sorted(configured)) or "none"
+            raise ConfigError(f"--with-vllm {name}: the config has no vllm_servers.{name} "
+                              f"(configured: {known}); add vllm_servers.{name}.model")
+        entry = configured[name]
+        if not str(entry.model).strip():
+            raise ConfigError(f"vllm_servers.{name}.model is empty; set the checkpoint it serves")
+        if entry.gpus < 1:
+            raise ConfigError(f"vllm_servers.{name}.gpus={entry.gpus}: a vLLM server needs at least one GPU")
+        if len(left) < entry.gpus:
+            raise LaunchError(f"--with-vllm {name} needs {entry.gpus} free GPU(s); {len(left)} left of "
+                              f"{len(free)} free on this machine (a GPU counts as free below 10% memory used)")
+        gpus, left = left[: entry.gpus], left[entry.gpus:]
+        argv = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", str(entry.model),
+                "--served-model-name", name, "--host", "127.0.0.1", "--port", str(entry.port),
+                "--tensor-parallel-size", str(entry.gpus),
+                "--gpu-memory-utilization", str(entry.gpu_memory_utilization)]
+        if entry.max_model_len:
+            argv += ["--max-model-len", str(entry.max_model_len)]
+        specs[f"vllm-{name}"] = ServiceSpec(
+            command=shlex.join(argv + [str(a) for a in entry.extra_args]),
+            health_url=f"http://127.0.0.1:{entry.port}/health", startup_timeout_s=entry.startup_timeout_s,
+            env={"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus)},
+        )
+    return specs
+
+
 @dataclass
 class _Child:
     name: str
@@ -159,7 +198,7 @@ class Launcher:
     def start_service(self, name: str, spec: ServiceSpec) -> subprocess.Popen:
         argv = service_argv(spec.command)
         proc = self._spawn(name, argv, cwd=spec.cwd or None, env=spec.env)
-        log.info("env service %s: started (pid %d): %s", name, proc.pid, shlex.join(argv))
+        log.info("service %s: started (pid %d): %s", name, proc.pid, shlex.join(argv))
         wait_healthy(name, proc, spec.health_url, spec.startup_timeout_s, log_path=self.children[-1].log_path)
         return proc
 
@@ -283,7 +322,7 @@ def wait_healthy(name: str, proc: subprocess.Popen, url: str, timeout_s: float,
     while True:
         code = proc.poll()
         if code is not None:
-            raise LaunchError(f"env service {name} exited with code {code} before it was healthy{where}")
+            raise LaunchError(f"service {name} exited with code {code} before it was healthy{where}")
         if not url:
             if time.monotonic() - start >= 1.0:  # no health URL: alive for a second is all we check
                 return
@@ -291,13 +330,13 @@ def wait_healthy(name: str, proc: subprocess.Popen, url: str, timeout_s: float,
             try:
                 response = httpx.get(url, timeout=2.0)
                 if 200 <= response.status_code < 300:
-                    log.info("env service %s: healthy at %s", name, url)
+                    log.info("service %s: healthy at %s", name, url)
                     return
                 last = f"HTTP {response.status_code}"
             except httpx.TransportError as exc:
                 last = f"{type(exc).__name__}: {exc}"
         if time.monotonic() > deadline:
-            raise LaunchError(f"env service {name} was not healthy at {url} within {timeout_s:.0f} s "
+            raise LaunchError(f"service {name} was not healthy at {url} within {timeout_s:.0f} s "
                               f"(last: {last}){where}; check its command and health_url")
         time.sleep(poll_s)
 

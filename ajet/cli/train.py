@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from ajet.cli.common import user_errors
 from ajet.cli.main import commands_epilog
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ajet.config.schema import AjetConfig
+    from ajet.launcher import ServiceSpec
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)
 
@@ -49,6 +53,10 @@ def train(
         list[str] | None,
         typer.Option("--with-env", metavar="NAME", help="Start env_services.NAME before training, stop it after (repeatable)."),
     ] = None,
+    with_vllm: Annotated[
+        list[str] | None,
+        typer.Option("--with-vllm", metavar="NAME", help="Start vllm_servers.NAME (vLLM on free GPUs) before training, stop it after (repeatable)."),
+    ] = None,
     exp_dir: Annotated[
         Path | None, typer.Option("--exp-dir", help="Experiment root (overrides project.exp_dir).")
     ] = None,
@@ -82,6 +90,8 @@ def train(
         from ajet.launcher import Launcher, env_service_specs
 
         services = env_service_specs(cfg.env_services, with_env or [])
+        if with_vllm and not dry_run:
+            services.update(vllm_services(cfg, with_vllm))
         if dry_run:
             typer.echo("# resolved ajet config")
             typer.echo(to_yaml(cfg))
@@ -95,3 +105,15 @@ def train(
             return
         with Launcher(env_services=services, log_dir=Path(cfg.project.exp_dir) / cfg.project.name / "services"):
             runner.run(cfg, with_ray=with_ray, resume=resume)
+
+
+def vllm_services(cfg: AjetConfig, names: list[str]) -> dict[str, ServiceSpec]:
+    """`--with-vllm`: specs for the named vLLM servers on this machine's free GPUs."""
+    import importlib.util
+
+    from ajet.launcher import LaunchError, free_gpus, vllm_service_specs
+
+    if importlib.util.find_spec("vllm") is None:
+        raise LaunchError("--with-vllm needs the vllm package in this environment: pip install vllm "
+                          "(the GPU environments have it: make env-trinity GPU=1 / make env-verl GPU=1)")
+    return vllm_service_specs(cfg.vllm_servers, names, free_gpus())

@@ -339,6 +339,21 @@ class EnvServiceConfig:
 
 
 @dataclass
+class VllmServerConfig:
+    # A vLLM OpenAI server the launcher starts with `--with-vllm NAME` (GPU machines) and stops
+    # on exit: e.g. the model of an LLM judge or of a multi-agent workflow's untrained roles.
+    # Clients use base_url http://127.0.0.1:{port}/v1 and model NAME.
+    model: str = ""  # a local checkpoint directory (or what vLLM can load offline)
+    port: int = 8001
+    gpus: int = 1  # free GPUs it takes (tensor parallel size)
+    gpu_memory_utilization: float = 0.9
+    max_model_len: int = 0  # 0 = vLLM's default (the model's)
+    # More `vllm serve` options, e.g. ["--dtype", "bfloat16"].
+    extra_args: list[str] = field(default_factory=list)
+    startup_timeout_s: float = 900.0
+
+
+@dataclass
 class TrinityConfig:
     # Trinity-RFT specific; translated into its Config by the trinity backbone.
     explorer_gpus: int = 1
@@ -378,3 +393,5 @@ class AjetConfig:
     verl: VerlConfig = field(default_factory=VerlConfig)
     # name -> service, started by `--with-env NAME` (see ajet/launcher.py).
     env_services: dict[str, EnvServiceConfig] = field(default_factory=dict)
+    # name -> vLLM server, started by `--with-vllm NAME` on free GPUs (see ajet/launcher.py).
+    vllm_servers: dict[str, VllmServerConfig] = field(default_factory=dict)

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from ajet.cli import train as train_cmd
 from ajet.config import ConfigError
-from ajet.config.schema import EnvServiceConfig
+from ajet.config.schema import EnvServiceConfig, VllmServerConfig
 from ajet.launcher import (
     Launcher,
     LaunchError,
@@ -28,6 +28,7 @@ from ajet.launcher import (
     free_port,
     parse_nvidia_smi,
     service_argv,
+    vllm_service_specs,
 )
 
 
@@ -221,7 +222,86 @@ env_services:
     out = subprocess.run([sys.executable, "-m", "ajet.cli.main", "--conf", str(conf), "--with-env", "kv"],
                          capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "env service kv: healthy" in out.stderr and "stopped" in out.stderr
+    assert "service kv: healthy" in out.stderr and "stopped" in out.stderr
     rows = [json.loads(line) for line in (tmp_path / "exp" / "env" / "metrics.jsonl").read_text().splitlines()]
     assert rows[0]["rollout/episodes"] == 4.0
     assert not port_open(port)
+
+
+def test_vllm_server_specs_take_free_gpus_in_order() -> None:
+    configured = {"judge": VllmServerConfig(model="/m/judge", port=8101, gpus=2, max_model_len=4096,
+                                            extra_args=["--dtype", "bfloat16"]),
+                  "npc": VllmServerConfig(model="/m/npc", port=8102),
+                  "empty": VllmServerConfig()}
+    specs = vllm_service_specs(configured, ["judge", "npc"], free=[1, 3, 4])
+    judge, npc = specs["vllm-judge"], specs["vllm-npc"]
+    assert service_argv(judge.command) == [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", "/m/judge",
+        "--served-model-name", "judge", "--host", "127.0.0.1", "--port", "8101",
+        "--tensor-parallel-size", "2", "--gpu-memory-utilization", "0.9", "--max-model-len", "4096",
+        "--dtype", "bfloat16"]
+    assert judge.env == {"CUDA_VISIBLE_DEVICES": "1,3"} and npc.env == {"CUDA_VISIBLE_DEVICES": "4"}
+    assert judge.health_url == "http://127.0.0.1:8101/health" and "--max-model-len" not in npc.command
+    with pytest.raises(LaunchError, match="needs 1 free GPU.*0 left of 2 free"):
+        vllm_service_specs(configured, ["judge", "npc"], free=[0, 1])
+    with pytest.raises(ConfigError, match="no vllm_servers.big .*configured: empty, judge, npc"):
+        vllm_service_specs(configured, ["big"], free=[0])
+    with pytest.raises(ConfigError, match="vllm_servers.empty.model is empty"):
+        vllm_service_specs(configured, ["empty"], free=[0])
+
+
+FAKE_VLLM_SERVER = """
+import json, os, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+port = int(sys.argv[sys.argv.index("--port") + 1])
+with open(os.environ["FAKE_VLLM_RECORD"], "w") as f:
+    json.dump({"argv": sys.argv[1:], "gpus": os.environ.get("CUDA_VISIBLE_DEVICES")}, f)
+
+class Health(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+HTTPServer(("127.0.0.1", port), Health).serve_forever()
+"""
+
+
+def test_vllm_server_runs_under_the_launcher_and_stops(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launcher's side of --with-vllm; a stand-in `vllm.entrypoints.openai.api_server`
+    module (vLLM itself needs a GPU) records how it was started and answers /health."""
+    import json
+
+    server = tmp_path / "fake" / "vllm" / "entrypoints" / "openai"
+    server.mkdir(parents=True)
+    (server / "api_server.py").write_text(FAKE_VLLM_SERVER)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "fake"))
+    monkeypatch.setenv("FAKE_VLLM_RECORD", str(tmp_path / "record.json"))
+    port = free_port()
+    specs = vllm_service_specs({"judge": VllmServerConfig(model="/m/judge", port=port)}, ["judge"], free=[5])
+    with Launcher(env_services=specs, log_dir=tmp_path / "logs") as launcher:
+        assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
+        pid = launcher.children[0].proc.pid
+    record = json.loads((tmp_path / "record.json").read_text())
+    assert record["gpus"] == "5" and record["argv"][record["argv"].index("--model") + 1] == "/m/judge"
+    assert not pid_alive(pid) and not port_open(port)
+
+
+def test_cli_with_vllm_without_vllm_installed_says_how(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "vllm" else real_find_spec(name, *a))
+    (tmp_path / "agent.py").write_text("")
+    (tmp_path / "train.jsonl").write_text('{"question": "q"}\n')
+    conf = tmp_path / "run.yaml"
+    conf.write_text("workflow: {target: agent.py:W}\ntask_reader: {jsonl: {train_path: train.jsonl}}\n"
+                    "vllm_servers: {judge: {model: /m/judge}}\n")
+    result = CliRunner().invoke(train_cmd.app, ["--conf", str(conf), "--with-vllm", "judge"])
+    assert result.exit_code == 1, result.output
+    assert "--with-vllm needs the vllm package" in result.output and "GPU=1" in result.output
+    assert "Traceback" not in result.output
