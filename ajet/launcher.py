@@ -6,7 +6,8 @@
 
 - Environment services (`env_services.<name>` in the config, started with
   `--with-env NAME`): each command runs in its own process group; the launcher polls its
-  health URL until it answers 2xx (or the process dies, or the timeout passes).
+  health URL until it answers 2xx (or the process dies, or the timeout passes). A service
+  already healthy at its URL is reused, not started, and left running.
 - vLLM servers (`vllm_servers.<name>`, started with `--with-vllm NAME`): the same, running
   vLLM's OpenAI server on GPUs that were free at start (`vllm_service_specs`).
 - Ray: `ray="init"` joins `ray_address` or starts a local Ray inside this process
@@ -195,7 +196,13 @@ class Launcher:
             self._restore_sigterm()
 
     # ------------------------------------------------------------------ env services
-    def start_service(self, name: str, spec: ServiceSpec) -> subprocess.Popen:
+    def start_service(self, name: str, spec: ServiceSpec) -> subprocess.Popen | None:
+        """Start `spec` and wait until it is healthy; None when one is already healthy at its
+        health URL (reused, and left running on exit)."""
+        if spec.health_url and answers_2xx(spec.health_url):
+            log.info("service %s: already healthy at %s; reusing it (it is not stopped on exit)",
+                     name, spec.health_url)
+            return None
         argv = service_argv(spec.command)
         proc = self._spawn(name, argv, cwd=spec.cwd or None, env=spec.env)
         log.info("service %s: started (pid %d): %s", name, proc.pid, shlex.join(argv))
@@ -308,6 +315,15 @@ def stop_process_group(proc: subprocess.Popen, timeout_s: float = 10.0, *, name:
         except subprocess.TimeoutExpired:
             log.warning("%s (pid %d) ignored %s", name or "child", proc.pid, sig.name)
     log.info("%s (pid %d) stopped", name or "child", proc.pid)
+
+
+def answers_2xx(url: str, timeout_s: float = 2.0) -> bool:
+    import httpx
+
+    try:
+        return 200 <= httpx.get(url, timeout=timeout_s).status_code < 300
+    except httpx.HTTPError:
+        return False
 
 
 def wait_healthy(name: str, proc: subprocess.Popen, url: str, timeout_s: float,

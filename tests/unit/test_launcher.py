@@ -305,3 +305,13 @@ def test_cli_with_vllm_without_vllm_installed_says_how(tmp_path: Path, monkeypat
     assert result.exit_code == 1, result.output
     assert "--with-vllm needs the vllm package" in result.output and "GPU=1" in result.output
     assert "Traceback" not in result.output
+
+
+def test_a_service_already_healthy_is_reused_and_left_running(tmp_path: Path) -> None:
+    port = free_port()
+    with Launcher(env_services={"kv": env_server(port)}) as outer:
+        first = outer.children[0].proc
+        with Launcher(env_services={"kv": env_server(port)}, log_dir=tmp_path) as inner:
+            assert inner.children == []  # nothing started: the running one answers /health
+        assert first.poll() is None and port_open(port)  # the inner launcher left it alone
+    assert not port_open(port)
