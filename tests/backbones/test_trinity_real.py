@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("trinity", reason="runs in the trinity environment: make test-trinity")
+pytest.importorskip("trinity", reason="runs in .venv-trinity: make test-trinity (part of make test)")
 
 from vllm_stub import FakeModelWrapper, VllmStub  # noqa: E402
 

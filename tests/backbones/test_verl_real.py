@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("verl", reason="runs in the verl environment: make test-verl")
+pytest.importorskip("verl", reason="runs in .venv-verl: make test-verl (part of make test)")
 
 
 

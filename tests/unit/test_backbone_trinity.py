@@ -172,7 +172,7 @@ def test_translation_variants(tmp_path: Path) -> None:
 
 def test_translation_passes_real_trinity_schema_when_installed(tmp_path: Path) -> None:
     """Runs in the trinity environment (make env-trinity): the real schema and validators."""
-    pytest.importorskip("trinity")
+    pytest.importorskip("trinity", reason="runs in .venv-trinity: make test-trinity (part of make test)")
     from omegaconf import OmegaConf
     from trinity.common.config import Config
 

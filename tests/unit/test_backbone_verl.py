@@ -159,7 +159,7 @@ def test_hydra_overrides_are_key_value_and_quote_what_hydra_would_parse(tmp_path
 
 def test_overrides_compose_with_real_verl_config_when_installed(tmp_path: Path) -> None:
     """Runs in the verl environment (make env-verl): Hydra composes verl's own ppo_trainer."""
-    pytest.importorskip("verl")
+    pytest.importorskip("verl", reason="runs in .venv-verl: make test-verl (part of make test)")
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
 
