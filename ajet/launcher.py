@@ -70,19 +70,28 @@ def service_argv(command: str) -> list[str]:
     return argv
 
 
-def env_service_specs(configured: Mapping[str, Any], names: Sequence[str]) -> dict[str, ServiceSpec]:
-    """The `env_services` entries named by `--with-env`, checked (pure)."""
+def configured_entry(configured: Mapping[str, Any], name: str, option: str, section: str,
+                     required: str, hint: str) -> Any:
+    """`section.name` from the config, which `option NAME` asked for, with its `required`
+    field set (pure); ConfigError otherwise."""
     from ajet.config import ConfigError
 
+    if name not in configured:
+        known = ", ".join(sorted(configured)) or "none"
+        raise ConfigError(f"{option} {name}: the config has no {section}.{name} "
+                          f"(configured: {known}); add {section}.{name}.{required}")
+    entry = configured[name]
+    if not str(getattr(entry, required)).strip():
+        raise ConfigError(f"{section}.{name}.{required} is empty; {hint}")
+    return entry
+
+
+def env_service_specs(configured: Mapping[str, Any], names: Sequence[str]) -> dict[str, ServiceSpec]:
+    """The `env_services` entries named by `--with-env`, checked (pure)."""
     specs: dict[str, ServiceSpec] = {}
     for name in names:
-        if name not in configured:
-            known = ", ".join(sorted(configured)) or "none"
-            raise ConfigError(f"--with-env {name}: the config has no env_services.{name} "
-                              f"(configured: {known}); add env_services.{name}.command")
-        entry = configured[name]
-        if not entry.command.strip():
-            raise ConfigError(f"env_services.{name}.command is empty; set the command that starts it")
+        entry = configured_entry(configured, name, "--with-env", "env_services", "command",
+                                 "set the command that starts it")
         specs[name] = ServiceSpec(command=entry.command, health_url=entry.health_url,
                                   startup_timeout_s=entry.startup_timeout_s, cwd=entry.cwd,
                                   env=dict(entry.env))
@@ -99,13 +108,8 @@ def vllm_service_specs(configured: Mapping[str, Any], names: Sequence[str],
     specs: dict[str, ServiceSpec] = {}
     left = list(free)
     for name in names:
-        if name not in configured:
-            known = ", ".join(sorted(configured)) or "none"
-            raise ConfigError(f"--with-vllm {name}: the config has no vllm_servers.{name} "
-                              f"(configured: {known}); add vllm_servers.{name}.model")
-        entry = configured[name]
-        if not str(entry.model).strip():
-            raise ConfigError(f"vllm_servers.{name}.model is empty; set the checkpoint it serves")
+        entry = configured_entry(configured, name, "--with-vllm", "vllm_servers", "model",
+                                 "set the checkpoint it serves")
         if entry.gpus < 1:
             raise ConfigError(f"vllm_servers.{name}.gpus={entry.gpus}: a vLLM server needs at least one GPU")
         if len(left) < entry.gpus:
