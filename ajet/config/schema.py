@@ -163,6 +163,8 @@ class RolloutConfig:
     max_tokens: int = 256
     # Drop groups whose rewards are all equal (they carry no GRPO signal).
     drop_equal_reward_groups: bool = False
+    # Warn (with the blocking line) when user code blocks the rollout's event loop this long; 0 = off.
+    blocked_loop_warn_s: float = 10.0
 
 
 @dataclass

@@ -128,7 +128,17 @@ class RolloutManager:
         jobs = [
             one(task, episode_id) for task, episode_id in _episode_ids(tasks, n, episode_prefix)
         ]
-        episodes = list(await asyncio.gather(*jobs))
+        watchdog = None
+        if self.config.blocked_loop_warn_s > 0:
+            from ajet.rollout.watchdog import LoopWatchdog
+
+            watchdog = LoopWatchdog(asyncio.get_running_loop(), threshold_s=self.config.blocked_loop_warn_s)
+            watchdog.start()
+        try:
+            episodes = list(await asyncio.gather(*jobs))
+        finally:
+            if watchdog is not None:
+                watchdog.stop()
         ok = [e for e in episodes if e.status == OK]
         dropped: list[str] = []
         if self.config.drop_equal_reward_groups:

@@ -1,0 +1,85 @@
+"""LoopWatchdog: say so, with the line, when user code blocks the rollout's event loop.
+
+Every episode of a rollout, and every episode timeout, runs on one asyncio loop. An async
+`Workflow.execute` that calls blocking code (`time.sleep`, `requests`, a long CPU loop)
+stops all of them until it returns, and `asyncio.wait_for` cannot interrupt it. The
+watchdog cannot either (a running thread cannot be stopped safely); it makes the stall
+visible: a heartbeat scheduled on the loop every `interval_s`, and a thread that, when the
+heartbeat is older than `threshold_s`, logs a WARNING with the loop thread's current stack
+(the blocking line) and the fix. Once per stall; an INFO line when the loop runs again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import threading
+import time
+import traceback
+
+log = logging.getLogger(__name__)
+
+FIX = ("use `await asyncio.sleep(...)` / `await asyncio.to_thread(f, ...)` for blocking calls, "
+       "or write `execute` as a plain `def` (ajet then runs it in a worker thread)")
+
+
+class LoopWatchdog:
+    def __init__(self, loop: asyncio.AbstractEventLoop, *, threshold_s: float = 10.0,
+                 interval_s: float = 0.5) -> None:
+        self.loop = loop
+        self.threshold_s = threshold_s
+        self.interval_s = interval_s
+        self.stalls = 0  # stalls reported
+        self._last = time.monotonic()
+        self._loop_thread: int | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def start(self) -> LoopWatchdog:
+        """Call on the loop's thread (e.g. at the start of a coroutine it runs)."""
+        self._loop_thread = threading.get_ident()
+        self._beat()
+        self._thread = threading.Thread(target=self._watch, name="ajet-loop-watchdog", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Call on the loop's thread (which is therefore running: one last beat)."""
+        self._last = time.monotonic()
+        self._stop.set()
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._thread is not None:
+            self._thread.join(2 * self.interval_s + 1)
+
+    def _beat(self) -> None:
+        self._last = time.monotonic()
+        if not self._stop.is_set():
+            self._timer = self.loop.call_later(self.interval_s, self._beat)
+
+    def _watch(self) -> None:
+        stalled_since: float | None = None
+        while True:
+            stopping = self._stop.wait(self.interval_s)
+            last = self._last
+            if stalled_since is not None and stalled_since != last:  # a beat since: running again
+                log.info("the rollout's event loop runs again (it was blocked %.1f s)",
+                         last - stalled_since - self.interval_s)
+                stalled_since = None
+            if stopping:
+                return
+            late = time.monotonic() - last - self.interval_s  # the next beat was due at last + interval
+            if late > self.threshold_s and stalled_since is None:
+                stalled_since = last
+                self.stalls += 1
+                log.warning("the rollout's event loop has been blocked for %.1f s, so every episode "
+                            "and every episode timeout waits. Blocking code in an async workflow? "
+                            "It is here:\n%s\nTo fix: %s.", late, self._loop_stack(), FIX)
+
+    def _loop_stack(self) -> str:
+        frame = sys._current_frames().get(self._loop_thread or -1)
+        if frame is None:
+            return "  (the loop thread's stack is not available)"
+        return "".join(traceback.format_stack(frame)[-4:]).rstrip()
