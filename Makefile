@@ -43,6 +43,7 @@ bench: install
 	$(PY) scripts/bench_engine.py
 	$(PY) scripts/bench_context.py
 	$(PY) scripts/bench_train.py
+	$(PY) scripts/bench_tool_choice.py
 
 lint: install
 	$(VENV)/bin/ruff check ajet tests scripts tutorial

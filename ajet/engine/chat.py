@@ -247,7 +247,7 @@ def tool_choice_prefix(tool_choice: Any, tools: list[dict[str, Any]] | None) -> 
     """The start of the reply that enforces `tool_choice`, in hermes tool-call markup (pure).
 
     "" for None / "auto" / "none"; `<tool_call>\n{"name": "` for "required" / "any" (the model
-    picks the function); `<tool_call>\n{"name": "NAME", "arguments": ` for a function name or
+    picks the function); `<tool_call>\n{"name": "NAME", "arguments": {` for a function name or
     `{"type": "function", "function": {"name": NAME}}`. It is written exactly as an assistant's
     tool call renders (`_hermes_message`), so the reply continues a prefix of its own rendering.
     Raises ValueError for a choice that names no offered tool, or requires one with none offered.
@@ -265,7 +265,7 @@ def tool_choice_prefix(tool_choice: Any, tools: list[dict[str, Any]] | None) -> 
         name = tool_choice
     if not isinstance(name, str) or name not in names:
         raise ValueError(f"tool_choice={tool_choice!r} names no offered tool; the tools are {names}")
-    return '<tool_call>\n{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": '
+    return '<tool_call>\n{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": {'
 
 
 def _native_message(message: dict[str, Any]) -> dict[str, Any]:

@@ -275,11 +275,11 @@ class EpisodeSession:
 
     def _close_forced_call(self, text: str, parsed: Any) -> Any:
         """A forced tool call the model ended (EOS, stop) without its closing markup is
-        closed: `</tool_call>`, or `}</tool_call>` when the arguments object was the last
-        thing written. What was sampled is recorded unchanged."""
+        closed: `</tool_call>`, with the one or two `}` still open after the arguments. What
+        was sampled is recorded unchanged."""
         if "</tool_call>" in text:
             return parsed
-        for closing in ("\n</tool_call>", "}\n</tool_call>"):
+        for closing in ("\n</tool_call>", "}\n</tool_call>", "}}\n</tool_call>"):
             closed = self.chat_format.parse_completion(text.rstrip() + closing)
             if not closed.malformed_tool_call:
                 return closed

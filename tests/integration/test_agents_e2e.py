@@ -100,7 +100,7 @@ def assert_exact(chat: Any, tracker: Any, received: list[dict[str, Any]]) -> Non
         assert prompt_text.startswith(rendered)
         # a start forced by tool_choice ends the prompt (ajet.engine.chat.tool_choice_prefix)
         forced = prompt_text[len(rendered):]
-        assert forced == "" or re.fullmatch(r'<tool_call>\n\{"name": ("|"[^"]+", "arguments": )', forced), forced
+        assert forced == "" or re.fullmatch(r'<tool_call>\n\{"name": ("|"[^"]+", "arguments": \{)', forced), forced
         generated = forced + chat.decode(strip_eos(chat, call.completion_ids))
         expected = chat.to_openai_message(chat.parse_completion(generated))
         for message in (expected, call.response_message):

@@ -81,7 +81,7 @@ def forced(reply: str, prefix: str) -> str:
     return reply[len(prefix):]
 
 
-NAMED = '<tool_call>\n{"name": "generate_structured_output", "arguments": '  # structured_model's forced start
+NAMED = '<tool_call>\n{"name": "generate_structured_output", "arguments": {'  # structured_model's forced start
 
 
 def test_structured_model_uses_a_tool_and_fills_metadata() -> None:
@@ -94,12 +94,12 @@ def test_structured_model_uses_a_tool_and_fills_metadata() -> None:
 
 
 def test_structured_model_closes_an_unclosed_forced_call() -> None:
-    # the model stops after the arguments (EOS) without `}` and `</tool_call>`: closed for it
-    session, _, tracker, chat = make_session(['{"value": 7}', '{"value": 8}}', "no json here"])
+    # the model stops after the arguments (EOS) without the `}`s and `</tool_call>`: closed for it
+    session, _, tracker, chat = make_session(['"value": 7', '"value": 8}', "no json here"])
     tuner = ModelTuner(session)
     assert asyncio.run(tuner(AS_MESSAGES, structured_model=Answer)).metadata == {"value": 7}
     assert asyncio.run(tuner(AS_MESSAGES, structured_model=Answer)).metadata == {"value": 8}
-    assert chat.decode(tracker.calls[0].completion_ids[:-1]) == '{"value": 7}'  # recorded as sampled
+    assert chat.decode(tracker.calls[0].completion_ids[:-1]) == '"value": 7'  # recorded as sampled
     response = asyncio.run(tuner(AS_MESSAGES, structured_model=Answer))
     assert response.metadata is None and session.stats()["tuner/malformed_tool_calls"] == 1
 

@@ -226,8 +226,8 @@ def test_logprobs_are_asked_at_the_rollout_temperature_whatever_the_request() ->
     [
         ("required", '<tool_call>\n{"name": "'),
         ("any", '<tool_call>\n{"name": "'),
-        ("calc", '<tool_call>\n{"name": "calc", "arguments": '),
-        ({"type": "function", "function": {"name": "calc"}}, '<tool_call>\n{"name": "calc", "arguments": '),
+        ("calc", '<tool_call>\n{"name": "calc", "arguments": {'),
+        ({"type": "function", "function": {"name": "calc"}}, '<tool_call>\n{"name": "calc", "arguments": {'),
     ],
 )
 def test_tool_choice_forces_the_tool_call_markup(tool_choice: object, prefix: str) -> None:

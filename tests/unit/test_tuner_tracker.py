@@ -74,7 +74,7 @@ def test_openai_sdk_tool_loop_extends_one_timeline() -> None:
 
 
 def test_forced_tool_choice_extends_one_timeline_and_trains_only_what_was_sampled() -> None:
-    prefix = '<tool_call>\n{"name": "add", "arguments": '
+    prefix = '<tool_call>\n{"name": "add", "arguments": {'
     session, tracker = real_tracker_session([CALL[len(prefix):], "It is 5."])
     with Gateway() as gateway:
         tuner = ModelTuner(session, gateway=gateway)
