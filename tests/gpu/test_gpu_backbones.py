@@ -1,9 +1,9 @@
 """A few steps of the math tutorial on one GPU with the trinity and verl backbones.
 
-Skipped without CUDA (and without the backbone's package: run them from `.venv-trinity` /
-`.venv-verl`, see docs/backbones.md). Never run on the machines this project was written
-on (no GPU there): they are written to the translated configs and checked against the
-real config schemas, not yet executed.
+Skipped without CUDA, and without the backbone's package and vllm: run them from the GPU
+environments (`make env-trinity GPU=1` / `make env-verl GPU=1`, see docs/backbones.md). Never
+run on the machines this project was written on (no GPU there). tests/backbones runs the
+plugins against the real packages on CPU; these tests are the GPU half, not yet executed.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ def ajet(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 
 def test_trinity_math_tutorial_two_steps_on_one_gpu(tmp_path: Path) -> None:
     pytest.importorskip("trinity")
+    pytest.importorskip("vllm")
     out = ajet(tmp_path, "--backbone=trinity", "trinity.explorer_gpus=1", "trinity.trainer_gpus=0", *SMALL)
     assert out.returncode == 0, out.stderr[-5000:]
     run = tmp_path / "exp" / "math_agent"
@@ -50,6 +51,7 @@ def test_trinity_math_tutorial_two_steps_on_one_gpu(tmp_path: Path) -> None:
 
 def test_verl_math_tutorial_two_steps_on_one_gpu(tmp_path: Path) -> None:
     pytest.importorskip("verl")
+    pytest.importorskip("vllm")
     out = ajet(tmp_path, "--backbone=verl", "verl.n_gpus_per_node=1", "verl.gpu_memory_utilization=0.4", *SMALL)
     assert out.returncode == 0, out.stderr[-5000:]
     ckpts = tmp_path / "exp" / "math_agent" / "verl" / "checkpoints"
