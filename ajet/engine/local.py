@@ -33,7 +33,7 @@ import asyncio
 import logging
 import threading
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -75,6 +75,7 @@ class _Request:
     policy_version: int = 0
     done: bool = False  # result or error delivered
     cancelled: bool = False  # the caller stopped waiting
+    on_token: Callable[[int], None] | None = None  # streaming: called with each sampled token id
 
 
 @dataclass(eq=False)
@@ -149,12 +150,21 @@ class LocalEngine:
         self._thread.start()
 
     # ---------------------------------------------------------------- public API
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> list[Completion]:
-        """Return `params.n` completions of `prompt_ids` (waits while the engine is paused)."""
+    supports_streaming = True  # generate() takes on_token
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, *,
+                       on_token: Callable[[int], None] | None = None) -> list[Completion]:
+        """Return `params.n` completions of `prompt_ids` (waits while the engine is paused).
+
+        `on_token` (n=1 only) is called on the caller's event loop with each token id as it is
+        sampled, before the result is delivered.
+        """
         validate_params(params)
+        if on_token is not None and params.n != 1:
+            raise ValueError(f"on_token streams one completion; n={params.n}")
         ids = self._check_prompt(prompt_ids)
         loop = asyncio.get_running_loop()
-        request = _Request(ids, params, stop_strings(params), loop, loop.create_future())
+        request = _Request(ids, params, stop_strings(params), loop, loop.create_future(), on_token=on_token)
         request.results = [None] * params.n
         with self._cv:
             if self._closed:
@@ -433,6 +443,11 @@ class LocalEngine:
         seq.logprobs.append(choice.logprob)
         self.stats["generated_tokens"] += 1
         request = seq.request
+        if request.on_token is not None:
+            try:  # FIFO on the caller's loop: every token arrives before the result
+                request.loop.call_soon_threadsafe(request.on_token, choice.token_id)
+            except RuntimeError:  # the caller's event loop is closed: nobody is listening
+                request.on_token = None
         if choice.token_id in self.eos_token_ids:
             self._finish(seq, "stop", self._decode(seq.token_ids[:-1]))
             return

@@ -6,11 +6,14 @@ the key routes a request to its `EpisodeSession`, so concurrent episodes never s
 each other's calls, and a key dies when the runner unregisters its episode.
 
 The server is uvicorn on a background thread with its own event loop; sessions run
-their `chat` on that loop (the engine is thread- and loop-safe).
+their `chat` on that loop (the engine is thread- and loop-safe). `stream=true` sends content
+deltas as the engine samples them when it can stream (the local engine), and the whole reply
+in a few chunks otherwise; tool calls come whole at the end.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import secrets
@@ -250,15 +253,16 @@ class Gateway:
             )
         return req
 
-    async def _complete(
-        self, session: EpisodeSession, role: str, req: wire.ChatCompletionRequest
-    ) -> Any:
+    async def _chat(self, session: EpisodeSession, role: str, req: wire.ChatCompletionRequest,
+                    on_text: Any = None) -> Any:
+        """The session's chat call, with its errors as HTTP errors."""
         try:
-            result = await session.chat(
+            return await session.chat(
                 role,
                 req.messages,
                 req.tools,
                 tool_choice=req.tool_choice,
+                on_text=on_text,
                 **req.sampling_overrides(),
             )
         except SessionClosedError as err:
@@ -274,8 +278,13 @@ class Gateway:
         except Exception as err:  # noqa: BLE001 - reported to the client as a 500, and logged
             log.exception("gateway: chat call of episode %s failed", session.episode_id)
             raise _RequestError(500, f"{type(err).__name__}: {err}", "server_error") from err
+
+    async def _complete(
+        self, session: EpisodeSession, role: str, req: wire.ChatCompletionRequest
+    ) -> Any:
         completion_id = wire.new_completion_id()
         if not req.stream:
+            result = await self._chat(session, role, req)
             return JSONResponse(
                 wire.completion_response(
                     result.message,
@@ -285,16 +294,63 @@ class Gateway:
                     completion_id=completion_id,
                 )
             )
-        chunks = wire.stream_chunks(
-            result.message,
-            result.finish_reason,
-            result.usage if req.include_usage else None,
-            model=req.model,
-            completion_id=completion_id,
-        )
+        return await self._stream(session, role, req, completion_id)
+
+    async def _stream(self, session: EpisodeSession, role: str, req: wire.ChatCompletionRequest,
+                      completion_id: str) -> Any:
+        """`stream=true`: content deltas as the engine samples them (`ajet.tuner.streaming`),
+        then the rest of the reply (tool calls, finish, usage) when it is done. An error before
+        the first delta is an HTTP error, as without streaming; after it, an SSE error event."""
+        created = int(time.time())
+        deltas: asyncio.Queue[str] = asyncio.Queue()
+        call = asyncio.ensure_future(self._chat(session, role, req, on_text=deltas.put_nowait))
+        first = asyncio.ensure_future(deltas.get())
+        await asyncio.wait({call, first}, return_when=asyncio.FIRST_COMPLETED)
+
+        def finished(sent: str, with_role: bool) -> list[str]:
+            try:
+                result = call.result()
+            except _RequestError as err:
+                return [wire.sse(wire.error_body(err.message, err.type_, err.code)), wire.SSE_DONE]
+            return wire.sse_lines(wire.stream_chunks(
+                result.message, result.finish_reason, result.usage if req.include_usage else None,
+                model=req.model, completion_id=completion_id, sent=sent, with_role=with_role,
+                created=created))
+
+        if not first.done():  # finished without a delta (e.g. a tool call): all at once
+            first.cancel()
+            if call.exception() is not None:
+                raise call.exception()
+            lines = finished("", with_role=True)
+
+            async def whole() -> Any:
+                for line in lines:
+                    yield line
+
+            return StreamingResponse(whole(), media_type="text/event-stream")
+
+        def content(delta: str) -> str:
+            return wire.sse(wire.stream_chunk({"content": delta}, model=req.model,
+                                              completion_id=completion_id, created=created))
 
         async def events() -> Any:
-            for line in wire.sse_lines(chunks):
+            sent = first.result()
+            yield wire.sse(wire.stream_chunk({"role": "assistant", "content": ""}, model=req.model,
+                                             completion_id=completion_id, created=created))
+            yield content(sent)
+            while True:
+                getter = asyncio.ensure_future(deltas.get())
+                await asyncio.wait({call, getter}, return_when=asyncio.FIRST_COMPLETED)
+                if not getter.done():
+                    getter.cancel()
+                    break
+                sent += getter.result()
+                yield content(getter.result())
+            while not deltas.empty():  # tokens that arrived with the result
+                delta = deltas.get_nowait()
+                sent += delta
+                yield content(delta)
+            for line in finished(sent, with_role=False):
                 yield line
 
         return StreamingResponse(events(), media_type="text/event-stream")

@@ -99,6 +99,18 @@ def completion_response(
     }
 
 
+def stream_chunk(delta: dict[str, Any], finish: str | None = None, *, model: str, completion_id: str,
+                 created: int) -> dict[str, Any]:
+    """One `chat.completion.chunk`."""
+    return {
+        "id": completion_id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
+    }
+
+
 def stream_chunks(
     message: dict[str, Any],
     finish_reason: str,
@@ -106,28 +118,27 @@ def stream_chunks(
     *,
     model: str,
     completion_id: str,
+    sent: str = "",
+    with_role: bool = True,
+    created: int | None = None,
 ) -> list[dict[str, Any]]:
-    """The `chat.completion.chunk` objects of one reply, in order.
+    """The `chat.completion.chunk` objects of a finished reply, in order: the role (unless
+    already sent), the content not yet `sent` as deltas, one chunk per tool call, the finish.
 
-    The engine hands over a finished completion, so the reply is streamed in a few
-    chunks (role, content, one per tool call, finish) rather than token by token.
     With `usage` (stream_options.include_usage), a last chunk with empty choices
     carries it, as OpenAI does.
     """
-    created = int(time.time())
+    from ajet.tuner.streaming import rest
+
+    created = int(time.time()) if created is None else created
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-        return {
-            "id": completion_id,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
-        }
+        return stream_chunk(delta, finish, model=model, completion_id=completion_id, created=created)
 
-    chunks = [chunk({"role": "assistant", "content": ""})]
-    if message.get("content"):
-        chunks.append(chunk({"content": message["content"]}))
+    chunks = [chunk({"role": "assistant", "content": ""})] if with_role else []
+    remainder = rest(sent, message.get("content") or "")
+    if remainder:
+        chunks.append(chunk({"content": remainder}))
     for index, call in enumerate(message.get("tool_calls") or []):
         function = call.get("function", {})
         chunks.append(
@@ -162,9 +173,16 @@ def stream_chunks(
     return chunks
 
 
+def sse(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
 def sse_lines(chunks: list[dict[str, Any]]) -> list[str]:
     """Server-sent events for the chunks, ending with `data: [DONE]`."""
-    return [f"data: {json.dumps(c, ensure_ascii=False)}\n\n" for c in chunks] + ["data: [DONE]\n\n"]
+    return [sse(c) for c in chunks] + [SSE_DONE]
 
 
 def models_response(created: int) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -232,6 +233,7 @@ class EpisodeSession:
         tools: list[dict] | None = None,
         *,
         tool_choice: str | dict | None = None,
+        on_text: Callable[[str], None] | None = None,
         **sampling_overrides: Any,
     ) -> ChatResult:
         """One chat call: prompt through the tracker, budget, sample, parse, record.
@@ -240,6 +242,8 @@ class EpisodeSession:
         "required" / "any" / a function name start the reply with the tool-call markup
         (`ajet.engine.chat.tool_choice_prefix`): the model writes the rest. The forced start
         is part of the prompt, so it is context, not trained.
+        `on_text` receives content deltas while the reply is generated, when the engine can
+        stream and no tool call is forced (`ajet.tuner.streaming`).
         """
         self._check_open()
         if not isinstance(messages, list) or not messages:
@@ -256,8 +260,13 @@ class EpisodeSession:
         requested = params.max_tokens
         params.max_tokens = self._budget(len(prompt_ids), requested)
         capped = params.max_tokens < requested
+        streaming: dict[str, Any] = {}
+        if on_text is not None and not prefix and getattr(self.engine, "supports_streaming", False):
+            from ajet.tuner.streaming import TextStream
+
+            streaming["on_token"] = TextStream(self.chat_format, params.stop, on_text).push
         try:
-            completions = await self.engine.generate(list(prompt_ids), params)
+            completions = await self.engine.generate(list(prompt_ids), params, **streaming)
         except ValueError:  # the engine rejected this request (e.g. prompt too long)
             self._count_failure()
             raise

@@ -384,3 +384,20 @@ def test_react_agent_with_structured_output_finishes(stack: dict[str, Any]) -> N
     )  # max_iters reasoning calls, plus a summary if none finished
     assert_exact(stack["chat"], tracker, [c.response_message for c in tracker.calls])
     assert tracker.calls[0].tools[0]["function"]["name"] == "generate_response"
+
+
+def test_openai_stream_on_the_local_engine_is_token_by_token_and_exact(stack: dict[str, Any]) -> None:
+    tuner, tracker = open_episode(stack, "openai-stream-e0")
+
+    async def agent() -> list[str]:
+        stream = await tuner.openai_client().chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": "Describe the sea in two sentences."}],
+            stream=True, max_tokens=40, temperature=0.8, seed=3)
+        return [c.choices[0].delta.content async for c in stream if c.choices and c.choices[0].delta.content]
+
+    deltas = asyncio.run(agent())
+    tuner.close()
+    (call,) = tracker.calls
+    assert len(deltas) > 3  # streamed as it was sampled, not in one piece
+    assert "".join(deltas) == call.response_message["content"]
+    assert_exact(stack["chat"], tracker, [call.response_message])

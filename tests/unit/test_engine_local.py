@@ -426,3 +426,25 @@ def test_close_fails_waiting_requests(peaky):
     assert len(errors) == 1
     with pytest.raises(EngineClosedError):
         asyncio.run(eng.generate([1, 2, 3], SamplingParams()))
+
+
+def test_on_token_streams_every_token_before_the_result(engine, peaky):
+    _, tokenizer = peaky
+    prompt_a, prompt_b = prompts(tokenizer, 2)
+
+    async def run():
+        streamed: list[int] = []
+        seen_at_result: list[int] = []
+        task = asyncio.ensure_future(
+            engine.generate(prompt_a, SamplingParams(temperature=0.8, max_tokens=12, seed=1),
+                            on_token=streamed.append))
+        task.add_done_callback(lambda _: seen_at_result.append(len(streamed)))
+        other = engine.generate(prompt_b, SamplingParams(temperature=0, max_tokens=12))  # batched beside it
+        (completion,), _ = await asyncio.gather(task, other)
+        return completion, streamed, seen_at_result
+
+    completion, streamed, seen_at_result = asyncio.run(run())
+    assert streamed == completion.token_ids and len(streamed) >= 2
+    assert seen_at_result == [len(completion.token_ids)]  # all tokens arrived before the result
+    with pytest.raises(ValueError, match="on_token streams one completion"):
+        asyncio.run(engine.generate(prompt_a, SamplingParams(n=2, max_tokens=2), on_token=print))

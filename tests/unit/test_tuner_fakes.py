@@ -186,6 +186,20 @@ class FakeEngine:
         return self.bump_version()
 
 
+class StreamingFakeEngine(FakeEngine):
+    """FakeEngine that also streams: `on_token` gets each token id, one loop turn apart."""
+
+    supports_streaming = True
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, *,
+                       on_token: Callable[[int], None] | None = None) -> list[Completion]:
+        [completion] = await super().generate(prompt_ids, params)
+        for token_id in completion.token_ids if on_token is not None else []:
+            on_token(token_id)
+            await asyncio.sleep(0.001)
+        return [completion]
+
+
 def make_session(
     script: list[str] | Callable[[str], str] = (),
     *,
@@ -195,11 +209,13 @@ def make_session(
     context: ContextConfig | None = None,
     model_max_len: int = 4096,
     delay_s: float = 0.0,
+    streaming: bool = False,
 ):
     from ajet.tuner import EpisodeSession
 
     chat = FakeChat()
-    engine = FakeEngine(chat, script if callable(script) else list(script), delay_s=delay_s)
+    engine_cls = StreamingFakeEngine if streaming else FakeEngine
+    engine = engine_cls(chat, script if callable(script) else list(script), delay_s=delay_s)
     tracker = FakeTracker(chat)
     session = EpisodeSession(
         episode_id,
