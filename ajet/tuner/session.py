@@ -286,12 +286,18 @@ class EpisodeSession:
         """A forced tool call the model ended (EOS, stop) without its closing markup is
         closed: `</tool_call>`, with the one or two `}` still open after the arguments. What
         was sampled is recorded unchanged."""
-        if "</tool_call>" in text:
+        import json
+
+        if "</tool_call>" in text or "<tool_call>" not in text:
             return parsed
-        for closing in ("\n</tool_call>", "}\n</tool_call>", "}}\n</tool_call>"):
-            closed = self.chat_format.parse_completion(text.rstrip() + closing)
-            if not closed.malformed_tool_call:
-                return closed
+        body = text[text.rindex("<tool_call>") + len("<tool_call>"):].rstrip()
+        for braces in ("", "}", "}}"):
+            try:  # checked quietly first: only a closing that parses is handed to the parser
+                json.loads(body + braces)
+            except json.JSONDecodeError:
+                continue
+            closed = self.chat_format.parse_completion(text.rstrip() + braces + "\n</tool_call>")
+            return parsed if closed.malformed_tool_call else closed
         return parsed
 
     def _count_failure(self) -> None:
