@@ -35,10 +35,17 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ajet.engine.base import Completion, SamplingParams
+from ajet.engine.requests import (  # noqa: F401 - the errors and prefill_groups are part of this module's API
+    EngineClosedError,
+    PromptTooLongError,
+    Request,
+    RunningSequence,
+    default_eos,
+    prefill_groups,
+)
 from ajet.engine.sampling import (
     TokenChoice,
     choose_token,
@@ -54,40 +61,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from ajet.engine.kv import BatchKV
 
 log = logging.getLogger(__name__)
-
-
-class PromptTooLongError(ValueError):
-    """The prompt does not fit the engine's `max_model_len`."""
-
-
-class EngineClosedError(RuntimeError):
-    """The engine was closed before (or while) serving the request."""
-
-
-@dataclass(eq=False)
-class _Request:
-    prompt_ids: list[int]
-    params: SamplingParams
-    stops: list[str]
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future
-    results: list[Completion | None] = field(default_factory=list)
-    policy_version: int = 0
-    done: bool = False  # result or error delivered
-    cancelled: bool = False  # the caller stopped waiting
-    on_token: Callable[[int], None] | None = None  # streaming: called with each sampled token id
-
-
-@dataclass(eq=False)
-class _Sequence:
-    request: _Request
-    index: int  # which of the request's n completions
-    generator: Any  # torch.Generator
-    position: int  # tokens of this sequence in the KV cache = position id of the next input
-    budget: int  # most tokens it may generate
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    finished: bool = False
 
 
 class LocalEngine:
@@ -125,7 +98,7 @@ class LocalEngine:
                 "context, which is exact only while sequences are shorter than the window"
             )
         if eos_token_ids is None:
-            self.eos_token_ids = _default_eos(model, tokenizer)
+            self.eos_token_ids = default_eos(model, tokenizer)
             if not self.eos_token_ids:
                 raise ValueError("no EOS token id found; pass eos_token_ids=[...] to LocalEngine")
         else:
@@ -140,8 +113,8 @@ class LocalEngine:
             "max_batch": 0,
         }
         self._cv = threading.Condition()
-        self._pending: deque[_Request] = deque()
-        self._active: list[_Sequence] = []  # row i of the KV cache is self._active[i]
+        self._pending: deque[Request] = deque()
+        self._active: list[RunningSequence] = []  # row i of the KV cache is self._active[i]
         self._kv: BatchKV | None = None
         self._pause_depth = 0
         self._is_paused = False
@@ -164,7 +137,7 @@ class LocalEngine:
             raise ValueError(f"on_token streams one completion; n={params.n}")
         ids = self._check_prompt(prompt_ids)
         loop = asyncio.get_running_loop()
-        request = _Request(ids, params, stop_strings(params), loop, loop.create_future(), on_token=on_token)
+        request = Request(ids, params, stop_strings(params), loop, loop.create_future(), on_token=on_token)
         request.results = [None] * params.n
         with self._cv:
             if self._closed:
@@ -299,7 +272,7 @@ class LocalEngine:
 
     def _admit(self) -> None:
         """Prefill waiting requests while there is room, then join them to the batch."""
-        taken: list[_Request] = []
+        taken: list[Request] = []
         with self._cv:
             room = self.max_batch_size - len(self._active)
             while self._pending:
@@ -310,7 +283,7 @@ class LocalEngine:
                 if not request.cancelled:
                     taken.append(request)
                     room -= request.params.n
-        joining: list[tuple[_Sequence, list]] = []
+        joining: list[tuple[RunningSequence, list]] = []
         for group in prefill_groups([len(r.prompt_ids) for r in taken]):
             requests = [taken[i] for i in group]
             try:
@@ -331,11 +304,11 @@ class LocalEngine:
         if joining:
             self._join(joining)
 
-    def _fail_prefill(self, request: _Request, error: BaseException) -> None:
+    def _fail_prefill(self, request: Request, error: BaseException) -> None:
         log.warning("request failed in prefill: %s: %s", type(error).__name__, error)
         self._deliver(request, error=error)
 
-    def _prefill(self, requests: list[_Request]) -> list[tuple[_Sequence, list]]:
+    def _prefill(self, requests: list[Request]) -> list[tuple[RunningSequence, list]]:
         """One forward over the prompts (left-padded when several); sample each first token."""
         import torch
         from transformers import DynamicCache
@@ -376,8 +349,8 @@ class LocalEngine:
         return joining
 
     def _start_sequences(
-        self, request: _Request, logits: Any, row_kv: list
-    ) -> list[tuple[_Sequence, list]]:
+        self, request: Request, logits: Any, row_kv: list
+    ) -> list[tuple[RunningSequence, list]]:
         """Sample the first token of each of the request's n completions from the prefill logits."""
         params = request.params
         request.policy_version = self.policy_version
@@ -385,13 +358,13 @@ class LocalEngine:
         budget = min(params.max_tokens, self.max_model_len - prompt_len)
         joining = []
         for index in range(params.n):
-            seq = _Sequence(request, index, make_generator(params.seed, index), prompt_len, budget)
+            seq = RunningSequence(request, index, make_generator(params.seed, index), prompt_len, budget)
             self._accept(seq, choose_token(logits, params, seq.generator))
             if not seq.finished:
                 joining.append((seq, row_kv))
         return joining
 
-    def _join(self, joining: list[tuple[_Sequence, list]]) -> None:
+    def _join(self, joining: list[tuple[RunningSequence, list]]) -> None:
         from ajet.engine.kv import BatchKV
 
         rows = [layers_kv for _, layers_kv in joining]
@@ -437,7 +410,7 @@ class LocalEngine:
             self._accept(seq, choice)
         self._retire()
 
-    def _accept(self, seq: _Sequence, choice: TokenChoice) -> None:
+    def _accept(self, seq: RunningSequence, choice: TokenChoice) -> None:
         """Append a sampled token; finish the sequence on EOS, a stop string or its budget."""
         seq.token_ids.append(choice.token_id)
         seq.logprobs.append(choice.logprob)
@@ -460,7 +433,7 @@ class LocalEngine:
         if len(seq.token_ids) >= seq.budget:
             self._finish(seq, "length", self._decode(seq.token_ids))
 
-    def _finish(self, seq: _Sequence, reason: str, text: str) -> None:
+    def _finish(self, seq: RunningSequence, reason: str, text: str) -> None:
         seq.finished = True
         request = seq.request
         request.results[seq.index] = Completion(
@@ -489,7 +462,7 @@ class LocalEngine:
         self._active = [self._active[row] for row in order]
 
     def _deliver(
-        self, request: _Request, result: Any = None, error: BaseException | None = None
+        self, request: Request, result: Any = None, error: BaseException | None = None
     ) -> None:
         if request.done:
             return
@@ -532,43 +505,3 @@ class LocalEngine:
     @property
     def _dtype(self) -> torch.dtype:
         return self.model.get_input_embeddings().weight.dtype
-
-
-def prefill_groups(
-    lengths: list[int], max_padding: float = 0.25, max_tokens: int = 8192
-) -> list[list[int]]:
-    """Group prompts (by index) for batched prefill: similar lengths together, so that left
-    padding adds at most `max_padding` of the group's real tokens, and no group forwards
-    more than `max_tokens` (padded) tokens. A prompt longer than that is prefilled alone.
-
-    Measured (bundled model, 1 thread, 16 chat prompts of ~38 tokens): one forward for all 16
-    took 1.7 s CPU, one forward each 3.0 s.
-    """
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    groups: list[list[int]] = []
-    group: list[int] = []
-    real = 0
-    for i in order:
-        width = lengths[i]  # sorted: the newcomer is the widest
-        padded = width * (len(group) + 1)
-        if group and (padded > (1 + max_padding) * (real + width) or padded > max_tokens):
-            groups.append(group)
-            group, real = [], 0
-        group.append(i)
-        real += width
-    if group:
-        groups.append(group)
-    return groups
-
-
-def _default_eos(model: Any, tokenizer: Any) -> set[int]:
-    ids: set[int] = set()
-    for value in (
-        getattr(tokenizer, "eos_token_id", None),
-        getattr(getattr(model, "generation_config", None), "eos_token_id", None),
-    ):
-        if isinstance(value, int):
-            ids.add(value)
-        elif isinstance(value, (list, tuple)):
-            ids.update(int(v) for v in value)
-    return ids

@@ -1,0 +1,85 @@
+"""What the local engine schedules: requests, the running sequences of their completions, how
+requests are grouped for a batched prefill, and the engine's errors (see ajet/engine/local.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ajet.engine.base import Completion, SamplingParams
+
+
+class PromptTooLongError(ValueError):
+    """The prompt does not fit the engine's `max_model_len`."""
+
+
+class EngineClosedError(RuntimeError):
+    """The engine was closed before (or while) serving the request."""
+
+
+@dataclass(eq=False)
+class Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+    stops: list[str]
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+    results: list[Completion | None] = field(default_factory=list)
+    policy_version: int = 0
+    done: bool = False  # result or error delivered
+    cancelled: bool = False  # the caller stopped waiting
+    on_token: Callable[[int], None] | None = None  # streaming: called with each sampled token id
+
+
+@dataclass(eq=False)
+class RunningSequence:
+    request: Request
+    index: int  # which of the request's n completions
+    generator: Any  # torch.Generator
+    position: int  # tokens of this sequence in the KV cache = position id of the next input
+    budget: int  # most tokens it may generate
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finished: bool = False
+
+
+def prefill_groups(
+    lengths: list[int], max_padding: float = 0.25, max_tokens: int = 8192
+) -> list[list[int]]:
+    """Group prompts (by index) for batched prefill: similar lengths together, so that left
+    padding adds at most `max_padding` of the group's real tokens, and no group forwards
+    more than `max_tokens` (padded) tokens. A prompt longer than that is prefilled alone.
+
+    Measured (bundled model, 1 thread, 16 chat prompts of ~38 tokens): one forward for all 16
+    took 1.7 s CPU, one forward each 3.0 s.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    groups: list[list[int]] = []
+    group: list[int] = []
+    real = 0
+    for i in order:
+        width = lengths[i]  # sorted: the newcomer is the widest
+        padded = width * (len(group) + 1)
+        if group and (padded > (1 + max_padding) * (real + width) or padded > max_tokens):
+            groups.append(group)
+            group, real = [], 0
+        group.append(i)
+        real += width
+    if group:
+        groups.append(group)
+    return groups
+
+
+def default_eos(model: Any, tokenizer: Any) -> set[int]:
+    ids: set[int] = set()
+    for value in (
+        getattr(tokenizer, "eos_token_id", None),
+        getattr(getattr(model, "generation_config", None), "eos_token_id", None),
+    ):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value)
+    return ids
