@@ -127,9 +127,16 @@ def dump_yaml(data: Any) -> str:
     return yaml.dump(data, Dumper=NoAliases, sort_keys=False, default_flow_style=False, allow_unicode=True)
 
 
-def first_trained(loss_mask: list[int]) -> int:
-    """Index of the first trained token, or -1 (pure)."""
-    for i, m in enumerate(loss_mask):
+def first_trained(sample: Any) -> int:
+    """Where a sample's response starts for the GPU backbones: the index of its first trained
+    token, or -1 without one (pure). Raises ValueError when its per-token lists differ in length."""
+    n = len(sample.input_ids)
+    if len(sample.loss_mask) != n or len(sample.old_logprobs) != n:
+        raise ValueError(
+            f"sample of episode {sample.episode_id!r}: input_ids ({n}), loss_mask "
+            f"({len(sample.loss_mask)}) and old_logprobs ({len(sample.old_logprobs)}) differ in length"
+        )
+    for i, m in enumerate(sample.loss_mask):
         if m:
             return i
     return -1

@@ -24,13 +24,7 @@ from ajet.workflow import WorkflowTask
 def sample_to_experience_fields(sample: Sample, *, step: int = 0) -> dict[str, Any] | None:
     """Keyword arguments for `trinity.common.experience.Experience(**fields)` (lists, not
     tensors; Experience converts them), or None for a sample without trained tokens."""
-    n = len(sample.input_ids)
-    if len(sample.loss_mask) != n or len(sample.old_logprobs) != n:
-        raise ValueError(
-            f"sample of episode {sample.episode_id!r}: input_ids ({n}), loss_mask "
-            f"({len(sample.loss_mask)}) and old_logprobs ({len(sample.old_logprobs)}) differ in length"
-        )
-    start = first_trained(sample.loss_mask)
+    start = first_trained(sample)
     if start <= 0:  # no trained token (or a sample without a prompt, which cannot happen)
         return None
     return {

@@ -33,13 +33,7 @@ class SampleTooLongError(ValueError):
 
 def split_sample(sample: Sample) -> int:
     """The prompt length: index of the first trained token (pure)."""
-    n = len(sample.input_ids)
-    if len(sample.loss_mask) != n or len(sample.old_logprobs) != n:
-        raise ValueError(
-            f"sample of episode {sample.episode_id!r}: input_ids ({n}), loss_mask "
-            f"({len(sample.loss_mask)}) and old_logprobs ({len(sample.old_logprobs)}) differ in length"
-        )
-    start = first_trained(sample.loss_mask)
+    start = first_trained(sample)
     if start <= 0:
         raise ValueError(f"sample of episode {sample.episode_id!r} has no trained token after a prompt")
     return start
