@@ -75,3 +75,23 @@ def two_calls_conf(tmp_path: Path, tiny_model_dir: Path) -> Path:
     conf.write_text(f"model: {{path: {tiny_model_dir}}}\nworkflow: {{target: agent.py:TwoCalls}}\n"
                     "task_reader: {jsonl: {train_path: train.jsonl}}\nrollout: {max_tokens: 6, n: 2}\n")
     return conf
+
+
+@pytest.fixture()
+def stub_run_conf(tmp_path: Path):
+    """`stub_run_conf(body="")` writes tmp_path/run.yaml whose model, workflow and data only
+    exist (enough for --dry-run, the backbone checks and the drivers' `prepare`); `body` adds
+    YAML lines. Returns its path."""
+
+    def write(body: str = "") -> Path:
+        model = tmp_path / "model"
+        model.mkdir(exist_ok=True)
+        (model / "config.json").write_text("{}")
+        (tmp_path / "agent.py").write_text("")
+        (tmp_path / "train.jsonl").write_text('{"question": "q"}\n')
+        path = tmp_path / "run.yaml"
+        path.write_text(f"model: {{path: {model}}}\nworkflow: {{target: agent.py:W}}\n"
+                        f"task_reader: {{jsonl: {{train_path: train.jsonl}}}}\n" + body)
+        return path
+
+    return write

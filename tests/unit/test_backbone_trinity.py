@@ -5,6 +5,7 @@ request/response handling, and the CLI dry-run / no-GPU paths."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -268,22 +269,10 @@ def test_completions_engine_request_and_parse() -> None:
 
 
 # ---------------------------------------------------------------------- CLI
-def cli_conf(tmp_path: Path, body: str = "") -> Path:
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text("{}")
-    (tmp_path / "agent.py").write_text("")
-    (tmp_path / "train.jsonl").write_text('{"question": "q"}\n')
-    path = tmp_path / "run.yaml"
-    path.write_text(f"model: {{path: {model}}}\nworkflow: {{target: agent.py:W}}\n"
-                    f"task_reader: {{jsonl: {{train_path: train.jsonl}}}}\n" + body)
-    return path
-
-
-def test_cli_dry_run_prints_translated_trinity_config(tmp_path: Path) -> None:
+def test_cli_dry_run_prints_translated_trinity_config(tmp_path: Path, stub_run_conf: Callable[..., Path]) -> None:
     import yaml
 
-    conf = cli_conf(tmp_path)
+    conf = stub_run_conf()
     result = CliRunner().invoke(train_cmd.app, ["--conf", str(conf), "--backbone=trinity", "--dry-run",
                                                 "rollout.n=3"])
     assert result.exit_code == 0, result.output
@@ -293,33 +282,33 @@ def test_cli_dry_run_prints_translated_trinity_config(tmp_path: Path) -> None:
     assert translated["model"]["model_path"] == str(tmp_path / "model")
 
 
-def test_cli_dry_run_refuses_verl_settings(tmp_path: Path) -> None:
-    conf = cli_conf(tmp_path, "verl: {nnodes: 2}\n")
+def test_cli_dry_run_refuses_verl_settings(tmp_path: Path, stub_run_conf: Callable[..., Path]) -> None:
+    conf = stub_run_conf("verl: {nnodes: 2}\n")
     result = CliRunner().invoke(train_cmd.app, ["--conf", str(conf), "--backbone=trinity", "--dry-run"])
     assert result.exit_code == 2
     assert "verl.nnodes" in result.output and "--backbone=trinity" in result.output
     assert "Traceback" not in result.output
 
 
-def test_cli_without_gpu_says_to_use_debug(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_without_gpu_says_to_use_debug(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stub_run_conf: Callable[..., Path]) -> None:
     import ajet.launcher
 
     monkeypatch.setattr(ajet.launcher, "query_gpus", lambda: [])
-    conf = cli_conf(tmp_path)
+    conf = stub_run_conf()
     result = CliRunner().invoke(train_cmd.app, ["--conf", str(conf), "--backbone=trinity"])
     assert result.exit_code == 1
     assert "needs NVIDIA GPUs" in result.output and "--backbone=debug" in result.output
     assert "Traceback" not in result.output and isinstance(result.exception, SystemExit)
 
 
-def test_prepare_writes_what_trinity_reads(tmp_path: Path) -> None:
+def test_prepare_writes_what_trinity_reads(tmp_path: Path, stub_run_conf: Callable[..., Path]) -> None:
     import yaml
 
     from ajet.backbones.trinity.driver import prepare
     from ajet.cli.common import UserError
     from ajet.config import load_config
 
-    conf = cli_conf(tmp_path, "trainer: {val_every: 1}\n")
+    conf = stub_run_conf("trainer: {val_every: 1}\n")
     (tmp_path / "train.jsonl").write_text("".join(json.dumps({"task_id": f"t{i}", "question": f"q{i}"}) + "\n"
                                                   for i in range(4)))
     cfg = load_config(conf, [f"project.exp_dir={tmp_path / 'exp'}", "task_reader.val_fraction=0.5"])
@@ -374,7 +363,7 @@ def test_episode_runtime_turns_an_episode_into_experiences(two_calls_conf: Path)
     assert sum(e - s for s, e in samples[0].segments) == sum(f["action_mask"]) <= sum(e - s for s, e in calls)
 
 
-def test_cli_with_gpu_but_without_packages_names_the_gpu_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_with_gpu_but_without_packages_names_the_gpu_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stub_run_conf: Callable[..., Path]) -> None:
     import importlib.util
 
     import ajet.launcher
@@ -383,7 +372,7 @@ def test_cli_with_gpu_but_without_packages_names_the_gpu_extra(tmp_path: Path, m
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name in ("trinity", "vllm") else real_find_spec(name, *a))
-    result = CliRunner().invoke(train_cmd.app, ["--conf", str(cli_conf(tmp_path)), "--backbone=trinity"])
+    result = CliRunner().invoke(train_cmd.app, ["--conf", str(stub_run_conf()), "--backbone=trinity"])
     assert result.exit_code == 1, result.output  # like the no-GPU case: this machine, not the config
     assert "'trinity' and 'vllm' packages" in result.output
     assert "ajet[trinity-gpu]" in result.output and "make env-trinity GPU=1" in result.output

@@ -4,6 +4,7 @@ conversions, and the CLI dry-run."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -271,22 +272,10 @@ def test_engine_conversions() -> None:
         token_output_to_completion([5], None, "completed", max_tokens=3, eos_token_ids=eos, policy_version=0)
 
 
-def cli_conf(tmp_path: Path, body: str = "") -> Path:
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text("{}")
-    (tmp_path / "agent.py").write_text("")
-    (tmp_path / "train.jsonl").write_text('{"question": "q"}\n')
-    path = tmp_path / "run.yaml"
-    path.write_text(f"model: {{path: {model}}}\nworkflow: {{target: agent.py:W}}\n"
-                    f"task_reader: {{jsonl: {{train_path: train.jsonl}}}}\n" + body)
-    return path
-
-
-def test_cli_dry_run_prints_translated_verl_overrides(tmp_path: Path) -> None:
+def test_cli_dry_run_prints_translated_verl_overrides(tmp_path: Path, stub_run_conf: Callable[..., Path]) -> None:
     import yaml
 
-    conf = cli_conf(tmp_path)
+    conf = stub_run_conf()
     result = CliRunner().invoke(train_cmd.app, ["--conf", str(conf), "--backbone=verl", "--dry-run",
                                                 "algorithm.name=rloo"])
     assert result.exit_code == 0, result.output
@@ -296,25 +285,25 @@ def test_cli_dry_run_prints_translated_verl_overrides(tmp_path: Path) -> None:
     assert translated["actor_rollout_ref"]["model"]["path"] == str(tmp_path / "model")
 
 
-def test_cli_dry_run_refuses_untranslated_settings(tmp_path: Path) -> None:
-    conf = cli_conf(tmp_path, "context: {merge: false}\ntrinity: {sync_interval: 4}\n")
+def test_cli_dry_run_refuses_untranslated_settings(tmp_path: Path, stub_run_conf: Callable[..., Path]) -> None:
+    conf = stub_run_conf("context: {merge: false}\ntrinity: {sync_interval: 4}\n")
     result = CliRunner().invoke(train_cmd.app, ["--conf", str(conf), "--backbone=verl", "--dry-run"])
     assert result.exit_code == 2
     assert "context.merge" in result.output and "trinity.sync_interval" in result.output
     assert "Traceback" not in result.output
 
 
-def test_cli_without_gpu_says_to_use_debug(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_without_gpu_says_to_use_debug(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stub_run_conf: Callable[..., Path]) -> None:
     import ajet.launcher
 
     monkeypatch.setattr(ajet.launcher, "query_gpus", lambda: [])
-    result = CliRunner().invoke(train_cmd.app, ["--conf", str(cli_conf(tmp_path)), "--backbone=verl"])
+    result = CliRunner().invoke(train_cmd.app, ["--conf", str(stub_run_conf()), "--backbone=verl"])
     assert result.exit_code == 1
     assert "needs NVIDIA GPUs" in result.output and "--backbone=debug" in result.output
     assert isinstance(result.exception, SystemExit)
 
 
-def test_prepare_writes_what_verl_reads(tmp_path: Path) -> None:
+def test_prepare_writes_what_verl_reads(tmp_path: Path, stub_run_conf: Callable[..., Path]) -> None:
     import json
 
     import pyarrow.parquet as pq
@@ -324,7 +313,7 @@ def test_prepare_writes_what_verl_reads(tmp_path: Path) -> None:
     from ajet.cli.common import UserError
     from ajet.config import load_config
 
-    conf = cli_conf(tmp_path)
+    conf = stub_run_conf()
     (tmp_path / "train.jsonl").write_text("".join(json.dumps({"task_id": f"t{i}", "question": f"q{i}"}) + "\n"
                                                   for i in range(3)))
     cfg = load_config(conf, [f"project.exp_dir={tmp_path / 'exp'}"])

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -178,18 +179,11 @@ def test_cli_with_env_unknown_name_exits_2(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration  # two real CLI processes (torch import): slow on a loaded machine
-def test_real_cli_without_gpu_has_no_traceback(tmp_path: Path) -> None:
+def test_real_cli_without_gpu_has_no_traceback(stub_run_conf: Callable[..., Path]) -> None:
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text("{}")
-    (tmp_path / "agent.py").write_text("")
-    (tmp_path / "train.jsonl").write_text('{"question": "q"}\n')
-    conf = tmp_path / "run.yaml"
-    conf.write_text(f"model: {{path: {model}}}\nworkflow: {{target: agent.py:W}}\n"
-                    "task_reader: {jsonl: {train_path: train.jsonl}}\n")
+    conf = stub_run_conf()
     for backbone in ("trinity", "verl"):
         out = subprocess.run([sys.executable, "-m", "ajet.cli.main", "--conf", str(conf), f"--backbone={backbone}"],
                              capture_output=True, text=True, timeout=120)
