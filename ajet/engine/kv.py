@@ -138,6 +138,17 @@ class BatchKV:
         mask.masked_fill_(~valid, torch.finfo(dtype).min)
         return mask[:, None, None, :]
 
+    def row_range(self, row: int, a: int, b: int) -> torch.Tensor:
+        """A copy of row `row`'s KV for its tokens [a, b): [layers, 2, kv_heads, b - a, head_dim]
+        (the prefix cache's layout)."""
+        import torch
+
+        start = self.starts[row]
+        return torch.stack([
+            torch.stack((k[row, :, start + a : start + b], v[row, :, start + a : start + b]))
+            for k, v in zip(self.keys, self.values, strict=True)
+        ])
+
     def advance(self) -> None:
         """The forward wrote one column for every row."""
         self.length += 1

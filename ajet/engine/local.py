@@ -6,10 +6,14 @@ batch between two decode steps, and its result is handed back on the caller's ow
 (`loop.call_soon_threadsafe`). Every decode step forwards all active sequences together.
 
 How a request runs:
-1. Prefill. Requests admitted together are prefilled in one forward, left-padded, grouped
-   by similar length (`prefill_groups`); a request alone gets a plain forward. The first
-   token of each of its `n` completions is sampled from these logits, so the n completions
-   share one prefill.
+1. Prefill. With the prefix cache on (`prefix_cache_tokens`, ajet/engine/prefix_cache.py),
+   a prompt's longest cached prefix is reused and only the rest is forwarded; prefixes that
+   several requests admitted together share, and the cache lacks, are forwarded once first.
+   Requests admitted together are prefilled in one forward (ajet/engine/prefill.py),
+   left-padded, grouped by similar length (`prefill_groups`). The first token of each of
+   its `n` completions is sampled from these logits, so the n completions share one
+   prefill. The prompt's KV, and a finished completion's, go into the cache; the cache is
+   emptied when `bump_version` says the weights changed.
 2. Its KV rows join the batch cache (`BatchKV`, ajet/engine/kv.py): left-padded to the
    batch's length, the pad columns masked out with an additive mask, each row keeping its
    own position ids; the cache is preallocated and written in place.
@@ -38,6 +42,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from ajet.engine.base import Completion, SamplingParams
+from ajet.engine.prefix_cache import PrefixCache
 from ajet.engine.requests import (  # noqa: F401 - the errors and prefill_groups are part of this module's API
     EngineClosedError,
     PromptTooLongError,
@@ -62,6 +67,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
+# Requests admitted together that share at least this many prompt tokens prefill them once.
+_MIN_SHARED_PREFIX = 16
+
 
 class LocalEngine:
     """Continuous-batching engine over `model` (shared with an in-process trainer).
@@ -70,6 +78,8 @@ class LocalEngine:
     max_model_len: longest prompt + completion; default `model.config.max_position_embeddings`.
     eos_token_ids: tokens that end a completion; default the tokenizer's and the model's
         generation config's EOS ids; an empty list never stops on EOS (benchmarks).
+    prefix_cache_tokens: budget of the prefix KV cache (ajet/engine/prefix_cache.py), in
+        tokens; 0 = off. A prompt that starts with cached tokens prefills only the rest.
     """
 
     def __init__(
@@ -80,6 +90,7 @@ class LocalEngine:
         max_batch_size: int = 32,
         max_model_len: int | None = None,
         eos_token_ids: Iterable[int] | None = None,
+        prefix_cache_tokens: int = 0,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size={max_batch_size}: must be >= 1")
@@ -104,6 +115,8 @@ class LocalEngine:
         else:
             self.eos_token_ids = set(eos_token_ids)  # empty: never stop on EOS (benchmarks)
         self.policy_version = 0
+        self._cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens > 0 else None
+        self._metrics = dict.fromkeys(("prompt", "prefilled", "cached"), 0)  # see take_metrics()
         # Counters for metrics; "max_batch" is the most sequences one decode step has served.
         self.stats = {
             "requests": 0,
@@ -150,8 +163,22 @@ class LocalEngine:
             request.cancelled = True  # the engine drops its sequences at the next step
             raise
 
+    def take_metrics(self) -> dict[str, float]:
+        """Prefill counters since the last call (then reset), for the step metrics:
+        prompt tokens of the requests prefilled, tokens actually forwarded in prefill (shared
+        prefixes forwarded once included), and the share of prompt tokens served from the
+        prefix cache."""
+        with self._cv:
+            m, self._metrics = self._metrics, dict.fromkeys(self._metrics, 0)
+        return {
+            "engine/prompt_tokens": float(m["prompt"]),
+            "engine/prefilled_tokens": float(m["prefilled"]),
+            "engine/cache_hit_rate": m["cached"] / m["prompt"] if m["prompt"] else 0.0,
+        }
+
     def bump_version(self) -> int:
         """The shared weights changed in place: increment and return `policy_version`.
+        The prefix cache is emptied before the next prefill.
 
         An in-process trainer updates weights as
         `with engine.paused(): optimizer.step(); engine.bump_version()`.
@@ -283,8 +310,22 @@ class LocalEngine:
                 if not request.cancelled:
                     taken.append(request)
                     room -= request.params.n
+        if not taken:
+            return
+        try:
+            self._match_cached(taken)
+            self._join(self._prefill_all(taken))
+        finally:
+            # The prefill copied the cached KV into the batch: the prefixes may be evicted again.
+            for request in taken:
+                if request.cached is not None:
+                    request.cached.release()
+                    request.cached = None
+
+    def _prefill_all(self, taken: list[Request]) -> list[tuple[RunningSequence, list]]:
+        news = [len(r.prompt_ids) - (r.cached.length if r.cached else 0) for r in taken]
         joining: list[tuple[RunningSequence, list]] = []
-        for group in prefill_groups([len(r.prompt_ids) for r in taken]):
+        for group in prefill_groups(news, totals=[len(r.prompt_ids) for r in taken]):
             requests = [taken[i] for i in group]
             try:
                 prefilled = self._prefill(requests)
@@ -301,49 +342,57 @@ class LocalEngine:
                     self._fail_prefill(requests[0], exc)
                     continue
             joining.extend(prefilled)
-        if joining:
-            self._join(joining)
+        return joining
+
+    def _match_cached(self, taken: list[Request]) -> None:
+        """Find each request's cached prefix; first prefill, once, what several of them share."""
+        cache = self._cache
+        if cache is None:
+            return
+        from ajet.engine.prefill import warm_shared_prefixes
+
+        cache.sync(self.policy_version)  # weights changed: drop KV computed by the old ones
+        prompts = [r.prompt_ids for r in taken]
+        if len(prompts) > 1:
+            try:
+                forwarded = warm_shared_prefixes(self.model, cache, prompts, _MIN_SHARED_PREFIX)
+            except RuntimeError as exc:  # e.g. out of memory: the requests prefill in full
+                log.warning("prefilling shared prefixes failed (%s); going on without them", exc)
+            else:
+                self._count(prefilled=forwarded)
+        for request in taken:
+            # Keep the last token to forward: its logits give the first completion token.
+            request.cached = cache.match(request.prompt_ids, len(request.prompt_ids) - 1)
+
+    def _count(self, **amounts: int) -> None:
+        with self._cv:
+            for key, value in amounts.items():
+                self._metrics[key] += value
 
     def _fail_prefill(self, request: Request, error: BaseException) -> None:
         log.warning("request failed in prefill: %s: %s", type(error).__name__, error)
         self._deliver(request, error=error)
 
     def _prefill(self, requests: list[Request]) -> list[tuple[RunningSequence, list]]:
-        """One forward over the prompts (left-padded when several); sample each first token."""
-        import torch
-        from transformers import DynamicCache
+        """One forward over the prompts' uncached tokens; sample each first token."""
+        from ajet.engine.prefill import PrefillGroup, PrefillRow
 
-        lengths = [len(r.prompt_ids) for r in requests]
-        width = max(lengths)
-        device = self._device
-        kwargs: dict[str, Any] = {}
-        if len(requests) > 1:
-            pad = [[0] * (width - n) for n in lengths]
-            ids = [p + r.prompt_ids for p, r in zip(pad, requests, strict=True)]
-            mask = torch.tensor([[0] * (width - n) + [1] * n for n in lengths], device=device)
-            kwargs["attention_mask"] = mask
-            kwargs["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0)
-        else:
-            ids = [requests[0].prompt_ids]
-        out = self.model(
-            input_ids=torch.tensor(ids, dtype=torch.long, device=device),
-            past_key_values=DynamicCache(),
-            use_cache=True,
-            logits_to_keep=1,
-            **kwargs,
-        )
-        layers = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+        rows = []
+        for r in requests:
+            cached = r.cached
+            rows.append(PrefillRow(r.prompt_ids, cached.length, cached.segments) if cached else PrefillRow(r.prompt_ids))
+        group = PrefillGroup(self.model, rows)
+        group.run()
         joining = []
-        for row, (request, length) in enumerate(zip(requests, lengths, strict=True)):
-            # This row's prompt KV without the left padding.
-            row_kv = [
-                (k[row : row + 1, :, width - length :], v[row : row + 1, :, width - length :])
-                for k, v in layers
-            ]
+        for index, (request, row) in enumerate(zip(requests, rows, strict=True)):
+            forwarded = len(row.ids) - row.past_len
             self.stats["requests"] += 1
-            self.stats["prefill_tokens"] += length
+            self.stats["prefill_tokens"] += forwarded
+            self._count(prompt=len(row.ids), prefilled=forwarded, cached=row.past_len)
+            if self._cache is not None:
+                self._cache.insert(row.ids, lambda a, b, i=index: group.kv_range(i, a, b))
             try:
-                joining.extend(self._start_sequences(request, out.logits[row, -1], row_kv))
+                joining.extend(self._start_sequences(request, group.logits[index], group.row_kv(index)))
             except Exception as exc:  # noqa: BLE001 - fail this request only
                 self._fail_prefill(request, exc)
         return joining
@@ -367,6 +416,8 @@ class LocalEngine:
     def _join(self, joining: list[tuple[RunningSequence, list]]) -> None:
         from ajet.engine.kv import BatchKV
 
+        if not joining:
+            return
         rows = [layers_kv for _, layers_kv in joining]
         if self._kv is None or not self._active:
             self._kv = BatchKV.from_rows(rows)
@@ -455,11 +506,26 @@ class LocalEngine:
         ]
         if len(keep) == len(self._active):
             return
+        if self._cache is not None and self._kv is not None:
+            self._cache_finished(set(keep))
         if not keep or self._kv is None:
             self._active, self._kv = [self._active[row] for row in keep], None
             return
         order = self._kv.keep_rows(keep)
         self._active = [self._active[row] for row in order]
+
+    def _cache_finished(self, keep: set[int]) -> None:
+        """Cache the KV of completions that finished (prompt + completion but its last token,
+        which was never forwarded): the next turn of an agent extends exactly this."""
+        kv, cache = self._kv, self._cache
+        assert kv is not None and cache is not None
+        for row, seq in enumerate(self._active):
+            request = seq.request
+            current = request.policy_version == self.policy_version == cache.version
+            if row in keep or not seq.finished or not current:
+                continue  # failed, cancelled, or computed (in part) by older weights
+            ids = request.prompt_ids + seq.token_ids[:-1]
+            cache.insert(ids, lambda a, b, r=row: kv.row_range(r, a, b))
 
     def _deliver(
         self, request: Request, result: Any = None, error: BaseException | None = None

@@ -31,6 +31,7 @@ class Request:
     done: bool = False  # result or error delivered
     cancelled: bool = False  # the caller stopped waiting
     on_token: Callable[[int], None] | None = None  # streaming: called with each sampled token id
+    cached: Any = None  # prefix_cache.Match: the cached part of the prompt, locked until delivery
 
 
 @dataclass(eq=False)
@@ -46,27 +47,36 @@ class RunningSequence:
 
 
 def prefill_groups(
-    lengths: list[int], max_padding: float = 0.25, max_tokens: int = 8192
+    lengths: list[int], max_padding: float = 0.25, max_tokens: int = 8192,
+    totals: list[int] | None = None, max_kv_tokens: int = 32768,
 ) -> list[list[int]]:
     """Group prompts (by index) for batched prefill: similar lengths together, so that left
     padding adds at most `max_padding` of the group's real tokens, and no group forwards
     more than `max_tokens` (padded) tokens. A prompt longer than that is prefilled alone.
 
+    `lengths` are the tokens each prompt forwards; with a prefix cache, `totals` are the
+    whole prompts (cached + forwarded), and a group's KV buffer (rows x longest total) stays
+    within `max_kv_tokens`.
+
     Measured (bundled model, 1 thread, 16 chat prompts of ~38 tokens): one forward for all 16
     took 1.7 s CPU, one forward each 3.0 s.
     """
+    totals = totals or lengths
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     groups: list[list[int]] = []
     group: list[int] = []
     real = 0
+    widest = 0
     for i in order:
         width = lengths[i]  # sorted: the newcomer is the widest
         padded = width * (len(group) + 1)
-        if group and (padded > (1 + max_padding) * (real + width) or padded > max_tokens):
+        kv = max(widest, totals[i]) * (len(group) + 1)
+        if group and (padded > (1 + max_padding) * (real + width) or padded > max_tokens or kv > max_kv_tokens):
             groups.append(group)
-            group, real = [], 0
+            group, real, widest = [], 0, 0
         group.append(i)
         real += width
+        widest = max(widest, totals[i])
     if group:
         groups.append(group)
     return groups

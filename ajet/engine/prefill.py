@@ -1,0 +1,166 @@
+"""Prefill of the local engine: one forward over the new tokens of several prompts, each
+continuing its own cached prefix (from `ajet.engine.prefix_cache`; none when it missed).
+
+The group's KV lives in one buffer `[layers, 2, rows, kv_heads, T, head_dim]`. Row i is
+right-aligned at T: `[zeros | cached past_i (p_i) | new tokens_i (s_i)]`, T = max(p_i + s_i).
+The inputs are the new tokens, left-padded to W = max(s_i), so the last input column is
+every row's last prompt token (`logits_to_keep=1`). The cache layer writes only the real new
+tokens' keys/values to their row's columns (pad inputs are computed and dropped), and an
+additive 4-D mask lets query t of row i see columns `[start_i, its own column]`. Each row
+carries its own position ids, so a row computes what it would compute alone, and its KV ends
+up contiguous: `[start_i, T)`, which is what `BatchKV` and the prefix cache take.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from transformers.cache_utils import DynamicLayer
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from ajet.engine.kv import RowKV
+
+
+@dataclass
+class PrefillRow:
+    ids: list[int]  # the whole prompt
+    past_len: int = 0  # leading tokens whose KV is given in `past` (not forwarded)
+    past: list[torch.Tensor] | None = None  # KV segments [layers, 2, kv_heads, n, head_dim]
+
+
+class _GroupLayer(DynamicLayer):
+    """One layer of the group buffer, in the form the model's attention calls (`update`)."""
+
+    def __init__(self, owner: PrefillGroup, layer: int) -> None:
+        super().__init__()
+        self.owner = owner
+        self.layer = layer
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        o = self.owner
+        keys, values = o.buf[self.layer, 0], o.buf[self.layer, 1]
+        keys[o.dst_rows, :, o.dst_cols] = key_states[o.dst_rows, :, o.src_cols]
+        values[o.dst_rows, :, o.dst_cols] = value_states[o.dst_rows, :, o.src_cols]
+        return keys, values
+
+    def get_seq_length(self) -> int:
+        return self.owner.width - self.owner.inputs
+
+
+class PrefillGroup:
+    """The forward of one prefill group; after `run()`, `logits[i]` is row i's next-token
+    logits and `row_kv(i)` / `kv_range(i, a, b)` give its prompt's KV."""
+
+    def __init__(self, model: Any, rows: list[PrefillRow]) -> None:
+        self.model = model
+        self.rows = rows
+        self.news = [len(r.ids) - r.past_len for r in rows]
+        if min(self.news) < 1:
+            raise ValueError("every prefill row needs at least one token to forward")
+        self.width = max(len(r.ids) for r in rows)  # T
+        self.inputs = max(self.news)  # W
+        self.starts = [self.width - len(r.ids) for r in rows]
+        self.buf: torch.Tensor | None = None
+        self.logits: torch.Tensor | None = None
+
+    def run(self) -> None:
+        import torch
+        from transformers import DynamicCache
+
+        model, rows, T, W = self.model, self.rows, self.width, self.inputs
+        device = model.get_input_embeddings().weight.device
+        dtype = model.get_input_embeddings().weight.dtype
+        self.buf = self._buffer(device, dtype)
+        ids, positions, dst_rows, dst_cols, src_cols = [], [], [], [], []
+        limits = torch.empty(len(rows), W, dtype=torch.long)
+        for i, (row, new) in enumerate(zip(rows, self.news, strict=True)):
+            pad = W - new
+            ids.append([0] * pad + row.ids[row.past_len :])
+            positions.append([0] * pad + list(range(row.past_len, len(row.ids))))
+            dst_rows += [i] * new
+            dst_cols += range(T - new, T)
+            src_cols += range(pad, W)
+            # Query column j sits at buffer column T - W + j; a pad query may see the whole row
+            # (its output is dropped; an empty row would give NaN).
+            limits[i, :pad] = T - 1
+            limits[i, pad:] = torch.arange(T - new, T)
+            at = self.starts[i]
+            for segment in row.past or []:
+                n = segment.shape[3]
+                self.buf[:, :, i, :, at : at + n] = segment
+                at += n
+        self.dst_rows = torch.tensor(dst_rows, device=device)
+        self.dst_cols = torch.tensor(dst_cols, device=device)
+        self.src_cols = torch.tensor(src_cols, device=device)
+        cols = torch.arange(T)
+        starts = torch.tensor(self.starts)
+        valid = (cols[None, None, :] >= starts[:, None, None]) & (cols[None, None, :] <= limits[:, :, None])
+        mask = torch.zeros(valid.shape, dtype=dtype)
+        mask.masked_fill_(~valid, torch.finfo(dtype).min)
+        cache = DynamicCache()
+        cache.layers = [_GroupLayer(self, i) for i in range(self.buf.shape[0])]
+        out = model(
+            input_ids=torch.tensor(ids, dtype=torch.long, device=device),
+            position_ids=torch.tensor(positions, dtype=torch.long, device=device),
+            attention_mask=mask[:, None].to(device),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        self.logits = out.logits[:, -1, :]
+
+    def _buffer(self, device: Any, dtype: Any) -> torch.Tensor:
+        import torch
+
+        config = self.model.config
+        layers = config.num_hidden_layers
+        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        return torch.zeros((layers, 2, len(self.rows), heads, self.width, dim), dtype=dtype, device=device)
+
+    def row_kv(self, i: int) -> RowKV:
+        """Row i's prompt KV per layer, as `BatchKV.add_rows` takes it (views of the buffer)."""
+        assert self.buf is not None
+        kv = self.buf[:, :, i : i + 1, :, self.starts[i] :]
+        return [(kv[layer, 0], kv[layer, 1]) for layer in range(kv.shape[0])]
+
+    def kv_range(self, i: int, a: int, b: int) -> torch.Tensor:
+        """A copy of row i's KV for prompt tokens [a, b): [layers, 2, kv_heads, b - a, head_dim]."""
+        assert self.buf is not None
+        start = self.starts[i]
+        return self.buf[:, :, i, :, start + a : start + b].clone()
+
+
+def warm_shared_prefixes(model: Any, cache: Any, prompts: list[list[int]], min_tokens: int) -> int:
+    """Prefill, once each, the prefixes that several of `prompts` share and the prefix cache
+    does not hold yet (shortest first, each reusing the last); return the tokens forwarded.
+
+    Requests admitted together (the n episodes of a group, tasks under one system prompt)
+    would otherwise each prefill the shared part, since none is in the cache before the
+    group's forward.
+    """
+    from ajet.engine.prefix_cache import shared_prefixes
+    from ajet.engine.requests import prefill_groups
+
+    forwarded = 0
+    for layer in shared_prefixes(prompts, min_tokens):
+        matches = [cache.match(ids) for ids in layer]
+        try:
+            todo = [(ids, m) for ids, m in zip(layer, matches, strict=True) if m.length < len(ids)]
+            rows = [PrefillRow(ids, m.length, m.segments) for ids, m in todo]
+            for group in prefill_groups([len(r.ids) - r.past_len for r in rows],
+                                        totals=[len(r.ids) for r in rows]):
+                prefill = PrefillGroup(model, [rows[i] for i in group])
+                prefill.run()
+                for row_index, i in enumerate(group):
+                    row = rows[i]
+                    cache.insert(row.ids, lambda a, b, r=row_index, g=prefill: g.kv_range(r, a, b))
+                    forwarded += len(row.ids) - row.past_len
+        finally:
+            for m in matches:
+                m.release()
+    return forwarded
