@@ -165,6 +165,9 @@ class RolloutConfig:
     drop_equal_reward_groups: bool = False
     # Warn (with the blocking line) when user code blocks the rollout's event loop this long; 0 = off.
     blocked_loop_warn_s: float = 10.0
+    # Local engine: tokens of prompt KV kept for reuse across calls (prefix cache, LRU); 0 = off.
+    # Bundled 135M model in fp32: ~46 KB a token, so 16384 tokens hold at most ~0.75 GB.
+    prefix_cache_tokens: int = 16384
 
 
 @dataclass
