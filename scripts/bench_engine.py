@@ -1,14 +1,23 @@
-"""Benchmark the local engine against Hugging Face `generate` (aggregate tokens/s).
+"""Benchmark the local engine: an agent workload (prefix cache on against off) and decode
+throughput against Hugging Face `generate` (aggregate tokens/s), on the bundled model (fp32, CPU).
 
-For each concurrency c, c chat requests each generate exactly --new-tokens tokens (greedy,
-EOS ignored) on the bundled model (fp32, CPU):
+Agent workload (`--workloads agent`): --episodes concurrent episodes (--tasks tasks x the rest
+as GRPO siblings) of a --turns-turn tool loop under one ~300-token system prompt. Each turn
+generates --turn-tokens tokens (seeded sampling, EOS ignored, so both runs do the same work),
+then a tool result is appended the way the context tracker extends a prompt (earlier prompt
++ completion ids + the new turn's tokens). Reported: episodes/min, prompt and prefilled
+tokens, cache hit rate, with the engine's prefix cache off and on.
+
+Decode (`--workloads decode`): for each concurrency c, c chat requests each generate exactly
+--new-tokens tokens (greedy, EOS ignored):
 
 - ours:          c concurrent `LocalEngine.generate` calls (continuous batching)
 - hf_sequential: `model.generate` once per request, one request after the other
 - hf_batched:    one `model.generate` call over a static, left-padded batch of c
 
 Usage:
-    .venv/bin/python scripts/bench_engine.py [--json FILE] [--new-tokens 128] [--concurrency 1,4,16]
+    .venv/bin/python scripts/bench_engine.py [--json FILE] [--workloads agent,decode]
+        [--new-tokens 128] [--concurrency 1,4,16] [--episodes 16] [--turns 8]
 
 A benchmark measures; it asserts nothing about speed. The machine may be shared: repeat
 runs and compare like with like.
@@ -69,7 +78,126 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default="ours,hf_sequential,hf_batched",
         help="comma-separated subset of the three methods",
     )
+    parser.add_argument("--workloads", default="agent,decode", help="agent and/or decode")
+    parser.add_argument("--episodes", type=int, default=16, help="agent: concurrent episodes")
+    parser.add_argument("--tasks", type=int, default=4, help="agent: distinct tasks (episodes / tasks per task)")
+    parser.add_argument("--turns", type=int, default=8, help="agent: LLM calls per episode")
+    parser.add_argument("--turn-tokens", type=int, default=32, help="agent: tokens generated per call")
+    parser.add_argument(
+        "--cache-tokens", type=int, default=16384, help="agent: prefix cache budget of the 'on' run"
+    )
     return parser.parse_args(argv)
+
+
+# A calculator agent's system prompt, ~300 tokens with the chat template (as tutorial's).
+SYSTEM = (
+    "You are a careful math assistant. Solve the user's arithmetic word problem step by step. "
+    "You have one tool, `calculator`, which evaluates an arithmetic expression exactly. Always "
+    "use it for any multiplication, division or sum with more than two terms: write the "
+    "expression, read the result, then continue. Never guess a number you could compute. "
+    "When you know the final answer, write it on the last line as `Answer: <number>` and stop.\n\n"
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+    '{"type": "function", "function": {"name": "calculator", "description": "Evaluate an '
+    'arithmetic expression with + - * / and parentheses and return the exact result as a '
+    'decimal number. Use it for every computation.", "parameters": {"type": "object", '
+    '"properties": {"expression": {"type": "string", "description": "The expression, e.g. '
+    '(12 + 7) * 3 / 4"}}, "required": ["expression"]}}}\n</tools>\n\n'
+    "For each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>\n\n'
+    "Examples of good behaviour: to find the cost of 7 pens at 3 dollars each and 2 books "
+    "at 12 dollars each, call the calculator with 7 * 3 + 2 * 12, read 45, and answer 45. "
+    "To split 96 apples among 8 children, call the calculator with 96 / 8, read 12, and "
+    "answer 12. Keep every reply short."
+)
+
+
+def agent_prompts(tokenizer, tasks: int) -> list[list[int]]:
+    """The first-turn prompt of each task."""
+    from ajet.engine.chat import ChatFormat
+
+    chat = ChatFormat(tokenizer)
+    firsts = [
+        chat.encode(chat.render([
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": f"A shop sells {i + 3} boxes of {7 * i + 5} pencils. How many pencils?"},
+        ]))
+        for i in range(tasks)
+    ]
+    return firsts
+
+
+def tool_turn(tokenizer, episode: int, turn: int) -> list[int]:
+    """What the tracker appends after a completion: end of turn, the tool result, a new turn."""
+    text = (
+        "<|im_end|>\n<|im_start|>user\n<tool_response>\n"
+        f'{{"result": {episode * 37 + turn * 11}.0, "expression_ok": true}}\n'
+        "</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def bench_agent(engine, tokenizer, args) -> dict[str, float]:
+    """Run the episodes concurrently; return episodes/min and the engine's prefill counters."""
+    from ajet.engine.base import SamplingParams
+
+    firsts = agent_prompts(tokenizer, args.tasks)
+
+    async def episode(e: int) -> int:
+        prompt = firsts[e % args.tasks]
+        calls = 0
+        for turn in range(args.turns):
+            params = SamplingParams(temperature=1.0, max_tokens=args.turn_tokens, seed=1000 * e + turn)
+            (completion,) = await engine.generate(prompt, params)
+            calls += 1
+            prompt = prompt + completion.token_ids + tool_turn(tokenizer, e, turn)
+        return calls
+
+    async def run() -> list[int]:
+        return await asyncio.gather(*(episode(e) for e in range(args.episodes)))
+
+    engine.take_metrics()
+    start = time.perf_counter()
+    asyncio.run(run())
+    elapsed = time.perf_counter() - start
+    out = {"episodes_per_min": args.episodes / elapsed * 60, "seconds": elapsed}
+    out.update({k.split("/")[1]: v for k, v in engine.take_metrics().items()})
+    return out
+
+
+def run_agent(model, tokenizer, args) -> dict[str, dict[str, float]]:
+    """Cache off and on, alternated --repeats times (a fresh engine each run); the best run
+    of each is reported, as it is the one least disturbed by other processes."""
+    from ajet.engine.local import LocalEngine
+
+    runs: dict[str, list[dict[str, float]]] = {"cache_off": [], "cache_on": []}
+    for _ in range(args.repeats):
+        for name, budget in (("cache_off", 0), ("cache_on", args.cache_tokens)):
+            engine = LocalEngine(model, tokenizer, max_batch_size=max(32, args.episodes),
+                                 eos_token_ids=[], prefix_cache_tokens=budget)
+            try:
+                bench_ours(engine, chat_prompts(tokenizer, 2), 4)  # warm-up (thread pools)
+                engine.take_metrics()
+                r = bench_agent(engine, tokenizer, args)
+            finally:
+                engine.close()
+            runs[name].append(r)
+            print(f"  {name:<9} {r['episodes_per_min']:7.2f} episodes/min  {r['seconds']:6.1f} s  "
+                  f"prompt {int(r['prompt_tokens']):>6}  prefilled {int(r['prefilled_tokens']):>6}  "
+                  f"hit rate {r['cache_hit_rate']:.2f}", flush=True)
+    results = {name: max(rs, key=lambda r: r["episodes_per_min"]) for name, rs in runs.items()}
+    off, on = results["cache_off"], results["cache_on"]
+    print(f"\nagent workload (best of {args.repeats}): {args.episodes} episodes ({args.tasks} tasks) x "
+          f"{args.turns} turns, {args.turn_tokens} new tokens a turn, "
+          f"{len(agent_prompts(tokenizer, 1)[0])}-token first prompt")
+    print(f"{'':>10} {'episodes/min':>13} {'prompt tok':>11} {'prefilled':>10} {'hit rate':>9}")
+    for name, r in results.items():
+        print(f"{name:>10} {r['episodes_per_min']:>13.2f} {int(r['prompt_tokens']):>11} "
+              f"{int(r['prefilled_tokens']):>10} {r['cache_hit_rate']:>9.2f}")
+    print(f"cache on / off: {on['episodes_per_min'] / off['episodes_per_min']:.2f}x episodes/min, "
+          f"{off['prefilled_tokens'] / max(on['prefilled_tokens'], 1):.1f}x fewer prefilled tokens")
+    return results | {"runs": runs}
 
 
 def chat_prompts(tokenizer, count: int) -> list[list[int]]:
@@ -125,27 +253,13 @@ def bench_hf(model, tokenizer, prompts: list[list[int]], new_tokens: int, batche
     return produced / elapsed
 
 
-def main(argv: list[str]) -> int:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+def run_decode(model, tokenizer, args) -> dict[str, dict[str, float]]:
     from ajet.engine.local import LocalEngine
-    from ajet.models.resolve import resolve_model_path
 
-    args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     levels = [int(c) for c in args.concurrency.split(",") if c]
     methods = [m for m in args.methods.split(",") if m]
-    path = resolve_model_path(args.model)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    tokenizer = AutoTokenizer.from_pretrained(path)
     prompts = chat_prompts(tokenizer, max(levels))
     runs: dict[str, dict[str, list[float]]] = {m: {str(c): [] for c in levels} for m in methods}
-    print(
-        f"model={path.name} new_tokens={args.new_tokens} threads={torch.get_num_threads()}",
-        flush=True,
-    )
     engine = LocalEngine(model, tokenizer, max_batch_size=max(32, max(levels)), eos_token_ids=[])
     try:
         # Warm-up: the first forwards on a new thread are slow (allocator, thread pools).
@@ -171,27 +285,51 @@ def main(argv: list[str]) -> int:
         engine.close()
     # On a shared machine the best run is the one least disturbed by other processes.
     results = {m: {c: max(rates) for c, rates in per_c.items()} for m, per_c in runs.items()}
-
     print(
-        f"\naggregate tokens/s (best of {args.repeats}), {args.new_tokens} new tokens per request"
+        f"\ndecode: aggregate tokens/s (best of {args.repeats}), {args.new_tokens} new tokens per request"
     )
     print(f"{'concurrency':>12} " + " ".join(f"{m:>14}" for m in methods))
     for c in levels:
         print(f"{c:>12} " + " ".join(f"{results[m][str(c)]:>14.1f}" for m in methods))
-    if "ours" in results and "hf_sequential" in results:
-        for c in levels:
-            print(
-                f"ours / hf_sequential at {c}: {results['ours'][str(c)] / results['hf_sequential'][str(c)]:.2f}x"
-            )
+    for base in ("hf_sequential", "hf_batched"):
+        if "ours" in results and base in results:
+            for c in levels:
+                print(f"ours / {base} at {c}: {results['ours'][str(c)] / results[base][str(c)]:.2f}x")
+    return {"tok_s": results, "runs": runs}
+
+
+def peak_rss_gb() -> float:
+    """This process's peak resident memory (Linux reports ru_maxrss in KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def main(argv: list[str]) -> int:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ajet.models.resolve import resolve_model_path
+
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    workloads = [w for w in args.workloads.split(",") if w]
+    unknown = set(workloads) - {"agent", "decode"}
+    if unknown:
+        raise SystemExit(f"unknown workloads {sorted(unknown)}; choose from agent, decode")
+    path = resolve_model_path(args.model)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    print(f"model={path.name} threads={torch.get_num_threads()}", flush=True)
+    payload: dict = {"model": str(path), "threads": torch.get_num_threads(), "time": time.time()}
+    if "agent" in workloads:
+        payload["agent"] = run_agent(model, tokenizer, args)
+    if "decode" in workloads:
+        payload["decode"] = run_decode(model, tokenizer, args) | {"new_tokens": args.new_tokens}
+    payload["peak_rss_gb"] = round(peak_rss_gb(), 2)
+    print(f"\npeak RSS of this benchmark process: {payload['peak_rss_gb']:.2f} GB")
     if args.json:
-        payload = {
-            "tok_s": results,
-            "runs": runs,
-            "new_tokens": args.new_tokens,
-            "threads": torch.get_num_threads(),
-            "model": str(path),
-            "time": time.time(),
-        }
         args.json.write_text(json.dumps(payload, indent=2) + "\n")
         print(f"wrote {args.json}")
     return 0
