@@ -54,6 +54,7 @@ from ajet.engine.requests import (  # noqa: F401 - the errors and prefill_groups
 from ajet.engine.sampling import (
     TokenChoice,
     choose_token,
+    choose_tokens,
     find_stop,
     make_generator,
     stop_strings,
@@ -448,15 +449,20 @@ class LocalEngine:
         logits = out.logits[:, -1, :]
         self.stats["decode_steps"] += 1
         self.stats["max_batch"] = max(self.stats["max_batch"], kv.rows)
+        live = []
         for row, seq in enumerate(self._active):
             seq.position += 1
-            if seq.request.done or seq.request.cancelled:
+            if not (seq.request.done or seq.request.cancelled):
+                live.append(row)
+        seqs = [self._active[row] for row in live]
+        choices = choose_tokens(logits[live] if len(live) < kv.rows else logits,
+                                [seq.request.params for seq in seqs], [seq.generator for seq in seqs])
+        for seq, choice in zip(seqs, choices, strict=True):
+            if seq.request.done:  # a sibling completion failed earlier in this loop
                 continue
-            try:
-                choice = choose_token(logits[row], seq.request.params, seq.generator)
-            except Exception as exc:  # noqa: BLE001 - fail this request only
-                log.warning("sampling failed: %s: %s", type(exc).__name__, exc)
-                self._deliver(seq.request, error=exc)
+            if isinstance(choice, Exception):
+                log.warning("sampling failed: %s: %s", type(choice).__name__, choice)
+                self._deliver(seq.request, error=choice)
                 continue
             self._accept(seq, choice)
         self._retire()

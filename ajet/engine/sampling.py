@@ -156,3 +156,49 @@ def find_stop(text: str, stops: list[str]) -> int:
         if at != -1 and (best == -1 or at < best):
             best = at
     return best
+
+
+def choose_tokens(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator]
+) -> list[TokenChoice | Exception]:
+    """`choose_token` for every row of `logits` `[rows, vocab]`, with one softmax per group of
+    rows that sample alike instead of one per row (per row, the softmax, log-softmax and
+    cumsum over a 49k vocabulary cost ~4 ms greedy and ~14 ms sampled on this CPU: most of a
+    16-row decode step's time outside the forward). Each row still draws from its own
+    generator. A row that fails gets its exception in place of its choice.
+    """
+    import torch
+
+    out: list[TokenChoice | Exception | None] = [None] * len(params)
+    groups: dict[tuple, list[int]] = {}
+    for row, p in enumerate(params):
+        if p.top_k == 0 and p.top_p >= 1.0:
+            groups.setdefault((float(p.temperature), logprob_temperature(p)), []).append(row)
+        else:
+            out[row] = _choose_one(logits[row], p, generators[row])
+    for (temperature, lp_t), rows in groups.items():
+        block = logits[rows].float() if len(rows) < logits.shape[0] else logits.float()
+        logprobs = torch.log_softmax(block / lp_t, dim=-1)
+        if temperature == 0:
+            tokens = torch.argmax(block, dim=-1).tolist()
+        else:
+            probs = logprobs.exp() if lp_t == temperature else torch.softmax(block / temperature, dim=-1)
+            if not bool(torch.isfinite(probs).all()):  # find the bad rows one by one
+                for row in rows:
+                    out[row] = _choose_one(logits[row], params[row], generators[row])
+                continue
+            cdf = torch.cumsum(probs.double(), dim=-1)
+            u = torch.cat([torch.rand(1, generator=generators[row], dtype=torch.float64) for row in rows])
+            u = (u * cdf[:, -1]).unsqueeze(1)
+            tokens = torch.searchsorted(cdf, u, right=True).clamp(max=block.shape[1] - 1)[:, 0].tolist()
+        values = logprobs.gather(1, torch.tensor(tokens).unsqueeze(1))[:, 0].tolist()
+        for i, row in enumerate(rows):
+            out[row] = TokenChoice(tokens[i], values[i])
+    return out  # type: ignore[return-value]
+
+
+def _choose_one(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> TokenChoice | Exception:
+    try:
+        return choose_token(logits, params, generator)
+    except (FloatingPointError, RuntimeError, ValueError) as exc:
+        return exc

@@ -260,19 +260,26 @@ def test_failed_request_does_not_kill_others(engine, peaky, monkeypatch):
     import ajet.engine.local as local
 
     _, tokenizer = peaky
-    real = local.choose_token
+    real, real_rows = local.choose_token, local.choose_tokens
 
     calls = {"bad": 0}
 
-    def flaky(logits, params, generator):
-        if params.seed in (665, 666):
-            calls["bad"] += 1
-            # seed 665 fails in its prefill, seed 666 in a later decode step.
-            if params.seed == 665 or calls["bad"] >= 4:
-                raise FloatingPointError("boom")
+    def flaky(logits, params, generator):  # prefill: one row at a time
+        if params.seed == 665:
+            raise FloatingPointError("boom")
         return real(logits, params, generator)
 
+    def flaky_rows(logits, params, generators):  # decode: a failing row gets its exception
+        choices = real_rows(logits, params, generators)
+        for i, p in enumerate(params):
+            if p.seed == 666:
+                calls["bad"] += 1
+                if calls["bad"] >= 3:  # seed 666 fails in a later decode step
+                    choices[i] = FloatingPointError("boom")
+        return choices
+
     monkeypatch.setattr(local, "choose_token", flaky)
+    monkeypatch.setattr(local, "choose_tokens", flaky_rows)
     ps = prompts(tokenizer, 3)
     good = [(p, SamplingParams(temperature=0, max_tokens=6)) for p in ps]
     bad = [(ps[0], SamplingParams(temperature=0.5, max_tokens=6, seed=s)) for s in (665, 666)]

@@ -145,3 +145,21 @@ def test_wide_nucleus_beyond_the_candidate_shortlist():
     assert set(seen) <= nucleus
     ranks = {tok: r for r, tok in enumerate(order.tolist())}
     assert max(ranks[t] for t in seen) > 1024
+
+
+def test_choose_tokens_equals_choose_token_row_by_row_and_isolates_a_bad_row():
+    from ajet.engine.sampling import choose_token, choose_tokens, make_generator
+
+    logits = torch.randn(6, 500, generator=torch.Generator().manual_seed(0)) * 3
+    logits[4, 7] = float("nan")
+    params = [SamplingParams(temperature=0), SamplingParams(temperature=1.0),
+              SamplingParams(temperature=0.7, logprob_temperature=1.0), SamplingParams(temperature=1.0, top_k=5),
+              SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, logprob_temperature=1.0)]
+    got = choose_tokens(logits, params, [make_generator(3, i) for i in range(6)])
+    assert isinstance(got[4], FloatingPointError)
+    for i, p in enumerate(params):
+        if i == 4:
+            continue
+        expected = choose_token(logits[i], p, make_generator(3, i))
+        assert got[i].token_id == expected.token_id
+        assert abs(got[i].logprob - expected.logprob) < 1e-5
