@@ -42,7 +42,6 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from ajet.engine.base import Completion, SamplingParams
-from ajet.engine.prefix_cache import PrefixCache
 from ajet.engine.requests import (  # noqa: F401 - the errors and prefill_groups are part of this module's API
     EngineClosedError,
     PromptTooLongError,
@@ -68,8 +67,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
-# Requests admitted together that share at least this many prompt tokens prefill them once.
-_MIN_SHARED_PREFIX = 16
 
 
 class LocalEngine:
@@ -116,8 +113,9 @@ class LocalEngine:
         else:
             self.eos_token_ids = set(eos_token_ids)  # empty: never stop on EOS (benchmarks)
         self.policy_version = 0
-        self._cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens > 0 else None
-        self._metrics = dict.fromkeys(("prompt", "prefilled", "cached"), 0)  # see take_metrics()
+        from ajet.engine.prefill import PrefixReuse
+
+        self._reuse = PrefixReuse(model, prefix_cache_tokens)
         # Counters for metrics; "max_batch" is the most sequences one decode step has served.
         self.stats = {
             "requests": 0,
@@ -169,13 +167,7 @@ class LocalEngine:
         prompt tokens of the requests prefilled, tokens actually forwarded in prefill (shared
         prefixes forwarded once included), and the share of prompt tokens served from the
         prefix cache."""
-        with self._cv:
-            m, self._metrics = self._metrics, dict.fromkeys(self._metrics, 0)
-        return {
-            "engine/prompt_tokens": float(m["prompt"]),
-            "engine/prefilled_tokens": float(m["prefilled"]),
-            "engine/cache_hit_rate": m["cached"] / m["prompt"] if m["prompt"] else 0.0,
-        }
+        return self._reuse.take_metrics()
 
     def bump_version(self) -> int:
         """The shared weights changed in place: increment and return `policy_version`.
@@ -314,7 +306,9 @@ class LocalEngine:
         if not taken:
             return
         try:
-            self._match_cached(taken)
+            matches = self._reuse.match([r.prompt_ids for r in taken], self.policy_version)
+            for request, match in zip(taken, matches, strict=True):
+                request.cached = match
             self._join(self._prefill_all(taken))
         finally:
             # The prefill copied the cached KV into the batch: the prefixes may be evicted again.
@@ -345,31 +339,6 @@ class LocalEngine:
             joining.extend(prefilled)
         return joining
 
-    def _match_cached(self, taken: list[Request]) -> None:
-        """Find each request's cached prefix; first prefill, once, what several of them share."""
-        cache = self._cache
-        if cache is None:
-            return
-        from ajet.engine.prefill import warm_shared_prefixes
-
-        cache.sync(self.policy_version)  # weights changed: drop KV computed by the old ones
-        prompts = [r.prompt_ids for r in taken]
-        if len(prompts) > 1:
-            try:
-                forwarded = warm_shared_prefixes(self.model, cache, prompts, _MIN_SHARED_PREFIX)
-            except RuntimeError as exc:  # e.g. out of memory: the requests prefill in full
-                log.warning("prefilling shared prefixes failed (%s); going on without them", exc)
-            else:
-                self._count(prefilled=forwarded)
-        for request in taken:
-            # Keep the last token to forward: its logits give the first completion token.
-            request.cached = cache.match(request.prompt_ids, len(request.prompt_ids) - 1)
-
-    def _count(self, **amounts: int) -> None:
-        with self._cv:
-            for key, value in amounts.items():
-                self._metrics[key] += value
-
     def _fail_prefill(self, request: Request, error: BaseException) -> None:
         log.warning("request failed in prefill: %s: %s", type(error).__name__, error)
         self._deliver(request, error=error)
@@ -384,14 +353,12 @@ class LocalEngine:
             rows.append(PrefillRow(r.prompt_ids, cached.length, cached.segments) if cached else PrefillRow(r.prompt_ids))
         group = PrefillGroup(self.model, rows)
         group.run()
+        self._reuse.prefilled(group)
         joining = []
         for index, (request, row) in enumerate(zip(requests, rows, strict=True)):
             forwarded = len(row.ids) - row.past_len
             self.stats["requests"] += 1
             self.stats["prefill_tokens"] += forwarded
-            self._count(prompt=len(row.ids), prefilled=forwarded, cached=row.past_len)
-            if self._cache is not None:
-                self._cache.insert(row.ids, lambda a, b, i=index: group.kv_range(i, a, b))
             try:
                 joining.extend(self._start_sequences(request, group.logits[index], group.row_kv(index)))
             except Exception as exc:  # noqa: BLE001 - fail this request only
@@ -512,7 +479,7 @@ class LocalEngine:
         ]
         if len(keep) == len(self._active):
             return
-        if self._cache is not None and self._kv is not None:
+        if self._reuse.cache is not None and self._kv is not None:
             self._cache_finished(set(keep))
         if not keep or self._kv is None:
             self._active, self._kv = [self._active[row] for row in keep], None
@@ -523,15 +490,13 @@ class LocalEngine:
     def _cache_finished(self, keep: set[int]) -> None:
         """Cache the KV of completions that finished (prompt + completion but its last token,
         which was never forwarded): the next turn of an agent extends exactly this."""
-        kv, cache = self._kv, self._cache
-        assert kv is not None and cache is not None
+        kv = self._kv
+        assert kv is not None
         for row, seq in enumerate(self._active):
-            request = seq.request
-            current = request.policy_version == self.policy_version == cache.version
-            if row in keep or not seq.finished or not current:
+            if row in keep or not seq.finished or seq.request.policy_version != self.policy_version:
                 continue  # failed, cancelled, or computed (in part) by older weights
-            ids = request.prompt_ids + seq.token_ids[:-1]
-            cache.insert(ids, lambda a, b, r=row: kv.row_range(r, a, b))
+            self._reuse.finished(seq.request.prompt_ids + seq.token_ids[:-1],
+                                 lambda a, b, r=row: kv.row_range(r, a, b), self.policy_version)
 
     def _deliver(
         self, request: Request, result: Any = None, error: BaseException | None = None

@@ -164,3 +164,64 @@ def warm_shared_prefixes(model: Any, cache: Any, prompts: list[list[int]], min_t
             for m in matches:
                 m.release()
     return forwarded
+
+
+class PrefixReuse:
+    """What the engine does with its prefix cache: find each prompt's cached prefix (after
+    prefilling once what several prompts admitted together share), store prompts and finished
+    completions, and count prompt / prefilled / cached tokens for `take_metrics`."""
+
+    def __init__(self, model: Any, budget_tokens: int, min_shared: int = 16) -> None:
+        import threading
+
+        from ajet.engine.prefix_cache import PrefixCache
+
+        self.model = model
+        self.cache = PrefixCache(budget_tokens) if budget_tokens > 0 else None
+        self.min_shared = min_shared  # shorter shared prefixes are not worth a forward of their own
+        self._lock = threading.Lock()  # counters are read by the trainer's thread
+        self._counts = dict.fromkeys(("prompt", "prefilled", "cached"), 0)
+
+    def match(self, prompts: list[list[int]], version: int) -> list[Any]:
+        """Each prompt's cached prefix (a locked `Match`, or None with the cache off)."""
+        import logging
+
+        cache = self.cache
+        if cache is None:
+            return [None] * len(prompts)
+        cache.sync(version)  # weights changed: drop KV computed by the old ones
+        if len(prompts) > 1:
+            try:
+                self.count(prefilled=warm_shared_prefixes(self.model, cache, prompts, self.min_shared))
+            except RuntimeError as exc:  # e.g. out of memory: the requests prefill in full
+                logging.getLogger(__name__).warning(
+                    "prefilling shared prefixes failed (%s); going on without them", exc)
+        # Keep the last token to forward: its logits give the first completion token.
+        return [cache.match(ids, len(ids) - 1) for ids in prompts]
+
+    def prefilled(self, group: PrefillGroup) -> None:
+        """Count a prefill group's rows and cache their prompts."""
+        for i, row in enumerate(group.rows):
+            self.count(prompt=len(row.ids), prefilled=len(row.ids) - row.past_len, cached=row.past_len)
+            if self.cache is not None:
+                self.cache.insert(row.ids, lambda a, b, i=i: group.kv_range(i, a, b))
+
+    def finished(self, ids: list[int], kv_range: Any, version: int) -> None:
+        """Cache a finished sequence's KV (`ids` = prompt + completion but its last token),
+        unless other weights than the cache's computed any of it."""
+        if self.cache is not None and version == self.cache.version:
+            self.cache.insert(ids, kv_range)
+
+    def count(self, **amounts: int) -> None:
+        with self._lock:
+            for key, value in amounts.items():
+                self._counts[key] += value
+
+    def take_metrics(self) -> dict[str, float]:
+        with self._lock:
+            m, self._counts = self._counts, dict.fromkeys(self._counts, 0)
+        return {
+            "engine/prompt_tokens": float(m["prompt"]),
+            "engine/prefilled_tokens": float(m["prefilled"]),
+            "engine/cache_hit_rate": m["cached"] / m["prompt"] if m["prompt"] else 0.0,
+        }
