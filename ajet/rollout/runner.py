@@ -29,7 +29,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from ajet.config.schema import RolloutConfig
-from ajet.rollout.episode import FAILED, OK, TIMEOUT, BadOutputError, Episode, InfrastructureError
+from ajet.errors import BadOutputError, InfrastructureError
+from ajet.judge.base import Judge
+from ajet.rollout.episode import FAILED, OK, TIMEOUT, Episode
 from ajet.workflow import Workflow, WorkflowOutput, WorkflowTask
 
 logger = logging.getLogger(__name__)
@@ -50,10 +52,6 @@ class SessionFactory(Protocol):
 
     def open_episode(self, episode_id: str, task: WorkflowTask) -> EpisodeHandle:
         """May also be `async def`."""
-
-
-class Judge(Protocol):
-    def compute_reward(self, task: WorkflowTask, output: WorkflowOutput) -> tuple[float, bool]: ...
 
 
 @dataclasses.dataclass
