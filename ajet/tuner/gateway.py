@@ -188,14 +188,33 @@ class Gateway:
         return entry
 
     # -- HTTP ------------------------------------------------------------------
+    def include_router(self, router: Any) -> None:
+        """Serve more routes (the episode API, `ajet.tuner.episode_api`) on this gateway, and
+        their OpenAPI schema at /openapi.json with Swagger UI at /docs. Works while serving."""
+        from fastapi.openapi.docs import get_swagger_ui_html
+
+        app = self.app
+        app.include_router(router)
+        app.openapi_schema = None  # rebuilt with the new routes
+        if app.openapi_url is None:
+            app.openapi_url = "/openapi.json"
+
+            async def openapi(request: Request) -> JSONResponse:
+                return JSONResponse(app.openapi())
+
+            async def docs(request: Request) -> Any:
+                return get_swagger_ui_html(openapi_url=app.openapi_url, title=f"{app.title} - docs")
+
+            app.add_route(app.openapi_url, openapi, include_in_schema=False)
+            app.add_route("/docs", docs, include_in_schema=False)
+
     def _build_app(self) -> FastAPI:
         app = FastAPI(title="ajet gateway", docs_url=None, redoc_url=None, openapi_url=None)
 
         @app.exception_handler(StarletteHTTPException)
         async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-            return JSONResponse(
-                wire.error_body(str(exc.detail), "invalid_request_error"), exc.status_code
-            )
+            body = wire.error_body(str(exc.detail), "invalid_request_error", getattr(exc, "code", None))
+            return JSONResponse(body, exc.status_code, headers=exc.headers)
 
         @app.get("/v1/models")
         async def models(request: Request) -> JSONResponse:

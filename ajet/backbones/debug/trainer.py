@@ -22,9 +22,11 @@ log = logging.getLogger(__name__)
 RL_ALGORITHMS = (Algorithm.grpo, Algorithm.rloo, Algorithm.reinforce_pp, Algorithm.ppo)
 
 
-def train(cfg: AjetConfig, *, with_ray: bool = False, resume: bool = False, workflow: Any = None) -> Path:
-    """Train on the debug backbone; return the run directory."""
-    trainer = DebugTrainer(cfg, workflow=workflow, with_ray=with_ray)
+def train(cfg: AjetConfig, *, with_ray: bool = False, resume: bool = False, workflow: Any = None,
+          episode_source: Any = None) -> Path:
+    """Train on the debug backbone; return the run directory. `episode_source(trainer)` (`ajet serve`)
+    builds what gives each step's episodes (`next_batch(step)`) instead of the rollout manager."""
+    trainer = DebugTrainer(cfg, workflow=workflow, with_ray=with_ray, episode_source=episode_source)
     trainer.setup(resume=resume)
     try:
         trainer.train()
@@ -34,8 +36,10 @@ def train(cfg: AjetConfig, *, with_ray: bool = False, resume: bool = False, work
 
 
 class DebugTrainer:
-    def __init__(self, cfg: AjetConfig, *, workflow: Any = None, with_ray: bool = False) -> None:
+    def __init__(self, cfg: AjetConfig, *, workflow: Any = None, with_ray: bool = False,
+                 episode_source: Any = None) -> None:
         self.cfg = cfg
+        self._episode_source, self.source = episode_source, None
         self.run_dir = Path(cfg.project.exp_dir) / cfg.project.name
         self._workflow_arg = workflow
         self.with_ray = with_ray
@@ -75,6 +79,9 @@ class DebugTrainer:
         self.metrics = MetricsLogger(self.run_dir, cfg.logging, run_name=cfg.project.name,
                                      config_dict={"yaml": to_yaml(cfg)})
         self._closers.append(self.metrics.close)
+        if self._episode_source is not None:
+            self.source = self._episode_source(self)
+            self._closers.append(self.source.close)
 
     def _prepare_run_dir(self, resume: bool) -> None:
         from ajet.backbones.debug.checkpoint import cleanup_partial, latest_checkpoint
@@ -160,6 +167,8 @@ class DebugTrainer:
                 metrics = self.train_step(self.step + 1, progress)
                 self.step += 1
                 self.metrics.log(self.step, metrics)
+                if self.source is not None:
+                    self.source.record_metrics(self.step, metrics)
                 progress.step_done(self.step, metrics)
                 if cfg.val_every and self.step % cfg.val_every == 0:
                     self.validate(progress)
@@ -181,9 +190,13 @@ class DebugTrainer:
         from ajet.context.pack import pack_samples, pack_stats
 
         start = time.monotonic()
-        tasks = self.reader.next_batch(self.cfg.trainer.batch_size)
-        progress.phase(f"step {step}: rollout of {len(tasks)} tasks × {self.cfg.rollout.n}")
-        result = self._loop.run_until_complete(self.manager.rollout(tasks, self.cfg.rollout.n, episode_prefix=f"s{step}-"))
+        if self.source is not None:
+            progress.phase(f"step {step}: waiting for {self.cfg.trainer.batch_size} groups of episodes")
+            result = self._loop.run_until_complete(self.source.next_batch(step))
+        else:
+            tasks = self.reader.next_batch(self.cfg.trainer.batch_size)
+            progress.phase(f"step {step}: rollout of {len(tasks)} tasks × {self.cfg.rollout.n}")
+            result = self._loop.run_until_complete(self.manager.rollout(tasks, self.cfg.rollout.n, episode_prefix=f"s{step}-"))
         rollout_s = time.monotonic() - start
         episodes = result.ok_episodes
         metrics = dict(result.metrics())
