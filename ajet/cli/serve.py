@@ -117,10 +117,11 @@ class ServedEpisodes:
         root = self.gateway.base_url.removesuffix("/v1")
         info = {"base_url": self.gateway.base_url, "episodes_url": f"{root}/v1/episodes",
                 "docs_url": f"{root}/docs", "client_token": self.token}
-        path = run_dir / "serve.json"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        path, tmp = run_dir / "serve.json", run_dir / ".serve.json.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as handle:
             json.dump(info, handle, indent=2)
+        os.replace(tmp, path)  # clients polling for the file never read half of it
         shown = self.token if generated else "(serve.client_token)"
         typer.echo(f"ajet serve: episode API on {info['episodes_url']} (docs: {info['docs_url']}); "
                    f"client token {shown}; all in {path}", err=True)
