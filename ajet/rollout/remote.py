@@ -107,7 +107,7 @@ class EpisodeBroker:
         self._pending: dict[str, _Group] = {}  # opened, not complete yet
         self._running: dict[str, _Running] = {}
         self._ended: dict[str, str] = {}  # episode id -> how it ended (for 409s)
-        self._opened = self._taken = start_step * batch_size
+        self._opened = start_step * batch_size  # groups opened since step 0
         self._step = start_step  # the step the trainer last asked for (for status)
         # Groups may be opened up to step `_gather + max_staleness`: `_gather` is the step the
         # trainer waits for, or last waited for while it updates the weights (episodes begun
@@ -208,7 +208,6 @@ class EpisodeBroker:
                         raise RunEndedError(f"the episode broker closed while step {step} waited for episodes")
                     if len(self._ready) >= self.batch_size:
                         groups = [self._ready.popleft() for _ in range(self.batch_size)]
-                        self._taken += len(groups)
                         max_running, self._max_running = self._max_running, len(self._running)
                         break
                     timeout = self._poll_timeout_locked()
