@@ -82,8 +82,9 @@ def agent_workflow() -> Any:
         """agent.py as a workflow: one call, the answer for the judge."""
 
         async def execute(self, task: Any, tuner: Any) -> Any:
-            reply = await tuner.openai_client().chat.completions.create(model="policy", messages=[
-                {"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": task.main_query}])
+            async with tuner.openai_client() as client:
+                reply = await client.chat.completions.create(model="policy", messages=[
+                    {"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": task.main_query}])
             return WorkflowOutput(reward=None, metadata={"final_answer": reply.choices[0].message.content or ""})
 
     return InProcessAgent()
