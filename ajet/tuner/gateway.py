@@ -191,10 +191,17 @@ class Gateway:
     def include_router(self, router: Any) -> None:
         """Serve more routes (the episode API, `ajet.tuner.episode_api`) on this gateway, and
         their OpenAPI schema at /openapi.json with Swagger UI at /docs. Works while serving."""
+        from fastapi.exceptions import RequestValidationError
         from fastapi.openapi.docs import get_swagger_ui_html
 
         app = self.app
         app.include_router(router)
+
+        async def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
+            # OpenAI-style like every other error here, not FastAPI's {"detail": [...]}.
+            return JSONResponse(wire.error_body(_validation_message(exc), "invalid_request_error"), 422)
+
+        app.add_exception_handler(RequestValidationError, invalid_body)
         app.openapi_schema = None  # rebuilt with the new routes
         if app.openapi_url is None:
             app.openapi_url = "/openapi.json"
@@ -375,7 +382,8 @@ class Gateway:
         return StreamingResponse(events(), media_type="text/event-stream")
 
 
-def _validation_message(err: ValidationError) -> str:
+def _validation_message(err: Any) -> str:
+    """The first few problems of a pydantic `ValidationError` or FastAPI `RequestValidationError`."""
     parts = []
     for e in err.errors()[:5]:
         where = ".".join(str(p) for p in e.get("loc", ()))

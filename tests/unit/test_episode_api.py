@@ -154,6 +154,9 @@ def test_each_task_is_handed_out_n_times_and_finished_keys_die(make_server: Any)
     with pytest.raises(EpisodeAPIError) as err:
         server.client.finish("nope", 1.0)
     assert err.value.status == 404
+    bad = httpx.post(f"{server.root}/v1/episodes/{second.episode_id}/finish", json={"reward": "high", "score": 1},
+                     headers={"Authorization": f"Bearer {TOKEN}"})
+    assert bad.status_code == 422 and "reward" in bad.json()["error"]["message"]
     # No reward: the judge scores the metadata, as for WorkflowOutput(reward=None).
     judged = server.client.finish(second.episode_id, metadata={"final_answer": "ok"})
     assert judged["reward"] == 1.0 and judged["is_success"] is True
