@@ -36,7 +36,8 @@ class Episode:
 
     `reason` is "" for ok episodes, else a short machine-readable cause that becomes a
     metric key (`rollout/failed/<reason>`): `workflow_error:<ExceptionType>`, `timeout`,
-    `bad_output`, `no_reward`, `judge_error:<ExceptionType>`, `judge_timeout`,
+    `bad_output` (not a WorkflowOutput, a field of the wrong type, a NaN/inf reward), `no_reward`,
+    `judge_error:<ExceptionType>` (also `:bad_return`, `:non_finite_reward`), `judge_timeout`,
     `infrastructure:<ExceptionType>` (retries exhausted), `session_error:<ExceptionType>`,
     `tracker_error:<ExceptionType>`. `error_message` holds the human-readable detail
     (the traceback for exceptions).

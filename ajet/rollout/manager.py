@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -35,6 +36,9 @@ class RolloutResult:
     ok_episodes: list[Episode]
     dropped_groups: list[str] = field(default_factory=list)
     max_in_flight: int = 0
+    # log_metrics keys already warned about for a NaN/inf value: shared by the manager's
+    # results, so a run warns once per key rather than once per step.
+    warned_keys: set[str] = field(default_factory=set, repr=False)
 
     def metrics(self) -> dict[str, float]:
         """Flat metrics for the step (see docs/outputs.md).
@@ -55,6 +59,7 @@ class RolloutResult:
             "rollout/retries": float(sum(e.retries for e in episodes)),
             "rollout/dropped_groups": float(len(self.dropped_groups)),
             "rollout/max_in_flight": float(self.max_in_flight),
+            "rollout/dropped_log_metrics": 0.0,
         }
         for reason, count in Counter(e.reason for e in not_ok).items():
             out[f"rollout/failed/{reason}"] = float(count)
@@ -66,19 +71,37 @@ class RolloutResult:
             out["reward/std"] = statistics.pstdev(rewards)
             out["success/rate"] = statistics.fmean(float(e.is_success) for e in ok)
             out["rollout/calls_per_episode"] = statistics.fmean(e.num_calls for e in ok)
-            out.update(_mean_log_metrics(ok))
+            out.update(_mean_log_metrics(ok, self.warned_keys))
         return out
 
 
-def _mean_log_metrics(episodes: list[Episode]) -> dict[str, float]:
+def _mean_log_metrics(episodes: list[Episode], warned: set[str]) -> dict[str, float]:
     """Mean of each `log_metrics` key over the episodes that report it. Judge breakdowns
-    (`judge/<component>`) keep their name; the workflow's own get the `workflow/` prefix."""
+    (`judge/<component>`) keep their name; the workflow's own get the `workflow/` prefix.
+
+    A NaN/inf value is left out of its mean (one would poison it) and counted in
+    `rollout/dropped_log_metrics`; the first time a key (not yet in `warned`) does so, a
+    warning names it.
+    """
     values: dict[str, list[float]] = defaultdict(list)
+    dropped = 0
     for e in episodes:
         for key, value in (e.output.log_metrics if e.output else {}).items():
             name = key if key.startswith("judge/") else f"workflow/{key}"
-            values[name].append(float(value))
-    return {name: statistics.fmean(v) for name, v in values.items()}
+            if math.isfinite(value):
+                values[name].append(float(value))
+                continue
+            dropped += 1
+            if name not in warned:
+                warned.add(name)
+                logger.warning(
+                    "log_metrics[%r] = %r in episode %s (task %s): not a finite number, left out "
+                    "of %s; counted in rollout/dropped_log_metrics (warned once per key)",
+                    key, value, e.episode_id, e.task.task_id, name,
+                )
+    out = {name: statistics.fmean(v) for name, v in values.items()}
+    out["rollout/dropped_log_metrics"] = float(dropped)
+    return out
 
 
 def drop_equal_reward_groups(episodes: list[Episode]) -> tuple[list[Episode], list[str]]:
@@ -98,6 +121,7 @@ class RolloutManager:
     def __init__(self, runner: TaskRunner, config: RolloutConfig) -> None:
         self.runner = runner
         self.config = config
+        self._warned_keys: set[str] = set()
 
     async def rollout(
         self, tasks: list[WorkflowTask], n: int | None = None, *, episode_prefix: str = ""
@@ -150,7 +174,8 @@ class RolloutManager:
                 "rollout: %d episodes, %d failed, %d timed out", len(episodes), failed, timeouts
             )
         return RolloutResult(
-            episodes=episodes, ok_episodes=ok, dropped_groups=dropped, max_in_flight=max_in_flight
+            episodes=episodes, ok_episodes=ok, dropped_groups=dropped,
+            max_in_flight=max_in_flight, warned_keys=self._warned_keys,
         )
 
 

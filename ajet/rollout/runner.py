@@ -22,15 +22,19 @@ import asyncio
 import dataclasses
 import inspect
 import logging
+import math
+import numbers
 import sys
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
+from pydantic import ValidationError
+
 from ajet.config.schema import RolloutConfig
 from ajet.rollout.episode import FAILED, OK, TIMEOUT, BadOutputError, Episode, InfrastructureError
-from ajet.workflow import Workflow, WorkflowOutput, WorkflowTask
+from ajet.workflow import Workflow, WorkflowOutput, WorkflowTask, describe_output_error
 
 logger = logging.getLogger(__name__)
 
@@ -178,25 +182,30 @@ class TaskRunner:
 
     def _record_workflow_error(self, episode: Episode, exc: BaseException) -> None:
         if isinstance(exc, BadOutputError):
-            _fail(episode, "bad_output", exc, with_traceback=False)
-        else:
-            _fail(episode, f"workflow_error:{type(exc).__name__}", exc)
+            self._bad_output(episode, str(exc))
+            return
+        if isinstance(exc, ValidationError) and exc.title == WorkflowOutput.__name__:
+            # The workflow built a WorkflowOutput with a wrong field (reward="high", NaN...).
+            self._bad_output(episode, f"invalid WorkflowOutput: {describe_output_error(exc)}")
+            return
+        _fail(episode, f"workflow_error:{type(exc).__name__}", exc)
         self._log_failure(episode, exc)
 
     # ------------------------------------------------------------------ reward
 
     async def _score(self, episode: Episode, output: Any) -> None:
         if not isinstance(output, WorkflowOutput):
-            episode.status, episode.reason = FAILED, "bad_output"
-            episode.error_message = (
+            self._bad_output(episode, (
                 f"execute returned {type(output).__name__}, not a WorkflowOutput; "
                 "return WorkflowOutput(reward=...) (or reward=None to let the judge score it)"
-            )
-            self._log_failure(episode, None)
+            ))
             return
         episode.output = output
         if output.reward is not None:
             reward, success = float(output.reward), output.is_success
+            if not math.isfinite(reward):  # assigned past validation (e.g. model_construct)
+                self._bad_output(episode, f"reward={reward!r}: a reward must be a finite number")
+                return
         elif self.judge is None:
             episode.status, episode.reason = FAILED, "no_reward"
             episode.error_message = (
@@ -238,16 +247,30 @@ class TaskRunner:
             _fail(episode, f"judge_error:{type(exc).__name__}", exc)
             self._log_failure(episode, exc)
             return None
-        if isinstance(verdict, tuple | list) and len(verdict) == 2:
-            return float(verdict[0]), (None if verdict[1] is None else bool(verdict[1]))
-        if isinstance(verdict, int | float) and not isinstance(verdict, bool):
-            return float(verdict), None
-        episode.status, episode.reason = FAILED, "judge_error:bad_return"
+        judged = _as_verdict(verdict)
+        if judged is not None and math.isfinite(judged[0]):
+            return judged
+        if judged is None:
+            episode.reason = "judge_error:bad_return"
+            expected = "expected (reward, is_success)"
+        else:
+            episode.reason = "judge_error:non_finite_reward"
+            expected = "a reward must be a finite number; the episode is not trained on"
+        episode.status = FAILED
         episode.error_message = (
-            f"{type(judge).__name__} returned {verdict!r:.80}; expected (reward, is_success)"
+            f"{type(judge).__name__} returned {verdict!r:.80} for task "
+            f"{episode.task.task_id!r}; {expected}"
         )
         self._log_failure(episode, None)
         return None
+
+    def _bad_output(self, episode: Episode, what: str) -> None:
+        """Fail the episode as `bad_output`; the message names the workflow and the task."""
+        episode.status, episode.reason = FAILED, "bad_output"
+        episode.error_message = (
+            f"{what} (workflow {self.workflow.name!r}, task {episode.task.task_id!r})"
+        )
+        self._log_failure(episode, None)
 
     # ------------------------------------------------------------------ bookkeeping
 
@@ -281,6 +304,16 @@ class TaskRunner:
             episode.reason,
             detail,
         )
+
+
+def _as_verdict(verdict: Any) -> tuple[float, bool | None] | None:
+    """A judge's return value as (reward, is_success), or None when it is neither a number
+    nor a pair. Strings are refused (no silent "0.7" -> 0.7), as in `WorkflowOutput`."""
+    reward, success = (verdict if isinstance(verdict, tuple | list) and len(verdict) == 2
+                       else (verdict, None))
+    if not isinstance(reward, numbers.Real) or isinstance(reward, bool):
+        return None
+    return float(reward), (None if success is None else bool(success))
 
 
 def _fail(

@@ -1,0 +1,190 @@
+"""Bad inputs from a new user (issue 16): each fails loudly, in one place, and takes nothing down.
+
+One test (or a parametrised group) per case: a NaN reward, a bad data line, a huge prompt, a
+duplicate YAML key, a non-finite setting, a coerced reward, a repaired tool call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from ajet.config.schema import RolloutConfig
+from ajet.rollout.loader import FunctionWorkflow
+from ajet.rollout.manager import RolloutManager
+from ajet.rollout.runner import TaskRunner
+from ajet.workflow import Workflow, WorkflowOutput, WorkflowTask
+
+NAN, INF = float("nan"), float("inf")
+
+# ------------------------------------------------------------------ rollout fakes
+
+
+@dataclass
+class Tracker:
+    calls: list[int] = field(default_factory=list)
+
+    def timelines(self) -> list[int]:
+        return list(self.calls)
+
+    def stats(self) -> dict[str, int]:
+        return {"calls": len(self.calls)}
+
+
+@dataclass
+class Handle:
+    tuner: Any
+    tracker: Tracker
+
+    def close(self) -> None:
+        pass
+
+
+class Factory:
+    def open_episode(self, episode_id: str, task: WorkflowTask) -> Handle:
+        tracker = Tracker([1])
+        return Handle(tuner=episode_id, tracker=tracker)
+
+
+class RewardFromTask(Workflow):
+    """Returns `task.metadata["reward"]` as is (NaN, inf, "0.7"...) in a WorkflowOutput."""
+
+    async def execute(self, task: WorkflowTask, tuner: Any) -> WorkflowOutput:
+        return WorkflowOutput(reward=task.metadata["reward"], log_metrics=task.metadata.get("log", {}))
+
+
+async def reward_fn(task: dict, model) -> float:  # noqa: ANN001 - the function form
+    return task["reward"]
+
+
+class ConstJudge:
+    def __init__(self, verdict: Any) -> None:
+        self.verdict = verdict
+
+    def compute_reward(self, task: WorkflowTask, output: WorkflowOutput) -> Any:
+        return self.verdict
+
+
+def tasks_with(rewards: list[Any], log: dict[str, Any] | None = None) -> list[WorkflowTask]:
+    log = log or {}
+    return [
+        WorkflowTask(task_id=f"t{i}", metadata={"reward": r, "log": log.get(f"t{i}", {})})
+        for i, r in enumerate(rewards)
+    ]
+
+
+def manager(workflow: Workflow, judge: Any = None) -> RolloutManager:
+    cfg = RolloutConfig(n=1, episode_timeout_s=5, max_retries=0)
+    return RolloutManager(TaskRunner(workflow, judge, Factory(), cfg), cfg)
+
+
+def rollout(workflow: Workflow, rewards: list[Any], judge: Any = None):
+    mgr = manager(workflow, judge)
+    try:
+        return asyncio.run(mgr.rollout(tasks_with(rewards)))
+    finally:
+        mgr.runner.close()
+
+
+# ------------------------------------------------------------------ 1. NaN / inf rewards
+
+
+@pytest.mark.parametrize("bad", [NAN, INF, -INF])
+@pytest.mark.parametrize("form", ["class", "function"])
+def test_non_finite_reward_fails_the_episode_as_bad_output(form: str, bad: float) -> None:
+    workflow = RewardFromTask() if form == "class" else FunctionWorkflow(reward_fn)
+    result = rollout(workflow, [1.0, bad, 0.0])
+    by_task = {e.task.task_id: e for e in result.episodes}
+    failed = by_task["t1"]
+    assert (failed.status, failed.reason) == ("failed", "bad_output")
+    assert repr(bad) in failed.error_message and "'t1'" in failed.error_message
+    assert [e.task.task_id for e in result.ok_episodes] == ["t0", "t2"]
+    m = result.metrics()  # crashed in statistics.pstdev before
+    assert m["rollout/failed/bad_output"] == 1 and m["reward/mean"] == 0.5
+    assert all(math.isfinite(v) for v in m.values())
+
+
+@pytest.mark.parametrize("verdict", [(NAN, False), (INF, True), -INF])
+def test_non_finite_reward_from_a_judge_fails_the_episode(verdict: Any) -> None:
+    result = rollout(RewardFromTask(), [None], judge=ConstJudge(verdict))
+    (ep,) = result.episodes
+    assert (ep.status, ep.reason) == ("failed", "judge_error:non_finite_reward")
+    assert "ConstJudge" in ep.error_message and "'t0'" in ep.error_message
+    assert "reward/mean" not in result.metrics()
+
+
+def test_non_finite_log_metrics_are_dropped_counted_and_warned_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    log = {"t0": {"turns": 2.0}, "t1": {"turns": NAN}, "t2": {"turns": 4.0, "judge/x": INF}}
+    mgr = manager(RewardFromTask())
+    with caplog.at_level(logging.WARNING, logger="ajet.rollout"):
+        m = asyncio.run(mgr.rollout(tasks_with([1.0, 1.0, 1.0], log))).metrics()
+        asyncio.run(mgr.rollout(tasks_with([1.0, 1.0, 1.0], log))).metrics()  # a second step
+    assert m["workflow/turns"] == 3.0 and "judge/x" not in m
+    assert m["rollout/dropped_log_metrics"] == 2
+    warned = [r.getMessage() for r in caplog.records if "log_metrics" in r.getMessage()]
+    assert len(warned) == 2  # one per key, not one per episode or step
+    assert any("'turns'" in w for w in warned) and any("'judge/x'" in w for w in warned)
+
+
+def test_advantages_refuse_non_finite_rewards() -> None:
+    from ajet.algorithms.advantages import (
+        compute_advantages,
+        grpo_advantages,
+        reinforce_pp_advantages,
+        rloo_advantages,
+    )
+    from ajet.config.schema import AlgorithmConfig
+
+    with pytest.raises(ValueError, match="'e1'.*nan"):
+        compute_advantages(AlgorithmConfig(), ["e0", "e1"], [1.0, NAN], ["g", "g"])
+    with pytest.raises(ValueError, match="'e0'.*inf"):
+        compute_advantages(
+            AlgorithmConfig(name="reinforce_pp"), ["e0"], [1.0], ["g"], step_rewards=[[INF]]
+        )
+    for fn in (grpo_advantages, rloo_advantages):
+        with pytest.raises(ValueError, match=r"rewards\[1\] is inf"):
+            fn([0.0, INF], ["g", "g"])
+    with pytest.raises(ValueError, match="finite"):
+        reinforce_pp_advantages([0.0, 1.0], step_rewards=[[NAN], None])
+
+
+# ------------------------------------------------------------------ 9. coerced rewards
+
+
+@pytest.mark.parametrize(
+    ("reward", "shown"), [("0.7", "reward='0.7' (str)"), ("high", "reward='high' (str)"),
+                          (True, "reward=True (bool)")],
+)
+def test_reward_of_the_wrong_type_is_bad_output_naming_field_value_and_workflow(
+    reward: Any, shown: str
+) -> None:
+    (ep,) = rollout(RewardFromTask(name="my_agent"), [reward]).episodes
+    assert (ep.status, ep.reason) == ("failed", "bad_output")
+    assert shown in ep.error_message and "valid number" in ep.error_message
+    assert "'my_agent'" in ep.error_message and "'t0'" in ep.error_message
+
+
+def test_workflow_output_types_are_strict_but_take_numpy_scalars() -> None:
+    import numpy as np
+    from pydantic import ValidationError
+
+    out = WorkflowOutput(reward=np.float32(0.5), is_success=np.bool_(True), log_metrics={"n": 3})
+    assert (out.reward, out.is_success, out.log_metrics) == (0.5, True, {"n": 3.0})
+    for bad in ({"reward": "0.7"}, {"is_success": 1}, {"is_success": "yes"},
+                {"step_rewards": [1.0, NAN]}, {"log_metrics": {"n": "3"}}):
+        with pytest.raises(ValidationError):
+            WorkflowOutput(**bad)
+    with pytest.raises(ValidationError, match="reward"):
+        out.reward = "0.9"  # assignment is checked too
+
+
+def test_judge_returning_a_string_is_not_coerced() -> None:
+    (ep,) = rollout(RewardFromTask(), [None], judge=ConstJudge(("0.7", True))).episodes
+    assert (ep.status, ep.reason) == ("failed", "judge_error:bad_return")
