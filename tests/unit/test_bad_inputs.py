@@ -188,3 +188,21 @@ def test_workflow_output_types_are_strict_but_take_numpy_scalars() -> None:
 def test_judge_returning_a_string_is_not_coerced() -> None:
     (ep,) = rollout(RewardFromTask(), [None], judge=ConstJudge(("0.7", True))).episodes
     assert (ep.status, ep.reason) == ("failed", "judge_error:bad_return")
+
+
+# ------------------------------------------------------------------ 2. non-UTF-8 data line
+
+
+def test_non_utf8_jsonl_line_is_a_malformed_line_fail_or_skip(tmp_path, caplog) -> None:
+    from ajet.config.schema import OnError
+    from ajet.task_reader.base import TaskReaderError
+    from ajet.task_reader.jsonl import read_jsonl_tasks
+
+    path = tmp_path / "train.jsonl"
+    path.write_bytes(b'{"question": "q1"}\n\xff\xfe\x00garbage\x80\n{"question": "caf\xc3\xa9"}\n')
+    with pytest.raises(TaskReaderError, match=rf"{path}:2: malformed task: not valid UTF-8"):
+        read_jsonl_tasks(path)  # a UnicodeDecodeError traceback before
+    with caplog.at_level(logging.WARNING, logger="ajet.task_reader"):
+        tasks, skipped = read_jsonl_tasks(path, on_error=OnError.skip)
+    assert [t.main_query for t in tasks] == ["q1", "café"] and skipped == 1
+    assert any(f"{path}:2" in r.getMessage() for r in caplog.records)
