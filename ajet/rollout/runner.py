@@ -10,10 +10,11 @@ exponential backoff.
 The runner keeps no global state: the workflow, judge and session factory are injected,
 so the same object can later live inside a Ray actor.
 
-Sync workflows: a `Workflow.execute` written as a plain `def` runs in one of the runner's
-worker threads. A thread cannot be killed: when such an episode times out, the episode is
-marked `timeout`, its handle is closed (further model calls from that thread fail) and the
-thread is abandoned until its code returns.
+Sync workflows: a `Workflow.execute` written as a plain `def` runs in a daemon thread of
+its own (`ajet.rollout.sync_threads`). A thread cannot be killed: when such an episode times
+out, the episode is marked `timeout`, its handle is closed (further model calls from that
+thread fail) and the thread is abandoned until its code returns; it never holds the process
+at exit, and `close()` logs the episodes abandoned.
 """
 
 from __future__ import annotations
@@ -27,13 +28,13 @@ import numbers
 import sys
 import time
 import traceback
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from pydantic import ValidationError
 
 from ajet.config.schema import RolloutConfig
 from ajet.rollout.episode import FAILED, OK, TIMEOUT, BadOutputError, Episode, InfrastructureError
+from ajet.rollout.sync_threads import SyncThreads
 from ajet.workflow import Workflow, WorkflowOutput, WorkflowTask, describe_output_error
 
 logger = logging.getLogger(__name__)
@@ -86,7 +87,7 @@ class TaskRunner:
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
         self._sync_execute = not inspect.iscoroutinefunction(type(workflow).execute)
-        self._executor: ThreadPoolExecutor | None = None
+        self._threads = SyncThreads()
 
     async def run_episode(self, task: WorkflowTask, episode_id: str, group_id: str) -> Episode:
         start = time.monotonic()
@@ -122,10 +123,8 @@ class TaskRunner:
         return episode
 
     def close(self) -> None:
-        """Release the worker threads of sync workflows (abandoned ones finish on their own)."""
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
-            self._executor = None
+        """Log the sync workflow calls still running: abandoned, they never hold the process."""
+        self._threads.close()
 
     # ------------------------------------------------------------------ one attempt
 
@@ -140,7 +139,7 @@ class TaskRunner:
             self._log_failure(episode, exc)
             return None
         try:
-            result = await self._execute_with_timeout(episode.task, handle.tuner)
+            result = await self._execute_with_timeout(episode, handle.tuner)
             if result is TIMEOUT:
                 episode.status, episode.reason = TIMEOUT, "timeout"
                 episode.error_message = (
@@ -158,10 +157,10 @@ class TaskRunner:
             await _close(handle, episode.episode_id)
         return None
 
-    async def _execute_with_timeout(self, task: WorkflowTask, tuner: Any) -> Any:
+    async def _execute_with_timeout(self, episode: Episode, tuner: Any) -> Any:
         async def guarded() -> Any:
             try:
-                return await self._execute(task, tuner)
+                return await self._execute(episode, tuner)
             except Exception as exc:  # noqa: BLE001 - carried out and classified by the caller
                 return _Raised(exc)
 
@@ -170,15 +169,13 @@ class TaskRunner:
         except asyncio.TimeoutError:
             return TIMEOUT
 
-    async def _execute(self, task: WorkflowTask, tuner: Any) -> Any:
+    async def _execute(self, episode: Episode, tuner: Any) -> Any:
         if not self._sync_execute:
-            return await self.workflow.execute(task, tuner)
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(
-                max_workers=self.config.max_concurrency, thread_name_prefix="ajet-workflow"
-            )
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self.workflow.execute, task, tuner)
+            return await self.workflow.execute(episode.task, tuner)
+        return await self._threads.run(
+            self.workflow.execute, episode.task, tuner,
+            episode_id=episode.episode_id, task_id=episode.task.task_id,
+        )
 
     def _record_workflow_error(self, episode: Episode, exc: BaseException) -> None:
         if isinstance(exc, BadOutputError):

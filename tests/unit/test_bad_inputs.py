@@ -206,3 +206,60 @@ def test_non_utf8_jsonl_line_is_a_malformed_line_fail_or_skip(tmp_path, caplog) 
         tasks, skipped = read_jsonl_tasks(path, on_error=OnError.skip)
     assert [t.main_query for t in tasks] == ["q1", "café"] and skipped == 1
     assert any(f"{path}:2" in r.getMessage() for r in caplog.records)
+
+
+# ------------------------------------------------------------------ 3. a sync execute that never returns
+
+HANGING_RUN = '''
+import asyncio, logging, sys, threading
+from ajet.config.schema import RolloutConfig
+from ajet.rollout.manager import RolloutManager
+from ajet.rollout.runner import TaskRunner
+from ajet.workflow import Workflow, WorkflowOutput, WorkflowTask
+sys.path.insert(0, sys.argv[1])
+from test_bad_inputs import Factory
+
+class Hangs(Workflow):
+    def execute(self, task, tuner):  # sync: runs in a thread that cannot be stopped
+        if task.task_id == "busy":
+            while True:
+                pass
+        if task.task_id == "blocked":
+            threading.Event().wait()
+        return WorkflowOutput(reward=1.0)
+
+logging.basicConfig(level=logging.WARNING, stream=sys.stdout)
+cfg = RolloutConfig(n=1, episode_timeout_s=0.5, max_retries=0, max_concurrency=2)
+runner = TaskRunner(Hangs(), None, Factory(), cfg)
+mgr = RolloutManager(runner, cfg)
+for step in range(3):  # hung threads must not starve later steps either
+    tasks = [WorkflowTask(task_id=t) for t in ("busy", "blocked", "fine")]
+    result = asyncio.run(mgr.rollout(tasks))
+    print("STEP", step, sorted((e.task.task_id, e.status) for e in result.episodes), flush=True)
+runner.close()
+print("DONE", flush=True)
+'''
+
+
+def test_a_sync_execute_that_never_returns_does_not_hold_the_process(tmp_path) -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "hangs.py"
+    script.write_text(HANGING_RUN)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    # Before: the ThreadPoolExecutor's workers were joined at exit, so this never ended, and
+    # with max_concurrency=2 the two hung workers made "fine" time out from step 1 on.
+    proc = subprocess.run([sys.executable, str(script), str(Path(__file__).parent)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    for step in range(3):
+        assert (f"STEP {step} [('blocked', 'timeout'), ('busy', 'timeout'), ('fine', 'ok')]"
+                in out), out
+    assert "DONE" in out
+    abandoned = next(line for line in out.splitlines() if "never returned" in line)
+    assert "6 sync workflow call(s)" in abandoned and "task busy" in abandoned
+    assert "task blocked" in abandoned and "task fine" not in abandoned
