@@ -79,6 +79,10 @@ class ChatFormat:
             eos_token_ids = {eos} if eos is not None else set()
         self.eos_token_ids: set[int] = set(eos_token_ids)
         self.native_tools = self._template_uses_tools()
+        # The longest token as vocabulary text: no token decodes to more characters (a
+        # byte-level token's vocab string has one character per byte), so a text of c
+        # characters is at least c / max_token_chars tokens, known without tokenising it.
+        self.max_token_chars = max((len(t) for t in tokenizer.get_vocab()), default=1) or 1
 
     # ------------------------------------------------------------------ render
     def render(

@@ -9,6 +9,7 @@ parses tool calls, and the call is recorded as an `LLMCall`. The `ModelTuner`
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections.abc import Callable
@@ -45,6 +46,7 @@ class ChatFormatLike(Protocol):
     """What the session needs from `ajet.engine.chat.ChatFormat`."""
 
     eos_token_ids: set[int]
+    max_token_chars: int  # no token decodes to more characters than this
 
     def decode(self, token_ids: list[int]) -> str: ...
 
@@ -256,7 +258,10 @@ class EpisodeSession:
             prefix = tool_choice_prefix(tool_choice, tools)
         except ValueError as err:
             raise InvalidRequestError(str(err)) from None
-        prompt_ids = self.tracker.build_prompt(role, messages, tools, prefix)
+        self._check_prompt_chars(messages)
+        # Rendering and tokenising a long prompt takes CPU time: off the loop that runs the
+        # episodes (the tracker is thread-safe), so one long prompt stalls only its own call.
+        prompt_ids = await asyncio.to_thread(self.tracker.build_prompt, role, messages, tools, prefix)
         requested = params.max_tokens
         params.max_tokens = self._budget(len(prompt_ids), requested)
         capped = params.max_tokens < requested
@@ -303,6 +308,31 @@ class EpisodeSession:
     def _count_failure(self) -> None:
         with self._lock:
             self.counters.failed_calls += 1
+
+    def _check_prompt_chars(self, messages: list[dict]) -> None:
+        """Refuse a prompt that cannot fit the model window, judged by its length in
+        characters, before it is rendered or tokenised (a 10 MB question took 74 s to
+        tokenise). Assistant turns are not counted: some templates drop parts of them
+        (e.g. earlier reasoning), and the count must stay a lower bound on the prompt."""
+        from ajet.context.budget import model_window
+
+        window = model_window(self.context, self.model_max_len)
+        if not window:
+            return
+        chars = sum(
+            _text_chars(m.get("content"))
+            for m in messages
+            if isinstance(m, dict) and m.get("role") != "assistant"
+        )
+        at_least = -(-chars // max(1, self.chat_format.max_token_chars))
+        if at_least >= window:
+            self._count_failure()
+            raise ContextBudgetError(
+                f"episode {self.episode_id}: the prompt has {chars} characters of messages, so at "
+                f"least {at_least} tokens, which leaves no room for a completion within the model "
+                f"window ({window} tokens); refused before tokenising. Shorten the conversation "
+                "(summarise or drop old turns, cut long documents) or raise context.max_model_len."
+            )
 
     def _budget(self, prompt_len: int, requested: int) -> int:
         from ajet.context.budget import call_budget
@@ -375,6 +405,20 @@ class EpisodeSession:
             "total_tokens": len(prompt_ids) + len(completion.token_ids),
         }
         return ChatResult(message, finish_reason, usage, call, text, malformed, capped)
+
+
+def _text_chars(content: Any) -> int:
+    """Characters of a message's text; what is not text counts 0 (the renderer refuses it)."""
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):
+        return sum(
+            len(b) if isinstance(b, str)
+            else len(b.get("text") or "") if isinstance(b, dict) and isinstance(b.get("text"), str)
+            else 0
+            for b in content
+        )
+    return 0
 
 
 def _single(completions: list[Completion]) -> Completion:

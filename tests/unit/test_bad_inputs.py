@@ -263,3 +263,92 @@ def test_a_sync_execute_that_never_returns_does_not_hold_the_process(tmp_path) -
     abandoned = next(line for line in out.splitlines() if "never returned" in line)
     assert "6 sync workflow call(s)" in abandoned and "task busy" in abandoned
     assert "task blocked" in abandoned and "task fine" not in abandoned
+
+
+# ------------------------------------------------------------------ 4. an over-long prompt
+
+
+class CountingChat:
+    """Wraps the fake chat format; counts render/encode calls and the threads they ran on."""
+
+    def __init__(self) -> None:
+        from test_tuner_fakes import FakeChat
+
+        self.inner = FakeChat()
+        self.eos_token_ids = self.inner.eos_token_ids
+        self.max_token_chars = self.inner.max_token_chars
+        self.threads: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def render(self, *args: Any, **kwargs: Any) -> str:
+        import threading
+
+        self.threads.append(threading.current_thread().name)
+        return self.inner.render(*args, **kwargs)
+
+
+def budget_session(chat: CountingChat, window: int):
+    from test_tuner_fakes import FakeEngine
+
+    from ajet.config.schema import ContextConfig
+    from ajet.context.tracker import ContextTracker
+    from ajet.tuner.session import EpisodeSession
+
+    tracker = ContextTracker(chat, None, ContextConfig())
+    return EpisodeSession("e0", FakeEngine(chat.inner, ["ok"]), chat, tracker,
+                          RolloutConfig(max_tokens=8), ContextConfig(), None, window)
+
+
+def test_an_over_long_prompt_fails_fast_before_tokenising() -> None:
+    from ajet.tuner.session import ContextBudgetError
+
+    chat = CountingChat()
+    session = budget_session(chat, window=1000)
+    huge = "x" * (1000 * chat.max_token_chars)  # cannot fit whatever the tokenizer does
+    with pytest.raises(ContextBudgetError, match="refused before tokenising"):
+        asyncio.run(session.chat("main", [{"role": "user", "content": huge}]))
+    assert chat.threads == [] and session.stats()["tuner/failed_calls"] == 1
+    # Under the bound: rendered and tokenised, off the loop's thread.
+    result = asyncio.run(session.chat("main", [{"role": "user", "content": "x" * 100}]))
+    assert result.message["content"] == "ok"
+    assert chat.threads and "MainThread" not in chat.threads
+
+
+def test_chat_format_max_token_chars_bounds_every_token(bundled_model_dir) -> None:
+    from transformers import AutoTokenizer
+
+    from ajet.engine.chat import ChatFormat
+
+    tok = AutoTokenizer.from_pretrained(bundled_model_dir)
+    chat = ChatFormat(tok)
+    longest = max(len(chat.decode([i])) for i in range(len(tok)))
+    assert 1 < longest <= chat.max_token_chars
+
+
+def test_the_watchdog_names_ajet_when_the_block_is_ajets(caplog, tmp_path) -> None:
+    import time
+    from pathlib import Path
+
+    import ajet
+    from ajet.rollout.watchdog import LoopWatchdog
+
+    # A function whose code lives in ajet's package (as the tokenizer call in tracker.py did)
+    # blocks the loop by calling into a library (time.sleep, as tokenizers' Rust code would).
+    namespace: dict[str, Any] = {"time": time}
+    fake = str(Path(ajet.__file__).parent / "context" / "slow_tokenize.py")
+    exec(compile("def encode():\n    time.sleep(1.2)\n", fake, "exec"), namespace)  # noqa: S102
+
+    async def main() -> None:
+        watchdog = LoopWatchdog(asyncio.get_running_loop(), threshold_s=0.4, interval_s=0.1).start()
+        try:
+            namespace["encode"]()
+        finally:
+            watchdog.stop()
+
+    with caplog.at_level(logging.WARNING, logger="ajet.rollout.watchdog"):
+        asyncio.run(main())
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert "ajet's own code (encode in slow_tokenize.py)" in warning and "bug in ajet" in warning
+    assert "Blocking code in an async workflow" not in warning

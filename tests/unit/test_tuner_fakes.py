@@ -36,6 +36,7 @@ class FakeChat:
     """ChatML with hermes-style tool calls; one token per character."""
 
     eos_token_ids = {EOS}
+    max_token_chars = max(len(tok) for tok in SPECIALS)
 
     def __init__(self) -> None:
         self._ids = 0
