@@ -165,6 +165,9 @@ class RolloutConfig:
     drop_equal_reward_groups: bool = False
     # Warn (with the blocking line) when user code blocks the rollout's event loop this long; 0 = off.
     blocked_loop_warn_s: float = 10.0
+    # Stop the run (non-zero exit, with the first episode's error) after this many consecutive
+    # steps in which every episode failed; 0 = never stop.
+    max_failed_steps: int = 3
 
 
 @dataclass

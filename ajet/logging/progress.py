@@ -57,7 +57,7 @@ class TrainingProgress:
             f"step {step}/{self.total}  reward {metrics.get('reward/mean', float('nan')):.3f}  "
             f"success {metrics.get('success/rate', float('nan')):.2f}  "
             f"tok/s {metrics.get('perf/tokens_per_s', 0.0):.0f}  "
-            f"failed {int(metrics.get('rollout/failed', 0))}"
+            f"failed {failed_counts(metrics)}"
         )
         done = step - self._start_step
         if done > 0:
@@ -72,3 +72,17 @@ class TrainingProgress:
     def close(self) -> None:
         if self._progress is not None:
             self._progress.stop()
+
+
+def failed_counts(metrics: dict[str, float]) -> str:
+    """"0", or e.g. "12/16 (workflow_error:RuntimeError 10, timeout 2)": failures by reason,
+    most frequent first, so a run whose episodes all fail shows why on every step."""
+    failed = int(metrics.get("rollout/failed", 0))
+    if not failed:
+        return "0"
+    prefix = "rollout/failed/"
+    reasons = sorted(((int(v), k[len(prefix):]) for k, v in metrics.items()
+                      if k.startswith(prefix) and v), reverse=True)
+    shown = ", ".join(f"{reason} {n}" for n, reason in reasons[:3])
+    more = ", …" if len(reasons) > 3 else ""
+    return f"{failed}/{int(metrics.get('rollout/episodes', failed))} ({shown}{more})"

@@ -352,3 +352,52 @@ def test_the_watchdog_names_ajet_when_the_block_is_ajets(caplog, tmp_path) -> No
     (warning,) = [r.getMessage() for r in caplog.records]
     assert "ajet's own code (encode in slow_tokenize.py)" in warning and "bug in ajet" in warning
     assert "Blocking code in an async workflow" not in warning
+
+
+# ------------------------------------------------------------------ 5. every episode failed
+
+
+class FailsOn(Workflow):
+    """Raises for the tasks listed in `task.metadata["fail"]` (truthy)."""
+
+    async def execute(self, task: WorkflowTask, tuner: Any) -> WorkflowOutput:
+        if task.metadata.get("fail"):
+            raise RuntimeError(f"client gave up after 120 s on {task.task_id}")
+        return WorkflowOutput(reward=1.0)
+
+
+def step_episodes(fail: list[bool]):
+    tasks = [WorkflowTask(task_id=f"t{i}", metadata={"fail": f}) for i, f in enumerate(fail)]
+    mgr = manager(FailsOn())
+    return asyncio.run(mgr.rollout(tasks)).episodes
+
+
+def test_consecutive_all_failed_steps_stop_the_run_with_reason_and_traceback() -> None:
+    from ajet.rollout.failed_steps import AllEpisodesFailedError, FailedSteps
+
+    guard = FailedSteps(max_failed_steps=3)
+    all_failed, one_ok = step_episodes([True, True]), step_episodes([True, False])
+    guard.observe(1, all_failed)
+    guard.observe(2, all_failed)
+    guard.observe(3, one_ok)  # one ok episode resets the streak
+    guard.observe(4, all_failed)
+    guard.observe(5, all_failed)
+    with pytest.raises(AllEpisodesFailedError) as info:
+        guard.observe(6, all_failed)
+    text = str(info.value)
+    assert "every episode failed in 3 consecutive steps (steps 4-6, 6 episodes)" in text
+    assert "Main reason: workflow_error:RuntimeError (6 of 6)" in text
+    assert "task 't0'" in text and "Traceback (most recent call last)" in text
+    assert "RuntimeError: client gave up after 120 s on t0" in text
+    never = FailedSteps(max_failed_steps=0)
+    for step in range(10):
+        never.observe(step, all_failed)  # 0 = never stop
+
+
+def test_progress_line_shows_failures_by_reason() -> None:
+    from ajet.logging.progress import failed_counts
+
+    m = {"rollout/episodes": 16.0, "rollout/failed": 16.0, "rollout/failed/timeout": 4.0,
+         "rollout/failed/workflow_error:RuntimeError": 12.0}
+    assert failed_counts(m) == "16/16 (workflow_error:RuntimeError 12, timeout 4)"
+    assert failed_counts({"rollout/failed": 0.0}) == "0"
