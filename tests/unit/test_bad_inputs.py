@@ -401,3 +401,36 @@ def test_progress_line_shows_failures_by_reason() -> None:
          "rollout/failed/workflow_error:RuntimeError": 12.0}
     assert failed_counts(m) == "16/16 (workflow_error:RuntimeError 12, timeout 4)"
     assert failed_counts({"rollout/failed": 0.0}) == "0"
+
+
+# ------------------------------------------------------------------ 6. duplicate YAML keys
+
+
+@pytest.mark.parametrize(("yaml_text", "key", "lines"), [
+    ("trainer:\n  total_steps: 1\nmodel: {path: m}\ntrainer:\n  lr: 0.001\n", "trainer", (4, 1)),
+    ("trainer:\n  total_steps: 1\n  lr: 0.1\n  total_steps: 2\n", "total_steps", (4, 2)),
+])
+def test_duplicate_yaml_keys_exit_2_naming_both_lines(tmp_path, yaml_text, key, lines) -> None:
+    from typer.testing import CliRunner
+
+    from ajet.cli import train as train_cmd
+    from ajet.config.loader import ConfigError, load_config
+
+    conf = tmp_path / "run.yaml"
+    conf.write_text(yaml_text)
+    second, first = lines
+    with pytest.raises(ConfigError, match=rf"{conf}:{second}: duplicate key '{key}' "
+                                          rf"\(first at {conf}:{first}\)"):
+        load_config(conf, require_workflow=False)
+    result = CliRunner().invoke(train_cmd.app, ["--conf", str(conf), "--dry-run"])
+    assert result.exit_code == 2 and "duplicate key" in result.output
+
+
+def test_yaml_merge_keys_and_equal_keys_in_different_sections_are_fine(tmp_path) -> None:
+    from ajet.config.loader import load_config
+
+    conf = tmp_path / "run.yaml"
+    conf.write_text("trainer:\n  <<: {total_steps: 2, batch_size: 3}\n"
+                    "  total_steps: 4\nrollout: {n: 2, max_tokens: 8}\n")
+    cfg = load_config(conf, require_workflow=False)
+    assert (cfg.trainer.total_steps, cfg.trainer.batch_size, cfg.rollout.n) == (4, 3, 2)
