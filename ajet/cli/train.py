@@ -61,7 +61,7 @@ def train(
         Path | None, typer.Option("--exp-dir", help="Experiment root (overrides project.exp_dir).")
     ] = None,
     dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Load, validate and print the resolved config, then exit.")
+        bool, typer.Option("--dry-run", help="Load and validate the config, import the workflow and judge, find the model; print the resolved config and exit.")
     ] = False,
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue from the experiment's last checkpoint.")
@@ -93,12 +93,16 @@ def train(
         if with_vllm and not dry_run:
             services.update(vllm_services(cfg, with_vllm))
         if dry_run:
+            from ajet.cli.preflight import preflight
+
+            checked = preflight(cfg)
             typer.echo("# resolved ajet config")
             typer.echo(to_yaml(cfg))
             translated = runner.translate(cfg)
             if translated is not None:
                 typer.echo(f"# translated {backbone.value} config")
                 typer.echo(translated)
+            typer.echo("".join(f"# checked: {line}\n" for line in checked), nl=False)
             return
         if not services:
             runner.run(cfg, with_ray=with_ray, resume=resume)

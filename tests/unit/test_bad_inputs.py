@@ -434,3 +434,39 @@ def test_yaml_merge_keys_and_equal_keys_in_different_sections_are_fine(tmp_path)
                     "  total_steps: 4\nrollout: {n: 2, max_tokens: 8}\n")
     cfg = load_config(conf, require_workflow=False)
     assert (cfg.trainer.total_steps, cfg.trainer.batch_size, cfg.rollout.n) == (4, 3, 2)
+
+
+# ------------------------------------------------------------------ 7. --dry-run checks what the run loads
+
+
+@pytest.mark.parametrize(("body", "target", "expect"), [
+    ("", "missing_agent.py:W", "file not found"),
+    ("", "agent.py:Missing", "Missing"),
+    ("", "no_such_pkg_xyz.agent:W", "no_such_pkg_xyz"),
+    ("judge: {type: 'no_such_judge_pkg.judges:J'}\n", "agent.py:W", "no_such_judge_pkg"),
+    ("judge: {type: 'agent.py:NoJudge'}\n", "agent.py:W", "NoJudge"),
+    ("", "agent.py:W", "/no/such/model_dir"),  # with the override model.path=...
+])
+def test_dry_run_fails_where_the_run_would(tmp_path, stub_run_conf, body, target, expect) -> None:
+    from typer.testing import CliRunner
+
+    from ajet.cli import train as train_cmd
+
+    conf = stub_run_conf(body)
+    conf.write_text(conf.read_text().replace("agent.py:W", target))
+    extra = ["model.path=/no/such/model_dir"] if "model" in expect else []
+    result = CliRunner().invoke(train_cmd.app, ["--conf", str(conf), "--dry-run", *extra])
+    assert result.exit_code == 2, result.output
+    assert expect in result.output and "Traceback" not in result.output
+    assert "# resolved ajet config" not in result.output
+
+
+def test_dry_run_passes_and_says_what_it_checked(stub_run_conf) -> None:
+    from typer.testing import CliRunner
+
+    from ajet.cli import train as train_cmd
+
+    result = CliRunner().invoke(train_cmd.app, ["--conf", str(stub_run_conf()), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "# checked: workflow" in result.output and "(W)" in result.output
+    assert "# checked: model.path" in result.output
