@@ -470,3 +470,55 @@ def test_dry_run_passes_and_says_what_it_checked(stub_run_conf) -> None:
     assert result.exit_code == 0, result.output
     assert "# checked: workflow" in result.output and "(W)" in result.output
     assert "# checked: model.path" in result.output
+
+
+# ------------------------------------------------------------------ 8. non-finite and out-of-range settings
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("rollout.temperature=inf", "rollout.temperature: must be a finite number, got inf"),
+    ("rollout.temperature=nan", "rollout.temperature: must be a finite number, got nan"),
+    ("trainer.lr=-inf", "trainer.lr: must be a finite number, got -inf"),
+    ("algorithm.entropy_coef=inf", "algorithm.entropy_coef: must be a finite number"),  # no range
+    ("eval.temperature=inf", "eval.temperature: must be a finite number"),  # float | None
+    ("sft.task_weights.math=nan", "sft.task_weights.math: must be a finite number"),
+    ("vllm_servers.judge.gpu_memory_utilization=inf",
+     "vllm_servers.judge.gpu_memory_utilization: must be a finite number"),
+    ("rollout.top_p=0", "rollout.top_p: must be in (0, 1], got 0.0"),
+    ("rollout.temperature=-0.5", "rollout.temperature: must be >= 0, got -0.5"),
+    ("trainer.grad_clip=0", "trainer.grad_clip: must be > 0, got 0.0"),
+    ("rollout.max_failed_steps=-1", "rollout.max_failed_steps: must be >= 0, got -1"),
+    ("vllm_servers.judge.port=70000", "vllm_servers.judge.port: must be in [0, 65535], got 70000"),
+])
+def test_every_float_setting_is_finite_and_in_its_declared_range(override, message) -> None:
+    from ajet.config.loader import ConfigError, load_config
+
+    extra = ["vllm_servers.judge.model=/m"] if override.startswith("vllm") else []
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override, *extra], require_workflow=False)
+    assert message in str(err.value)
+
+
+def test_every_float_field_of_the_schema_is_checked() -> None:
+    """A new float setting is checked too: the walk covers the whole schema, not a list."""
+    import dataclasses
+
+    from ajet.config.schema import AjetConfig
+    from ajet.config.validate import range_problems
+
+    cfg = AjetConfig()
+    floats: list[str] = []
+
+    def poison(node: Any, prefix: str) -> None:
+        for f in dataclasses.fields(node):
+            value = getattr(node, f.name)
+            if dataclasses.is_dataclass(value):
+                poison(value, f"{prefix}{f.name}.")
+            elif isinstance(value, float) or "float" in str(f.type) and value is None:
+                setattr(node, f.name, INF)
+                floats.append(f"{prefix}{f.name}")
+
+    poison(cfg, "")
+    assert len(floats) > 25 and "rollout.temperature" in floats
+    assert sorted(k for k, _ in range_problems(cfg)) == sorted(floats)
+    assert range_problems(AjetConfig()) == []  # every default is in range
