@@ -82,6 +82,7 @@ class ChatResult:
 class SessionCounters:
     calls: int = 0
     malformed_tool_calls: int = 0
+    repaired_tool_calls: int = 0
     capped_calls: int = 0
     failed_calls: int = 0
     prompt_tokens: int = 0
@@ -214,6 +215,7 @@ class EpisodeSession:
             return {
                 "tuner/calls": c.calls,
                 "tuner/malformed_tool_calls": c.malformed_tool_calls,
+                "tuner/repaired_tool_calls": c.repaired_tool_calls,
                 "tuner/capped_calls": c.capped_calls,
                 "tuner/failed_calls": c.failed_calls,
                 "tuner/prompt_tokens": c.prompt_tokens,
@@ -302,7 +304,15 @@ class EpisodeSession:
             except json.JSONDecodeError:
                 continue
             closed = self.chat_format.parse_completion(text.rstrip() + braces + "\n</tool_call>")
-            return parsed if closed.malformed_tool_call else closed
+            if closed.malformed_tool_call:
+                return parsed
+            what = f"closed the forced call with {braces + '</tool_call>'!r}"
+            if closed.repaired:
+                closed.repaired[-1] = f"{what}; {closed.repaired[-1]}"
+            else:
+                closed.repaired.append(what)
+            log.debug("episode %s: repaired tool call (%s): %r", self.episode_id, what, text)
+            return closed
         return parsed
 
     def _count_failure(self) -> None:
@@ -360,7 +370,7 @@ class EpisodeSession:
         prefix: str = "",
     ) -> ChatResult:
         text = prefix + completion_text(self.chat_format, completion.token_ids, params.stop)
-        malformed = False
+        malformed, repaired = False, 0
         if tool_choice == "none":
             message: dict[str, Any] = {"role": "assistant", "content": text}
         else:
@@ -368,6 +378,7 @@ class EpisodeSession:
             if prefix and parsed.malformed_tool_call:
                 parsed = self._close_forced_call(text, parsed)
             malformed = bool(parsed.malformed_tool_call)
+            repaired = len(parsed.repaired)
             message = self.chat_format.to_openai_message(parsed)
         finish_reason = "tool_calls" if message.get("tool_calls") else completion.finish_reason
         call = LLMCall(
@@ -381,6 +392,8 @@ class EpisodeSession:
             tools=tools,
             response_message=message,
             trainable=self.is_trainable(role),
+            repaired_tool_calls=repaired,
+            malformed_tool_call=malformed,
         )
         with self._lock:
             # A call still running when the episode ended is discarded, not recorded.
@@ -390,6 +403,7 @@ class EpisodeSession:
             c.calls += 1
             c.per_role_calls[role] = c.per_role_calls.get(role, 0) + 1
             c.malformed_tool_calls += int(malformed)
+            c.repaired_tool_calls += repaired
             c.capped_calls += int(capped)
             c.prompt_tokens += len(prompt_ids)
             c.completion_tokens += len(completion.token_ids)

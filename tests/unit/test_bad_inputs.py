@@ -522,3 +522,60 @@ def test_every_float_field_of_the_schema_is_checked() -> None:
     assert len(floats) > 25 and "rollout.temperature" in floats
     assert sorted(k for k, _ in range_problems(cfg)) == sorted(floats)
     assert range_problems(AjetConfig()) == []  # every default is in range
+
+
+# ------------------------------------------------------------------ 14. repaired tool calls
+
+
+@pytest.mark.parametrize(("body", "repair", "arguments"), [
+    ('{"name": "add", "description": "adds"}', "no 'arguments', given {}; dropped key(s) "
+     "['description']", {}),
+    ('{"name": "add", "parameters": {"a": 1}}', "'parameters' read as 'arguments'", {"a": 1}),
+    ('{"name": "add", "arguments": "{\\"a\\": 1}"}', "arguments decoded from a JSON string",
+     {"a": 1}),
+    ('{"name": "add", "arguments": {"a": 1}}', None, {"a": 1}),  # nothing to repair
+])
+def test_repaired_tool_calls_are_counted_apart_from_malformed_and_logged_raw(
+    caplog, body, repair, arguments
+) -> None:
+    import json
+
+    from ajet.engine.chat import parse_completion
+
+    raw = f"<tool_call>\n{body}\n</tool_call>"
+    with caplog.at_level(logging.DEBUG, logger="ajet.engine.chat"):
+        parsed = parse_completion(raw + "<tool_call>\nnot json\n</tool_call>")
+    (call,) = parsed.tool_calls
+    assert json.loads(call["function"]["arguments"]) == arguments
+    assert parsed.malformed_tool_call  # the second block
+    assert parsed.repaired == ([repair] if repair else [])
+    debug = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
+    assert (any(repair in m and repr(raw) in m for m in debug) if repair else debug == [])
+
+
+def test_repaired_and_malformed_tool_calls_reach_the_episode_metrics() -> None:
+    from test_tuner_fakes import FakeChat, FakeEngine
+
+    from ajet.config.schema import ContextConfig
+    from ajet.context.tracker import ContextTracker
+    from ajet.engine.chat import parse_completion, to_openai_message
+    from ajet.tuner.session import EpisodeSession
+
+    class RealParser(FakeChat):  # the fake's tokens, the real reply parser
+        def parse_completion(self, text: str) -> Any:
+            return parse_completion(text)
+
+        def to_openai_message(self, parsed: Any) -> dict:
+            return to_openai_message(parsed)
+
+    chat = RealParser()
+    script = ['<tool_call>\n{"name": "add", "description": "x"}\n</tool_call>',
+              "<tool_call>\nbroken\n</tool_call>", "plain"]
+    tracker = ContextTracker(chat, None, ContextConfig())
+    session = EpisodeSession("e0", FakeEngine(chat, script), chat, tracker,
+                             RolloutConfig(max_tokens=200), ContextConfig(), None, 4096)
+    for _ in script:
+        asyncio.run(session.chat("main", [{"role": "user", "content": "hi"}]))
+    stats = tracker.stats()  # what the runner puts in the episode (context/... metrics)
+    assert (stats["tool_calls/repaired"], stats["tool_calls/malformed"]) == (1.0, 1.0)
+    assert session.stats()["tuner/repaired_tool_calls"] == 1

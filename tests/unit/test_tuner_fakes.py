@@ -30,6 +30,7 @@ class Parsed:
     content: str
     tool_calls: list[dict]
     malformed_tool_call: bool
+    repaired: list[str] = field(default_factory=list)
 
 
 class FakeChat:
