@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from ajet.config.schema import RolloutConfig
 from ajet.rollout.episode import FAILED, OK, TIMEOUT, Episode
 from ajet.rollout.runner import TaskRunner
+from ajet.rollout.sync_threads import use_daemon_default_executor
 from ajet.workflow import WorkflowTask
 
 logger = logging.getLogger(__name__)
@@ -135,6 +136,9 @@ class RolloutManager:
         n = self.config.n if n is None else n
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
+        # `asyncio.to_thread` in a workflow (and ajet's own prompt building) must not leave a
+        # thread the interpreter joins at exit: a call that never returns would hold the run.
+        use_daemon_default_executor(asyncio.get_running_loop())
         semaphore = asyncio.Semaphore(self.config.max_concurrency)
         in_flight = 0
         max_in_flight = 0

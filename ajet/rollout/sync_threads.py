@@ -7,7 +7,8 @@ training had finished; and its fixed set of workers fills up with hung calls, af
 every later episode times out while still queued. Here each call gets its own daemon
 thread (the manager already bounds how many episodes run), an abandoned one is left to
 finish on its own, and the interpreter does not wait for it at exit. `close()` names the
-episodes still running so the log says what was abandoned.
+episodes still running so the log says what was abandoned. `DaemonExecutor` does the same
+for the episodes' loop's default executor (`asyncio.to_thread` in an async workflow).
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import asyncio
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,3 +99,42 @@ class SyncThreads:
             "stopped; the process exits without waiting for them): %s%s. Give blocking calls "
             "in execute a timeout.", len(running), shown, more,
         )
+
+
+class DaemonExecutor(ThreadPoolExecutor):
+    """A loop's default executor (what `asyncio.to_thread` and `run_in_executor(None, ...)`
+    use) that runs each call in a fresh daemon thread. A workflow that hands a call which
+    never returns to `asyncio.to_thread` (a socket read without timeout) then cannot hold the
+    process at exit either: the standard pool's workers are joined by the interpreter.
+    A ThreadPoolExecutor only because `loop.set_default_executor` accepts nothing else; its
+    own worker pool is never used."""
+
+    def __init__(self) -> None:
+        super().__init__(max_workers=1, thread_name_prefix="ajet-to-thread")
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
+        future: Future = Future()
+
+        def target() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as exc:  # noqa: BLE001 - handed to whoever awaits the future
+                future.set_exception(exc)
+
+        threading.Thread(target=target, name="ajet-to-thread", daemon=True).start()
+        return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Nothing to join: the threads are daemons, and a call still running is abandoned."""
+
+
+_DAEMON_LOOPS: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
+
+
+def use_daemon_default_executor(loop: asyncio.AbstractEventLoop) -> None:
+    """Make `loop`'s default executor a `DaemonExecutor` (once per loop)."""
+    if loop not in _DAEMON_LOOPS:
+        loop.set_default_executor(DaemonExecutor())
+        _DAEMON_LOOPS.add(loop)

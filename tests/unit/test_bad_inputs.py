@@ -228,6 +228,10 @@ class Hangs(Workflow):
             threading.Event().wait()
         return WorkflowOutput(reward=1.0)
 
+class AsyncHangs(Workflow):
+    async def execute(self, task, tuner):  # a blocking call handed to asyncio.to_thread
+        await asyncio.to_thread(threading.Event().wait)
+
 logging.basicConfig(level=logging.WARNING, stream=sys.stdout)
 cfg = RolloutConfig(n=1, episode_timeout_s=0.5, max_retries=0, max_concurrency=2)
 runner = TaskRunner(Hangs(), None, Factory(), cfg)
@@ -237,6 +241,10 @@ for step in range(3):  # hung threads must not starve later steps either
     result = asyncio.run(mgr.rollout(tasks))
     print("STEP", step, sorted((e.task.task_id, e.status) for e in result.episodes), flush=True)
 runner.close()
+cfg = RolloutConfig(n=2, episode_timeout_s=0.5, max_retries=0)
+result = asyncio.run(RolloutManager(TaskRunner(AsyncHangs(), None, Factory(), cfg), cfg).rollout(
+    [WorkflowTask(task_id="to_thread")]))
+print("ASYNC", sorted(e.status for e in result.episodes), flush=True)
 print("DONE", flush=True)
 '''
 
@@ -259,7 +267,7 @@ def test_a_sync_execute_that_never_returns_does_not_hold_the_process(tmp_path) -
     for step in range(3):
         assert (f"STEP {step} [('blocked', 'timeout'), ('busy', 'timeout'), ('fine', 'ok')]"
                 in out), out
-    assert "DONE" in out
+    assert "ASYNC ['timeout', 'timeout']" in out and "DONE" in out
     abandoned = next(line for line in out.splitlines() if "never returned" in line)
     assert "6 sync workflow call(s)" in abandoned and "task busy" in abandoned
     assert "task blocked" in abandoned and "task fine" not in abandoned
