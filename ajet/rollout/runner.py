@@ -34,7 +34,7 @@ from pydantic import ValidationError
 
 from ajet.config.schema import RolloutConfig
 from ajet.rollout.episode import FAILED, OK, TIMEOUT, BadOutputError, Episode, InfrastructureError
-from ajet.rollout.sync_threads import SyncThreads
+from ajet.rollout.sync_threads import CURRENT_EPISODE, log_abandoned, run_in_daemon_thread
 from ajet.workflow import Workflow, WorkflowOutput, WorkflowTask, describe_output_error
 
 logger = logging.getLogger(__name__)
@@ -87,7 +87,6 @@ class TaskRunner:
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
         self._sync_execute = not inspect.iscoroutinefunction(type(workflow).execute)
-        self._threads = SyncThreads()
 
     async def run_episode(self, task: WorkflowTask, episode_id: str, group_id: str) -> Episode:
         start = time.monotonic()
@@ -123,8 +122,8 @@ class TaskRunner:
         return episode
 
     def close(self) -> None:
-        """Log the sync workflow calls still running: abandoned, they never hold the process."""
-        self._threads.close()
+        """Log the episodes' calls still running: abandoned, they never hold the process."""
+        log_abandoned()
 
     # ------------------------------------------------------------------ one attempt
 
@@ -159,6 +158,8 @@ class TaskRunner:
 
     async def _execute_with_timeout(self, episode: Episode, tuner: Any) -> Any:
         async def guarded() -> Any:
+            # Set inside the task wait_for creates, so the episode's threads are named for it.
+            CURRENT_EPISODE.set((episode.episode_id, episode.task.task_id))
             try:
                 return await self._execute(episode, tuner)
             except Exception as exc:  # noqa: BLE001 - carried out and classified by the caller
@@ -172,10 +173,7 @@ class TaskRunner:
     async def _execute(self, episode: Episode, tuner: Any) -> Any:
         if not self._sync_execute:
             return await self.workflow.execute(episode.task, tuner)
-        return await self._threads.run(
-            self.workflow.execute, episode.task, tuner,
-            episode_id=episode.episode_id, task_id=episode.task.task_id,
-        )
+        return await run_in_daemon_thread(self.workflow.execute, episode.task, tuner)
 
     def _record_workflow_error(self, episode: Episode, exc: BaseException) -> None:
         if isinstance(exc, BadOutputError):
