@@ -86,7 +86,7 @@ def tiny_model(out: Path) -> Path:
     return out
 
 
-def write_run(work: Path, steps: int, n: int) -> Path:
+def write_run(work: Path, steps: int, n: int, timeout_s: float) -> Path:
     model = tiny_model(work / "model")
     (work / "chaos_agent.py").write_text(WORKFLOW)
     (work / "train.jsonl").write_text("".join(
@@ -98,7 +98,7 @@ def write_run(work: Path, steps: int, n: int) -> Path:
         f"model: {{path: {model}}}\n"
         "workflow: {target: chaos_agent.py:Chaos}\n"
         "task_reader: {jsonl: {train_path: train.jsonl}}\n"
-        f"rollout: {{n: {n}, max_tokens: 8, episode_timeout_s: 4, max_retries: 0}}\n"
+        f"rollout: {{n: {n}, max_tokens: 8, episode_timeout_s: {timeout_s}, max_retries: 0}}\n"
         f"trainer: {{total_steps: {steps}, batch_size: {len(TASKS)}, save_every: 1, lr: 1.0e-4}}\n"
         "logging: {quiet: true, tensorboard: false}\n"
     )
@@ -203,13 +203,17 @@ def main() -> int:
     parser.add_argument("--work-dir", type=Path, default=None, help="default: a temp dir")
     parser.add_argument("--keep", action="store_true", help="keep the work dir")
     parser.add_argument("--limit-s", type=float, default=900, help="per run")
+    parser.add_argument("--episode-timeout-s", type=float, default=15,
+                        help="rollout.episode_timeout_s: each step waits this long for the hung "
+                             "episodes; too short and a slow first step (imports, warm-up on a "
+                             "busy CPU) times healthy episodes out")
     args = parser.parse_args()
     if not 1 <= args.kill_after < args.steps:
         parser.error("--kill-after must be in [1, --steps)")
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="ajet-chaos-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
-        conf = write_run(work, args.steps, args.n)
+        conf = write_run(work, args.steps, args.n, args.episode_timeout_s)
         run_dir = work / "runs" / "chaos"
         first_s = kill_after(conf, run_dir, args.kill_after, work / "run1.log", args.limit_s)
         print(f"run 1: SIGKILL after step {args.kill_after} was logged ({first_s:.1f} s)")
