@@ -589,3 +589,24 @@ def test_repaired_and_malformed_tool_calls_reach_the_episode_metrics() -> None:
     stats = tracker.stats()  # what the runner puts in the episode (context/... metrics)
     assert (stats["tool_calls/repaired"], stats["tool_calls/malformed"]) == (1.0, 1.0)
     assert session.stats()["tuner/repaired_tool_calls"] == 1
+
+
+def test_a_forced_call_closed_for_the_model_counts_as_repaired(caplog) -> None:
+    from pydantic import BaseModel
+    from test_tuner_fakes import make_session
+    from test_tuner_model import AS_MESSAGES
+
+    from ajet.tuner import ModelTuner
+
+    class Answer(BaseModel):
+        value: int
+
+    session, _, tracker, _ = make_session(['"value": 7', '"value": 8}}\n</tool_call>'])
+    tuner = ModelTuner(session)
+    with caplog.at_level(logging.DEBUG, logger="ajet.tuner.session"):
+        assert asyncio.run(tuner(AS_MESSAGES, structured_model=Answer)).metadata == {"value": 7}
+        assert asyncio.run(tuner(AS_MESSAGES, structured_model=Answer)).metadata == {"value": 8}
+    assert [c.repaired_tool_calls for c in tracker.calls] == [1, 0]  # the second was complete
+    assert session.stats()["tuner/repaired_tool_calls"] == 1
+    (debug,) = [r.getMessage() for r in caplog.records if "repaired tool call" in r.getMessage()]
+    assert "closed the forced call with '}}</tool_call>'" in debug and '"value": 7' in debug
