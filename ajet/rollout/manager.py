@@ -40,6 +40,8 @@ class RolloutResult:
     # log_metrics keys already warned about for a NaN/inf value: shared by the manager's
     # results, so a run warns once per key rather than once per step.
     warned_keys: set[str] = field(default_factory=set, repr=False)
+    # Metrics of the episode source itself (e.g. the remote broker's `remote/*`), logged as is.
+    extra_metrics: dict[str, float] = field(default_factory=dict)
 
     def metrics(self) -> dict[str, float]:
         """Flat metrics for the step (see docs/outputs.md).
@@ -73,6 +75,7 @@ class RolloutResult:
             out["success/rate"] = statistics.fmean(float(e.is_success) for e in ok)
             out["rollout/calls_per_episode"] = statistics.fmean(e.num_calls for e in ok)
             out.update(_mean_log_metrics(ok, self.warned_keys))
+        out.update(self.extra_metrics)
         return out
 
 
