@@ -610,3 +610,14 @@ def test_a_forced_call_closed_for_the_model_counts_as_repaired(caplog) -> None:
     assert session.stats()["tuner/repaired_tool_calls"] == 1
     (debug,) = [r.getMessage() for r in caplog.records if "repaired tool call" in r.getMessage()]
     assert "closed the forced call with '}}</tool_call>'" in debug and '"value": 7' in debug
+
+
+def test_the_episode_api_refuses_a_non_finite_or_string_reward() -> None:
+    from pydantic import ValidationError
+
+    from ajet.tuner.episode_api import FinishRequest
+
+    assert FinishRequest.model_validate_json('{"reward": 1}').reward == 1.0
+    for body in ('{"reward": NaN}', '{"reward": Infinity}', '{"reward": "0.7"}'):
+        with pytest.raises(ValidationError, match="reward"):
+            FinishRequest.model_validate_json(body)
