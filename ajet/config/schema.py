@@ -150,6 +150,16 @@ class JudgeConfig:
 
 
 @dataclass
+class DynamicSamplingConfig:
+    # Drop the groups whose rewards are all equal (no GRPO signal) and refill the batch by
+    # rolling out more tasks (DAPO's dynamic sampling; ajet/rollout/dynamic.py).
+    enabled: bool = False
+    # Rollout rounds per step, the first included: at most trainer.batch_size * max_rounds
+    # tasks; when the cap is reached the step trains on the groups it has.
+    max_rounds: int = 3
+
+
+@dataclass
 class RolloutConfig:
     # Episodes per task (the GRPO group size).
     n: int = 4
@@ -165,6 +175,12 @@ class RolloutConfig:
     drop_equal_reward_groups: bool = False
     # Warn (with the blocking line) when user code blocks the rollout's event loop this long; 0 = off.
     blocked_loop_warn_s: float = 10.0
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
+    # tool_choice for each role's first call in an episode when that call offers tools and
+    # sets no tool_choice of its own (or "auto"): "" = leave it to the workflow; "required" =
+    # start the reply with a tool call (the model picks the tool); a function name = call that
+    # tool. The forced start is context, not trained (see EpisodeSession.chat).
+    first_call_tool_choice: str = ""
 
 
 @dataclass

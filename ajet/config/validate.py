@@ -63,6 +63,7 @@ def validate(cfg: AjetConfig, *, require_workflow: bool = True) -> list[tuple[st
     need(0 < r.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
     need(r.top_k >= 0, "rollout.top_k", "must be >= 0 (0 = off)")
     need(r.max_tokens >= 1, "rollout.max_tokens", "must be >= 1")
+    need(r.dynamic_sampling.max_rounds >= 1, "rollout.dynamic_sampling.max_rounds", "must be >= 1")
     need(
         r.max_tokens <= cfg.context.max_call_tokens,
         "rollout.max_tokens",

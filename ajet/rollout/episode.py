@@ -54,6 +54,9 @@ class Episode:
     timelines: list[Any] = field(default_factory=list)  # ajet.context.types.Timeline
     tracker_stats: dict[str, Any] = field(default_factory=dict)
     num_calls: int = 0
+    # Tool calls the model attempted / made validly (`ajet.rollout.agent_metrics.count_tool_calls`).
+    tool_calls: int = 0
+    valid_tool_calls: int = 0
     duration_s: float = 0.0
     retries: int = 0
 

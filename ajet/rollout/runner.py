@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from ajet.config.schema import RolloutConfig
+from ajet.rollout.agent_metrics import count_tool_calls
 from ajet.rollout.episode import FAILED, OK, TIMEOUT, BadOutputError, Episode, InfrastructureError
 from ajet.workflow import Workflow, WorkflowOutput, WorkflowTask
 
@@ -256,6 +257,7 @@ class TaskRunner:
             return
         try:
             episode.num_calls = len(tracker.calls)
+            episode.tool_calls, episode.valid_tool_calls = count_tool_calls(tracker.calls)
             stats = tracker.stats()
             episode.tracker_stats = (
                 dataclasses.asdict(stats) if dataclasses.is_dataclass(stats) else dict(stats)
