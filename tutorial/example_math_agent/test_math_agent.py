@@ -4,6 +4,7 @@ one step on the debug backbone; and the variants' calculator tool answers tool c
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,8 @@ def test_one_step(conf: str, one_step) -> None:
     assert metrics["rollout/failed"] == 0, {k: v for k, v in metrics.items() if "failed" in k}
     assert metrics["context/calls"] >= metrics["rollout/episodes"]
     assert 0.0 <= metrics["reward/mean"] <= 1.0
+    # tool use is counted from the tracker's records, whatever the agent's framework
+    assert 0.0 <= metrics["agent/tool_call_rate"] <= 1.0 and metrics["agent/calls_per_episode"] >= 1.0
     if conf != "math_agent.yaml":
         assert "workflow/tool_calls" in metrics  # the variant's own log_metrics reached the logger
     records = run.records(1)
@@ -43,3 +46,37 @@ def test_calculator_tool_call(monkeypatch: pytest.MonkeyPatch) -> None:
     assert run_tool_call(call("calculate", "not json")).startswith("error: bad arguments")
     assert run_tool_call(call("calculate", "{}")).startswith("error: bad arguments")
     assert "unknown tool" in run_tool_call(call("search", "{}"))
+
+
+def test_data_and_demos_regenerate_identically(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(HERE))
+    import make_data
+    import make_demos
+
+    for path in make_data.main(tmp_path):
+        assert path.read_text() == (HERE / path.name).read_text()
+    assert make_demos.main(tmp_path, count=8).read_text().splitlines() == (
+        (HERE / "demos.jsonl").read_text().splitlines()[:8])
+
+
+def test_val_is_held_out_and_needs_the_calculator() -> None:
+    def read(name: str) -> list[dict]:
+        return [json.loads(line) for line in (HERE / name).read_text().splitlines()]
+
+    train, val = read("train.jsonl"), read("val.jsonl")
+    assert len(val) == 32 and not {t["question"] for t in val} & QUESTIONS
+    for task in train + val:
+        assert re.search(r"\b\d\d \* \d\d\b", task["expression"])  # a two-digit product at least
+    demos = read("demos.jsonl")
+    asked = {m["content"][0]["text"] for d in demos for m in d["messages"] if m["role"] == "user"}
+    assert asked <= QUESTIONS  # demonstrations come from the train split only
+
+
+def test_demos_call_the_tool_then_copy_its_result() -> None:
+    for line in (HERE / "demos.jsonl").read_text().splitlines():
+        dialog = json.loads(line)
+        system, user, call, result, answer = dialog["messages"]
+        (tool_call,) = call["tool_calls"]
+        assert tool_call["function"]["name"] == "calculate"
+        assert result["role"] == "tool" and result["tool_call_id"] == tool_call["id"]
+        assert answer == {"role": "assistant", "content": f"\\boxed{{{result['content']}}}"}
