@@ -4,12 +4,16 @@ one step on the debug backbone; and the variants' calculator tool answers tool c
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 HERE = Path(__file__).parent
+REPO = HERE.parent.parent
 QUESTIONS = {json.loads(line)["question"] for line in (HERE / "train.jsonl").read_text().splitlines()}
 
 
@@ -17,7 +21,8 @@ QUESTIONS = {json.loads(line)["question"] for line in (HERE / "train.jsonl").rea
 @pytest.mark.integration
 @pytest.mark.parametrize("conf", ["math_agent.yaml", "math_agent_openai.yaml", "math_agent_http.yaml"])
 def test_one_step(conf: str, one_step) -> None:
-    run = one_step(HERE / conf)
+    # math_agent.yaml is a pipeline (eval, sft, grpo, eval): GRPO alone here (no stages).
+    run = one_step(HERE / conf, *(["pipeline.stages=[]"] if conf == "math_agent.yaml" else []))
     metrics = run.assert_completed()
     # The agent code ran against the gateway without an error, and the math judge scored
     # every episode (a judge or agent failure would be a `rollout/failed/<reason>`).
@@ -80,3 +85,24 @@ def test_demos_call_the_tool_then_copy_its_result() -> None:
         assert tool_call["function"]["name"] == "calculate"
         assert result["role"] == "tool" and result["tool_call_id"] == tool_call["id"]
         assert answer == {"role": "assistant", "content": f"\\boxed{{{result['content']}}}"}
+
+
+@pytest.mark.tutorial
+@pytest.mark.integration
+def test_the_demo_pipeline_and_its_summary(one_step) -> None:
+    """`make demo`'s pipeline, shrunk (8 demonstrations, 4 val tasks, one GRPO step), then
+    `ajet summary` on its run dir."""
+    run = one_step(HERE / "math_agent.yaml", "sft.coreset.size=8", "eval.max_tasks=4")
+    assert run.returncode == 0, run.stderr[-4000:]
+    stages = json.loads((run.run_dir / "pipeline.json").read_text())["stages"]
+    assert [s["stage"] for s in stages] == ["eval", "sft", "grpo", "eval"]
+    for stage in (stages[0], stages[3]):
+        report = json.loads(Path(stage["eval"]).read_text())
+        assert report["metrics"]["episodes"] == 4 and "agent/tool_call_rate" in report["metrics"]
+    summary = subprocess.run([sys.executable, "-m", "ajet.cli.main", "summary", str(run.run_dir)],
+                             capture_output=True, text=True, timeout=120, cwd=REPO,
+                             env={**os.environ, "COLUMNS": "200"})
+    assert summary.returncode == 0, summary.stderr
+    assert "01_base" in summary.stdout and "04_grpo" in summary.stdout and "val success" in summary.stdout
+    assert f"ajet view {stages[2]['run_dir']} --serve" in summary.stdout
+    assert "wall time:" in summary.stdout
