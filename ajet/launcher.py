@@ -39,12 +39,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ajet.cli.common import UserError
+from ajet.errors import SetupError
 
 log = logging.getLogger(__name__)
 
 
-class LaunchError(UserError):
+class LaunchError(SetupError):
     """A service, cluster or GPU the run needs is not there (exit code 1, no traceback)."""
 
 

@@ -62,7 +62,9 @@ def tune(
         from ajet.logging.setup import configure_logging
 
         configure_logging(cfg.logging.level, quiet=cfg.logging.quiet)
-    runner.run(cfg, with_ray=with_ray, resume=resume, workflow=wf)  # type: ignore[call-arg]
+    from ajet.pipeline import run
+
+    run(cfg, runner, backbone=backbone, with_ray=with_ray, resume=resume, workflow=wf)
 
 
 class _CallableModule(types.ModuleType):

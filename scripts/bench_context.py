@@ -195,7 +195,7 @@ def samples_of(episodes: list[Episode]) -> tuple[list[Sample], list[Sample], int
             merge_timelines(ep.tracker.timelines()), episode_id=eid, group_id="g", reward=1.0
         )
     for s in per_call + merged:
-        s.advantages = [1.0] * len(s.input_ids)
+        s.advantage = [1.0] * len(s.input_ids)
     return per_call, merged, sum(len(ep.tracker.calls) for ep in episodes)
 
 

@@ -59,7 +59,7 @@ def trl_rows(per_call) -> list[dict]:
             "prompt": sample.input_ids[:first],
             "completion": sample.input_ids[first:last + 1],
             "old": sample.old_logprobs[first:last + 1],
-            "advantage": sample.advantages[first] if sample.advantages else 0.5,
+            "advantage": sample.advantage[first] if sample.advantage else 0.5,
         })
     return rows
 
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         episodes = WORKLOADS[name](renderer, random.Random(0))
         per_call, merged, _distinct = samples_of(episodes)
         for s in per_call + merged:  # a non-zero advantage everywhere so every token trains
-            s.advantages = [0.5 * m for m in s.loss_mask]
+            s.advantage = [0.5 * m for m in s.loss_mask]
         logical = sum(len(s.input_ids) for s in per_call)
         ours = min(ours_update(model, merged, args.micro_batch_tokens) for _ in range(args.repeats))
         row = {"logical_tokens": logical, "ours_s": ours, "ours_tok_s": logical / ours}

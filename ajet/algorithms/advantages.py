@@ -161,7 +161,7 @@ def assign_token_advantages(
     samples: Sequence[Sample],
     episode_advantages: dict[str, float] | dict[str, list[float]],
 ) -> None:
-    """Fill `sample.advantages` per token: the episode's value on trained tokens, 0 elsewhere.
+    """Fill `sample.advantage` per token: the episode's value on trained tokens, 0 elsewhere.
 
     Per-step values (a list per episode, indexed by call index) need the sample's
     `token_call_ids` (call index per token, -1 where untrained). Samples without that
@@ -177,7 +177,7 @@ def assign_token_advantages(
         value = episode_advantages[sample.episode_id]
         mask = sample.loss_mask
         if not isinstance(value, list):
-            sample.advantages = [float(value) if m else 0.0 for m in mask]
+            sample.advantage = [float(value) if m else 0.0 for m in mask]
             continue
         if not value:
             raise ValueError(f"episode {sample.episode_id!r} has an empty list of step advantages")
@@ -189,14 +189,14 @@ def assign_token_advantages(
                     "episode-level value (step 0)"
                 )
                 warned = True
-            sample.advantages = [float(value[0]) if m else 0.0 for m in mask]
+            sample.advantage = [float(value[0]) if m else 0.0 for m in mask]
             continue
         if len(call_ids) != len(mask):
             raise ValueError(
                 f"sample of episode {sample.episode_id!r}: token_call_ids ({len(call_ids)}) and "
                 f"loss_mask ({len(mask)}) differ in length"
             )
-        sample.advantages = [
+        sample.advantage = [
             _step_value(value, c, sample.episode_id) if m else 0.0
             for m, c in zip(mask, call_ids, strict=True)
         ]

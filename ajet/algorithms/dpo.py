@@ -10,10 +10,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from ajet.config.schema import DpoLoss
+
 if TYPE_CHECKING:
     from torch import Tensor
 
-DPO_LOSS_TYPES = ("sigmoid", "hinge", "ipo")
+DPO_LOSS_TYPES = tuple(kind.value for kind in DpoLoss)
 
 
 def dpo_loss(

@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from ajet.config.schema import ReferenceModel
+
 if TYPE_CHECKING:
     from torch import nn
 
@@ -22,17 +24,18 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-REFERENCE_KINDS = ("frozen", "lora_base")
+REFERENCE_KINDS = tuple(kind.value for kind in ReferenceModel)
 
 
 class ReferencePolicy:
     """Computes reference log-probs with `forward_fn(model, ...)` under `torch.no_grad()`."""
 
-    def __init__(self, model: nn.Module, kind: str = "frozen") -> None:
+    def __init__(self, model: nn.Module, kind: str | ReferenceModel = "frozen") -> None:
         if kind not in REFERENCE_KINDS:
             raise ValueError(
                 f"algorithm.kl_reference={kind!r} unknown; use one of {REFERENCE_KINDS}"
             )
+        kind = ReferenceModel(kind).value
         self.kind = kind
         if kind == "frozen":
             self._model = copy.deepcopy(model)
@@ -72,5 +75,5 @@ def build_reference(model: nn.Module, config: AlgorithmConfig) -> ReferencePolic
     """The reference the algorithm config asks for; None when `kl_coef == 0` (no KL term)."""
     if config.kl_coef == 0:
         return None
-    logger.info("KL reference policy: %s (kl_coef=%g)", config.kl_reference, config.kl_coef)
+    logger.info("KL reference policy: %s (kl_coef=%g)", ReferenceModel(config.kl_reference).value, config.kl_coef)
     return ReferencePolicy(model, config.kl_reference)

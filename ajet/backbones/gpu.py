@@ -14,8 +14,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ajet.cli.common import UserError
 from ajet.config.schema import AjetConfig, Algorithm, ReaderType, TrinityConfig, VerlConfig
+from ajet.errors import SetupError
 
 log = logging.getLogger(__name__)
 
@@ -35,23 +35,38 @@ def require_gpus(backbone: str, extra: str, module: str) -> None:
     from ajet.launcher import visible_gpus
 
     if not visible_gpus():
-        raise UserError(
+        raise SetupError(
             f"--backbone={backbone} needs NVIDIA GPUs and none is visible on this machine.\n"
             f"  To train here (CPU or one GPU), use --backbone=debug.\n"
             f"  To inspect the translated {backbone} config, add --dry-run."
         )
     missing = [m for m in (module, "vllm") if importlib.util.find_spec(m) is None]
     if missing:
-        raise UserError(
+        raise SetupError(
             f"--backbone={backbone} needs the {' and '.join(repr(m) for m in missing)} package"
             f"{'s' if len(missing) > 1 else ''}: pip install 'ajet[{extra}-gpu]' "
             f"(in its own environment: make env-{extra} GPU=1)."
         )
 
 
+def with_workflow(cfg: AjetConfig, workflow: Any) -> AjetConfig:
+    """`cfg` whose `workflow.target` names `workflow` (from `ajet.tune`), so the backbone's
+    workers can import it; unchanged when no workflow object was passed."""
+    if workflow is None:
+        return cfg
+    import dataclasses
+
+    from ajet.rollout.loader import as_workflow, target_of
+
+    target = target_of(as_workflow(workflow))
+    return dataclasses.replace(cfg, workflow=dataclasses.replace(cfg.workflow, target=target))
+
+
 def run_dir(cfg: AjetConfig) -> Path:
     """The run directory (absolute): every output of the run goes under it."""
-    return (Path(cfg.project.exp_dir).expanduser() / cfg.project.name).resolve()
+    from ajet.training.run_dir import run_dir_of
+
+    return run_dir_of(cfg).resolve()
 
 
 def model_path_for(cfg: AjetConfig) -> tuple[str, bool]:

@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from ajet.cli.common import EXIT_CONFIG, UserError, user_errors
+from ajet.cli.common import user_errors
+from ajet.errors import UserError
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)
 
@@ -20,14 +21,11 @@ def report(
         typer.Option("--out", "-o", help="Output folder [default: RUN_DIR/report, or RUN_DIR/report_compare for several runs]."),
     ] = None,
 ) -> None:
-    from ajet.logging.report import RunDataError, write_report
+    from ajet.logging.report import write_report
 
     with user_errors():
         for run_dir in run_dirs:
             if not run_dir.is_dir():
-                raise UserError(f"{run_dir} is not a directory; pass run directories", EXIT_CONFIG)
-        try:
-            path = write_report(list(run_dirs), out)
-        except RunDataError as exc:
-            raise UserError(str(exc), EXIT_CONFIG) from None
+                raise UserError(f"{run_dir} is not a directory; pass run directories")
+        path = write_report(list(run_dirs), out)  # a RunDataError is a UserError
         typer.echo(f"wrote {path}")

@@ -100,11 +100,14 @@ def train(
                 typer.echo(f"# translated {backbone.value} config")
                 typer.echo(translated)
             return
+        from ajet.pipeline import run
+        from ajet.training.run_dir import run_dir_of
+
         if not services:
-            runner.run(cfg, with_ray=with_ray, resume=resume)
+            run(cfg, runner, backbone=backbone.value, with_ray=with_ray, resume=resume)
             return
-        with Launcher(env_services=services, log_dir=Path(cfg.project.exp_dir) / cfg.project.name / "services"):
-            runner.run(cfg, with_ray=with_ray, resume=resume)
+        with Launcher(env_services=services, log_dir=run_dir_of(cfg) / "services"):
+            run(cfg, runner, backbone=backbone.value, with_ray=with_ray, resume=resume)
 
 
 def vllm_services(cfg: AjetConfig, names: list[str]) -> dict[str, ServiceSpec]:

@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from ajet.cli.common import EXIT_CONFIG, UserError, user_errors
+from ajet.cli.common import user_errors
+from ajet.errors import SetupError, UserError
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)
 
@@ -21,23 +22,19 @@ def view(
     serve: Annotated[bool, typer.Option("--serve", help="Also serve it on 127.0.0.1 until Ctrl-C.")] = False,
     port: Annotated[int, typer.Option("--port", help="Port for --serve (0 picks a free one).")] = 8000,
 ) -> None:
-    from ajet.logging.report import RunDataError
     from ajet.logging.viewer import make_server, write_viewer
 
     with user_errors():
         if not run_dir.is_dir():
-            raise UserError(f"{run_dir} is not a directory; pass a run directory", EXIT_CONFIG)
-        try:
-            path = write_viewer(run_dir, out)
-        except RunDataError as exc:
-            raise UserError(str(exc), EXIT_CONFIG) from None
+            raise UserError(f"{run_dir} is not a directory; pass a run directory")
+        path = write_viewer(run_dir, out)  # a RunDataError is a UserError
         typer.echo(f"wrote {path}")
         if not serve:
             return
         try:
             server = make_server(path.parent, port)
         except OSError as exc:
-            raise UserError(f"cannot serve on 127.0.0.1:{port} ({exc.strerror}); pass another --port") from None
+            raise SetupError(f"cannot serve on 127.0.0.1:{port} ({exc.strerror}); pass another --port") from None
         typer.echo(f"serving on http://127.0.0.1:{server.server_address[1]}/{path.name} (Ctrl-C stops)")
         try:
             server.serve_forever()

@@ -18,7 +18,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 
 from ajet.config.schema import AjetConfig
 from ajet.config.validate import validate
-from ajet.errors import AjetUserError
+from ajet.errors import ConfigError
 
 # Keys holding file paths. In a YAML they are relative to the YAML's directory;
 # in CLI overrides, relative to the current directory.
@@ -31,10 +31,6 @@ PATH_KEYS = (
     "sft.dev_path",
 )
 PATH_LIST_KEYS = ("task_reader.generate.documents",)
-
-
-class ConfigError(AjetUserError):
-    """A user error in the config; the message says where and how to fix it."""
 
 
 def load_config(

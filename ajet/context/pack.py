@@ -190,7 +190,7 @@ def _layout(
             raise ValueError(
                 f"sample {index}: its first token is marked trained but nothing predicts it"
             )
-        adv = sample.advantages or [0.0] * len(sample.input_ids)
+        adv = sample.advantage or [0.0] * len(sample.input_ids)
         for t in range(1, len(path)):
             if sample.loss_mask[t]:
                 seq.entry_pos.append(at[path[t - 1]])
@@ -209,8 +209,8 @@ def _check(sample: Sample, w: list[float], index: int) -> None:
         "old_logprobs": len(sample.old_logprobs),
         "weights": len(w),
     }
-    if sample.advantages:
-        lengths["advantages"] = len(sample.advantages)
+    if sample.advantage:
+        lengths["advantage"] = len(sample.advantage)
     bad = {k: v for k, v in lengths.items() if v != n}
     if bad:
         raise ValueError(

@@ -52,7 +52,7 @@ class Sample:
     input_ids: list[int]
     loss_mask: list[int]  # 1 = trained token
     old_logprobs: list[float]  # rollout logprobs (0.0 where loss_mask == 0)
-    advantages: list[float] = field(default_factory=list)  # per token; filled by the algorithm
+    advantage: list[float] = field(default_factory=list)  # per token; filled by the algorithm
     group_id: str = ""  # GRPO group: the task id
     episode_id: str = ""
     role: str = "default"

@@ -60,7 +60,14 @@ def logprob_temperature(params: SamplingParams) -> float:
     lp_t = params.logprob_temperature
     if lp_t is not None:
         return float(lp_t)
-    return float(params.temperature) if params.temperature > 0 else 1.0
+    return policy_temperature(params.temperature)
+
+
+def policy_temperature(sampling_temperature: float) -> float:
+    """The temperature of the policy whose logprobs are recorded and trained: the sampling
+    temperature, or 1.0 for greedy decoding (temperature 0 has no distribution). The engine,
+    the gateway and every trainer use this one rule so their logprobs agree."""
+    return float(sampling_temperature) if sampling_temperature > 0 else 1.0
 
 
 def make_generator(seed: int | None, index: int) -> torch.Generator:

@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from ajet.config.schema import AjetConfig
-from ajet.errors import AjetUserError
+from ajet.errors import UserError
 from ajet.eval.metrics import EpisodeResult
+from ajet.training.run_dir import run_dir_of
 
 log = logging.getLogger(__name__)
 
 
-class EvalError(AjetUserError):
+class EvalError(UserError):
     """Nothing to evaluate (empty split) or a bad eval setting."""
 
 
@@ -44,13 +45,13 @@ def evaluate(cfg: AjetConfig, *, workflow: Any = None, name: str | None = None,
              out_dir: Path | None = None) -> EvalReport:
     """Run `eval.n` episodes of each task of `eval.split` with `model.path`; write and return the report."""
     from ajet.eval.metrics import episode_result, summarize, write_report
-    from ajet.eval.rollout import LocalRollout
     from ajet.models.load import load_model_and_tokenizer
     from ajet.models.resolve import resolve_model_path
     from ajet.rollout.agent_metrics import agent_metrics
     from ajet.rollout.loader import as_workflow, load_workflow
-    from ajet.sft.model import model_window
+    from ajet.rollout.local import LocalRollout
     from ajet.task_reader import build_reader
+    from ajet.training.model import model_window
 
     e = cfg.eval
     wf = as_workflow(workflow) if workflow is not None else load_workflow(cfg.workflow.target)
@@ -68,7 +69,7 @@ def evaluate(cfg: AjetConfig, *, workflow: Any = None, name: str | None = None,
     model_path = str(resolve_model_path(cfg.model.path, cfg.model.cache_dir))
     name = name or e.name or default_name(model_path)
     stack = LocalRollout(cfg, model, tokenizer, wf, model_max_len=model_window(model, cfg.context.max_model_len),
-                         rollout=rollout)
+                         rollout=rollout, record=True)
     start = time.monotonic()
     try:
         log.info("eval %s: %d %s tasks x %d on %s (temperature %g)", name, len(tasks), e.split, e.n,
@@ -80,7 +81,7 @@ def evaluate(cfg: AjetConfig, *, workflow: Any = None, name: str | None = None,
     metrics = summarize(results, k=e.n)
     metrics.update(agent_metrics(result.episodes))
     metrics["time_s"] = time.monotonic() - start
-    out_dir = out_dir or Path(cfg.project.exp_dir) / cfg.project.name / "eval"
+    out_dir = out_dir or run_dir_of(cfg) / "eval"
     path = out_dir / f"eval_{name}.json"
     write_report(path, name=name, model=model_path, split=e.split, n=e.n, temperature=temperature,
                  metrics=metrics, results=results)

@@ -12,14 +12,14 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from ajet.errors import AjetUserError
+from ajet.errors import UserError
 from ajet.workflow import WorkflowOutput, WorkflowTask
 
 ANSWER_KEYS = ("final_answer", "answer", "text")
 T = TypeVar("T")
 
 
-class JudgeError(AjetUserError):
+class JudgeError(UserError):
     """A judge is misconfigured or cannot score; the message says what to fix."""
 
 

@@ -11,25 +11,25 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ajet.config.schema import JudgeConfig
+from ajet.config.schema import BUILTIN_JUDGES, JudgeConfig
 from ajet.judge.base import JudgeError
+
+# The built-in judges by name -> "module:Class", imported only when chosen. The names are
+# `ajet.config.schema.BUILTIN_JUDGES` (the one list, which config validation reads too).
+REGISTRY: dict[str, str] = {
+    "math": "ajet.judge.math_judge:MathJudge",
+    "exact_match": "ajet.judge.exact_match:ExactMatchJudge",
+    "countdown": "ajet.judge.countdown:CountdownJudge",
+    "llm": "ajet.judge.llm_judge:LLMJudge",
+    "composite": "ajet.judge.composite:CompositeJudge",
+}
+assert set(REGISTRY) == set(BUILTIN_JUDGES) - {"none"}, "ajet.config.schema.BUILTIN_JUDGES and REGISTRY differ"
+BUILTINS = tuple(REGISTRY)
 
 
 def _builtin(name: str) -> type:
-    if name == "math":
-        from ajet.judge.math_judge import MathJudge as cls
-    elif name == "exact_match":
-        from ajet.judge.exact_match import ExactMatchJudge as cls
-    elif name == "countdown":
-        from ajet.judge.countdown import CountdownJudge as cls
-    elif name == "llm":
-        from ajet.judge.llm_judge import LLMJudge as cls
-    else:
-        from ajet.judge.composite import CompositeJudge as cls
-    return cls
-
-
-BUILTINS = ("math", "exact_match", "countdown", "llm", "composite")
+    module, _, cls = REGISTRY[name].partition(":")
+    return getattr(importlib.import_module(module), cls)
 
 
 def build_judge(cfg: JudgeConfig, *, llm_client_factory: Callable[[], Any] | None = None) -> Any:
@@ -46,7 +46,7 @@ def build_judge(cfg: JudgeConfig, *, llm_client_factory: Callable[[], Any] | Non
         cls = load_target(cfg.type)
     else:
         raise JudgeError(
-            f"judge.type '{cfg.type}' is not one of {('none',) + BUILTINS} nor "
+            f"judge.type '{cfg.type}' is not one of {BUILTIN_JUDGES} nor "
             "'package.module:ClassName' / 'file.py:ClassName'"
         )
     params = dict(cfg.params or {})

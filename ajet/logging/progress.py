@@ -19,6 +19,20 @@ def is_quiet(requested: bool) -> bool:
     return requested or not sys.stdout.isatty() or os.environ.get("CI", "").lower() == "true"
 
 
+# (metric, label, format) shown on the step line when the step reports it (RL, SFT and DPO).
+SHOWN = (
+    ("reward/mean", "reward", ".3f"),
+    ("success/rate", "success", ".2f"),
+    ("agent/tool_call_rate", "tools", ".2f"),
+    ("agent/calls_per_episode", "calls", ".1f"),
+    ("sft/loss", "loss", ".4f"),
+    ("dpo/loss", "loss", ".4f"),
+    ("dpo/pairs", "pairs", ".0f"),
+    ("perf/tokens_per_s", "tok/s", ".0f"),
+    ("rollout/failed", "failed", ".0f"),
+)
+
+
 class TrainingProgress:
     def __init__(self, total_steps: int, start_step: int, *, quiet: bool) -> None:
         self.total = total_steps
@@ -53,12 +67,8 @@ class TrainingProgress:
             self._progress.update(self._task, stats=text)
 
     def step_done(self, step: int, metrics: dict[str, float]) -> None:
-        line = (
-            f"step {step}/{self.total}  reward {metrics.get('reward/mean', float('nan')):.3f}  "
-            f"success {metrics.get('success/rate', float('nan')):.2f}  "
-            f"tok/s {metrics.get('perf/tokens_per_s', 0.0):.0f}  "
-            f"failed {int(metrics.get('rollout/failed', 0))}"
-        )
+        shown = [f"{label} {metrics[key]:{fmt}}" for key, label, fmt in SHOWN if key in metrics]
+        line = "  ".join([f"step {step}/{self.total}", *shown])
         done = step - self._start_step
         if done > 0:
             eta = (time.monotonic() - self._start) / done * (self.total - step)

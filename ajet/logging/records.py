@@ -39,7 +39,7 @@ def write_step_records(
                 "tokens": [decode_token(t) for t in sample.input_ids],
                 "loss_mask": sample.loss_mask,
                 "logprobs": [round(x, 5) for x in sample.old_logprobs],
-                "advantages": [round(x, 5) for x in (sample.advantages or [0.0] * len(sample.input_ids))],
+                "advantages": [round(x, 5) for x in (sample.advantage or [0.0] * len(sample.input_ids))],
                 "segments": [list(s) for s in sample.segments],
             }
             handle.write(json.dumps(record, ensure_ascii=False) + "\n")

@@ -17,12 +17,12 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ajet.errors import AjetUserError
+from ajet.errors import UserError
 
 logger = logging.getLogger(__name__)
 
 
-class RunDataError(AjetUserError):
+class RunDataError(UserError):
     """A run directory lacks the files the viewer or report reads, or holds malformed data."""
 
 

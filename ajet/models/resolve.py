@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ajet.errors import AjetUserError
+from ajet.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _CONVERSION_VERSION = "1"
 
 
-class ModelNotFoundError(AjetUserError):
+class ModelNotFoundError(UserError):
     """The configured model is not available on this machine."""
 
 

@@ -6,7 +6,8 @@
 - `RolloutManager.rollout`: tasks × n episodes, bounded concurrency, `RolloutResult.metrics()`.
 """
 
-from ajet.rollout.episode import BadOutputError, Episode, InfrastructureError
+from ajet.errors import BadOutputError, InfrastructureError
+from ajet.rollout.episode import Episode
 from ajet.rollout.loader import (
     FunctionWorkflow,
     WorkflowLoadError,

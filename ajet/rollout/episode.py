@@ -1,4 +1,4 @@
-"""The result of one episode, and the errors that decide how an episode ends.
+"""The result of one episode.
 
 An `Episode` is plain data: the manager aggregates episodes into metrics and the
 backbone turns the timelines of the `ok` ones into training samples.
@@ -16,18 +16,6 @@ EpisodeStatus = Literal["ok", "failed", "timeout"]
 OK = "ok"
 FAILED = "failed"
 TIMEOUT = "timeout"
-
-
-class InfrastructureError(Exception):
-    """The engine, gateway or session failed, not the workflow.
-
-    Raised by the tuner/engine. The runner retries the episode on a fresh session
-    (with backoff, up to `rollout.max_retries`); a workflow's own exceptions are never retried.
-    """
-
-
-class BadOutputError(Exception):
-    """A workflow returned something that is not a reward or a `WorkflowOutput`."""
 
 
 @dataclass

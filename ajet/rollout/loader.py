@@ -29,8 +29,7 @@ from typing import Any
 
 from pydantic import PrivateAttr
 
-from ajet.errors import AjetUserError
-from ajet.rollout.episode import BadOutputError
+from ajet.errors import BadOutputError, UserError
 from ajet.workflow import Workflow, WorkflowOutput, WorkflowTask
 
 logger = logging.getLogger(__name__)
@@ -50,7 +49,7 @@ _TASK_ANNOTATIONS = {
 _RETURN_ANNOTATIONS = {"float", "int", "WorkflowOutput"}
 
 
-class WorkflowLoadError(AjetUserError):
+class WorkflowLoadError(UserError):
     """The workflow could not be loaded; the message says what failed and the expected form."""
 
 
@@ -284,6 +283,35 @@ def _check_execute(cls: type[Workflow], where: str) -> None:
 
 
 # --------------------------------------------------------------------------- config targets
+
+
+def target_of(workflow: Workflow) -> str:
+    """The `workflow.target` string that loads `workflow` in another process (the GPU backbones'
+    workers): `module:QualName`, or `/path/file.py:QualName` for a script run as `__main__`.
+    Only module-level classes and functions can be named; anything else is a WorkflowLoadError."""
+    obj: Any = workflow.fn if isinstance(workflow, FunctionWorkflow) else type(workflow)
+    qualname = getattr(obj, "__qualname__", "")
+    module = sys.modules.get(getattr(obj, "__module__", "") or "")
+    if not qualname or "<locals>" in qualname or "<lambda>" in qualname or module is None:
+        raise WorkflowLoadError(
+            f"{qualname or obj!r} is not defined at module level, so the GPU backbones' workers cannot "
+            "import it. Define the workflow at the top of a module, or set workflow.target in the config.")
+    if module.__name__ == "__main__" or module.__name__.startswith("ajet_user_"):
+        path = getattr(module, "__file__", None)
+        if not path:
+            raise WorkflowLoadError(
+                f"{qualname} lives in an interactive session (no file); put it in a .py file or a module "
+                "and pass that, or set workflow.target in the config.")
+        return f"{Path(path).resolve()}:{qualname}"
+    return f"{module.__name__}:{qualname}"
+
+
+def load_or_wrap_workflow(obj: Any, target: str) -> Workflow:
+    """The workflow a recipe runs: `obj` when given (from `ajet.tune(workflow=...)`), else the
+    config's `workflow.target` loaded."""
+    if obj is not None:
+        return as_workflow(obj)
+    return load_workflow(target)
 
 
 def load_workflow(target: str) -> Workflow:

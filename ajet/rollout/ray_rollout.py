@@ -30,7 +30,8 @@ from typing import Any
 
 from pydantic import PrivateAttr
 
-from ajet.rollout.episode import BadOutputError, InfrastructureError
+from ajet.config.schema import RayConfig, RolloutConfig
+from ajet.errors import BadOutputError, InfrastructureError
 from ajet.workflow import Workflow, WorkflowOutput, WorkflowTask
 
 log = logging.getLogger(__name__)
@@ -212,13 +213,13 @@ class RayWorkflow(Workflow):
         return value  # not a WorkflowOutput: the runner reports bad_output, as in-process
 
 
-def workflow_spec(trainer: Any) -> Any:
-    """What an actor loads: the config target, or the workflow object pickled by value."""
-    if trainer._workflow_arg is None and trainer.cfg.workflow.target:
-        return trainer.cfg.workflow.target
+def workflow_spec(workflow: Any, target: str | None) -> Any:
+    """What an actor loads: the config `target` when given (workers import it themselves), else
+    the workflow object pickled by value."""
+    if target:
+        return target
     import cloudpickle
 
-    workflow = trainer.workflow
     for obj in (type(workflow), getattr(workflow, "fn", None)):
         module = inspect.getmodule(obj) if obj is not None else None
         if module is None or module.__name__ == "__main__" or module.__name__.startswith("ajet."):
@@ -244,31 +245,30 @@ def start_workers(spec: Any, count: int, max_concurrency: int) -> list:
     return workers
 
 
-def attach(trainer: Any) -> Any:
-    """Swap the debug trainer's runner/manager for Ray-backed ones; return the closer."""
+def build_ray_manager(ray_cfg: RayConfig, rollout: RolloutConfig, spec: Any, *,
+                      trainable_targets: list[str] | None, judge: Any, sessions: Any) -> tuple[Any, Any]:
+    """A `RolloutManager` whose episodes run in Ray actors (the engine, the sessions and the
+    tracker stay in this process); returns it with the closer that stops the workers."""
     import ray
 
     from ajet.launcher import Launcher
     from ajet.rollout.manager import RolloutManager
     from ajet.rollout.runner import TaskRunner
 
-    cfg = trainer.cfg
-    workers_n = max(1, cfg.ray.num_rollout_workers)
+    workers_n = max(1, ray_cfg.num_rollout_workers)
     launcher = None
     if not ray.is_initialized():
-        launcher = Launcher(ray="init", ray_address=cfg.ray.address, ray_num_cpus=max(2, workers_n))
+        launcher = Launcher(ray="init", ray_address=ray_cfg.address, ray_num_cpus=max(2, workers_n))
         launcher.__enter__()
     try:
-        per_worker = -(-cfg.rollout.max_concurrency // workers_n)
-        workers = start_workers(workflow_spec(trainer), workers_n, per_worker)
+        per_worker = -(-rollout.max_concurrency // workers_n)
+        workers = start_workers(spec, workers_n, per_worker)
     except BaseException:
         if launcher is not None:
             launcher.stop()
         raise
-    targets = list(cfg.workflow.trainable_targets) or list(getattr(trainer.workflow, "trainable_targets", None) or [])
-    proxy = RayWorkflow().setup(workers, targets or None, cfg.rollout.episode_timeout_s)
-    trainer.runner = TaskRunner(proxy, trainer.judge, trainer.runner.factory, cfg.rollout)
-    trainer.manager = RolloutManager(trainer.runner, cfg.rollout)
+    proxy = RayWorkflow().setup(workers, trainable_targets, rollout.episode_timeout_s)
+    manager = RolloutManager(TaskRunner(proxy, judge, sessions, rollout), rollout)
     log.info("--with-ray: %d rollout worker(s), up to %d episodes each", len(workers), per_worker)
 
     def close() -> None:
@@ -277,4 +277,4 @@ def attach(trainer: Any) -> Any:
         if launcher is not None:
             launcher.stop()
 
-    return close
+    return manager, close

@@ -29,8 +29,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from ajet.config.schema import RolloutConfig
+from ajet.errors import BadOutputError, InfrastructureError
+from ajet.judge.base import Judge
 from ajet.rollout.agent_metrics import count_tool_calls
-from ajet.rollout.episode import FAILED, OK, TIMEOUT, BadOutputError, Episode, InfrastructureError
+from ajet.rollout.episode import FAILED, OK, TIMEOUT, Episode
 from ajet.workflow import Workflow, WorkflowOutput, WorkflowTask
 
 logger = logging.getLogger(__name__)
@@ -51,10 +53,6 @@ class SessionFactory(Protocol):
 
     def open_episode(self, episode_id: str, task: WorkflowTask) -> EpisodeHandle:
         """May also be `async def`."""
-
-
-class Judge(Protocol):
-    def compute_reward(self, task: WorkflowTask, output: WorkflowOutput) -> tuple[float, bool]: ...
 
 
 @dataclasses.dataclass

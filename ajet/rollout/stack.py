@@ -25,11 +25,11 @@ class RolloutStack:
         """`judge`: a judge built beforehand (None: built from `cfg.judge`, with LLM judges on
         the policy model through the gateway). `wrap_factory` wraps the session factory (e.g.
         to keep each episode's tracker)."""
-        from ajet.backbones.debug.episodes import LocalSessionFactory
         from ajet.engine.chat import ChatFormat
         from ajet.judge import build_judge
         from ajet.rollout.manager import RolloutManager
         from ajet.rollout.runner import TaskRunner
+        from ajet.rollout.sessions import LocalSessionFactory
         from ajet.tuner import Gateway
 
         rollout = rollout or cfg.rollout
@@ -56,7 +56,7 @@ class RolloutStack:
         its calls are never recorded or trained."""
         import openai
 
-        from ajet.backbones.debug.episodes import service_api_key
+        from ajet.rollout.sessions import service_api_key
 
         return openai.AsyncOpenAI(base_url=self.gateway.base_url, api_key=service_api_key(self.sessions))
 

@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ajet.errors import AjetUserError
+from ajet.errors import UserError
 
 ROLES = ("system", "user", "assistant", "tool")
 
 
-class DialogDataError(AjetUserError):
+class DialogDataError(UserError):
     """A dialog file or line is malformed; the message names file:line and the fix."""
 
 

@@ -1,9 +1,9 @@
-"""The SFT stage: agent dialogs -> masked samples -> coreset -> planned batches -> updates.
+"""The SFT recipe: agent dialogs -> masked samples -> coreset -> planned batches -> updates.
 
 setup: read dialogs, load the model (full or LoRA), render samples with loss on assistant
 turns, select a coreset, plan every batch (rounds, replay, mixture), build the optimizer.
-train: one optimizer step per planned batch; dev loss at step 0, every `sft.eval_every`
-steps (or at each epoch end) and at the end; checkpoints as the RL trainer writes them.
+train (`ajet.training.TrainingLoop`): one optimizer step per planned batch; dev loss at step
+0, every `sft.eval_every` steps (or at each epoch end) and at the end.
 Outputs (docs/outputs.md): RUN/config.yaml, metrics.jsonl, checkpoints/, final_model/.
 """
 
@@ -15,40 +15,34 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ajet.config import AjetConfig, to_yaml
+from ajet.config import AjetConfig
 from ajet.context.types import Sample
 from ajet.sft.data import Dialog, DialogDataError, read_dialogs, split_dev
+from ajet.training.recipe import Closers, run_recipe
 
 log = logging.getLogger(__name__)
 
 
 def train_sft(cfg: AjetConfig, *, resume: bool = False) -> Path:
     """Run the SFT stage; return the run directory (the model is in RUN/final_model)."""
-    trainer = SftTrainer(cfg)
-    trainer.setup(resume=resume)
-    try:
-        trainer.train()
-    finally:
-        trainer.cleanup()
-    return trainer.run_dir
+    return run_recipe(SftRecipe(cfg, resume=resume))
 
 
-class SftTrainer:
-    def __init__(self, cfg: AjetConfig) -> None:
+class SftRecipe:
+    def __init__(self, cfg: AjetConfig, *, resume: bool = False) -> None:
         self.cfg = cfg
-        self.run_dir = Path(cfg.project.exp_dir) / cfg.project.name
-        self.step = 0
-        self._closers: list[Any] = []
+        self.resume = resume
 
     # ------------------------------------------------------------------ setup
-    def setup(self, *, resume: bool) -> None:
-        from ajet.backbones.debug.update import build_optimizer
+    def setup(self, closers: Closers) -> None:
         from ajet.engine.chat import ChatFormat
-        from ajet.logging.metrics import MetricsLogger
-        from ajet.sft.model import load_trainable_model, model_window
+        from ajet.training.loop import TrainingLoop
+        from ajet.training.model import load_trainable_model, model_window
+        from ajet.training.optim import build_optimizer
+        from ajet.training.run_dir import prepare_run_dir
 
         cfg = self.cfg
-        prepare_run_dir(self.run_dir, cfg, resume=resume)
+        self.run_dir = prepare_run_dir(cfg, resume=self.resume)
         train_dialogs, dev_dialogs = self._read_dialogs()
         self.model, self.tokenizer = load_trainable_model(
             cfg.model, seed=cfg.project.seed, gradient_checkpointing=cfg.trainer.gradient_checkpointing)
@@ -60,12 +54,16 @@ class SftTrainer:
         self.setup_metrics.update(budget)
         self.schedule = self._plan()
         trainer_cfg = dataclasses.replace(cfg.trainer, lr=cfg.sft.lr, total_steps=len(self.schedule))
-        self.optimizer, self.scheduler = build_optimizer(self.model, trainer_cfg)
-        if resume:
-            self._resume()
-        self.metrics = MetricsLogger(self.run_dir, cfg.logging, run_name=cfg.project.name,
-                                     config_dict={"yaml": to_yaml(cfg)})
-        self._closers.append(self.metrics.close)
+        optimizer, scheduler = build_optimizer(self.model, trainer_cfg)
+        self.optimizer = optimizer
+        self.loop = TrainingLoop(cfg, self.run_dir, closers, total_steps=len(self.schedule))
+        self.loop.attach(self.model, self.tokenizer, optimizer, scheduler,
+                         state=lambda: {"schedule_len": len(self.schedule)})
+        if self.resume and (state := self.loop.restore()) is not None:
+            if state.get("schedule_len") != len(self.schedule):
+                raise DialogDataError(
+                    f"the checkpoint was written for a schedule of {state.get('schedule_len')} steps, this "
+                    f"config plans {len(self.schedule)}: the data or the sft settings changed. Start a new run.")
         log.info("sft: %d dialogs (%d selected), %d dev, %d optimizer steps", len(self.dialogs),
                  len(self.selected), len(dev_dialogs), len(self.schedule))
 
@@ -145,59 +143,33 @@ class SftTrainer:
     def _pack_tokens(self) -> int:
         return self.cfg.trainer.micro_batch_tokens if self.cfg.context.tree_packing else 0
 
-    def _resume(self) -> None:
-        from ajet.backbones.debug.checkpoint import latest_checkpoint, load_checkpoint
-
-        ckpt = latest_checkpoint(self.run_dir / "checkpoints")
-        if ckpt is None:
-            log.warning("--resume: no checkpoint under %s; starting from step 0", self.run_dir)
-            return
-        state = load_checkpoint(ckpt, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
-        if state.get("schedule_len") != len(self.schedule):
-            raise DialogDataError(
-                f"{ckpt} was written for a schedule of {state.get('schedule_len')} steps, this config "
-                f"plans {len(self.schedule)}: the data or the sft settings changed. Start a new run.")
-        self.step = int(state["step"])
-
     # ------------------------------------------------------------------ train
-    def train(self) -> None:
-        cfg = self.cfg
-        every = cfg.sft.eval_every
-        if self.step == 0:
-            self.metrics.log(0, self.setup_metrics)
-            self.dev_loss()
-        while self.step < len(self.schedule):
-            batch = self.schedule[self.step]
-            metrics = self.train_step(batch)
-            self.step += 1
-            self.metrics.log(self.step, metrics)
-            log.info("sft step %d/%d  loss %.4f  lr %.2e", self.step, len(self.schedule),
-                     metrics["sft/loss"], metrics["actor/lr"])
-            last = self.step == len(self.schedule)
-            nxt = None if last else self.schedule[self.step]
-            epoch_end = nxt is None or (nxt.round, nxt.epoch) != (batch.round, batch.epoch)
-            if (every and self.step % every == 0) or (not every and epoch_end) or last:
-                self.dev_loss()
-            save_every = cfg.trainer.save_every
-            if save_every and self.step % save_every == 0 and not last:
-                self.save_checkpoint()
-        self.save_checkpoint()
-        if cfg.trainer.save_final_model:
-            from ajet.sft.model import save_final_model
+    def train(self) -> Path:
+        if self.loop.step == 0:
+            self.loop.log(self.setup_metrics)
+        self.loop.run(self.train_step, validate=self.dev_loss, validate_at=self.dev_loss_at)
+        return self.run_dir
 
-            save_final_model(self.model, self.tokenizer, self.run_dir / "final_model", lora=cfg.model.lora.enabled)
+    def dev_loss_at(self, step: int) -> bool:
+        """Before the first step, every `sft.eval_every` steps (0: at each epoch end), at the end."""
+        every = self.cfg.sft.eval_every
+        if step == 0 or step == len(self.schedule):
+            return True
+        if every:
+            return step % every == 0
+        batch, nxt = self.schedule[step - 1], self.schedule[step]
+        return (nxt.round, nxt.epoch) != (batch.round, batch.epoch)
 
-    def train_step(self, batch: Any) -> dict[str, float]:
+    def train_step(self, step: int) -> dict[str, float]:
         from ajet.sft.step import sft_step
 
         start = time.monotonic()
+        batch = self.schedule[step - 1]
         samples = [s for i in batch.indices for s in self.samples[i]]
         metrics = sft_step(self.model, samples, self.optimizer, loss_agg=self.cfg.context.loss_agg,
                            micro_batch_tokens=self._pack_tokens(), grad_clip=self.cfg.trainer.grad_clip,
                            bf16=self.cfg.trainer.bf16)
-        self.scheduler.step()
         metrics.update({
-            "actor/lr": self.scheduler.get_last_lr()[0],
             "sft/dialogs": float(len(batch.indices)),
             "sft/round": float(batch.round),
             "sft/epoch": float(batch.epoch),
@@ -213,33 +185,6 @@ class SftTrainer:
         flat = [s for samples in self.dev_samples for s in samples]
         loss = mean_nll(sample_nll(self.model, flat, micro_batch_tokens=self._pack_tokens(),
                                    bf16=self.cfg.trainer.bf16))
-        self.metrics.log(self.step, {"val/sft/loss": loss, "val/sft/dialogs": float(len(self.dev_samples))},
-                         split="val")
-        log.info("sft dev loss at step %d: %.4f", self.step, loss)
+        self.loop.log({"val/sft/loss": loss, "val/sft/dialogs": float(len(self.dev_samples))}, split="val")
+        log.info("sft dev loss at step %d: %.4f", self.loop.step, loss)
         return loss
-
-    def save_checkpoint(self) -> None:
-        from ajet.backbones.debug.checkpoint import save_checkpoint
-
-        save_checkpoint(self.run_dir / "checkpoints", self.step, model=self.model, optimizer=self.optimizer,
-                        scheduler=self.scheduler, extra={"schedule_len": len(self.schedule)},
-                        keep_last=self.cfg.trainer.keep_checkpoints)
-
-    def cleanup(self) -> None:
-        for close in reversed(self._closers):
-            close()
-
-
-def prepare_run_dir(run_dir: Path, cfg: AjetConfig, *, resume: bool) -> None:
-    """Refuse to overwrite an earlier run's checkpoints unless resuming; write config.yaml."""
-    from ajet.backbones.debug.checkpoint import cleanup_partial, latest_checkpoint
-    from ajet.cli.common import EXIT_CONFIG, UserError
-
-    ckpt_root = run_dir / "checkpoints"
-    cleanup_partial(ckpt_root)
-    if not resume and latest_checkpoint(ckpt_root) is not None:
-        raise UserError(
-            f"{run_dir} already holds checkpoints of an earlier run. Pass --resume to continue it, "
-            "or choose another project.name / --exp-dir.", exit_code=EXIT_CONFIG)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(to_yaml(cfg))

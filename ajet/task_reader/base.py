@@ -13,13 +13,13 @@ import logging
 import random
 from collections.abc import Sequence
 
-from ajet.errors import AjetUserError
+from ajet.errors import UserError
 from ajet.workflow import WorkflowTask
 
 logger = logging.getLogger(__name__)
 
 
-class TaskReaderError(AjetUserError):
+class TaskReaderError(UserError):
     """A problem with the tasks or their source; the message says where and how to fix it."""
 
 

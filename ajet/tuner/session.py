@@ -18,6 +18,8 @@ from typing import Any, Protocol
 from ajet.config.schema import ContextConfig, RolloutConfig
 from ajet.context.types import LLMCall
 from ajet.engine.base import Completion, InferenceEngine, SamplingParams
+from ajet.engine.sampling import policy_temperature
+from ajet.tuner.streaming import TextStream, completion_text
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +134,7 @@ def resolve_sampling(rollout: RolloutConfig, overrides: dict[str, Any]) -> Sampl
         params.stop = _stop_list(values["stop"])
     # Logprobs are always computed at the rollout temperature, the one the trainer
     # recomputes them at, even when a request samples at its own temperature.
-    params.logprob_temperature = rollout.temperature or 1.0
+    params.logprob_temperature = policy_temperature(rollout.temperature)
     return params
 
 
@@ -153,17 +155,6 @@ def _stop_list(stop: Any) -> list[str]:
             f"stop must be a non-empty string or a list of them, got {stop!r}"
         )
     return list(stops)
-
-
-def completion_text(chat: ChatFormatLike, token_ids: list[int], stop: list[str]) -> str:
-    """The reply text the agent receives: the completion decoded without its final EOS,
-    cut before the first stop string (OpenAI semantics). Pure given `chat`."""
-    ids = list(token_ids)
-    while ids and ids[-1] in chat.eos_token_ids:
-        ids.pop()
-    text = chat.decode(ids)
-    cuts = [text.find(s) for s in stop if s in text]
-    return text[: min(cuts)] if cuts else text
 
 
 class EpisodeSession:
@@ -263,7 +254,6 @@ class EpisodeSession:
         capped = params.max_tokens < requested
         streaming: dict[str, Any] = {}
         if on_text is not None and not prefix and getattr(self.engine, "supports_streaming", False):
-            from ajet.tuner.streaming import TextStream
 
             streaming["on_token"] = TextStream(self.chat_format, params.stop, on_text).push
         try:
@@ -272,7 +262,7 @@ class EpisodeSession:
             self._count_failure()
             raise
         except Exception as err:  # noqa: BLE001 - re-raised as an infrastructure failure
-            from ajet.rollout.episode import InfrastructureError
+            from ajet.errors import InfrastructureError
 
             self._count_failure()
             raise InfrastructureError(

@@ -40,6 +40,17 @@ def settled_text(text: str, stops: list[str]) -> tuple[str, bool]:
     return text.rstrip().rstrip("\ufffd").rstrip(), ended
 
 
+def completion_text(chat: Any, token_ids: list[int], stop: list[str]) -> str:
+    """The reply text the agent receives: the completion decoded without its final EOS,
+    cut before the first stop string (OpenAI semantics). Pure given `chat`."""
+    ids = list(token_ids)
+    while ids and ids[-1] in chat.eos_token_ids:
+        ids.pop()
+    text = chat.decode(ids)
+    cuts = [text.find(s) for s in stop if s in text]
+    return text[: min(cuts)] if cuts else text
+
+
 class TextStream:
     def __init__(self, chat: Any, stops: list[str], emit: Callable[[str], None]) -> None:
         self.chat = chat
@@ -52,8 +63,6 @@ class TextStream:
     def push(self, token_id: int) -> None:
         if self.ended:
             return
-        from ajet.tuner.session import completion_text
-
         self.ids.append(token_id)
         text, self.ended = settled_text(completion_text(self.chat, self.ids, self.stops), self.stops)
         if len(text) > len(self.sent) and text.startswith(self.sent):

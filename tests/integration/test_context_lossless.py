@@ -190,7 +190,7 @@ def build_batch(renderer, model):
             merge_timelines(d.tracker.timelines()), episode_id=eid, group_id="g", reward=0.0
         )
         for s in pc + mg:
-            s.advantages = [adv] * len(s.input_ids)
+            s.advantage = [adv] * len(s.input_ids)
         per_call.extend(pc)
         merged.extend(mg)
 
@@ -224,7 +224,7 @@ def per_call_loss(model, samples, weights):
         part, _ = policy_loss(
             new,
             torch.tensor([s.old_logprobs[t] for t in idx]),
-            torch.tensor([s.advantages[t] for t in idx]),
+            torch.tensor([s.advantage[t] for t in idx]),
             torch.tensor([w[t] for t in idx]),
             clip_low=0.2,
             clip_high=0.2,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ajet.rollout.episode import BadOutputError, InfrastructureError
+from ajet.errors import BadOutputError, InfrastructureError
 from ajet.rollout.ray_rollout import make_tuner_proxy, pack_exception, unpack_exception
 
 WORKFLOW = '''

@@ -130,8 +130,8 @@ def _sample(episode_id: str, mask: list[int]) -> Sample:
 def test_assign_episode_level():
     a, b = _sample("e1", [0, 0, 1, 1, 0, 1]), _sample("e2", [1, 0])
     assign_token_advantages([a, b], {"e1": 0.5, "e2": -2.0})
-    assert a.advantages == [0.0, 0.0, 0.5, 0.5, 0.0, 0.5]
-    assert b.advantages == [-2.0, 0.0]
+    assert a.advantage == [0.0, 0.0, 0.5, 0.5, 0.0, 0.5]
+    assert b.advantage == [-2.0, 0.0]
     with pytest.raises(KeyError, match="e3"):
         assign_token_advantages([_sample("e3", [1])], {"e1": 1.0})
 
@@ -140,7 +140,7 @@ def test_assign_per_step_uses_token_call_ids():
     s = _sample("e1", [0, 1, 1, 0, 1, 1])
     s.token_call_ids = [-1, 0, 0, -1, 2, 2]  # call 1 is an untrained role
     assign_token_advantages([s], {"e1": [0.3, 9.0, -0.7]})
-    assert s.advantages == [0.0, 0.3, 0.3, 0.0, -0.7, -0.7]
+    assert s.advantage == [0.0, 0.3, 0.3, 0.0, -0.7, -0.7]
     bad = _sample("e1", [1])
     bad.token_call_ids = [3]
     with pytest.raises(ValueError, match="call 3"):
@@ -153,7 +153,7 @@ def test_assign_per_step_without_call_ids_falls_back_to_episode_value(caplog):
         s.token_call_ids = []  # the field exists but this sample has none
     with caplog.at_level(logging.WARNING):
         assign_token_advantages([s], {"e1": [0.25, -1.0]})
-    assert s.advantages == [0.25, 0.0, 0.25]
+    assert s.advantage == [0.25, 0.0, 0.25]
     assert "token_call_ids" in caplog.text
 
 

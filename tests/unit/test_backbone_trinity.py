@@ -25,7 +25,7 @@ from ajet.cli import train as train_cmd
 from ajet.config.schema import AjetConfig, Algorithm, LossAgg, ReaderType
 from ajet.context.types import Sample
 from ajet.engine.base import SamplingParams
-from ajet.rollout.episode import InfrastructureError
+from ajet.errors import InfrastructureError
 from ajet.workflow import WorkflowTask
 
 # Field names of trinity-rft 0.6.0's `trinity.common.config` dataclasses under every section
@@ -305,8 +305,8 @@ def test_prepare_writes_what_trinity_reads(tmp_path: Path, stub_run_conf: Callab
     import yaml
 
     from ajet.backbones.trinity.driver import prepare
-    from ajet.cli.common import UserError
     from ajet.config import load_config
+    from ajet.errors import UserError
 
     conf = stub_run_conf("trainer: {val_every: 1}\n")
     (tmp_path / "train.jsonl").write_text("".join(json.dumps({"task_id": f"t{i}", "question": f"q{i}"}) + "\n"

@@ -34,7 +34,7 @@ from ajet.cli import train as train_cmd
 from ajet.config.schema import AjetConfig, Algorithm, LossAgg
 from ajet.context.types import Sample
 from ajet.engine.base import SamplingParams
-from ajet.rollout.episode import InfrastructureError
+from ajet.errors import InfrastructureError
 from ajet.workflow import WorkflowTask
 
 # Child keys of verl 0.9.1's `ppo_trainer` config under every section the translation
@@ -310,8 +310,8 @@ def test_prepare_writes_what_verl_reads(tmp_path: Path, stub_run_conf: Callable[
     import yaml
 
     from ajet.backbones.verl.driver import prepare
-    from ajet.cli.common import UserError
     from ajet.config import load_config
+    from ajet.errors import UserError
 
     conf = stub_run_conf()
     (tmp_path / "train.jsonl").write_text("".join(json.dumps({"task_id": f"t{i}", "question": f"q{i}"}) + "\n"

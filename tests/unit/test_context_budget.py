@@ -40,7 +40,7 @@ def sample(n: int, episode: str = "e") -> Sample:
         input_ids=list(range(1000, 1000 + n)),
         loss_mask=mask,
         old_logprobs=[-i / 1000 if m else 0.0 for i, m in enumerate(mask)],
-        advantages=[0.5] * n,
+        advantage=[0.5] * n,
         episode_id=episode,
         segments=[(i, i + 4) for i in range(4, n, 8)],
         num_calls=len({c for c in calls if c >= 0}),
@@ -70,7 +70,7 @@ def test_truncate_cuts_and_counts():
     )
     (t,) = out
     assert t.input_ids == s.input_ids[:30] and t.loss_mask == s.loss_mask[:30]
-    assert t.advantages == s.advantages[:30] and t.token_call_ids == s.token_call_ids[:30]
+    assert t.advantage == s.advantage[:30] and t.token_call_ids == s.token_call_ids[:30]
     assert t.segments == [(4, 8), (12, 16), (20, 24), (28, 30)]
     assert t.num_calls == 4
     assert counts["overflow/window"] == 1 and counts["overflow/sample"] == 0

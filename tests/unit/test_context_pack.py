@@ -61,7 +61,7 @@ def build_batch():
         )
     for samples in (per_call, merged):
         for s in samples:  # an advantage per episode, as GRPO would give
-            s.advantages = [float(s.episode_id[-1]) - 1.5] * len(s.input_ids)
+            s.advantage = [float(s.episode_id[-1]) - 1.5] * len(s.input_ids)
     return per_call, merged
 
 
@@ -157,7 +157,7 @@ def test_packed_tree_reproduces_every_sample():
                 path.append(seq.input_ids[pos])
                 pos = seq.parents[pos]
             assert path[::-1] == sample.input_ids[:t]
-            assert seq.entry_advantage[e] == sample.advantages[t]
+            assert seq.entry_advantage[e] == sample.advantage[t]
 
 
 def test_grpo_siblings_share_the_prompt_and_keep_one_entry_each():

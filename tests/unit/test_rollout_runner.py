@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from ajet.config.schema import RolloutConfig
-from ajet.rollout.episode import InfrastructureError
+from ajet.errors import InfrastructureError
 from ajet.rollout.loader import FunctionWorkflow
 from ajet.rollout.runner import TaskRunner
 from ajet.workflow import Workflow, WorkflowOutput, WorkflowTask

@@ -66,13 +66,14 @@ def test_dpo_and_eval_checks(tmp_path: Path) -> None:
         load_config(conf, ["algorithm.name=dpo", "rollout.n=1"])
     with pytest.raises(ConfigError, match="'lora_base' needs model.lora.enabled"):
         load_config(conf, ["algorithm.name=dpo", "algorithm.dpo_reference=lora_base"])
-    with pytest.raises(ConfigError, match="eval.split: one of"):
+    # eval.split is an enum in the schema: the loader names the key and the valid values.
+    with pytest.raises(ConfigError, match=r"eval.split: Invalid value 'test', expected one of \[val, train\]"):
         load_config(conf, ["pipeline.stages=[eval]", "eval.split=test"])
 
 
 def test_pipeline_stages_and_overrides_are_checked(tmp_path: Path) -> None:
     conf = write(tmp_path, "sft:\n  train_path: dialogs.jsonl\n")
-    with pytest.raises(ConfigError, match=r"unknown stage\(s\) \['sftt'\]"):
+    with pytest.raises(ConfigError, match=r"pipeline.stages\[0\]: Invalid value 'sftt', expected one of \[sft, dpo"):
         load_config(conf, ["pipeline.stages=[sftt,eval]"])
     with pytest.raises(ConfigError, match="pipeline.overrides.grpo: no stage named 'grpo'"):
         load_config(conf, ["pipeline.stages=[sft,eval]", "pipeline.overrides.grpo.trainer.lr=0.1"])
@@ -108,7 +109,10 @@ def test_cli_sft_and_eval_report_bad_input_without_traceback(tmp_path: Path) -> 
     result = runner.invoke(sft_cmd.app, ["--conf", str(conf)])
     assert result.exit_code == 2 and "sft.train_path" in result.output and "Traceback" not in result.output
     result = runner.invoke(eval_cmd.app, ["--conf", str(conf), "--split", "test"])
-    assert result.exit_code == 2 and "eval.split" in result.output and "workflow.target" in result.output
+    assert result.exit_code == 2 and "eval.split" in result.output and "Traceback" not in result.output
+    # Every problem the checks find is reported at once.
+    result = runner.invoke(eval_cmd.app, ["--conf", str(conf), "eval.n=0"])
+    assert result.exit_code == 2 and "eval.n" in result.output and "workflow.target" in result.output
 
 
 def test_help_lists_the_new_commands() -> None:
@@ -119,11 +123,11 @@ def test_help_lists_the_new_commands() -> None:
 
 
 def test_debug_backbone_dispatches_sft_dpo_and_pipelines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import ajet.backbones.debug as debug
+    import ajet.backbones.debug as backbone
     import ajet.dpo.trainer
     import ajet.pipeline
     import ajet.sft.trainer
-    from ajet.cli.common import UserError
+    from ajet.errors import UserError
 
     calls: list[tuple[str, object]] = []
     monkeypatch.setattr(ajet.sft.trainer, "train_sft", lambda cfg, resume=False: calls.append(("sft", cfg)))
@@ -132,10 +136,13 @@ def test_debug_backbone_dispatches_sft_dpo_and_pipelines(tmp_path: Path, monkeyp
     monkeypatch.setattr(ajet.pipeline, "run_pipeline",
                         lambda cfg, workflow=None, resume=False: calls.append(("pipeline", cfg)))
     conf = write(tmp_path, "sft:\n  train_path: dialogs.jsonl\n")
-    debug.run(load_config(conf, ["algorithm.name=sft"]), with_ray=False, resume=False)
-    debug.run(load_config(conf, ["algorithm.name=dpo"]), with_ray=False, resume=False)
-    debug.run(load_config(conf, ["pipeline.stages=[sft,grpo]"]), with_ray=False, resume=False)
+    def run(cfg: object, **kw: bool) -> None:
+        ajet.pipeline.run(cfg, backbone, backbone="debug", **kw)
+
+    run(load_config(conf, ["algorithm.name=sft"]), with_ray=False, resume=False)
+    run(load_config(conf, ["algorithm.name=dpo"]), with_ray=False, resume=False)
+    run(load_config(conf, ["pipeline.stages=[sft,grpo]"]), with_ray=False, resume=False)
     assert [name for name, _ in calls] == ["sft", "dpo", "pipeline"]
     assert calls[0][1].algorithm.name == Algorithm.sft and calls[1][1].algorithm.name == Algorithm.dpo
     with pytest.raises(UserError, match="--with-ray"):
-        debug.run(load_config(conf, ["algorithm.name=sft"]), with_ray=True, resume=False)
+        run(load_config(conf, ["algorithm.name=sft"]), with_ray=True, resume=False)

@@ -201,7 +201,7 @@ def test_resolve_sampling_and_completion_text_are_pure() -> None:
 
 
 def test_engine_failures_are_infrastructure_errors_and_rejections_are_not() -> None:
-    from ajet.rollout.episode import InfrastructureError
+    from ajet.errors import InfrastructureError
 
     session, engine, tracker, _ = make_session(["x"])
     engine.fail_with = RuntimeError("engine thread died")

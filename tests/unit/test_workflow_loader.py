@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ajet.rollout.episode import BadOutputError
+from ajet.errors import BadOutputError
 from ajet.rollout.loader import (
     FunctionWorkflow,
     WorkflowLoadError,

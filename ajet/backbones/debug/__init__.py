@@ -28,20 +28,7 @@ def translate(cfg: AjetConfig) -> str | None:
 
 
 def run(cfg: AjetConfig, *, with_ray: bool, resume: bool, workflow: Any = None) -> None:
+    """The RL recipe (staged runs and SFT/DPO are dispatched by `ajet.pipeline.run`)."""
     from ajet.backbones.debug.trainer import train
-    from ajet.config.schema import Algorithm
 
-    # Staged runs (pipeline.stages) and the non-RL algorithms have their own loops (ajet/pipeline.py).
-    if cfg.pipeline.stages or cfg.algorithm.name in (Algorithm.sft, Algorithm.dpo):
-        from ajet.cli.common import UserError
-        from ajet.pipeline import run_pipeline, run_stage, single_stage_config
-
-        if with_ray:
-            raise UserError("--with-ray is not implemented for sft, dpo or staged runs; run without it.")
-        if cfg.pipeline.stages:
-            run_pipeline(cfg, workflow=workflow, resume=resume)
-        else:
-            stage = cfg.algorithm.name.value
-            run_stage(single_stage_config(cfg, stage), stage, workflow=workflow, resume=resume)
-        return
     train(cfg, with_ray=with_ray, resume=resume, workflow=workflow)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 from typing import Any
 
 import torch
@@ -18,36 +17,17 @@ from ajet.config.schema import AlgorithmConfig, TrainerConfig
 log = logging.getLogger(__name__)
 
 
-def build_optimizer(model: torch.nn.Module, cfg: TrainerConfig) -> tuple[torch.optim.Optimizer, Any]:
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not params:
-        raise RuntimeError("the model has no trainable parameters (LoRA target_modules matched nothing?)")
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-
-    def factor(step: int) -> float:
-        if cfg.warmup_steps and step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
-        if cfg.lr_schedule == "constant":
-            return 1.0
-        span = max(1, cfg.total_steps - cfg.warmup_steps)
-        progress = min(1.0, (step - cfg.warmup_steps) / span)
-        if cfg.lr_schedule == "linear":
-            return 1.0 - progress
-        return 0.5 * (1.0 + math.cos(math.pi * progress))  # cosine
-
-    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-
 class PolicyUpdater:
-    """Owns the optimizer, the schedule and the (optional) KL reference."""
+    """The policy-gradient step over packed sequences, and the (optional) KL reference. The
+    optimizer comes from the recipe (`ajet.training.optim`); the training loop steps its schedule."""
 
-    def __init__(self, model: torch.nn.Module, trainer: TrainerConfig, algorithm: AlgorithmConfig,
-                 *, temperature: float) -> None:
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer: TrainerConfig,
+                 algorithm: AlgorithmConfig, *, temperature: float) -> None:
         self.model = model
+        self.optimizer = optimizer
         self.trainer = trainer
         self.algorithm = algorithm
         self.temperature = temperature
-        self.optimizer, self.scheduler = build_optimizer(model, trainer)
         from ajet.algorithms.reference import build_reference
 
         # Built before the first update: a frozen copy of the initial weights, or the base with LoRA off.
@@ -103,12 +83,10 @@ class PolicyUpdater:
                 )
                 self.optimizer.step()
                 totals["actor/grad_norm"] = float(grad_norm)
-            self.scheduler.step()
         finally:
             self.model.eval()
-        totals["actor/lr"] = self.scheduler.get_last_lr()[0]
         epochs = self.trainer.ppo_epochs
-        return {k: (v / epochs if k not in ("actor/grad_norm", "actor/lr") else v) for k, v in totals.items()}
+        return {k: (v / epochs if k != "actor/grad_norm" else v) for k, v in totals.items()}
 
     def _reference_logprobs(self, seq: Any) -> torch.Tensor:
         from ajet.context.packed_forward import forward_packed

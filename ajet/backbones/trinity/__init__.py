@@ -4,6 +4,7 @@ runner as a Trinity workflow plugin (`ajet.backbones.trinity.workflow`)."""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 # Imported first on purpose: loading the submodule `translate` sets the package attribute
 # `translate`; the function below must be defined after it to stay what the CLI calls.
@@ -31,11 +32,11 @@ def translate(cfg: AjetConfig, *, resume: bool = False) -> str:
     return header + dump_yaml(to_trinity_config(cfg, model_path=model_path, resume=resume))
 
 
-def run(cfg: AjetConfig, *, with_ray: bool, resume: bool) -> None:
+def run(cfg: AjetConfig, *, with_ray: bool, resume: bool, workflow: Any = None) -> None:
     """Export the tasks, write Trinity's config, and run Trinity (needs GPUs)."""
-    from ajet.backbones.gpu import require_gpus
+    from ajet.backbones.gpu import require_gpus, with_workflow
 
     require_gpus("trinity", "trinity", "trinity")
     from ajet.backbones.trinity.driver import run_trinity
 
-    run_trinity(cfg, resume=resume)
+    run_trinity(with_workflow(cfg, workflow), resume=resume)

@@ -18,8 +18,8 @@ from pathlib import Path
 from ajet.backbones.gpu import dump_yaml, model_path_for, run_dir
 from ajet.backbones.trinity.convert import write_taskset
 from ajet.backbones.trinity.translate import to_trinity_config
-from ajet.cli.common import UserError
 from ajet.config import AjetConfig, to_yaml
+from ajet.errors import SetupError, UserError
 
 log = logging.getLogger(__name__)
 
@@ -32,10 +32,10 @@ def prepare(cfg: AjetConfig, *, resume: bool) -> Path:
     trinity = run / "trinity"
     if not resume and any(p.is_dir() for p in trinity.glob("global_step_*")):
         raise UserError(f"{trinity} already holds checkpoints of an earlier trinity run. Pass --resume "
-                        "to continue it, or choose another project.name / --exp-dir.", exit_code=2)
+                        "to continue it, or choose another project.name / --exp-dir.")
     model_path, found = model_path_for(cfg)
     if not found:
-        raise UserError(f"model.path={cfg.model.path} is not a local checkpoint on this machine", exit_code=2)
+        raise UserError(f"model.path={cfg.model.path} is not a local checkpoint on this machine")
     run.mkdir(parents=True, exist_ok=True)
     (run / "config.yaml").write_text(to_yaml(cfg))
     reader = build_reader(cfg.task_reader, seed=cfg.project.seed)
@@ -56,7 +56,7 @@ def run_trinity(cfg: AjetConfig, *, resume: bool) -> None:
     config_path = prepare(cfg, resume=resume)
     trinity_bin = shutil.which("trinity", path=str(Path(sys.executable).parent)) or shutil.which("trinity")
     if trinity_bin is None:
-        raise UserError("the `trinity` command is not installed: pip install 'ajet[trinity-gpu]' "
+        raise SetupError("the `trinity` command is not installed: pip install 'ajet[trinity-gpu]' "
                         "(in its own environment: make env-trinity GPU=1)")
     run = run_dir(cfg)
     with Launcher(ray=None if cfg.ray.address else "head", ray_address=cfg.ray.address,
@@ -65,5 +65,5 @@ def run_trinity(cfg: AjetConfig, *, resume: bool) -> None:
         log.info("trinity: running %s run --config %s", trinity_bin, config_path)
         code = launcher.run_command([trinity_bin, "run", "--config", str(config_path)], name="trinity", env=env)
     if code != 0:
-        raise UserError(f"trinity exited with code {code}; see its output above and {run / 'trinity'}")
+        raise SetupError(f"trinity exited with code {code}; see its output above and {run / 'trinity'}")
     log.info("trinity run finished; checkpoints under %s", run / "trinity")

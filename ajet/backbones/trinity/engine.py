@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ajet.engine.base import Completion, SamplingParams
-from ajet.rollout.episode import InfrastructureError
+from ajet.errors import InfrastructureError
 
 log = logging.getLogger(__name__)
 

@@ -89,7 +89,7 @@ def to_trinity_config(cfg: AjetConfig, *, model_path: str, resume: bool = False)
         "optimizer": {
             "lr": tr.lr,
             "lr_warmup_steps": tr.warmup_steps,
-            "lr_scheduler_type": tr.lr_schedule,
+            "lr_scheduler_type": tr.lr_schedule.value,
             "weight_decay": tr.weight_decay,
             "clip_grad": tr.grad_clip,
         },

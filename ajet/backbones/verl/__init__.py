@@ -3,6 +3,8 @@ runner as a verl agent loop (`ajet.backbones.verl.agent_loop`)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 # Imported first on purpose: loading the submodule `translate` sets the package attribute
 # `translate`; the function below must be defined after it to stay what the CLI calls.
 from ajet.backbones.verl import translate as translation  # noqa: F401
@@ -28,11 +30,11 @@ def translate(cfg: AjetConfig, *, resume: bool = False) -> str:
     return header + dump_yaml(to_verl_config(cfg, model_path=model_path, resume=resume))
 
 
-def run(cfg: AjetConfig, *, with_ray: bool, resume: bool) -> None:
+def run(cfg: AjetConfig, *, with_ray: bool, resume: bool, workflow: Any = None) -> None:
     """Export the tasks, write verl's overrides, and run verl's trainer (needs GPUs)."""
-    from ajet.backbones.gpu import require_gpus
+    from ajet.backbones.gpu import require_gpus, with_workflow
 
     require_gpus("verl", "verl", "verl")
     from ajet.backbones.verl.driver import run_verl
 
-    run_verl(cfg, resume=resume)
+    run_verl(with_workflow(cfg, workflow), resume=resume)

@@ -22,8 +22,8 @@ from ajet.backbones.verl.translate import (
     to_verl_config,
     verl_dir,
 )
-from ajet.cli.common import UserError
 from ajet.config import AjetConfig, to_yaml
+from ajet.errors import SetupError, UserError
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +36,10 @@ def prepare(cfg: AjetConfig, *, resume: bool) -> list[str]:
     ckpts = out / "checkpoints"
     if not resume and ckpts.is_dir() and any(ckpts.glob("global_step_*")):
         raise UserError(f"{ckpts} already holds checkpoints of an earlier verl run. Pass --resume to "
-                        "continue it, or choose another project.name / --exp-dir.", exit_code=2)
+                        "continue it, or choose another project.name / --exp-dir.")
     model_path, found = model_path_for(cfg)
     if not found:
-        raise UserError(f"model.path={cfg.model.path} is not a local checkpoint on this machine", exit_code=2)
+        raise UserError(f"model.path={cfg.model.path} is not a local checkpoint on this machine")
     run.mkdir(parents=True, exist_ok=True)
     config_path = str(run / "config.yaml")
     Path(config_path).write_text(to_yaml(cfg))
@@ -66,5 +66,5 @@ def run_verl(cfg: AjetConfig, *, resume: bool) -> None:
         log.info("verl: running %s", " ".join(argv[:3]))
         code = launcher.run_command(argv, name="verl", env=env)
     if code != 0:
-        raise UserError(f"verl exited with code {code}; see its output above and {verl_dir(cfg)}")
+        raise SetupError(f"verl exited with code {code}; see its output above and {verl_dir(cfg)}")
     log.info("verl run finished; checkpoints under %s", Path(verl_dir(cfg)) / "checkpoints")

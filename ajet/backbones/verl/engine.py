@@ -12,7 +12,7 @@ import uuid
 from typing import Any
 
 from ajet.engine.base import Completion, SamplingParams
-from ajet.rollout.episode import InfrastructureError
+from ajet.errors import InfrastructureError
 
 
 def verl_sampling_params(params: SamplingParams) -> dict[str, Any]:

@@ -96,7 +96,7 @@ def to_verl_config(cfg: AjetConfig, *, model_path: str, resume: bool = False) ->
                     "lr": tr.lr,
                     "weight_decay": tr.weight_decay,
                     "lr_warmup_steps": tr.warmup_steps if tr.warmup_steps > 0 else -1,
-                    "lr_scheduler_type": tr.lr_schedule,
+                    "lr_scheduler_type": tr.lr_schedule.value,
                     "clip_grad": tr.grad_clip,
                 },
                 "ppo_mini_batch_size": tr.batch_size,

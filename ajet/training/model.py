@@ -1,7 +1,7 @@
-"""The model a training stage updates: loaded from `model.path`, with LoRA when enabled.
+"""The model a recipe trains: loaded from `model.path`, with LoRA when enabled, and saved at the end.
 
-The same setup as the debug backbone's RL trainer (full fine-tuning or a peft LoRA
-adapter from `model.lora`); peft is imported only when LoRA is on.
+Full fine-tuning or a peft LoRA adapter from `model.lora` (peft is imported only when LoRA
+is on). The final model is a plain Hugging Face checkpoint, written atomically.
 """
 
 from __future__ import annotations

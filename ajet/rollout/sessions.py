@@ -1,4 +1,7 @@
-"""Per-episode state for the debug backbone: a tracker, a session and a tuner per episode."""
+"""Per-episode state on an inference engine: a tracker, a session and a tuner per episode.
+
+Used by every rollout stack: the debug backbone, DPO, evaluation and the GPU plugins.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Atomic, resumable checkpoints of the debug backbone.
+"""Atomic, resumable checkpoints, the same for every recipe (RL, SFT, DPO).
 
 Layout: RUN/checkpoints/step_{N:06d}/{weights.pt, optimizer.pt, state.pt, .complete} and a
 `latest` file naming the newest complete one. A checkpoint is written into a hidden temp

@@ -1,8 +1,9 @@
-"""Rollouts on an in-process model, for stages other than the RL trainer (DPO, evaluation).
+"""Rollouts on an in-process model: a `LocalEngine` under the shared rollout stack.
 
-`LocalRollout` is a `LocalEngine` on the given model under the shared rollout stack
-(`ajet.rollout.stack`), with its own event loop, and it keeps each episode's tracker so the
-recorded calls (with their tool calls) can be read afterwards.
+The RL, DPO and evaluation recipes all roll out this way. `LocalRollout` owns the engine, the
+stack (gateway, sessions, runner, manager) and an event loop; `rollout()` runs the manager to
+completion on that loop. With `record=True` it keeps each episode's tracker so the recorded
+calls (with their tool calls) can be read afterwards (evaluation).
 """
 
 from __future__ import annotations
@@ -34,8 +35,11 @@ class RecordingFactory:
 
 
 class LocalRollout:
+    """`judge`: built beforehand (None: from `cfg.judge`, LLM judges on the policy model)."""
+
     def __init__(self, cfg: AjetConfig, model: Any, tokenizer: Any, workflow: Any, *,
-                 model_max_len: int, rollout: RolloutConfig | None = None) -> None:
+                 model_max_len: int, rollout: RolloutConfig | None = None, judge: Any = None,
+                 record: bool = False) -> None:
         from ajet.engine.local import LocalEngine
         from ajet.rollout.stack import RolloutStack
 
@@ -44,16 +48,18 @@ class LocalRollout:
                                   max_model_len=model_max_len)
         try:
             self.stack = RolloutStack(cfg, self.engine, tokenizer, workflow, model_max_len=model_max_len,
-                                      rollout=rollout, wrap_factory=RecordingFactory)
+                                      rollout=rollout, judge=judge,
+                                      wrap_factory=RecordingFactory if record else None)
         except BaseException:
             self.engine.close()
             raise
-        self.factory: RecordingFactory = self.stack.factory
+        self.factory = self.stack.factory
+        self.manager = self.stack.manager
         self.loop = asyncio.new_event_loop()
 
     def rollout(self, tasks: list[Any], n: int, *, episode_prefix: str) -> Any:
         """`RolloutManager.rollout`, run to completion on this stack's event loop."""
-        return self.loop.run_until_complete(self.stack.manager.rollout(tasks, n, episode_prefix=episode_prefix))
+        return self.loop.run_until_complete(self.manager.rollout(tasks, n, episode_prefix=episode_prefix))
 
     def close(self) -> None:
         self.stack.close()

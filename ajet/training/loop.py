@@ -1,0 +1,115 @@
+"""The step loop every recipe shares: metrics, progress, LR schedule, checkpoints, final model.
+
+A recipe builds its model, optimizer and schedule, hands them over with `attach`, then calls
+`run(train_step, validate=..., validate_at=...)`. Per step the loop: trains the step, advances
+the LR schedule once (the documented event: one training step, see `ajet.training.optim`),
+logs the metrics, updates the progress display, validates when asked and checkpoints every
+`trainer.save_every` steps. At the end: a last checkpoint and `RUN/final_model`. Ctrl-C saves a
+checkpoint of the last finished step first, so `--resume` continues from it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ajet.config.schema import AjetConfig
+from ajet.training.recipe import Closers
+
+log = logging.getLogger(__name__)
+
+
+class TrainingLoop:
+    def __init__(self, cfg: AjetConfig, run_dir: Path, closers: Closers, *, total_steps: int) -> None:
+        from ajet.config import to_yaml
+        from ajet.logging.metrics import MetricsLogger
+
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.total_steps = total_steps
+        self.step = 0
+        self.metrics = MetricsLogger(run_dir, cfg.logging, run_name=cfg.project.name,
+                                     config_dict={"yaml": to_yaml(cfg)})
+        closers.push(self.metrics.close, "metrics")
+        self.progress: Any = None
+        self._model: Any = None
+        self._tokenizer: Any = None
+        self.optimizer: Any = None
+        self.scheduler: Any = None
+        self._state: Callable[[], dict[str, Any]] = dict
+
+    def attach(self, model: Any, tokenizer: Any, optimizer: Any, scheduler: Any,
+               state: Callable[[], dict[str, Any]] = dict) -> None:
+        """What the loop checkpoints; `state()` adds the recipe's own resumable state."""
+        self._model, self._tokenizer = model, tokenizer
+        self.optimizer, self.scheduler, self._state = optimizer, scheduler, state
+
+    def restore(self) -> dict[str, Any] | None:
+        """Load the newest checkpoint (weights, optimizer, schedule, RNG); its saved state, or None."""
+        from ajet.training.checkpoint import latest_checkpoint, load_checkpoint
+
+        ckpt = latest_checkpoint(self.run_dir / "checkpoints")
+        if ckpt is None:
+            log.warning("--resume: no checkpoint under %s; starting from step 0", self.run_dir / "checkpoints")
+            return None
+        state = load_checkpoint(ckpt, model=self._model, optimizer=self.optimizer, scheduler=self.scheduler)
+        self.step = int(state["step"])
+        return state
+
+    def log(self, metrics: dict[str, float], split: str = "train") -> None:
+        self.metrics.log(self.step, metrics, split=split)
+
+    def phase(self, text: str) -> None:
+        if self.progress is not None:
+            self.progress.phase(text)
+
+    def run(self, train_step: Callable[[int], dict[str, float]], *,
+            validate: Callable[[], object] | None = None,
+            validate_at: Callable[[int], bool] | None = None) -> None:
+        """Train steps `self.step + 1 .. total_steps`. `validate_at(step)` (default: every
+        `trainer.val_every` steps, and before the first) says when to call `validate()`."""
+        from ajet.logging.progress import TrainingProgress
+
+        t = self.cfg.trainer
+        if validate_at is None:
+            validate_at = lambda step: bool(t.val_every) and step % t.val_every == 0  # noqa: E731
+        self.progress = TrainingProgress(self.total_steps, self.step, quiet=self.cfg.logging.quiet)
+        try:
+            if validate is not None and validate_at(self.step):
+                validate()
+            while self.step < self.total_steps:
+                lr = self.scheduler.get_last_lr()[0]
+                metrics = train_step(self.step + 1)
+                self.scheduler.step()
+                metrics["actor/lr"] = lr
+                self.step += 1
+                self.log(metrics)
+                self.progress.step_done(self.step, metrics)
+                if validate is not None and validate_at(self.step):
+                    validate()
+                if t.save_every and self.step % t.save_every == 0 and self.step < self.total_steps:
+                    self.save_checkpoint()
+            self.save_checkpoint()
+            if t.save_final_model:
+                self.save_final_model()
+        except KeyboardInterrupt:
+            log.warning("interrupted: saving a checkpoint of step %d before exiting", self.step)
+            if self.step > 0:
+                self.save_checkpoint()
+            raise
+        finally:
+            self.progress.close()
+
+    def save_checkpoint(self) -> None:
+        from ajet.training.checkpoint import save_checkpoint
+
+        save_checkpoint(self.run_dir / "checkpoints", self.step, model=self._model, optimizer=self.optimizer,
+                        scheduler=self.scheduler, extra=self._state(), keep_last=self.cfg.trainer.keep_checkpoints)
+
+    def save_final_model(self) -> None:
+        from ajet.training.model import save_final_model
+
+        save_final_model(self._model, self._tokenizer, self.run_dir / "final_model",
+                         lora=self.cfg.model.lora.enabled)

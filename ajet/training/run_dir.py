@@ -1,0 +1,34 @@
+"""The run directory `{project.exp_dir}/{project.name}` and its rules, for every recipe.
+
+A new run refuses a directory that already holds an earlier run's checkpoints (pass
+`--resume` to continue it, or choose another name); `config.yaml` records the resolved config.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ajet.config.schema import AjetConfig
+from ajet.errors import UserError
+
+
+def run_dir_of(cfg: AjetConfig) -> Path:
+    """Where a run writes its outputs."""
+    return Path(cfg.project.exp_dir).expanduser() / cfg.project.name
+
+
+def prepare_run_dir(cfg: AjetConfig, *, resume: bool) -> Path:
+    """Check the resume rules, write config.yaml; return the run directory."""
+    from ajet.config import to_yaml
+    from ajet.training.checkpoint import cleanup_partial, latest_checkpoint
+
+    run_dir = run_dir_of(cfg)
+    ckpt_root = run_dir / "checkpoints"
+    cleanup_partial(ckpt_root)
+    if not resume and latest_checkpoint(ckpt_root) is not None:
+        raise UserError(
+            f"{run_dir} already holds checkpoints of an earlier run. Pass --resume to continue it, "
+            "or choose another project.name / --exp-dir.")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(to_yaml(cfg))
+    return run_dir

@@ -1,0 +1,40 @@
+"""Validation metrics over a rollout of the held-out tasks (RL and DPO recipes, evaluation)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def validation_metrics(episodes: list[Any], k: int) -> dict[str, float]:
+    """Mean reward and success over all validation episodes, and pass@k over tasks.
+
+    A failed episode counts as reward 0 and not successful (it is in the denominator)."""
+    ok = [ep for ep in episodes if ep.status == "ok"]
+    by_task: dict[str, list[bool]] = {}
+    for ep in episodes:
+        by_task.setdefault(ep.group_id, []).append(ep.status == "ok" and bool(ep.is_success))
+    n = max(1, len(episodes))
+    return {
+        "val/reward/mean": sum(float(ep.reward) for ep in ok) / n,
+        "val/success/rate": sum(1 for ep in ok if ep.is_success) / n,
+        f"val/pass@{k}": sum(1 for v in by_task.values() if any(v)) / max(1, len(by_task)),
+        "val/episodes": float(len(episodes)),
+        "val/failed": float(len(episodes) - len(ok)),
+    }
+
+
+def validate_on_rollout(loop: Any, reader: Any, rollout: Any, k: int) -> dict[str, float]:
+    """Roll out the reader's validation tasks `k` times each with `rollout(tasks, k, episode_prefix=)`
+    and log `validation_metrics` at the loop's step; {} when there are no validation tasks."""
+    tasks = reader.val_tasks()
+    if not tasks:
+        return {}
+    loop.phase(f"validation: {len(tasks)} tasks × {k}")
+    result = rollout(tasks, k, episode_prefix=f"val{loop.step}-")
+    metrics = validation_metrics(result.episodes, k)
+    loop.log(metrics, split="val")
+    log.info("validation at step %d: %s", loop.step, "  ".join(f"{key} {value:.3f}" for key, value in metrics.items()))
+    return metrics
