@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from ajet.cli.common import EXIT_CONFIG, UserError, user_errors
+from ajet.cli.common import user_errors
+from ajet.errors import UserError
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)
 
@@ -18,17 +19,12 @@ def summary(
     run_dir: Annotated[Path, typer.Argument(help="A run directory ({project.exp_dir}/{project.name}), "
                                                  "a training run or a pipeline.")],
     wall_s: Annotated[
-        float | None, typer.Option("--wall-s", help="Wall time to show [default: from the run's file times].")
+        float | None, typer.Option("--wall-s", help="Wall time to show [default: from the run's records].")
     ] = None,
 ) -> None:
-    from ajet.logging.report import RunDataError
     from ajet.logging.summary import render_summary, summarize_run
 
     with user_errors():
         if not run_dir.is_dir():
-            raise UserError(f"{run_dir} is not a directory; pass a run directory", EXIT_CONFIG)
-        try:
-            result = summarize_run(run_dir, wall_s=wall_s)
-        except RunDataError as exc:
-            raise UserError(str(exc), EXIT_CONFIG) from None
-        render_summary(result)
+            raise UserError(f"{run_dir} is not a directory; pass a run directory")
+        render_summary(summarize_run(run_dir, wall_s=wall_s))  # a RunDataError is a UserError
