@@ -77,7 +77,8 @@ async def demo(task: dict) -> dict:
 def main(out_dir: Path = HERE, count: int = 256) -> Path:
     import sys
 
-    sys.path.insert(0, str(HERE))
+    if str(HERE) not in sys.path:  # math_agent.py, when run as a script from elsewhere
+        sys.path.insert(0, str(HERE))
     tasks = [json.loads(line) for line in (HERE / "train.jsonl").read_text().splitlines()][:count]
     dialogs = asyncio.run(_all(tasks))
     path = out_dir / "demos.jsonl"
