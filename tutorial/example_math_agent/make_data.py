@@ -1,4 +1,5 @@
-"""Regenerate train.jsonl / val.jsonl: arithmetic word problems that need the calculator.
+"""Regenerate train.jsonl / val.jsonl (arithmetic word problems that need the calculator) and
+demos.jsonl (the scripted agent's demonstrations on train, `make_demos.py`).
 
     python tutorial/example_math_agent/make_data.py
 
@@ -78,6 +79,9 @@ def main(out_dir: Path | None = None) -> list[Path]:
         path = out_dir / f"{split}.jsonl"
         path.write_text("".join(json.dumps(t) + "\n" for t in split_tasks(split, count, seed, taken)))
         paths.append(path)
+    from make_demos import main as make_demos  # this directory is on sys.path (script or test)
+
+    paths.append(make_demos(out_dir))
     return paths
 
 

@@ -1,4 +1,5 @@
-"""Regenerate demos.jsonl: demonstrations for the SFT warm-up, from the TRAIN split only.
+"""Regenerate demos.jsonl: demonstrations for the SFT warm-up, from the TRAIN split only
+(`make_data.py` runs this too).
 
     python tutorial/example_math_agent/make_demos.py
 
@@ -79,7 +80,7 @@ def main(out_dir: Path = HERE, count: int = 256) -> Path:
 
     if str(HERE) not in sys.path:  # math_agent.py, when run as a script from elsewhere
         sys.path.insert(0, str(HERE))
-    tasks = [json.loads(line) for line in (HERE / "train.jsonl").read_text().splitlines()][:count]
+    tasks = [json.loads(line) for line in (out_dir / "train.jsonl").read_text().splitlines()][:count]
     dialogs = asyncio.run(_all(tasks))
     path = out_dir / "demos.jsonl"
     path.write_text("".join(json.dumps(d) + "\n" for d in dialogs))
