@@ -61,7 +61,8 @@ class RLRecipe:
         self.workflow = load_or_wrap_workflow(self.workflow_arg, cfg.workflow.target)
         self.reader = build_reader(cfg.task_reader, seed=cfg.project.seed)
         self.judge = build_judge(cfg.judge, llm_client_factory=lambda: self.rollout.stack.local_llm_client())
-        self.loop = TrainingLoop(cfg, self.run_dir, closers, total_steps=cfg.trainer.total_steps)
+        self.loop = TrainingLoop(cfg, self.run_dir, closers, total_steps=cfg.trainer.total_steps,
+                                 resume=self.resume)
         self.model, self.tokenizer = load_trainable_model(
             cfg.model, seed=cfg.project.seed, gradient_checkpointing=cfg.trainer.gradient_checkpointing)
         self.window = model_window(self.model, cfg.context.max_model_len)
