@@ -396,6 +396,20 @@ class RayConfig:
 
 
 @dataclass
+class ServeConfig:
+    # `ajet serve`: episodes come from clients through the episode API (docs/episode_api.md).
+    # Where the gateway (episode API + OpenAI-compatible model endpoint) listens; port 0 = a free port.
+    host: str = "127.0.0.1"
+    port: int = 0
+    # The token clients send as `Authorization: Bearer <token>`; "" = a random one, printed at start.
+    client_token: str = ""
+    # Policy versions an episode may lag behind the weights it is trained on: 0 = fully on-policy
+    # (clients wait while the trainer updates); more lets clients start the next step's groups
+    # during an update. Older episodes are dropped and counted (rollout/failed/stale).
+    max_staleness: int = 1
+
+
+@dataclass
 class EnvServiceConfig:
     # An environment service the launcher starts with `--with-env NAME` and stops on exit.
     # Command line (no shell); a leading `python` means the interpreter running ajet.
@@ -459,6 +473,7 @@ class AjetConfig:
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     ray: RayConfig = field(default_factory=RayConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
     trinity: TrinityConfig = field(default_factory=TrinityConfig)
     verl: VerlConfig = field(default_factory=VerlConfig)
     # name -> service, started by `--with-env NAME` (see ajet/launcher.py).

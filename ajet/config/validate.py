@@ -61,6 +61,8 @@ def validate(cfg: AjetConfig, *, require_workflow: bool = True) -> list[tuple[st
     need(r.top_k >= 0, "rollout.top_k", "must be >= 0 (0 = off)")
     need(r.max_tokens >= 1, "rollout.max_tokens", "must be >= 1")
     need(r.dynamic_sampling.max_rounds >= 1, "rollout.dynamic_sampling.max_rounds", "must be >= 1")
+    need(cfg.serve.max_staleness >= 0, "serve.max_staleness", "must be >= 0 (0 = fully on-policy)")
+    need(0 <= cfg.serve.port <= 65535, "serve.port", "must be in 0..65535 (0 = a free port)")
     need(
         r.max_tokens <= cfg.context.max_call_tokens,
         "rollout.max_tokens",

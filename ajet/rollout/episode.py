@@ -45,6 +45,9 @@ class Episode:
     # Tool calls the model attempted / made validly (`ajet.rollout.agent_metrics.count_tool_calls`).
     tool_calls: int = 0
     valid_tool_calls: int = 0
+    # The policy versions that produced the episode's completions (several when its calls
+    # spanned a weight update; see `ajet.rollout.remote`).
+    policy_versions: list[int] = field(default_factory=list)
     duration_s: float = 0.0
     retries: int = 0
 

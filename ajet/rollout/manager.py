@@ -36,6 +36,8 @@ class RolloutResult:
     ok_episodes: list[Episode]
     dropped_groups: list[str] = field(default_factory=list)
     max_in_flight: int = 0
+    # Metrics of the episode source itself (e.g. the remote broker's `remote/*`), logged as is.
+    extra_metrics: dict[str, float] = field(default_factory=dict)
 
     def metrics(self) -> dict[str, float]:
         """Flat metrics for the step (see docs/outputs.md).
@@ -70,6 +72,7 @@ class RolloutResult:
             out["rollout/calls_per_episode"] = statistics.fmean(e.num_calls for e in ok)
             out.update(_mean_log_metrics(ok))
         out.update(agent_metrics(episodes))
+        out.update(self.extra_metrics)
         return out
 
 

@@ -24,16 +24,23 @@ import inspect
 import logging
 import sys
 import time
-import traceback
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from ajet.config.schema import RolloutConfig
 from ajet.errors import BadOutputError, InfrastructureError
 from ajet.judge.base import Judge
-from ajet.rollout.agent_metrics import count_tool_calls
-from ajet.rollout.episode import FAILED, OK, TIMEOUT, Episode
-from ajet.workflow import Workflow, WorkflowOutput, WorkflowTask
+from ajet.rollout.episode import TIMEOUT, Episode
+from ajet.rollout.scoring import (
+    close_handle,
+    collect_tracker,
+    fail,
+    log_failure,
+    maybe_await,
+    score_episode,
+    summary,
+)
+from ajet.workflow import Workflow, WorkflowTask
 
 logger = logging.getLogger(__name__)
 
@@ -92,13 +99,13 @@ class TaskRunner:
             if infra_error is None:
                 break
             if retries >= self.config.max_retries:
-                _fail(episode, f"infrastructure:{type(infra_error).__name__}", infra_error)
+                fail(episode, f"infrastructure:{type(infra_error).__name__}", infra_error)
                 logger.warning(
                     "episode %s (task %s): infrastructure error after %d retries: %s",
                     episode_id,
                     task.task_id,
                     retries,
-                    _summary(infra_error),
+                    summary(infra_error),
                 )
                 break
             delay = min(self.max_backoff_s, self.backoff_s * 2**retries)
@@ -106,7 +113,7 @@ class TaskRunner:
                 "episode %s (task %s): infrastructure error (%s); retry %d/%d in %.1fs",
                 episode_id,
                 task.task_id,
-                _summary(infra_error),
+                summary(infra_error),
                 retries + 1,
                 self.config.max_retries,
                 delay,
@@ -127,12 +134,12 @@ class TaskRunner:
     async def _attempt(self, episode: Episode) -> BaseException | None:
         """Fill `episode`; return the exception when the attempt should be retried."""
         try:
-            handle = await _maybe_await(self.factory.open_episode(episode.episode_id, episode.task))
+            handle = await maybe_await(self.factory.open_episode(episode.episode_id, episode.task))
         except Exception as exc:  # noqa: BLE001 - classified right here
             if _is_infrastructure(exc):
                 return exc
-            _fail(episode, f"session_error:{type(exc).__name__}", exc)
-            self._log_failure(episode, exc)
+            fail(episode, f"session_error:{type(exc).__name__}", exc)
+            log_failure(episode, exc)
             return None
         try:
             result = await self._execute_with_timeout(episode.task, handle.tuner)
@@ -141,16 +148,16 @@ class TaskRunner:
                 episode.error_message = (
                     f"the workflow ran longer than {self.config.episode_timeout_s}s"
                 )
-                self._log_failure(episode, None)
+                log_failure(episode, None)
             elif isinstance(result, _Raised):
                 if _is_infrastructure(result.exc):
                     return result.exc
                 self._record_workflow_error(episode, result.exc)
             else:
-                await self._score(episode, result)
-            self._collect_tracker(episode, handle.tracker)
+                await score_episode(episode, result, self.judge, self.config.episode_timeout_s)
+            collect_tracker(episode, handle.tracker)
         finally:
-            await _close(handle, episode.episode_id)
+            await close_handle(handle, episode.episode_id)
         return None
 
     async def _execute_with_timeout(self, task: WorkflowTask, tuner: Any) -> Any:
@@ -177,127 +184,10 @@ class TaskRunner:
 
     def _record_workflow_error(self, episode: Episode, exc: BaseException) -> None:
         if isinstance(exc, BadOutputError):
-            _fail(episode, "bad_output", exc, with_traceback=False)
+            fail(episode, "bad_output", exc, with_traceback=False)
         else:
-            _fail(episode, f"workflow_error:{type(exc).__name__}", exc)
-        self._log_failure(episode, exc)
-
-    # ------------------------------------------------------------------ reward
-
-    async def _score(self, episode: Episode, output: Any) -> None:
-        if not isinstance(output, WorkflowOutput):
-            episode.status, episode.reason = FAILED, "bad_output"
-            episode.error_message = (
-                f"execute returned {type(output).__name__}, not a WorkflowOutput; "
-                "return WorkflowOutput(reward=...) (or reward=None to let the judge score it)"
-            )
-            self._log_failure(episode, None)
-            return
-        episode.output = output
-        if output.reward is not None:
-            reward, success = float(output.reward), output.is_success
-        elif self.judge is None:
-            episode.status, episode.reason = FAILED, "no_reward"
-            episode.error_message = (
-                "the workflow returned reward=None and no judge is configured; return "
-                "WorkflowOutput(reward=...) or set judge.type (e.g. judge.type=math)"
-            )
-            self._log_failure(episode, None)
-            return
-        else:
-            judged = await self._judge(episode, output)
-            if judged is None:
-                return
-            reward, success = judged
-            output.reward, output.is_success = reward, success
-        episode.reward = reward
-        # No explicit verdict: a reward at the top of the usual 0..1 scale counts as a success
-        # (partial credit such as 0.2 for a near miss does not).
-        episode.is_success = bool(success) if success is not None else reward >= 1.0
-        episode.status = OK
-
-    async def _judge(
-        self, episode: Episode, output: WorkflowOutput
-    ) -> tuple[float, bool | None] | None:
-        """The judge's (reward, is_success), or None after marking the episode failed."""
-        judge = self.judge
-        try:
-            if hasattr(judge, "acompute_reward"):
-                call = judge.acompute_reward(episode.task, output)
-            else:
-                # Called on the loop thread: math judges may rely on signal-based timeouts.
-                call = _maybe_await(judge.compute_reward(episode.task, output))
-            verdict = await asyncio.wait_for(call, timeout=self.config.episode_timeout_s)
-        except asyncio.TimeoutError:
-            episode.status, episode.reason = TIMEOUT, "judge_timeout"
-            episode.error_message = f"the judge ran longer than {self.config.episode_timeout_s}s"
-            self._log_failure(episode, None)
-            return None
-        except Exception as exc:  # noqa: BLE001 - any judge failure fails this episode only
-            _fail(episode, f"judge_error:{type(exc).__name__}", exc)
-            self._log_failure(episode, exc)
-            return None
-        if isinstance(verdict, tuple | list) and len(verdict) == 2:
-            return float(verdict[0]), (None if verdict[1] is None else bool(verdict[1]))
-        if isinstance(verdict, int | float) and not isinstance(verdict, bool):
-            return float(verdict), None
-        episode.status, episode.reason = FAILED, "judge_error:bad_return"
-        episode.error_message = (
-            f"{type(judge).__name__} returned {verdict!r:.80}; expected (reward, is_success)"
-        )
-        self._log_failure(episode, None)
-        return None
-
-    # ------------------------------------------------------------------ bookkeeping
-
-    def _collect_tracker(self, episode: Episode, tracker: Any) -> None:
-        if tracker is None:
-            return
-        try:
-            episode.num_calls = len(tracker.calls)
-            episode.tool_calls, episode.valid_tool_calls = count_tool_calls(tracker.calls)
-            stats = tracker.stats()
-            episode.tracker_stats = (
-                dataclasses.asdict(stats) if dataclasses.is_dataclass(stats) else dict(stats)
-            )
-            if episode.status == OK:
-                episode.timelines = list(tracker.timelines())
-        except Exception as exc:  # noqa: BLE001 - a broken tracker fails this episode only
-            if episode.status == OK:
-                _fail(episode, f"tracker_error:{type(exc).__name__}", exc)
-                self._log_failure(episode, exc)
-            else:
-                logger.debug(
-                    "episode %s: tracker unreadable after failure: %s", episode.episode_id, exc
-                )
-
-    def _log_failure(self, episode: Episode, exc: BaseException | None) -> None:
-        detail = _summary(exc) if exc is not None else episode.error_message
-        logger.warning(
-            "episode %s (task %s) %s: %s [%s]",
-            episode.episode_id,
-            episode.task.task_id,
-            episode.status,
-            episode.reason,
-            detail,
-        )
-
-
-def _fail(
-    episode: Episode, reason: str, exc: BaseException, *, with_traceback: bool = True
-) -> None:
-    episode.status, episode.reason = FAILED, reason
-    if with_traceback:
-        episode.error_message = "".join(
-            traceback.format_exception(type(exc), exc, exc.__traceback__)
-        )
-    else:
-        episode.error_message = str(exc)
-
-
-def _summary(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"
+            fail(episode, f"workflow_error:{type(exc).__name__}", exc)
+        log_failure(episode, exc)
 
 
 def _infrastructure_types() -> tuple[type[BaseException], ...]:
@@ -331,14 +221,3 @@ def _is_infrastructure(exc: BaseException) -> bool:
         stack.extend([current.__cause__, current.__context__])
         stack.extend(getattr(current, "exceptions", None) or [])  # exception groups
     return False
-
-
-async def _maybe_await(value: Any) -> Any:
-    return await value if inspect.isawaitable(value) else value
-
-
-async def _close(handle: Any, episode_id: str) -> None:
-    try:
-        await _maybe_await(handle.close())
-    except Exception as exc:  # noqa: BLE001 - a failing close must not hide the episode's result
-        logger.warning("episode %s: closing its session failed: %s", episode_id, _summary(exc))

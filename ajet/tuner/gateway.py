@@ -188,14 +188,40 @@ class Gateway:
         return entry
 
     # -- HTTP ------------------------------------------------------------------
+    def include_router(self, router: Any) -> None:
+        """Serve more routes (the episode API, `ajet.tuner.episode_api`) on this gateway, and
+        their OpenAPI schema at /openapi.json with Swagger UI at /docs. Works while serving."""
+        from fastapi.exceptions import RequestValidationError
+        from fastapi.openapi.docs import get_swagger_ui_html
+
+        app = self.app
+        app.include_router(router)
+
+        async def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
+            # OpenAI-style like every other error here, not FastAPI's {"detail": [...]}.
+            return JSONResponse(wire.error_body(_validation_message(exc), "invalid_request_error"), 422)
+
+        app.add_exception_handler(RequestValidationError, invalid_body)
+        app.openapi_schema = None  # rebuilt with the new routes
+        if app.openapi_url is None:
+            app.openapi_url = "/openapi.json"
+
+            async def openapi(request: Request) -> JSONResponse:
+                return JSONResponse(app.openapi())
+
+            async def docs(request: Request) -> Any:
+                return get_swagger_ui_html(openapi_url=app.openapi_url, title=f"{app.title} - docs")
+
+            app.add_route(app.openapi_url, openapi, include_in_schema=False)
+            app.add_route("/docs", docs, include_in_schema=False)
+
     def _build_app(self) -> FastAPI:
         app = FastAPI(title="ajet gateway", docs_url=None, redoc_url=None, openapi_url=None)
 
         @app.exception_handler(StarletteHTTPException)
         async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-            return JSONResponse(
-                wire.error_body(str(exc.detail), "invalid_request_error"), exc.status_code
-            )
+            body = wire.error_body(str(exc.detail), "invalid_request_error", getattr(exc, "code", None))
+            return JSONResponse(body, exc.status_code, headers=exc.headers)
 
         @app.get("/v1/models")
         async def models(request: Request) -> JSONResponse:
@@ -356,7 +382,8 @@ class Gateway:
         return StreamingResponse(events(), media_type="text/event-stream")
 
 
-def _validation_message(err: ValidationError) -> str:
+def _validation_message(err: Any) -> str:
+    """The first few problems of a pydantic `ValidationError` or FastAPI `RequestValidationError`."""
     parts = []
     for e in err.errors()[:5]:
         where = ".".join(str(p) for p in e.get("loc", ()))

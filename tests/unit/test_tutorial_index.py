@@ -67,8 +67,8 @@ def test_config_and_workflow_load(conf: Path) -> None:
     assert readme.is_file() and conf.name in readme.read_text(), f"{conf.parent.name}/README.md never names {conf.name}"
     if cfg.workflow.target:
         assert isinstance(load_workflow(cfg.workflow.target), Workflow)
-    else:  # a function workflow: run through ajet.tune, named in the YAML's comments
-        assert "ajet.tune" in conf.read_text()
+    else:  # a function workflow run through ajet.tune, or clients of `ajet serve`: named in the comments
+        assert "ajet.tune" in conf.read_text() or "ajet serve" in conf.read_text()
 
 
 @pytest.mark.parametrize(

@@ -21,18 +21,23 @@ from ajet.training.recipe import Closers, run_recipe
 log = logging.getLogger(__name__)
 
 
-def train(cfg: AjetConfig, *, with_ray: bool = False, resume: bool = False, workflow: Any = None) -> Path:
-    """Train on the debug backbone; return the run directory."""
-    return run_recipe(RLRecipe(cfg, workflow=workflow, with_ray=with_ray, resume=resume))
+def train(cfg: AjetConfig, *, with_ray: bool = False, resume: bool = False, workflow: Any = None,
+          episode_source: Any = None) -> Path:
+    """Train on the debug backbone; return the run directory. `episode_source(recipe)` (`ajet
+    serve`) builds what gives each step's episodes (`next_batch(step)`) instead of the rollout
+    manager; it is called at the end of setup, when the engine, reader and judge exist."""
+    return run_recipe(RLRecipe(cfg, workflow=workflow, with_ray=with_ray, resume=resume,
+                               episode_source=episode_source))
 
 
 class RLRecipe:
     def __init__(self, cfg: AjetConfig, *, workflow: Any = None, with_ray: bool = False,
-                 resume: bool = False) -> None:
+                 resume: bool = False, episode_source: Any = None) -> None:
         self.cfg = cfg
         self.workflow_arg = workflow
         self.with_ray = with_ray
         self.resume = resume
+        self.episode_source, self.source = episode_source, None
 
     # ------------------------------------------------------------------ setup
     def setup(self, closers: Closers) -> None:
@@ -56,7 +61,8 @@ class RLRecipe:
         self.workflow = load_or_wrap_workflow(self.workflow_arg, cfg.workflow.target)
         self.reader = build_reader(cfg.task_reader, seed=cfg.project.seed)
         self.judge = build_judge(cfg.judge, llm_client_factory=lambda: self.rollout.stack.local_llm_client())
-        self.loop = TrainingLoop(cfg, self.run_dir, closers, total_steps=cfg.trainer.total_steps)
+        self.loop = TrainingLoop(cfg, self.run_dir, closers, total_steps=cfg.trainer.total_steps,
+                                 resume=self.resume)
         self.model, self.tokenizer = load_trainable_model(
             cfg.model, seed=cfg.project.seed, gradient_checkpointing=cfg.trainer.gradient_checkpointing)
         self.window = model_window(self.model, cfg.context.max_model_len)
@@ -74,6 +80,9 @@ class RLRecipe:
         if self.resume and (state := self.loop.restore()) is not None:
             self.reader.load_state_dict(state["reader"])
             self.rollout.engine.bump_version()
+        if self.episode_source is not None:
+            self.source = self.episode_source(self)
+            closers.push(self.source.close, "episode source")
 
     def _ray_manager(self, closers: Closers) -> Any:
         from ajet.rollout.ray_rollout import build_ray_manager, workflow_spec
@@ -96,9 +105,13 @@ class RLRecipe:
 
         cfg = self.cfg
         start = time.monotonic()
-        tasks = self.reader.next_batch(cfg.trainer.batch_size)
-        self.loop.phase(f"step {step}: rollout of {len(tasks)} tasks × {cfg.rollout.n}")
-        result = self._rollout(tasks, cfg.rollout.n, episode_prefix=f"s{step}-")
+        if self.source is not None:
+            self.loop.phase(f"step {step}: waiting for {cfg.trainer.batch_size} groups of episodes")
+            result = self.rollout.loop.run_until_complete(self.source.next_batch(step))
+        else:
+            tasks = self.reader.next_batch(cfg.trainer.batch_size)
+            self.loop.phase(f"step {step}: rollout of {len(tasks)} tasks × {cfg.rollout.n}")
+            result = self._rollout(tasks, cfg.rollout.n, episode_prefix=f"s{step}-")
         rollout_s = time.monotonic() - start
         metrics = dict(result.metrics())
         metrics["perf/rollout_s"] = rollout_s
@@ -117,6 +130,8 @@ class RLRecipe:
             self._write_records(step, batch.samples, result.ok_episodes)
         metrics["perf/step_time_s"] = time.monotonic() - start
         metrics["policy_version"] = float(self.rollout.engine.policy_version)
+        if self.source is not None:
+            self.source.record_metrics(step, metrics)
         return metrics
 
     def update(self, batch: Any) -> dict[str, float]:

@@ -1,0 +1,349 @@
+"""EpisodeBroker: the episode source of `ajet serve`: episodes come from clients over HTTP.
+
+A client asks for an episode (`begin`), calls the model with the episode's key, then
+`finish`es it with a reward (or lets the judge score its metadata) or `abort`s it. The broker
+hands out each task `rollout.n` times (one GRPO group), in task-reader order, and the trainer
+takes `batch_size` complete groups per step with `next_batch(step)`, which returns the same
+`RolloutResult` as `RolloutManager.rollout`.
+
+How far clients may run ahead of the trainer is `max_staleness` (in policy versions): while the
+trainer waits for step k, groups may be opened up to step k + max_staleness. With 0 no episode
+begins before the previous update is done, so every episode is on-policy; with s > 0 clients
+keep working during an update, and an episode whose oldest call lags more than s versions
+behind the weights it would train is dropped (`rollout/failed/stale`), never silently mixed.
+Kept episodes carry their versions (`Episode.policy_versions`; `remote/stale_kept` counts them).
+
+A client that neither finishes nor aborts within `rollout.episode_timeout_s` is timed out: its
+key dies and the episode counts as `rollout/failed/timeout`. Timeouts are checked whenever the
+broker is used (and every second while the trainer waits), so no thread of its own is needed.
+
+Threads: the episode API runs on the gateway's event loop, `next_batch` on the trainer's; one
+lock guards the state, and the trainer is woken with `call_soon_threadsafe`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ajet.config.schema import RolloutConfig
+from ajet.rollout.episode import FAILED, OK, TIMEOUT, Episode
+from ajet.rollout.manager import RolloutResult, drop_equal_reward_groups
+from ajet.rollout.runner import SessionFactory
+from ajet.rollout.scoring import (
+    close_handle,
+    collect_tracker,
+    log_failure,
+    maybe_await,
+    score_episode,
+)
+from ajet.tuner.episode_api import (
+    EpisodeEndedError,
+    EpisodeNotFoundError,
+    EpisodeResult,
+    EpisodeTicket,
+    FinishRequest,
+    NoEpisodeAvailableError,
+    RunEndedError,
+    ServerStatus,
+)
+from ajet.workflow import Workflow, WorkflowOutput, WorkflowTask
+
+log = logging.getLogger(__name__)
+
+ABORTED = "aborted"
+STALE = "stale"
+RUN_ENDED = "run_ended"
+_POLL_S = 1.0  # the trainer re-checks timeouts at least this often while it waits
+
+
+class RemoteWorkflow(Workflow):
+    """The trainer's workflow under `ajet serve`: it never runs, episodes come from clients."""
+
+    name: str = "remote"
+
+    async def execute(self, task: WorkflowTask, tuner: Any) -> WorkflowOutput:
+        raise RuntimeError("under `ajet serve` episodes come from clients through the episode API; "
+                           "nothing runs a workflow in-process")
+
+
+@dataclass
+class _Group:
+    group_id: str
+    task: WorkflowTask
+    handed: int = 0
+    ended: list[Episode] = field(default_factory=list)
+
+
+@dataclass
+class _Running:
+    episode: Episode
+    group: _Group
+    handle: Any
+    started: float
+    deadline: float
+
+
+class EpisodeBroker:
+    def __init__(self, reader: Any, judge: Any, sessions: SessionFactory, rollout: RolloutConfig, *,
+                 batch_size: int, total_steps: int, policy_version: Callable[[], int],
+                 max_staleness: int = 1, start_step: int = 0, role: str = "default",
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """`reader`: the task reader (`next_batch(1)`); `sessions`: opens a tracked session per
+        episode (its tuner mints the episode key); `policy_version`: the engine's current version."""
+        self.reader, self.judge, self.sessions, self.rollout = reader, judge, sessions, rollout
+        self.batch_size, self.total_steps = batch_size, total_steps
+        self.max_staleness, self.role = max_staleness, role
+        self._policy_version, self._clock = policy_version, clock
+        self._lock = threading.Lock()
+        self._groups: deque[_Group] = deque()  # opened, with episodes still to hand out
+        self._ready: deque[_Group] = deque()  # complete, waiting for the trainer
+        self._pending: dict[str, _Group] = {}  # opened, not complete yet
+        self._running: dict[str, _Running] = {}
+        self._ended: dict[str, str] = {}  # episode id -> how it ended (for 409s)
+        self._opened = start_step * batch_size  # groups opened since step 0
+        self._step = start_step  # the step the trainer last asked for (for status)
+        # Groups may be opened up to step `_gather + max_staleness`: `_gather` is the step the
+        # trainer waits for, or last waited for while it updates the weights (episodes begun
+        # then would lag one version more); before its first ask, the first step to come.
+        self._gather = start_step + 1
+        self._closed = False
+        self._waiter: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
+        self._counts = dict(finished=0, aborted=0, timed_out=0, dropped_stale=0)
+        self._max_running = 0
+        self._last_metrics: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ the client side
+    async def begin(self) -> EpisodeTicket:
+        with self._lock:
+            self._reap_locked()
+            if self._closed:
+                raise RunEndedError("the run has ended: no more episodes")
+            group = self._next_group_locked()
+            index = group.handed
+            group.handed += 1
+            if group.handed == self.rollout.n:
+                self._groups.popleft()
+            episode = Episode(episode_id=f"{group.group_id}-e{index}", task=group.task, group_id=group.group_id)
+            # Reserved before the session opens, so a concurrent begin never takes the same slot.
+            now = self._clock()
+            running = _Running(episode, group, None, now, now + self.rollout.episode_timeout_s)
+            self._running[episode.episode_id] = running
+            self._max_running = max(self._max_running, len(self._running))
+        try:
+            running.handle = await maybe_await(self.sessions.open_episode(episode.episode_id, group.task))
+            base_url, key = running.handle.tuner.base_url_and_key(self.role)
+        except Exception as exc:
+            with self._lock:
+                self._running.pop(episode.episode_id, None)
+                episode.status, episode.reason = FAILED, f"session_error:{type(exc).__name__}"
+                episode.error_message = str(exc)
+                self._end_locked(episode, group)
+            raise
+        log.debug("episode %s handed out (task %s)", episode.episode_id, group.task.task_id)
+        return EpisodeTicket(episode_id=episode.episode_id, task=group.task.model_dump(mode="json"),
+                             base_url=base_url, api_key=key, model="policy")
+
+    async def finish(self, episode_id: str, request: FinishRequest) -> EpisodeResult:
+        running = self._take_running(episode_id)
+        episode = running.episode
+        # The key dies first: no call can land in the records after the reward is given.
+        await close_handle(running.handle, episode_id)
+        output = WorkflowOutput(reward=request.reward, is_success=request.is_success,
+                                metadata=request.metadata, log_metrics=request.log_metrics)
+        await score_episode(episode, output, self.judge, self.rollout.episode_timeout_s)
+        collect_tracker(episode, running.handle.tracker)
+        with self._lock:
+            episode.duration_s = self._clock() - running.started
+            self._counts["finished"] += 1
+            self._end_locked(episode, running.group)
+        return _result(episode)
+
+    async def abort(self, episode_id: str, reason: str) -> EpisodeResult:
+        running = self._take_running(episode_id)
+        episode = running.episode
+        await close_handle(running.handle, episode_id)
+        episode.status, episode.reason = FAILED, ABORTED
+        episode.error_message = f"aborted by the client: {reason}" if reason else "aborted by the client"
+        collect_tracker(episode, running.handle.tracker)
+        log_failure(episode, None)
+        with self._lock:
+            episode.duration_s = self._clock() - running.started
+            self._counts["aborted"] += 1
+            self._end_locked(episode, running.group)
+        return _result(episode)
+
+    async def status(self) -> ServerStatus:
+        with self._lock:
+            self._reap_locked()
+            waiting = sum(len(g.ended) for g in (*self._pending.values(), *self._ready))
+            return ServerStatus(
+                step=self._step, policy_version=self._policy_version(),
+                episodes_running=len(self._running), episodes_waiting=waiting,
+                episodes_finished=self._counts["finished"], episodes_aborted=self._counts["aborted"],
+                episodes_timed_out=self._counts["timed_out"],
+                episodes_dropped_stale=self._counts["dropped_stale"],
+                groups_ready=len(self._ready), closed=self._closed, last_metrics=dict(self._last_metrics))
+
+    # ------------------------------------------------------------------ the trainer side
+    async def next_batch(self, step: int) -> RolloutResult:
+        """Wait for `batch_size` complete groups and return them as a rollout of step `step`."""
+        loop, wake = asyncio.get_running_loop(), asyncio.Event()
+        start = self._clock()
+        with self._lock:
+            self._step = self._gather = step
+            self._waiter = (loop, wake)
+        try:
+            while True:
+                wake.clear()
+                with self._lock:
+                    self._reap_locked()
+                    if self._closed:
+                        raise RunEndedError(f"the episode broker closed while step {step} waited for episodes")
+                    if len(self._ready) >= self.batch_size:
+                        groups = [self._ready.popleft() for _ in range(self.batch_size)]
+                        max_running, self._max_running = self._max_running, len(self._running)
+                        break
+                    timeout = self._poll_timeout_locked()
+                try:
+                    await asyncio.wait_for(wake.wait(), timeout)
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            with self._lock:
+                self._waiter = None
+        result = self._result(groups, max_running)
+        result.extra_metrics["remote/wait_s"] = self._clock() - start
+        return result
+
+    def record_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        """The trainer's metrics of `step`, shown by `GET /v1/status`."""
+        with self._lock:
+            self._last_metrics = {"step": float(step), **metrics}
+
+    def close(self) -> None:
+        """No more episodes: running ones end (`run_ended`, their keys die), waiters wake up."""
+        with self._lock:
+            self._closed = True
+            running, self._running = list(self._running.values()), {}
+            for item in running:
+                item.episode.status, item.episode.reason = FAILED, RUN_ENDED
+                self._ended[item.episode.episode_id] = RUN_ENDED
+            self._wake_locked()
+        for item in running:
+            if item.handle is not None:
+                item.handle.close()
+        if running:
+            log.info("episode broker closed with %d episodes still running (not trained on)", len(running))
+
+    # ------------------------------------------------------------------ internals
+    def _next_group_locked(self) -> _Group:
+        if self._groups:
+            return self._groups[0]
+        total = self.total_steps * self.batch_size
+        if self._opened >= total:
+            raise RunEndedError(f"all {total} groups of the run's {self.total_steps} steps are handed out")
+        if self._opened >= min(total, (self._gather + self.max_staleness) * self.batch_size):
+            raise NoEpisodeAvailableError(
+                f"the groups of the next {1 + self.max_staleness} step(s) are handed out; "
+                "retry when the trainer has taken a batch (serve.max_staleness allows more)")
+        (task,) = self.reader.next_batch(1)
+        self._opened += 1
+        group = _Group(group_id=f"g{self._opened}-{task.task_id}", task=task)
+        self._groups.append(group)
+        self._pending[group.group_id] = group
+        return group
+
+    def _take_running(self, episode_id: str) -> _Running:
+        with self._lock:
+            self._reap_locked()
+            running = self._running.get(episode_id)
+            if running is None or running.handle is None:
+                ended = self._ended.get(episode_id)
+                if ended is not None or running is not None:
+                    raise EpisodeEndedError(f"episode {episode_id} already ended ({ended or 'starting'})")
+                raise EpisodeNotFoundError(f"no episode {episode_id}")
+            del self._running[episode_id]
+            self._ended[episode_id] = "ending"
+            return running
+
+    def _reap_locked(self) -> None:
+        now = self._clock()
+        for episode_id in [i for i, r in self._running.items() if r.deadline <= now and r.handle is not None]:
+            running = self._running.pop(episode_id)
+            episode = running.episode
+            running.handle.close()
+            episode.status, episode.reason = TIMEOUT, "timeout"
+            episode.error_message = (f"no finish or abort within rollout.episode_timeout_s="
+                                     f"{self.rollout.episode_timeout_s}s (client gone?)")
+            episode.duration_s = now - running.started
+            collect_tracker(episode, running.handle.tracker)
+            log_failure(episode, None)
+            self._counts["timed_out"] += 1
+            self._end_locked(episode, running.group)
+
+    def _end_locked(self, episode: Episode, group: _Group) -> None:
+        self._ended[episode.episode_id] = episode.reason or episode.status
+        group.ended.append(episode)
+        if len(group.ended) == self.rollout.n:
+            self._pending.pop(group.group_id, None)
+            self._ready.append(group)
+            self._wake_locked()
+
+    def _wake_locked(self) -> None:
+        if self._waiter is None:
+            return
+        loop, wake = self._waiter
+        try:
+            loop.call_soon_threadsafe(wake.set)
+        except RuntimeError:  # the trainer's loop closed: nobody is waiting any more
+            self._waiter = None
+
+    def _poll_timeout_locked(self) -> float:
+        deadlines = [r.deadline for r in self._running.values()]
+        return max(0.01, min([_POLL_S, *(d - self._clock() for d in deadlines)]))
+
+    def _result(self, groups: list[_Group], max_running: int) -> RolloutResult:
+        version = self._policy_version()
+        episodes = [e for g in groups for e in g.ended]
+        lags = {e.episode_id: version - min(e.policy_versions) for e in episodes
+                if e.status == OK and e.policy_versions}
+        stale = [e for e in episodes if lags.get(e.episode_id, 0) > self.max_staleness]
+        for episode in stale:
+            episode.status, episode.reason = FAILED, STALE
+            episode.error_message = (f"generated by policy versions {episode.policy_versions}, more than "
+                                     f"serve.max_staleness={self.max_staleness} behind version {version}")
+            episode.timelines = []
+        ok = [e for e in episodes if e.status == OK]
+        dropped: list[str] = []
+        if self.rollout.drop_equal_reward_groups:
+            ok, dropped = drop_equal_reward_groups(ok)
+        kept_lags = [lags[e.episode_id] for e in ok if e.episode_id in lags]
+        with self._lock:
+            self._counts["dropped_stale"] += len(stale)
+            for episode in episodes:  # their ids are not needed for 409s any more
+                self._ended.pop(episode.episode_id, None)
+            extra = {
+                "remote/stale_kept": float(sum(lag > 0 for lag in kept_lags)),
+                "remote/staleness_max": float(max(kept_lags, default=0)),
+                "remote/episodes_running": float(len(self._running)),
+                "remote/groups_ready": float(len(self._ready)),
+            }
+        result = RolloutResult(episodes=episodes, ok_episodes=ok, dropped_groups=dropped,
+                               max_in_flight=max_running, extra_metrics=extra)
+        with self._lock:
+            self._last_metrics = result.metrics()
+        return result
+
+
+def _result(episode: Episode) -> EpisodeResult:
+    ok = episode.status == OK
+    return EpisodeResult(episode_id=episode.episode_id, status=episode.status,
+                         reward=episode.reward if ok else None, is_success=episode.is_success if ok else None,
+                         reason=episode.reason)

@@ -1,0 +1,157 @@
+"""How an episode's ending becomes its record: the reward (the workflow's, or the judge's) and
+the tracker's timelines.
+
+Shared by the two places episodes end: `TaskRunner` (a Python workflow returned) and
+`EpisodeBroker` (a remote client finished through the episode API). Both mutate the
+`Episode` in place and never raise for a workflow's, judge's or tracker's fault: the episode is
+marked failed with a machine-readable reason instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+import logging
+import traceback
+from typing import Any
+
+from ajet.rollout.agent_metrics import count_tool_calls
+from ajet.rollout.episode import FAILED, OK, TIMEOUT, Episode
+from ajet.workflow import WorkflowOutput
+
+logger = logging.getLogger(__name__)
+
+
+async def score_episode(episode: Episode, output: Any, judge: Any, timeout_s: float) -> None:
+    """Set `episode`'s output, reward, success and status from what the workflow returned.
+
+    A `WorkflowOutput` with a reward keeps it; with `reward=None` the judge scores it (and the
+    judge's verdict is written back into the output). Anything else fails the episode.
+    """
+    if not isinstance(output, WorkflowOutput):
+        episode.status, episode.reason = FAILED, "bad_output"
+        episode.error_message = (
+            f"execute returned {type(output).__name__}, not a WorkflowOutput; "
+            "return WorkflowOutput(reward=...) (or reward=None to let the judge score it)"
+        )
+        log_failure(episode, None)
+        return
+    episode.output = output
+    if output.reward is not None:
+        reward, success = float(output.reward), output.is_success
+    elif judge is None:
+        episode.status, episode.reason = FAILED, "no_reward"
+        episode.error_message = (
+            "the workflow returned reward=None and no judge is configured; return "
+            "WorkflowOutput(reward=...) or set judge.type (e.g. judge.type=math)"
+        )
+        log_failure(episode, None)
+        return
+    else:
+        judged = await _judge(episode, output, judge, timeout_s)
+        if judged is None:
+            return
+        reward, success = judged
+        output.reward, output.is_success = reward, success
+    episode.reward = reward
+    # No explicit verdict: a reward at the top of the usual 0..1 scale counts as a success
+    # (partial credit such as 0.2 for a near miss does not).
+    episode.is_success = bool(success) if success is not None else reward >= 1.0
+    episode.status = OK
+
+
+async def _judge(
+    episode: Episode, output: WorkflowOutput, judge: Any, timeout_s: float
+) -> tuple[float, bool | None] | None:
+    """The judge's (reward, is_success), or None after marking the episode failed."""
+    try:
+        if hasattr(judge, "acompute_reward"):
+            call = judge.acompute_reward(episode.task, output)
+        else:
+            # Called on the loop thread: math judges may rely on signal-based timeouts.
+            call = maybe_await(judge.compute_reward(episode.task, output))
+        verdict = await asyncio.wait_for(call, timeout=timeout_s)
+    except asyncio.TimeoutError:
+        episode.status, episode.reason = TIMEOUT, "judge_timeout"
+        episode.error_message = f"the judge ran longer than {timeout_s}s"
+        log_failure(episode, None)
+        return None
+    except Exception as exc:  # noqa: BLE001 - any judge failure fails this episode only
+        fail(episode, f"judge_error:{type(exc).__name__}", exc)
+        log_failure(episode, exc)
+        return None
+    if isinstance(verdict, tuple | list) and len(verdict) == 2:
+        return float(verdict[0]), (None if verdict[1] is None else bool(verdict[1]))
+    if isinstance(verdict, int | float) and not isinstance(verdict, bool):
+        return float(verdict), None
+    episode.status, episode.reason = FAILED, "judge_error:bad_return"
+    episode.error_message = (
+        f"{type(judge).__name__} returned {verdict!r:.80}; expected (reward, is_success)"
+    )
+    log_failure(episode, None)
+    return None
+
+
+def collect_tracker(episode: Episode, tracker: Any) -> None:
+    """Copy the tracker's call count, tool-call counts, stats and policy versions into `episode`, and its timelines
+    when the episode is ok (a failed episode is never trained on)."""
+    if tracker is None:
+        return
+    try:
+        calls = list(tracker.calls)
+        episode.num_calls = len(calls)
+        episode.tool_calls, episode.valid_tool_calls = count_tool_calls(calls)
+        episode.policy_versions = sorted({int(c.policy_version) for c in calls
+                                          if getattr(c, "policy_version", None) is not None})
+        stats = tracker.stats()
+        episode.tracker_stats = (
+            dataclasses.asdict(stats) if dataclasses.is_dataclass(stats) else dict(stats)
+        )
+        if episode.status == OK:
+            episode.timelines = list(tracker.timelines())
+    except Exception as exc:  # noqa: BLE001 - a broken tracker fails this episode only
+        if episode.status == OK:
+            fail(episode, f"tracker_error:{type(exc).__name__}", exc)
+            log_failure(episode, exc)
+        else:
+            logger.debug("episode %s: tracker unreadable after failure: %s", episode.episode_id, exc)
+
+
+def fail(episode: Episode, reason: str, exc: BaseException, *, with_traceback: bool = True) -> None:
+    episode.status, episode.reason = FAILED, reason
+    if with_traceback:
+        episode.error_message = "".join(
+            traceback.format_exception(type(exc), exc, exc.__traceback__)
+        )
+    else:
+        episode.error_message = str(exc)
+
+
+def log_failure(episode: Episode, exc: BaseException | None) -> None:
+    detail = summary(exc) if exc is not None else episode.error_message
+    logger.warning(
+        "episode %s (task %s) %s: %s [%s]",
+        episode.episode_id,
+        episode.task.task_id,
+        episode.status,
+        episode.reason,
+        detail,
+    )
+
+
+def summary(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+async def maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+async def close_handle(handle: Any, episode_id: str) -> None:
+    """Close an episode's session (its keys die); a failing close is logged, never raised."""
+    try:
+        await maybe_await(handle.close())
+    except Exception as exc:  # noqa: BLE001 - a failing close must not hide the episode's result
+        logger.warning("episode %s: closing its session failed: %s", episode_id, summary(exc))

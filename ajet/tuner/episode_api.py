@@ -1,0 +1,208 @@
+"""The episode API: agents outside Python (or outside this process) train the model over HTTP.
+
+Mounted on the gateway (`attach_episode_api`) next to the OpenAI-compatible model routes:
+
+    POST /v1/episodes                  -> {episode_id, task, base_url, api_key, model}
+    POST /v1/episodes/{id}/finish      {reward?, is_success?, metadata?, log_metrics?}
+    POST /v1/episodes/{id}/abort       {reason}
+    GET  /v1/status                    step, policy version, episode counts, last metrics
+
+A server-level client token (`Authorization: Bearer <token>`) guards these routes; the
+per-episode `api_key` guards the model calls, as for in-process workflows. The routes only
+translate HTTP: the episode source behind them (`ajet.rollout.remote.EpisodeBroker`) hands out
+tasks, scores and collects episodes. This module defines the wire models and the errors the
+source raises, so that the tuner layer never imports the rollout layer. (FastAPI is imported at
+the top: it resolves the routes' string annotations against this module's names.)
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from typing import TYPE_CHECKING, Any, Protocol
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ajet.tuner.gateway import Gateway
+
+log = logging.getLogger(__name__)
+
+
+# ----------------------------------------------------------------------------- errors
+class EpisodeAPIError(Exception):
+    """An error the episode source reports to the client, with its HTTP status."""
+
+    status: int = 400
+    code: str = "episode_error"
+    retry_after_s: int | None = None
+
+
+class EpisodeNotFoundError(EpisodeAPIError, KeyError):
+    status, code = 404, "episode_not_found"
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class EpisodeEndedError(EpisodeAPIError):
+    """finish/abort of an episode that already ended (finished, aborted or timed out)."""
+
+    status, code = 409, "episode_ended"
+
+
+class NoEpisodeAvailableError(EpisodeAPIError):
+    """Enough groups are open for the trainer's next steps; ask again shortly."""
+
+    status, code, retry_after_s = 503, "no_episode_available", 1
+
+
+class RunEndedError(EpisodeAPIError):
+    """The run is over (or shutting down): no more episodes."""
+
+    status, code = 410, "run_ended"
+
+
+# ----------------------------------------------------------------------------- wire models
+class EpisodeTicket(BaseModel):
+    """A new episode: solve `task`, calling the model at `base_url` with `api_key`."""
+
+    episode_id: str
+    task: dict[str, Any] = Field(description="task_id, main_query, init_messages, metadata, env_type")
+    base_url: str = Field(description="OpenAI-compatible endpoint; every call with api_key is recorded")
+    api_key: str = Field(description="valid until the episode finishes, aborts or times out")
+    model: str = Field(description="any model name is accepted; this one is conventional")
+
+
+class FinishRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reward: float | None = Field(default=None, description="omit to let the configured judge score `metadata`")
+    is_success: bool | None = None
+    metadata: dict[str, Any] = Field(
+        default_factory=dict, description='what the judge reads, e.g. {"final_answer": "\\\\boxed{42}"}'
+    )
+    log_metrics: dict[str, float] = Field(default_factory=dict, description="scalars averaged and logged per step")
+
+
+class AbortRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str = Field(default="", max_length=2000)
+
+
+class EpisodeResult(BaseModel):
+    """How an episode ended: status ok / failed / timeout, the reward (ok only), the reason."""
+
+    episode_id: str
+    status: str
+    reward: float | None = None
+    is_success: bool | None = None
+    reason: str = ""
+
+
+class ServerStatus(BaseModel):
+    step: int = Field(description="the last step the trainer asked episodes for (0 before the first)")
+    policy_version: int
+    episodes_running: int = Field(description="handed out, not yet ended")
+    episodes_waiting: int = Field(description="ended, in groups the trainer has not taken yet")
+    episodes_finished: int = Field(description="finished by their clients since the start")
+    episodes_aborted: int
+    episodes_timed_out: int
+    episodes_dropped_stale: int
+    groups_ready: int = Field(description="complete groups waiting for the trainer")
+    closed: bool
+    last_metrics: dict[str, float] = Field(default_factory=dict)
+
+
+class EpisodeSource(Protocol):
+    """What the routes call (any thread's event loop may await these)."""
+
+    async def begin(self) -> EpisodeTicket: ...
+
+    async def finish(self, episode_id: str, request: FinishRequest) -> EpisodeResult: ...
+
+    async def abort(self, episode_id: str, reason: str) -> EpisodeResult: ...
+
+    async def status(self) -> ServerStatus: ...
+
+
+# ----------------------------------------------------------------------------- routes
+def episode_router(source: EpisodeSource, token: str, *, max_body_bytes: int) -> Any:
+    """The FastAPI router of the episode API, guarded by the client `token`."""
+    bearer = HTTPBearer(auto_error=False, scheme_name="client_token",
+                        description="the server's client token (not a per-episode api_key)")
+
+    def authorized(request: Request,
+                   credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > max_body_bytes:
+            raise _http(413, f"request body exceeds {max_body_bytes} bytes", "request_too_large")
+        given = credentials.credentials.strip() if credentials is not None else ""
+        if not given or not secrets.compare_digest(given.encode(), token.encode()):
+            raise _http(401, "missing or wrong client token: send 'Authorization: Bearer <token>' with the "
+                        "server's client token (episode api_keys are for model calls only)", "invalid_client_token",
+                        {"WWW-Authenticate": "Bearer"})
+
+    router = APIRouter(prefix="/v1", tags=["episodes"], dependencies=[Depends(authorized)])
+    errors: dict[int | str, dict[str, Any]] = {401: {"description": "missing or wrong client token"}}
+
+    @router.post("/episodes", response_model=EpisodeTicket, responses={
+        **errors, 410: {"description": "the run has ended"},
+        503: {"description": "no episode available yet (enough groups open); retry after Retry-After"}})
+    async def begin_episode(request: Request) -> EpisodeTicket:
+        """Begin an episode: the next task (each task is handed out `rollout.n` times, one GRPO
+        group), and a per-episode key for the model endpoint."""
+        ticket = await _guard(source.begin())
+        # The model endpoint is this server: give it as the client reached it (the gateway may
+        # listen on 0.0.0.0 and be reached through any name).
+        return ticket.model_copy(update={"base_url": str(request.base_url).rstrip("/") + "/v1"})
+
+    ended = {**errors, 404: {"description": "unknown episode"},
+             409: {"description": "the episode already ended (finished, aborted or timed out)"}}
+
+    @router.post("/episodes/{episode_id}/finish", response_model=EpisodeResult, responses=ended)
+    async def finish_episode(episode_id: str, body: FinishRequest) -> EpisodeResult:
+        """Finish an episode. Without `reward`, the configured judge scores it from `metadata`
+        (as a workflow returning `WorkflowOutput(reward=None)`). Its api_key stops working."""
+        return await _guard(source.finish(episode_id, body))
+
+    @router.post("/episodes/{episode_id}/abort", response_model=EpisodeResult, responses=ended)
+    async def abort_episode(episode_id: str, body: AbortRequest) -> EpisodeResult:
+        """Abort an episode: counted as failed (`rollout/failed/aborted`), never trained on."""
+        return await _guard(source.abort(episode_id, body.reason))
+
+    @router.get("/status", response_model=ServerStatus, responses=errors)
+    async def status() -> ServerStatus:
+        """The step, the policy version, episode counts and the trainer's last metrics."""
+        return await _guard(source.status())
+
+    return router
+
+
+async def _guard(call: Any) -> Any:
+    try:
+        return await call
+    except EpisodeAPIError as err:
+        headers = {"Retry-After": str(err.retry_after_s)} if err.retry_after_s else None
+        raise _http(err.status, str(err), err.code, headers) from err
+
+
+def _http(status: int, message: str, code: str, headers: dict[str, str] | None = None) -> Exception:
+    exc = HTTPException(status, message, headers)
+    exc.code = code  # type: ignore[attr-defined]  # read by the gateway's error handler
+    return exc
+
+
+def attach_episode_api(gateway: Gateway, source: EpisodeSource, token: str | None = None) -> str:
+    """Serve the episode API (and /docs, /openapi.json) on `gateway`; returns the client token
+    (`token`, or a new random one when None or empty)."""
+    token = token or secrets.token_urlsafe(24)
+    gateway.include_router(episode_router(source, token, max_body_bytes=gateway.max_body_bytes))
+    if gateway.running:
+        log.info("episode API on %s/episodes (docs at %s/docs)", gateway.base_url,
+                 gateway.base_url.removesuffix("/v1"))
+    return token

@@ -1,0 +1,194 @@
+"""Episodes per minute through the episode API (`ajet serve`) against in-process workflows.
+
+Same task (tutorial/example_remote_agent/remote_agent.yaml: the math agent's questions, one
+call, math judge), same engine, same number of episodes in flight (`--concurrency`):
+
+- in-process: `RolloutManager.rollout` running a `Workflow` that does what agent.py does
+  (the OpenAI SDK on `tuner.openai_client()`), `--rounds` rollouts of `--groups` tasks × n;
+- API: an `EpisodeBroker` on a gateway, `--concurrency` client processes running the tutorial's
+  agent.py (Python) or agent.mjs (Node), `--rounds` batches taken with `next_batch`.
+
+Only rollout is measured (no weight update between rounds). One warm-up round each (client
+start-up, first prefill) is not timed. Completion lengths vary with sampling, so generated
+tokens/s is printed too. Numbers on a busy shared machine are noisy: re-run on a quiet one.
+
+    python scripts/bench_episode_api.py [--model PATH] [--clients python|node|both] [--concurrency 8]
+        [--groups 4] [--n 4] [--rounds 3] [--max-tokens 48] [--max-staleness 1] [--json FILE]
+    python scripts/bench_episode_api.py --model tiny     # a random 2-layer model: the API's own cost
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE = REPO / "tutorial" / "example_remote_agent"
+
+
+def tiny_model(out: Path) -> Path:
+    """A 2-layer random Llama with the bundled tokenizer (as tests/conftest.py): the engine is
+    then fast, so the numbers show what the API itself costs."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from ajet.models.resolve import bundled_checkpoint
+
+    if not (out / "config.json").is_file():
+        tokenizer = AutoTokenizer.from_pretrained(bundled_checkpoint())
+        config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                             bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                             pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True)
+        torch.manual_seed(0)
+        LlamaForCausalLM(config).save_pretrained(out)
+        tokenizer.save_pretrained(out)
+    return out
+
+
+def build(args: argparse.Namespace) -> dict[str, Any]:
+    from ajet.config import load_config
+    from ajet.engine.local import LocalEngine
+    from ajet.judge import build_judge
+    from ajet.models.load import load_model_and_tokenizer
+    from ajet.task_reader import build_reader
+    from ajet.training.model import model_window
+
+    cfg = load_config(EXAMPLE / "remote_agent.yaml", [
+        f"model.path={args.model}", f"rollout.n={args.n}", f"rollout.max_tokens={args.max_tokens}",
+        f"rollout.max_concurrency={args.concurrency}", f"trainer.batch_size={args.groups}",
+        f"serve.max_staleness={args.max_staleness}"], require_workflow=False)
+    model, tokenizer = load_model_and_tokenizer(cfg.model)
+    max_len = model_window(model, cfg.context.max_model_len)
+    engine = LocalEngine(model, tokenizer, max_batch_size=args.concurrency, max_model_len=max_len)
+    return {"cfg": cfg, "engine": engine, "tokenizer": tokenizer, "max_len": max_len,
+            "reader": build_reader(cfg.task_reader, seed=0), "judge": build_judge(cfg.judge)}
+
+
+def agent_workflow() -> Any:
+    sys.path.insert(0, str(EXAMPLE))
+    from agent import SYSTEM_PROMPT
+
+    from ajet import Workflow, WorkflowOutput
+
+    class InProcessAgent(Workflow):
+        """agent.py as a workflow: one call, the answer for the judge."""
+
+        async def execute(self, task: Any, tuner: Any) -> Any:
+            async with tuner.openai_client() as client:
+                reply = await client.chat.completions.create(model="policy", messages=[
+                    {"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": task.main_query}])
+            return WorkflowOutput(reward=None, metadata={"final_answer": reply.choices[0].message.content or ""})
+
+    return InProcessAgent()
+
+
+def generated(episodes: list[Any]) -> int:
+    return sum(end - start for e in episodes for tl in e.timelines for start, end in tl.completion_spans)
+
+
+def in_process(parts: dict[str, Any], args: argparse.Namespace) -> dict[str, float]:
+    from ajet.rollout.stack import RolloutStack
+
+    cfg = parts["cfg"]
+    stack = RolloutStack(cfg, parts["engine"], parts["tokenizer"], agent_workflow(),
+                         model_max_len=parts["max_len"], judge=parts["judge"])
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(stack.manager.rollout(parts["reader"].next_batch(args.groups)))  # warm-up
+        start, episodes = time.perf_counter(), []
+        for _ in range(args.rounds):
+            result = loop.run_until_complete(stack.manager.rollout(parts["reader"].next_batch(args.groups)))
+            episodes += result.episodes
+        return summary("in-process", episodes, time.perf_counter() - start)
+    finally:
+        loop.close()
+        stack.close()
+
+
+def through_api(parts: dict[str, Any], args: argparse.Namespace, client: str) -> dict[str, float]:
+    from ajet.engine.chat import ChatFormat
+    from ajet.rollout.remote import EpisodeBroker
+    from ajet.rollout.sessions import LocalSessionFactory
+    from ajet.tuner import Gateway
+    from ajet.tuner.episode_api import attach_episode_api
+
+    cfg, engine = parts["cfg"], parts["engine"]
+    gateway = Gateway().start()
+    sessions = LocalSessionFactory(engine=engine, chat=ChatFormat(parts["tokenizer"]), gateway=gateway,
+                                   rollout=cfg.rollout, context=cfg.context, trainable_roles=None,
+                                   model_max_len=parts["max_len"])
+    broker = EpisodeBroker(parts["reader"], parts["judge"], sessions, cfg.rollout, batch_size=args.groups,
+                           total_steps=args.rounds + 1, policy_version=lambda: engine.policy_version,
+                           max_staleness=args.max_staleness)
+    token = attach_episode_api(gateway, broker)
+    env = {**os.environ, "AJET_URL": gateway.base_url, "AJET_TOKEN": token, "PYTHONPATH": str(REPO)}
+    command = {"python": [sys.executable, str(EXAMPLE / "agent.py")], "node": ["node", str(EXAMPLE / "agent.mjs")]}
+    procs = [subprocess.Popen(command[client], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for _ in range(args.concurrency)]
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(broker.next_batch(1))  # warm-up: clients start, first prefill
+        start, episodes = time.perf_counter(), []
+        for step in range(2, args.rounds + 2):
+            episodes += loop.run_until_complete(broker.next_batch(step)).episodes
+        return summary(f"API, {args.concurrency} {client} clients", episodes, time.perf_counter() - start)
+    finally:
+        loop.close()
+        broker.close()
+        for proc in procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        gateway.stop()
+
+
+def summary(name: str, episodes: list[Any], seconds: float) -> dict[str, Any]:
+    ok = sum(e.status == "ok" for e in episodes)
+    row = {"mode": name, "episodes": len(episodes), "ok": ok, "seconds": round(seconds, 2),
+           "episodes_per_min": round(60 * len(episodes) / seconds, 1),
+           "generated_tokens_per_s": round(generated(episodes) / seconds, 1)}
+    print(f"{name:<28} {len(episodes):>4} episodes ({ok} ok) in {seconds:6.1f} s: "
+          f"{row['episodes_per_min']:7.1f} episodes/min, {row['generated_tokens_per_s']:6.1f} generated tok/s",
+          flush=True)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct",
+                        help="a checkpoint dir, the bundled model's name, or 'tiny' (a random 2-layer model)")
+    parser.add_argument("--clients", choices=("python", "node", "both"), default="both")
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--groups", type=int, default=4)
+    parser.add_argument("--n", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--max-staleness", type=int, default=1)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    if args.clients != "python" and not (EXAMPLE / "node_modules" / "openai").is_dir():
+        sys.exit(f"the Node client needs its package: npm install --prefix {EXAMPLE.relative_to(REPO)}")
+    if args.model == "tiny":
+        import tempfile
+
+        args.model = str(tiny_model(Path(tempfile.gettempdir()) / "ajet_bench_tiny_model"))
+    parts = build(args)
+    rows = [in_process(parts, args)]
+    for client in (("python", "node") if args.clients == "both" else (args.clients,)):
+        rows.append(through_api(parts, args, client))
+    parts["engine"].close()
+    if args.json:
+        args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, "rows": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

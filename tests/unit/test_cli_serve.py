@@ -1,0 +1,46 @@
+"""`ajet serve`: listed in the help, light to start, and user errors exit 2 before anything loads."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from ajet.cli import serve as serve_cmd
+
+runner = CliRunner()
+
+
+def _conf(tmp_path: Path, body: str = "") -> Path:
+    (tmp_path / "train.jsonl").write_text('{"question": "q"}\n')
+    path = tmp_path / "run.yaml"
+    path.write_text("model:\n  path: nowhere\ntask_reader:\n  jsonl:\n    train_path: train.jsonl\n" + body)
+    return path
+
+
+def test_serve_is_a_command_and_its_help_imports_nothing_heavy() -> None:
+    code = ("import sys, json\nfrom ajet.cli.main import main\n"
+            "try:\n    main(['serve', '--help'])\nexcept SystemExit as e:\n    assert e.code == 0\n"
+            "print(json.dumps([m for m in ('torch', 'transformers', 'agentscope') if m in sys.modules]))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "--conf" in out.stdout and "episode API" in out.stdout
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+    top = subprocess.run([sys.executable, "-m", "ajet.cli.main", "--help"], capture_output=True, text=True)
+    assert "ajet serve" in top.stdout
+
+
+def test_validation_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    result = runner.invoke(serve_cmd.app, ["--conf", str(_conf(tmp_path)), "trainer.val_every=2"])
+    assert result.exit_code == 2
+    assert "trainer.val_every" in result.output and "ajet eval" in result.output
+
+
+def test_non_rl_algorithms_and_bad_serve_keys_exit_2(tmp_path: Path) -> None:
+    conf = _conf(tmp_path)
+    sft = runner.invoke(serve_cmd.app, ["--conf", str(conf), "algorithm.name=dpo"])
+    assert sft.exit_code == 2 and "RL" in sft.output
+    stale = runner.invoke(serve_cmd.app, ["--conf", str(conf), "serve.max_staleness=-1"])
+    assert stale.exit_code == 2 and "serve.max_staleness" in stale.output

@@ -1,0 +1,246 @@
+"""The episode API over real HTTP: `EpisodeBroker` behind a `Gateway`, driven by `EpisodeClient`.
+
+The engine, chat format and tracker are the fakes of test_tuner_fakes (one character per
+token), so the tests check the broker's bookkeeping, not a model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+from test_tuner_fakes import FakeChat, FakeEngine, FakeTracker
+
+from ajet.client import EpisodeAPIError, EpisodeClient
+from ajet.config.schema import ContextConfig, RolloutConfig
+from ajet.rollout.remote import EpisodeBroker
+from ajet.tuner import EpisodeSession, Gateway, ModelTuner
+from ajet.tuner.episode_api import attach_episode_api
+from ajet.workflow import WorkflowTask
+
+TOKEN = "test-client-token"
+
+
+class Tracker(FakeTracker):
+    def timelines(self) -> list[Any]:
+        return [c.completion_ids for c in self.calls]
+
+    def stats(self) -> dict[str, float]:
+        return {"calls": float(len(self.calls))}
+
+
+@dataclass
+class Handle:
+    tuner: Any
+    tracker: Tracker
+    session: EpisodeSession
+
+    def close(self) -> None:
+        self.tuner.close()
+
+
+class Sessions:
+    def __init__(self, gateway: Gateway, engine: FakeEngine) -> None:
+        self.gateway, self.engine, self.chat = gateway, engine, engine.chat
+
+    def open_episode(self, episode_id: str, task: WorkflowTask) -> Handle:
+        tracker = Tracker(self.chat)
+        session = EpisodeSession(episode_id, self.engine, self.chat, tracker, RolloutConfig(max_tokens=50),
+                                 ContextConfig(), None, 4096)
+        return Handle(ModelTuner(session, gateway=self.gateway), tracker, session)
+
+
+class Reader:
+    def __init__(self) -> None:
+        self.read = 0
+
+    def next_batch(self, size: int) -> list[WorkflowTask]:
+        self.read += size
+        return [WorkflowTask(task_id=f"t{self.read}", main_query=f"q{self.read}", metadata={"answer": "ok"})]
+
+
+class Judge:
+    def compute_reward(self, task: WorkflowTask, output: Any) -> tuple[float, bool]:
+        right = output.metadata.get("final_answer") == task.metadata["answer"]
+        return (1.0 if right else 0.0), right
+
+
+class Clock:
+    now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Server:
+    gateway: Gateway
+    broker: EpisodeBroker
+    engine: FakeEngine
+    clock: Clock
+    client: EpisodeClient
+
+    @property
+    def root(self) -> str:
+        return self.gateway.base_url.removesuffix("/v1")
+
+
+@pytest.fixture()
+def make_server() -> Iterator[Any]:
+    started: list[Server] = []
+
+    def make(*, n: int = 2, batch_size: int = 1, total_steps: int = 3, max_staleness: int = 0,
+             timeout_s: float = 60.0) -> Server:
+        gateway = Gateway().start()
+        engine = FakeEngine(FakeChat(), lambda prompt: "ok", policy_version=0)
+        clock = Clock()
+        broker = EpisodeBroker(Reader(), Judge(), Sessions(gateway, engine),
+                               RolloutConfig(n=n, episode_timeout_s=timeout_s), batch_size=batch_size,
+                               total_steps=total_steps, policy_version=lambda: engine.policy_version,
+                               max_staleness=max_staleness, clock=clock)
+        attach_episode_api(gateway, broker, TOKEN)
+        server = Server(gateway, broker, engine, clock, EpisodeClient(gateway.base_url, TOKEN, wait_s=0))
+        started.append(server)
+        return server
+
+    yield make
+    for server in started:
+        server.client.close()
+        server.broker.close()
+        server.gateway.stop()
+
+
+def chat(episode: Any, content: str = "hi") -> httpx.Response:
+    return httpx.post(f"{episode.base_url}/chat/completions", timeout=10,
+                      headers={"Authorization": f"Bearer {episode.api_key}"},
+                      json={"model": episode.model, "messages": [{"role": "user", "content": content}]})
+
+
+def test_client_token_guards_the_api_and_docs_describe_it(make_server: Any) -> None:
+    server = make_server()
+    assert httpx.post(f"{server.root}/v1/episodes").status_code == 401
+    with pytest.raises(EpisodeAPIError) as err, EpisodeClient(server.root, "wrong") as wrong:
+        wrong.status()
+    assert err.value.status == 401 and err.value.code == "invalid_client_token"
+    episode = server.client.begin()
+    # An episode's model key is not a client token, and the client token is not a model key.
+    with pytest.raises(EpisodeAPIError), EpisodeClient(server.root, episode.api_key) as as_client:
+        as_client.status()
+    assert httpx.post(f"{server.root}/v1/chat/completions", headers={"Authorization": f"Bearer {TOKEN}"},
+                      json={"model": "m", "messages": []}).status_code == 401
+    schema = httpx.get(f"{server.root}/openapi.json").json()
+    assert {"/v1/episodes", "/v1/episodes/{episode_id}/finish", "/v1/episodes/{episode_id}/abort",
+            "/v1/status"} <= set(schema["paths"])
+    assert "swagger" in httpx.get(f"{server.root}/docs").text.lower()
+
+
+def test_each_task_is_handed_out_n_times_and_finished_keys_die(make_server: Any) -> None:
+    server = make_server(n=2, batch_size=1)
+    first, second = server.client.begin(), server.client.begin()
+    assert first.task == second.task and first.task["task_id"] == "t1"
+    assert first.episode_id != second.episode_id and first.api_key != second.api_key
+    reply = chat(first)
+    assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"] == "ok"
+    done = server.client.finish(first.episode_id, 0.5, log_metrics={"turns": 1.0})
+    assert done["status"] == "ok" and done["reward"] == 0.5
+    assert chat(first).status_code == 401  # a finished episode's key is dead
+    with pytest.raises(EpisodeAPIError) as err:
+        server.client.finish(first.episode_id, 1.0)
+    assert err.value.status == 409
+    with pytest.raises(EpisodeAPIError) as err:
+        server.client.finish("nope", 1.0)
+    assert err.value.status == 404
+    bad = httpx.post(f"{server.root}/v1/episodes/{second.episode_id}/finish", json={"reward": "high", "score": 1},
+                     headers={"Authorization": f"Bearer {TOKEN}"})
+    assert bad.status_code == 422 and "reward" in bad.json()["error"]["message"]
+    # No reward: the judge scores the metadata, as for WorkflowOutput(reward=None).
+    judged = server.client.finish(second.episode_id, metadata={"final_answer": "ok"})
+    assert judged["reward"] == 1.0 and judged["is_success"] is True
+
+    result = asyncio.run(server.broker.next_batch(1))
+    assert [e.episode_id for e in result.ok_episodes] == [first.episode_id, second.episode_id]
+    assert {e.group_id for e in result.episodes} == {result.episodes[0].group_id}
+    assert result.ok_episodes[0].timelines and result.ok_episodes[0].num_calls == 1
+    assert result.ok_episodes[0].policy_versions == [0]
+    assert result.metrics()["workflow/turns"] == 1.0
+
+
+def test_aborted_and_vanished_episodes_are_counted_never_trained(make_server: Any) -> None:
+    server = make_server(n=3, batch_size=1, timeout_s=30)
+    kept, aborted, vanished = (server.client.begin() for _ in range(3))
+    chat(aborted)
+    chat(vanished)
+    server.client.finish(kept.episode_id, 1.0)
+    assert server.client.abort(aborted.episode_id, "tool sandbox died")["status"] == "failed"
+    assert chat(aborted).status_code == 401
+    server.clock.now += 31  # the third client never comes back
+    status = server.client.status()
+    assert (status["episodes_timed_out"], status["episodes_aborted"], status["episodes_running"]) == (1, 1, 0)
+    assert chat(vanished).status_code == 401
+    with pytest.raises(EpisodeAPIError) as err:
+        server.client.finish(vanished.episode_id, 1.0)
+    assert err.value.status == 409 and "timeout" in str(err.value)
+
+    result = asyncio.run(server.broker.next_batch(1))
+    metrics = result.metrics()
+    assert [e.episode_id for e in result.ok_episodes] == [kept.episode_id]
+    assert metrics["rollout/failed/aborted"] == 1 and metrics["rollout/timeouts"] == 1
+    assert all(not e.timelines for e in result.episodes if e.status != "ok")
+    assert "tool sandbox died" in next(e for e in result.episodes if e.reason == "aborted").error_message
+
+
+def test_on_policy_clients_wait_for_the_update_then_the_run_ends(make_server: Any) -> None:
+    server = make_server(n=1, batch_size=2, total_steps=2, max_staleness=0)
+    episodes = [server.client.begin() for _ in range(2)]
+    with pytest.raises(EpisodeAPIError) as err:  # step 1's groups are out; step 2 waits for step 1
+        server.client.begin()
+    assert err.value.status == 503 and err.value.code == "no_episode_available"
+    for episode in episodes:
+        chat(episode)
+        server.client.finish(episode.episode_id, 1.0)
+    assert len(asyncio.run(server.broker.next_batch(1)).ok_episodes) == 2
+    server.engine.bump_version()  # the trainer's update
+
+    async def step_two() -> Any:
+        waiting = asyncio.ensure_future(server.broker.next_batch(2))
+        await asyncio.sleep(0.05)  # next_batch(2) opens step 2's groups
+
+        def client_side() -> list[str]:
+            ids = []
+            for _ in range(2):
+                episode = server.client.begin()
+                chat(episode)
+                server.client.finish(episode.episode_id, 0.0)
+                ids.append(episode.episode_id)
+            return ids
+
+        ids = await asyncio.to_thread(client_side)
+        return ids, await asyncio.wait_for(waiting, 10)
+
+    ids, result = asyncio.run(step_two())
+    assert [e.episode_id for e in result.ok_episodes] == ids
+    assert all(e.policy_versions == [1] for e in result.ok_episodes)
+    assert server.client.begin() is None  # 410: every group of the run is handed out
+
+
+def test_episodes_older_than_max_staleness_are_dropped_and_counted(make_server: Any) -> None:
+    server = make_server(n=1, batch_size=1, total_steps=5, max_staleness=1)
+    a, b = server.client.begin(), server.client.begin()  # step 1 and, one ahead, step 2
+    with pytest.raises(EpisodeAPIError):
+        server.client.begin()
+    chat(a)
+    chat(b)
+    server.engine.policy_version = 2  # two updates happened meanwhile
+    server.client.finish(b.episode_id, 1.0)
+    result = asyncio.run(server.broker.next_batch(1))
+    assert result.ok_episodes == [] and result.metrics()["rollout/failed/stale"] == 1
+    assert server.client.status()["episodes_dropped_stale"] == 1
+    server.client.finish(a.episode_id, 1.0)
+    server.engine.policy_version = 1
+    kept = asyncio.run(server.broker.next_batch(2))
+    assert [e.episode_id for e in kept.ok_episodes] == [a.episode_id]
+    assert kept.metrics()["remote/stale_kept"] == 1

@@ -1,0 +1,181 @@
+"""`ajet serve` trains for two steps on episodes run by two client processes, one in Python
+(`agent.py`) and one in Node.js (`agent.mjs`, official `openai` npm package), on the tiny model.
+
+Checked (issue 18): the weights changed; every reply a client received is in the token records,
+and the recorded completion decodes to exactly that reply; an aborted episode and a client that
+vanished are counted, not trained on; a finished episode's key gets 401.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+HERE = Path(__file__).parent
+REPO = HERE.parent.parent
+
+# Reward = share of vowels in the answer: random replies differ, so GRPO groups have signal.
+JUDGE = '''
+class VowelJudge:
+    def compute_reward(self, task, output):
+        text = str(output.metadata.get("final_answer", ""))
+        reward = sum(ch in "aeiou" for ch in text) / max(1, len(text))
+        return reward, reward > 0.3
+'''
+
+# A client that takes an episode, makes one call and disappears without finishing it.
+VANISH = '''
+import sys, httpx
+from ajet.client import EpisodeClient
+episode = EpisodeClient(sys.argv[1], sys.argv[2]).begin()
+reply = httpx.post(episode.base_url + "/chat/completions", headers={"Authorization": "Bearer " + episode.api_key},
+                   json={"model": episode.model, "messages": [{"role": "user", "content": "hi"}]}, timeout=120)
+print(episode.episode_id, reply.status_code)
+'''
+
+
+def node_agent_dir(tmp_path: Path) -> Path:
+    """A copy of the Node agent with its `openai` package installed; skips when Node or npm are
+    missing and cannot be installed, or the npm registry cannot be reached."""
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        apt = shutil.which("apt-get")
+        if apt is None or os.geteuid() != 0:
+            pytest.skip("node/npm are not installed and cannot be (needs apt-get as root): apt-get install nodejs npm")
+        for args in ([apt, "update", "-q"], [apt, "install", "-y", "-q", "nodejs", "npm"]):
+            done = subprocess.run(args, capture_output=True, text=True, timeout=600)
+            if done.returncode != 0:
+                pytest.skip(f"installing nodejs/npm with apt-get failed: {done.stderr[-500:]}")
+    agent = tmp_path / "node_agent"
+    agent.mkdir()
+    for name in ("agent.mjs", "package.json", "package-lock.json"):
+        shutil.copy(HERE / name, agent / name)
+    done = subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=agent, capture_output=True, text=True,
+                          timeout=300)
+    if done.returncode != 0:
+        pytest.skip(f"`npm ci` could not install the openai npm package (registry unreachable?): {done.stderr[-500:]}")
+    return agent
+
+
+def write_run(tmp_path: Path) -> Path:
+    (tmp_path / "vowel_judge.py").write_text(JUDGE)
+    conf = tmp_path / "run.yaml"
+    conf.write_text((HERE / "remote_agent.yaml").read_text())
+    return conf
+
+
+def wait_for(path: Path, proc: subprocess.Popen, timeout_s: float = 300, what: str = "ajet serve") -> str:
+    """`path`'s text once it has a complete line; fails if `proc` exits first."""
+    deadline = time.monotonic() + timeout_s
+    while not (path.is_file() and path.read_text().endswith(("\n", "}"))):
+        assert proc.poll() is None, f"{what} exited {proc.returncode}: {proc.stderr.read()[-4000:]}"
+        assert time.monotonic() < deadline, f"{path} did not appear"
+        time.sleep(0.2)
+    return path.read_text()
+
+
+def completion_spans(record: dict) -> list[list[int]]:
+    spans, current = [], []
+    for token, trained in zip(record["input_ids"], record["loss_mask"], strict=True):
+        if trained:
+            current.append(token)
+        elif current:
+            spans.append(current)
+            current = []
+    return spans + ([current] if current else [])
+
+
+@pytest.mark.tutorial
+@pytest.mark.integration
+def test_serve_two_steps_with_python_and_node_clients(tmp_path: Path, tiny_model_dir: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ajet.client import EpisodeClient
+
+    node_dir = node_agent_dir(tmp_path)
+    conf = write_run(tmp_path)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CI": "true", "PYTHONPATH": str(REPO)}
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "ajet.cli.main", "serve", "--conf", str(conf), "--port", "0", "--quiet",
+         f"model.path={tiny_model_dir}", f"project.exp_dir={tmp_path / 'exp'}", "judge.type=vowel_judge.py:VowelJudge",
+         "task_reader.jsonl.train_path=" + str(REPO / "tutorial/example_math_agent/train.jsonl"),
+         "rollout.n=4", "rollout.max_tokens=12", "rollout.episode_timeout_s=20", "trainer.total_steps=2",
+         "trainer.batch_size=2", "trainer.lr=0.01", "trainer.save_every=0", "logging.tensorboard=false"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    run = tmp_path / "exp" / "remote_agent"
+    clients: list[subprocess.Popen] = []
+    try:
+        info = json.loads(wait_for(run / "serve.json", serve))
+        url, token = info["base_url"].removesuffix("/v1"), info["client_token"]
+        client = EpisodeClient(url, token)
+        assert client.status()["step"] in (0, 1)
+
+        # One episode aborted by its client, one whose client vanishes, one finished here.
+        aborted = client.begin()
+        client.abort(aborted.episode_id, "the agent's sandbox crashed")
+        vanish = subprocess.run([sys.executable, "-c", VANISH, url, token], capture_output=True, text=True,
+                                env=env, timeout=300)
+        assert vanish.returncode == 0 and vanish.stdout.split()[1] == "200", vanish.stderr[-2000:]
+        vanished_id = vanish.stdout.split()[0]
+        finished = client.begin()
+        chat = {"model": finished.model, "messages": [{"role": "user", "content": "hi"}]}
+        key = {"Authorization": f"Bearer {finished.api_key}"}
+        assert httpx.post(f"{finished.base_url}/chat/completions", json=chat, headers=key, timeout=120).status_code == 200
+        client.finish(finished.episode_id, 0.5)
+        assert httpx.post(f"{finished.base_url}/chat/completions", json=chat, headers=key, timeout=30).status_code == 401
+
+        logs = {"python": tmp_path / "python.jsonl", "node": tmp_path / "node.jsonl"}
+        agent_env = {**env, "AJET_URL": url, "AJET_TOKEN": token}
+        # Python first, for at most 4 episodes, so that the faster-starting Node client leaves it some.
+        clients.append(subprocess.Popen([sys.executable, str(HERE / "agent.py")], stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True,
+                                        env={**agent_env, "AJET_LOG": str(logs["python"]), "AJET_MAX_EPISODES": "4"}))
+        wait_for(logs["python"], clients[0], timeout_s=120, what="the Python agent")
+        clients.append(subprocess.Popen(["node", str(node_dir / "agent.mjs")], stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True,
+                                        env={**agent_env, "AJET_LOG": str(logs["node"])}))
+        for proc in clients:
+            out, err = proc.communicate(timeout=600)
+            assert proc.returncode == 0, err[-3000:]
+        assert serve.wait(timeout=600) == 0, serve.stderr.read()[-4000:]
+    finally:
+        for proc in [*clients, serve]:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+
+    replies = {name: [json.loads(line) for line in path.read_text().splitlines()] for name, path in logs.items()}
+    assert replies["python"] and replies["node"], "both clients must have run episodes"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line]
+    train = [r for r in rows if r["split"] == "train"]
+    assert [r["step"] for r in train] == [1, 2]
+    assert sum(r.get("rollout/failed/aborted", 0) for r in train) == 1
+    assert sum(r.get("rollout/timeouts", 0) for r in train) == 1
+    assert sum(r["rollout/episodes"] for r in train) == 16  # 2 steps x 2 groups x n=4, all counted
+
+    records = [json.loads(line) for step in (1, 2)
+               for line in (run / "records" / f"step_{step:06d}.jsonl").read_text().splitlines()]
+    by_episode: dict[str, list[dict]] = {}
+    for record in records:
+        by_episode.setdefault(record["episode_id"], []).append(record)
+    assert aborted.episode_id not in by_episode and vanished_id not in by_episode
+    assert finished.episode_id in by_episode
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    eos = tokenizer.eos_token
+    for reply in replies["python"] + replies["node"]:
+        assert reply["episode_id"] in by_episode, f"{reply['episode_id']} was not trained on"
+        decoded = [tokenizer.decode(span, skip_special_tokens=False).removesuffix("<|im_end|>").removesuffix(eos)
+                   for record in by_episode[reply["episode_id"]] for span in completion_spans(record)]
+        assert reply["content"] in decoded, (reply, decoded)
+
+    before = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    after = AutoModelForCausalLM.from_pretrained(run / "final_model").state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before), "no weight changed after two steps"
