@@ -203,7 +203,7 @@ def main() -> int:
     parser.add_argument("--work-dir", type=Path, default=None, help="default: a temp dir")
     parser.add_argument("--keep", action="store_true", help="keep the work dir")
     parser.add_argument("--limit-s", type=float, default=900, help="per run")
-    parser.add_argument("--episode-timeout-s", type=float, default=15,
+    parser.add_argument("--episode-timeout-s", type=float, default=30,
                         help="rollout.episode_timeout_s: each step waits this long for the hung "
                              "episodes; too short and a slow first step (imports, warm-up on a "
                              "busy CPU) times healthy episodes out")

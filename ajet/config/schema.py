@@ -213,6 +213,16 @@ class JudgeConfig:
 
 
 @dataclass
+class DynamicSamplingConfig:
+    # Drop the groups whose rewards are all equal (no GRPO signal) and refill the batch by
+    # rolling out more tasks (DAPO's dynamic sampling; ajet/rollout/dynamic.py).
+    enabled: bool = False
+    # Rollout rounds per step, the first included: at most trainer.batch_size * max_rounds
+    # tasks; when the cap is reached the step trains on the groups it has.
+    max_rounds: int = bounded(3, Ge(1))
+
+
+@dataclass
 class RolloutConfig:
     # Episodes per task (the GRPO group size).
     n: int = bounded(4, Ge(1))
@@ -231,6 +241,12 @@ class RolloutConfig:
     # Stop the run (non-zero exit, with the first episode's error) after this many consecutive
     # steps in which every episode failed; 0 = never stop.
     max_failed_steps: int = bounded(3, Ge(0))
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
+    # tool_choice for each role's first call in an episode when that call offers tools and
+    # sets no tool_choice of its own (or "auto"): "" = leave it to the workflow; "required" =
+    # start the reply with a tool call (the model picks the tool); a function name = call that
+    # tool. The forced start is context, not trained (see EpisodeSession.chat).
+    first_call_tool_choice: str = ""
 
 
 @dataclass

@@ -24,6 +24,8 @@ def is_quiet(requested: bool) -> bool:
 SHOWN = (
     ("reward/mean", "reward", ".3f"),
     ("success/rate", "success", ".2f"),
+    ("agent/tool_call_rate", "tools", ".2f"),
+    ("agent/calls_per_episode", "calls", ".1f"),
     ("sft/loss", "loss", ".4f"),
     ("dpo/loss", "loss", ".4f"),
     ("dpo/pairs", "pairs", ".0f"),

@@ -43,6 +43,9 @@ class Episode:
     timelines: list[Any] = field(default_factory=list)  # ajet.context.types.Timeline
     tracker_stats: dict[str, Any] = field(default_factory=dict)
     num_calls: int = 0
+    # Tool calls the model attempted / made validly (`ajet.rollout.agent_metrics.count_tool_calls`).
+    tool_calls: int = 0
+    valid_tool_calls: int = 0
     # The policy versions that produced the episode's completions (several when its calls
     # spanned a weight update; see `ajet.rollout.remote`).
     policy_versions: list[int] = field(default_factory=list)

@@ -14,6 +14,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from ajet.config.schema import RolloutConfig
+from ajet.rollout.agent_metrics import agent_metrics
 from ajet.rollout.episode import FAILED, OK, TIMEOUT, Episode
 from ajet.rollout.runner import TaskRunner
 from ajet.rollout.sync_threads import use_daemon_default_executor
@@ -49,7 +50,8 @@ class RolloutResult:
         `rollout/failed` counts every episode that is not ok (timeouts included);
         `rollout/failed/<reason>` breaks it down (a timeout's reason is "timeout").
         `reward/*`, `success/rate`, `workflow/*` and `judge/*` average over the ok episodes
-        (before dropping groups) and are absent when there are none.
+        (before dropping groups) and are absent when there are none. `agent/*` (tool use,
+        `ajet.rollout.agent_metrics`) counts every episode, a failed one as no success.
         """
         episodes = self.episodes
         ok = [e for e in episodes if e.status == OK]
@@ -75,6 +77,7 @@ class RolloutResult:
             out["success/rate"] = statistics.fmean(float(e.is_success) for e in ok)
             out["rollout/calls_per_episode"] = statistics.fmean(e.num_calls for e in ok)
             out.update(_mean_log_metrics(ok, self.warned_keys))
+        out.update(agent_metrics(episodes))
         out.update(self.extra_metrics)
         return out
 

@@ -18,6 +18,7 @@ import numbers
 import traceback
 from typing import Any
 
+from ajet.rollout.agent_metrics import count_tool_calls
 from ajet.rollout.episode import FAILED, OK, TIMEOUT, Episode
 from ajet.workflow import WorkflowOutput
 
@@ -124,13 +125,14 @@ def bad_output(episode: Episode, what: str, *, workflow: str = "") -> None:
 
 
 def collect_tracker(episode: Episode, tracker: Any) -> None:
-    """Copy the tracker's call count, stats and policy versions into `episode`, and its timelines
+    """Copy the tracker's call count, tool-call counts, stats and policy versions into `episode`, and its timelines
     when the episode is ok (a failed episode is never trained on)."""
     if tracker is None:
         return
     try:
         calls = list(tracker.calls)
         episode.num_calls = len(calls)
+        episode.tool_calls, episode.valid_tool_calls = count_tool_calls(calls)
         episode.policy_versions = sorted({int(c.policy_version) for c in calls
                                           if getattr(c, "policy_version", None) is not None})
         stats = tracker.stats()

@@ -245,6 +245,7 @@ class EpisodeSession:
             raise InvalidRequestError("messages must be a non-empty list of message dicts")
         params = resolve_sampling(self.rollout, sampling_overrides)
         tools = tools or None
+        tool_choice = self._first_call_tool_choice(role, tools, tool_choice)
         from ajet.engine.chat import tool_choice_prefix
 
         try:
@@ -278,6 +279,18 @@ class EpisodeSession:
         return self._finish(
             role, messages, tools, tool_choice, params, prompt_ids, completion, capped, prefix
         )
+
+    def _first_call_tool_choice(
+        self, role: str, tools: list[dict] | None, tool_choice: str | dict | None
+    ) -> str | dict | None:
+        """`rollout.first_call_tool_choice` on a role's first call that offers tools and asks
+        for no particular choice; otherwise the request's own `tool_choice`."""
+        forced = self.rollout.first_call_tool_choice
+        if not forced or not tools or tool_choice not in (None, "auto"):
+            return tool_choice
+        with self._lock:
+            first = self.counters.per_role_calls.get(role, 0) == 0
+        return forced if first else tool_choice
 
     def _close_forced_call(self, text: str, parsed: Any) -> Any:
         """A forced tool call the model ended (EOS, stop) without its closing markup is

@@ -112,3 +112,20 @@ def test_training_loop_steps_the_schedule_once_per_step_and_logs_each_step_once(
     # the lr each step used: warmup 0.05, 0.1, then linear decay over the remaining 2 steps
     assert [line["actor/lr"] for line in train_lines] == pytest.approx([0.05, 0.1, 0.1, 0.05])
     assert sorted(p.name for p in (run_dir / "checkpoints").glob("step_*")) == ["step_000002", "step_000004"]
+
+
+def test_rl_step_with_dynamic_sampling_refills_groups_without_signal(two_calls_conf: Path, tmp_path: Path) -> None:
+    """TwoCalls always scores 0.25: every group has equal rewards, so each round is dropped and
+    refilled until the cap, and the step trains on nothing."""
+    from ajet.backbones.debug.trainer import train
+
+    cfg = load_config(two_calls_conf, [f"project.exp_dir={tmp_path / 'exp'}", "logging.quiet=true",
+                                       "logging.tensorboard=false", "trainer.total_steps=1", "trainer.batch_size=1",
+                                       "trainer.val_every=0", "trainer.save_final_model=false",
+                                       "rollout.dynamic_sampling.enabled=true",
+                                       "rollout.dynamic_sampling.max_rounds=3"])
+    run_dir = train(cfg)
+    (row,) = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert row["dynamic/rounds"] == 3 and row["dynamic/kept_groups"] == 0
+    assert row["dynamic/dropped_groups"] == row["dynamic/tasks"] == 3
+    assert row["actor/skipped_update"] == 1.0
