@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 if TYPE_CHECKING:  # pragma: no cover
     from ajet.tuner import ModelTuner
@@ -22,18 +22,32 @@ class WorkflowTask(BaseModel):
     env_type: str = ""
 
 
+def _numpy_bool(value: Any) -> Any:
+    """`numpy.bool_` (what `np.isclose` and friends return) as a bool; anything else as is,
+    so the strict check still rejects 1, "yes" and the like."""
+    if type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_"):
+        return bool(value)
+    return value
+
+
 class WorkflowOutput(BaseModel):
-    """What an episode produced. `reward=None` lets the configured judge compute it."""
+    """What an episode produced. `reward=None` lets the configured judge compute it.
 
-    model_config = ConfigDict(extra="forbid")
+    Types are strict: a reward is a finite number (int, float or a NumPy scalar), never a
+    string or a bool, so `reward="0.7"` is an error rather than a silent 0.7. `log_metrics`
+    values are numbers too; a NaN/inf among them is dropped from the step's means and
+    counted in `rollout/dropped_log_metrics` (it is a metric, not the training signal).
+    """
 
-    reward: float | None = None
-    is_success: bool | None = None
+    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True)
+
+    reward: float | None = Field(default=None, allow_inf_nan=False)
+    is_success: Annotated[bool | None, BeforeValidator(_numpy_bool)] = None
     metadata: dict[str, Any] = Field(default_factory=dict)
     # Scalars averaged over the step and logged (e.g. {"turns": 3}).
     log_metrics: dict[str, float] = Field(default_factory=dict)
     # Optional per-LLM-call rewards (in call order), used by per-step algorithms.
-    step_rewards: list[float] | None = None
+    step_rewards: list[Annotated[float, Field(allow_inf_nan=False)]] | None = None
 
 
 class Workflow(BaseModel):
@@ -46,3 +60,14 @@ class Workflow(BaseModel):
 
     async def execute(self, task: WorkflowTask, tuner: ModelTuner) -> WorkflowOutput:
         raise NotImplementedError(f"{type(self).__name__}.execute(task, tuner) is not implemented")
+
+
+def describe_output_error(exc: ValidationError) -> str:
+    """A `WorkflowOutput` validation error as one line that names each field and value,
+    e.g. `reward='high' (str): Input should be a valid number`."""
+    parts = []
+    for err in exc.errors(include_url=False):
+        field = ".".join(str(p) for p in err["loc"]) or "(output)"
+        value = err.get("input")
+        parts.append(f"{field}={value!r:.80} ({type(value).__name__}): {err['msg']}")
+    return "; ".join(parts)

@@ -10,6 +10,9 @@ import pytest
 # Tests run with the library's defaults but never touch the user's real cache.
 os.environ.setdefault("AJET_CACHE_DIR", str(Path.home() / ".cache" / "ajet"))
 
+# A workflow that imports and loads (what --dry-run checks).
+STUB_WORKFLOW = "from ajet import Workflow\n\n\nclass W(Workflow):\n    async def execute(self, task, tuner): ...\n"
+
 
 @pytest.fixture(scope="session")
 def bundled_model_dir() -> Path:
@@ -87,7 +90,7 @@ def stub_run_conf(tmp_path: Path):
         model = tmp_path / "model"
         model.mkdir(exist_ok=True)
         (model / "config.json").write_text("{}")
-        (tmp_path / "agent.py").write_text("")
+        (tmp_path / "agent.py").write_text(STUB_WORKFLOW)  # --dry-run imports it
         (tmp_path / "train.jsonl").write_text('{"question": "q"}\n')
         path = tmp_path / "run.yaml"
         path.write_text(f"model: {{path: {model}}}\nworkflow: {{target: agent.py:W}}\n"

@@ -35,6 +35,30 @@ def _check_lengths(rewards: Sequence[float], group_ids: Sequence[str]) -> None:
         )
 
 
+def _check_finite(
+    episode_ids: Sequence[str],
+    rewards: Sequence[float],
+    step_rewards: Sequence[Sequence[float] | None] | None,
+) -> None:
+    """Refuse NaN/inf: one would turn every advantage of its group (or, for REINFORCE++, of the
+    batch) into NaN and the weights with them. The rollout runner fails such episodes as
+    `bad_output` / `judge_error:non_finite_reward`, so reaching this is a bug upstream."""
+    for i, episode_id in enumerate(episode_ids):
+        values = [rewards[i], *((step_rewards[i] or []) if step_rewards is not None else [])]
+        bad = [v for v in values if not math.isfinite(float(v))]
+        if bad:
+            raise ValueError(
+                f"episode {episode_id!r} has a non-finite reward ({bad[0]!r}); advantages need "
+                "finite rewards. Fail such episodes before computing advantages"
+            )
+
+
+def _require_finite(rewards: Sequence[float]) -> None:
+    for i, r in enumerate(rewards):
+        if not math.isfinite(float(r)):
+            raise ValueError(f"rewards[{i}] is {r!r}; advantages need finite rewards")
+
+
 def grpo_advantages(
     rewards: Sequence[float],
     group_ids: Sequence[str],
@@ -49,6 +73,7 @@ def grpo_advantages(
     its raw reward through; a lone sample carries no relative signal, so we drop it).
     """
     _check_lengths(rewards, group_ids)
+    _require_finite(rewards)
     out = [0.0] * len(rewards)
     for idx in _group_indices(group_ids).values():
         n = len(idx)
@@ -65,6 +90,7 @@ def grpo_advantages(
 def rloo_advantages(rewards: Sequence[float], group_ids: Sequence[str]) -> list[float]:
     """RLOO: `r_i - mean(r_j for j != i)` within the group; a group of one gets 0."""
     _check_lengths(rewards, group_ids)
+    _require_finite(rewards)
     out = [0.0] * len(rewards)
     for idx in _group_indices(group_ids).values():
         n = len(idx)
@@ -109,10 +135,12 @@ def reinforce_pp_advantages(
             f"step_rewards ({len(step_rewards)}) must have one entry per episode "
             f"({len(rewards)} rewards)"
         )
+    _require_finite(rewards)
     returns: list[list[float]] = []
     for i, final in enumerate(rewards):
         steps = list(step_rewards[i] or []) if step_rewards is not None else []
         steps = [float(s) for s in steps] or [0.0]
+        _require_finite(steps)
         steps[-1] += float(final)
         returns.append(discounted_returns(steps, gamma))
 
@@ -141,6 +169,7 @@ def compute_advantages(
 
     if len(episode_ids) != len(rewards):
         raise ValueError(f"episode_ids ({len(episode_ids)}) and rewards ({len(rewards)}) differ")
+    _check_finite(episode_ids, rewards, step_rewards)
     name = Algorithm(config.name)
     if name in (Algorithm.grpo, Algorithm.ppo):
         adv = grpo_advantages(rewards, group_ids, norm_by_std=config.norm_adv_by_std)

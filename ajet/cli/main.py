@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "config": ("ajet.cli.config_cmd", "Print the default config or a resolved config."),
     "view": ("ajet.cli.view", "Write a token-level HTML viewer of a run."),
     "report": ("ajet.cli.report", "Plot a run's metrics (or compare runs) into PNGs + HTML."),
+    "summary": ("ajet.cli.summary", "Print a run's summary: val success before -> after, tool use, commands."),
     "sft": ("ajet.cli.sft", "Supervised fine-tuning on agent dialogs (JSONL)."),
     "eval": ("ajet.cli.eval", "Evaluate a model on a task split: reward, pass@k, tool use."),
 }

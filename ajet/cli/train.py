@@ -61,7 +61,7 @@ def train(
         Path | None, typer.Option("--exp-dir", help="Experiment root (overrides project.exp_dir).")
     ] = None,
     dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Load, validate and print the resolved config, then exit.")
+        bool, typer.Option("--dry-run", help="Load and validate the config, import the workflow and judge, find the model; print the resolved config and exit.")
     ] = False,
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue from the experiment's last checkpoint.")
@@ -93,21 +93,40 @@ def train(
         if with_vllm and not dry_run:
             services.update(vllm_services(cfg, with_vllm))
         if dry_run:
+            from ajet.cli.preflight import preflight
+
+            checked = preflight(cfg)
             typer.echo("# resolved ajet config")
             typer.echo(to_yaml(cfg))
             translated = runner.translate(cfg)
             if translated is not None:
                 typer.echo(f"# translated {backbone.value} config")
                 typer.echo(translated)
+            typer.echo("".join(f"# checked: {line}\n" for line in checked), nl=False)
             return
+        import contextlib
+        import time
+
         from ajet.pipeline import run
         from ajet.training.run_dir import run_dir_of
 
-        if not services:
+        start = time.monotonic()
+        launched = (Launcher(env_services=services, log_dir=run_dir_of(cfg) / "services") if services
+                    else contextlib.nullcontext())
+        with launched:
             run(cfg, runner, backbone=backbone.value, with_ray=with_ray, resume=resume)
-            return
-        with Launcher(env_services=services, log_dir=run_dir_of(cfg) / "services"):
-            run(cfg, runner, backbone=backbone.value, with_ray=with_ray, resume=resume)
+        print_summary(run_dir_of(cfg), time.monotonic() - start)
+
+
+def print_summary(run_dir: Path, wall_s: float) -> None:
+    """The end of every run: val success before -> after, agent metrics, wall time, and the
+    commands that open the token viewer and the report (runs that logged nothing here, e.g. on
+    the GPU backbones, print none)."""
+    if not ((run_dir / "metrics.jsonl").is_file() or (run_dir / "pipeline.json").is_file()):
+        return
+    from ajet.logging.summary import render_summary, summarize_run
+
+    render_summary(summarize_run(run_dir, wall_s=wall_s))
 
 
 def vllm_services(cfg: AjetConfig, names: list[str]) -> dict[str, ServiceSpec]:

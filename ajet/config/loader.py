@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+from collections.abc import Hashable
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -78,7 +79,10 @@ def _read_yaml(path: Path) -> DictConfig:
         raise ConfigError(f"--conf expects a YAML file, got a directory: {path}")
     text = path.read_text(encoding="utf-8")
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except _DuplicateKey as exc:
+        raise ConfigError(f"{path}:{exc.line}: duplicate key {exc.key!r} (first at {path}:{exc.first_line}); "
+                          "the second would silently replace the first. Merge the two into one.") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
@@ -92,6 +96,30 @@ def _read_yaml(path: Path) -> DictConfig:
             f"(project:, model:, workflow:, ...), got {type(data).__name__}."
         )
     return OmegaConf.create(data)
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: Any, line: int, first_line: int) -> None:
+        super().__init__(key)
+        self.key, self.line, self.first_line = key, line, first_line
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A SafeLoader that refuses a key given twice in one mapping: PyYAML keeps the last
+    silently, so a second `trainer:` block replaced the first without a word."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<:` merges are not duplicates
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, Hashable) and key in seen:
+                raise _DuplicateKey(key, line, seen[key])
+            if isinstance(key, Hashable):
+                seen[key] = line
+        return super().construct_mapping(node, deep=deep)
 
 
 def _parse_overrides(overrides: list[str] | tuple[str, ...]) -> DictConfig:

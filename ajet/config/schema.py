@@ -2,7 +2,8 @@
 
 A user's YAML is merged over these defaults and dotted CLI overrides over that
 (OmegaConf structured configs), so an unknown key or a wrong type fails at load
-time with the key's dotted path. `configs/default.yaml` is generated from this
+time with the key's dotted path, and so does a value outside its declared range (`bounded`)
+or a non-finite float. `configs/default.yaml` is generated from this
 file (`ajet config --defaults`) and a test keeps the two identical.
 """
 
@@ -10,6 +11,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
+
+from annotated_types import Ge, Gt, Interval
+
+
+def bounded(default: Any, constraint: Ge | Gt | Interval) -> Any:
+    """A field whose allowed range is declared here, with pydantic's constraint types
+    (`Field(ge=0)` builds `Ge(0)`). `ajet.config.validate.range_problems` checks every
+    declared range, and that every float setting is finite, at load time."""
+    return field(default=default, metadata={"range": constraint})
 
 
 class Backbone(str, Enum):
@@ -115,9 +126,9 @@ class ProjectConfig:
 @dataclass
 class LoraConfig:
     enabled: bool = False
-    r: int = 8
-    alpha: int = 16
-    dropout: float = 0.0
+    r: int = bounded(8, Ge(1))
+    alpha: int = bounded(16, Gt(0))
+    dropout: float = bounded(0.0, Interval(ge=0, lt=1))
     target_modules: list[str] = field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"]
     )
@@ -167,16 +178,16 @@ class HfDatasetReaderConfig:
 class EnvServiceReaderConfig:
     base_url: str = "http://127.0.0.1:8765"
     env_type: str = ""
-    num_train_tasks: int = 8
-    num_val_tasks: int = 0
-    request_timeout_s: float = 30.0
+    num_train_tasks: int = bounded(8, Ge(0))
+    num_val_tasks: int = bounded(0, Ge(0))
+    request_timeout_s: float = bounded(30.0, Gt(0))
 
 
 @dataclass
 class GenerateReaderConfig:
     # Text files the model writes tasks from.
     documents: list[str] = field(default_factory=list)
-    tasks_per_document: int = 4
+    tasks_per_document: int = bounded(4, Ge(1))
     cache_path: str = ""
 
 
@@ -185,7 +196,7 @@ class TaskReaderConfig:
     type: ReaderType = ReaderType.jsonl
     shuffle: bool = True
     # Fraction of train tasks held out for validation when no val set is given (0 = none).
-    val_fraction: float = 0.0
+    val_fraction: float = bounded(0.0, Interval(ge=0, lt=1))
     jsonl: JsonlReaderConfig = field(default_factory=JsonlReaderConfig)
     hf_dataset: HfDatasetReaderConfig = field(default_factory=HfDatasetReaderConfig)
     env_service: EnvServiceReaderConfig = field(default_factory=EnvServiceReaderConfig)
@@ -202,34 +213,53 @@ class JudgeConfig:
 
 
 @dataclass
+class DynamicSamplingConfig:
+    # Drop the groups whose rewards are all equal (no GRPO signal) and refill the batch by
+    # rolling out more tasks (DAPO's dynamic sampling; ajet/rollout/dynamic.py).
+    enabled: bool = False
+    # Rollout rounds per step, the first included: at most trainer.batch_size * max_rounds
+    # tasks; when the cap is reached the step trains on the groups it has.
+    max_rounds: int = bounded(3, Ge(1))
+
+
+@dataclass
 class RolloutConfig:
     # Episodes per task (the GRPO group size).
-    n: int = 4
-    max_concurrency: int = 16
-    episode_timeout_s: float = 300.0
+    n: int = bounded(4, Ge(1))
+    max_concurrency: int = bounded(16, Ge(1))
+    episode_timeout_s: float = bounded(300.0, Gt(0))
     # Retries (with backoff) for infrastructure errors only; a workflow that raises is not retried.
-    max_retries: int = 2
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_tokens: int = 256
+    max_retries: int = bounded(2, Ge(0))
+    temperature: float = bounded(1.0, Ge(0))
+    top_p: float = bounded(1.0, Interval(gt=0, le=1))
+    top_k: int = bounded(0, Ge(0))
+    max_tokens: int = bounded(256, Ge(1))
     # Drop groups whose rewards are all equal (they carry no GRPO signal).
     drop_equal_reward_groups: bool = False
     # Warn (with the blocking line) when user code blocks the rollout's event loop this long; 0 = off.
-    blocked_loop_warn_s: float = 10.0
+    blocked_loop_warn_s: float = bounded(10.0, Ge(0))
+    # Stop the run (non-zero exit, with the first episode's error) after this many consecutive
+    # steps in which every episode failed; 0 = never stop.
+    max_failed_steps: int = bounded(3, Ge(0))
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
+    # tool_choice for each role's first call in an episode when that call offers tools and
+    # sets no tool_choice of its own (or "auto"): "" = leave it to the workflow; "required" =
+    # start the reply with a tool call (the model picks the tool); a function name = call that
+    # tool. The forced start is context, not trained (see EpisodeSession.chat).
+    first_call_tool_choice: str = ""
     # Local engine: tokens of prompt KV kept for reuse across calls (prefix cache, LRU); 0 = off.
     # Bundled 135M model in fp32: ~46 KB a token, so 16384 tokens hold at most ~0.75 GB.
-    prefix_cache_tokens: int = 16384
+    prefix_cache_tokens: int = bounded(16384, Ge(0))
 
 
 @dataclass
 class ContextConfig:
     # Longest completion one call may request (tokens).
-    max_call_tokens: int = 1024
+    max_call_tokens: int = bounded(1024, Ge(0))
     # Longest merged sample (tokens).
-    max_sample_tokens: int = 4096
+    max_sample_tokens: int = bounded(4096, Ge(0))
     # The model's context window; 0 = read it from the model config.
-    max_model_len: int = 0
+    max_model_len: int = bounded(0, Ge(0))
     overflow_policy: OverflowPolicy = OverflowPolicy.truncate
     # Merge timelines that share a prefix into one sample.
     merge: bool = True
@@ -243,18 +273,18 @@ class AlgorithmConfig:
     name: Algorithm = Algorithm.grpo
     # GRPO: divide advantages by the group's reward std (False = Dr.GRPO-style mean only).
     norm_adv_by_std: bool = True
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.2
+    clip_ratio_low: float = bounded(0.2, Interval(ge=0, lt=1))
+    clip_ratio_high: float = bounded(0.2, Ge(0))
     # KL to a reference policy; 0 disables the reference entirely.
-    kl_coef: float = 0.0
+    kl_coef: float = bounded(0.0, Ge(0))
     kl_reference: ReferenceModel = ReferenceModel.frozen
     entropy_coef: float = 0.0
     # Discount for per-step rewards (REINFORCE++ returns).
-    gamma: float = 1.0
+    gamma: float = bounded(1.0, Interval(gt=0, le=1))
     # DPO
-    dpo_beta: float = 0.1
+    dpo_beta: float = bounded(0.1, Gt(0))
     dpo_loss: DpoLoss = DpoLoss.sigmoid
-    dpo_label_smoothing: float = 0.0
+    dpo_label_smoothing: float = bounded(0.0, Interval(ge=0, le=0.5))
     dpo_reference_free: bool = False
     # The DPO reference (frozen: a copy of the stage's initial model).
     dpo_reference: ReferenceModel = ReferenceModel.frozen
@@ -272,20 +302,20 @@ class CoresetStrategy(str, Enum):
 class CoresetConfig:
     strategy: CoresetStrategy = CoresetStrategy.none
     # Dialogs kept (0 = all).
-    size: int = 0
+    size: int = bounded(0, Ge(0))
     # n of the n-grams that measure lexical diversity.
-    ngram: int = 2
+    ngram: int = bounded(2, Ge(1))
     # hybrid: weight of difficulty (model loss) against diversity, in [0, 1].
-    hybrid_alpha: float = 0.5
+    hybrid_alpha: float = bounded(0.5, Interval(ge=0, le=1))
 
 
 @dataclass
 class ReplayConfig:
     # Rehearsal buffer for online continual learning over sft.rounds (reservoir sampling);
     # 0 = no replay.
-    buffer_size: int = 0
+    buffer_size: int = bounded(0, Ge(0))
     # Share of each round's training data replayed from the buffer, in [0, 1).
-    ratio: float = 0.0
+    ratio: float = bounded(0.0, Interval(ge=0, lt=1))
 
 
 @dataclass
@@ -295,18 +325,18 @@ class SftConfig:
     train_path: str = ""
     dev_path: str = ""
     # Fraction of train dialogs held out as the dev set when no dev_path is given (0 = none).
-    dev_fraction: float = 0.0
-    epochs: int = 1
+    dev_fraction: float = bounded(0.0, Interval(ge=0, lt=1))
+    epochs: int = bounded(1, Ge(1))
     # Dialogs per optimizer step.
-    batch_size: int = 8
-    lr: float = 1.0e-5
+    batch_size: int = bounded(8, Ge(1))
+    lr: float = bounded(1.0e-5, Gt(0))
     # Dev loss every N optimizer steps; 0 = after every epoch.
-    eval_every: int = 0
+    eval_every: int = bounded(0, Ge(0))
     # Mixture weight per task_type: each epoch sees a type's dialogs `weight` times
     # (fractions by seeded subsampling; 0 drops the type). Unlisted types weigh 1.
     task_weights: dict[str, float] = field(default_factory=dict)
     # Online continual learning: the train data arrives in this many consecutive rounds.
-    rounds: int = 1
+    rounds: int = bounded(1, Ge(1))
     coreset: CoresetConfig = field(default_factory=CoresetConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
 
@@ -316,11 +346,11 @@ class EvalConfig:
     # Tasks to evaluate.
     split: EvalSplit = EvalSplit.val
     # Episodes per task; pass@k is reported for k = n.
-    n: int = 1
+    n: int = bounded(1, Ge(1))
     # Sampling temperature; null = rollout.temperature (0 = greedy).
-    temperature: float | None = None
+    temperature: float | None = bounded(None, Ge(0))
     # Evaluate only the first N tasks of the split (0 = all).
-    max_tasks: int = 0
+    max_tasks: int = bounded(0, Ge(0))
     # Output name: RUN/eval/eval_<name>.json; "" = derived from the model path.
     name: str = ""
 
@@ -337,29 +367,29 @@ class PipelineConfig:
 
 @dataclass
 class TrainerConfig:
-    total_steps: int = 10
+    total_steps: int = bounded(10, Ge(1))
     # Tasks per step; each is rolled out rollout.n times.
-    batch_size: int = 4
-    lr: float = 1e-5
-    weight_decay: float = 0.0
-    warmup_steps: int = 0
+    batch_size: int = bounded(4, Ge(1))
+    lr: float = bounded(1e-5, Gt(0))
+    weight_decay: float = bounded(0.0, Ge(0))
+    warmup_steps: int = bounded(0, Ge(0))
     # After warmup. The schedule advances once per training step (trainer.total_steps in all),
     # whether or not the step updated the weights.
     lr_schedule: LrSchedule = LrSchedule.constant
-    grad_clip: float = 1.0
+    grad_clip: float = bounded(1.0, Gt(0))
     # PPO epochs over one rollout batch.
-    ppo_epochs: int = 1
+    ppo_epochs: int = bounded(1, Ge(1))
     # Tokens forwarded per micro-batch; gradients accumulate over micro-batches.
-    micro_batch_tokens: int = 4096
+    micro_batch_tokens: int = bounded(4096, Ge(16))
     # bf16 autocast (on GPU or CPUs that support it).
     bf16: bool = False
     gradient_checkpointing: bool = False
-    save_every: int = 0  # 0 = only at the end
+    save_every: int = bounded(0, Ge(0))  # 0 = only at the end
     # Complete checkpoints kept on disk (older ones are deleted); 0 = keep all.
-    keep_checkpoints: int = 2
-    val_every: int = 0  # 0 = never
+    keep_checkpoints: int = bounded(2, Ge(0))
+    val_every: int = bounded(0, Ge(0))  # 0 = never
     # pass@k during validation
-    val_n: int = 1
+    val_n: int = bounded(1, Ge(1))
     save_final_model: bool = True
 
 
@@ -379,7 +409,7 @@ class LoggingConfig:
 class RayConfig:
     # Address of an existing cluster to join; "" starts a local one with --with-ray.
     address: str = ""
-    num_rollout_workers: int = 2
+    num_rollout_workers: int = bounded(2, Ge(1))
 
 
 @dataclass
@@ -387,13 +417,13 @@ class ServeConfig:
     # `ajet serve`: episodes come from clients through the episode API (docs/episode_api.md).
     # Where the gateway (episode API + OpenAI-compatible model endpoint) listens; port 0 = a free port.
     host: str = "127.0.0.1"
-    port: int = 0
+    port: int = bounded(0, Interval(ge=0, le=65535))
     # The token clients send as `Authorization: Bearer <token>`; "" = a random one, printed at start.
     client_token: str = ""
     # Policy versions an episode may lag behind the weights it is trained on: 0 = fully on-policy
     # (clients wait while the trainer updates); more lets clients start the next step's groups
     # during an update. Older episodes are dropped and counted (rollout/failed/stale).
-    max_staleness: int = 1
+    max_staleness: int = bounded(1, Ge(0))
 
 
 @dataclass
@@ -403,7 +433,7 @@ class EnvServiceConfig:
     command: str = ""
     # Polled until it answers HTTP 2xx; "" = only check the process stays up.
     health_url: str = ""
-    startup_timeout_s: float = 60.0
+    startup_timeout_s: float = bounded(60.0, Gt(0))
     # Working directory ("" = the current one) and extra environment variables.
     cwd: str = ""
     env: dict[str, str] = field(default_factory=dict)
@@ -415,21 +445,21 @@ class VllmServerConfig:
     # on exit: e.g. the model of an LLM judge or of a multi-agent workflow's untrained roles.
     # Clients use base_url http://127.0.0.1:{port}/v1 and model NAME.
     model: str = ""  # a local checkpoint directory (or what vLLM can load offline)
-    port: int = 8001
-    gpus: int = 1  # free GPUs it takes (tensor parallel size)
-    gpu_memory_utilization: float = 0.9
-    max_model_len: int = 0  # 0 = vLLM's default (the model's)
+    port: int = bounded(8001, Interval(ge=0, le=65535))
+    gpus: int = bounded(1, Ge(1))  # free GPUs it takes (tensor parallel size)
+    gpu_memory_utilization: float = bounded(0.9, Interval(gt=0, le=1))
+    max_model_len: int = bounded(0, Ge(0))  # 0 = vLLM's default (the model's)
     # More `vllm serve` options, e.g. ["--dtype", "bfloat16"].
     extra_args: list[str] = field(default_factory=list)
-    startup_timeout_s: float = 900.0
+    startup_timeout_s: float = bounded(900.0, Gt(0))
 
 
 @dataclass
 class TrinityConfig:
     # Trinity-RFT specific; translated into its Config by the trinity backbone.
-    explorer_gpus: int = 1
-    trainer_gpus: int = 1
-    sync_interval: int = 1
+    explorer_gpus: int = bounded(1, Ge(1))
+    trainer_gpus: int = bounded(1, Ge(1))
+    sync_interval: int = bounded(1, Ge(1))
     sync_method: str = "nccl"
     algorithm_type: str = "multi_step_grpo"
 
@@ -437,11 +467,11 @@ class TrinityConfig:
 @dataclass
 class VerlConfig:
     # verl specific; translated into its Hydra config by the verl backbone.
-    n_gpus_per_node: int = 1
-    nnodes: int = 1
+    n_gpus_per_node: int = bounded(1, Ge(1))
+    nnodes: int = bounded(1, Ge(1))
     strategy: str = "fsdp"
-    gpu_memory_utilization: float = 0.5
-    tensor_model_parallel_size: int = 1
+    gpu_memory_utilization: float = bounded(0.5, Interval(gt=0, le=1))
+    tensor_model_parallel_size: int = bounded(1, Ge(1))
 
 
 @dataclass

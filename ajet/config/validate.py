@@ -1,11 +1,16 @@
-"""Checks across keys that types alone cannot express (impossible combinations).
+"""Checks that types alone cannot express: declared ranges, finite floats, and impossible
+combinations across keys.
 
-Each check returns (dotted key, message that says what would be valid).
+Each check returns (dotted key, message that says what would be valid). Single-key ranges
+are declared in the schema (`bounded`) and checked by `range_problems`, not written here.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from pathlib import Path
+from typing import Any
 
 from ajet.config.schema import (
     BUILTIN_JUDGES,
@@ -18,7 +23,7 @@ from ajet.config.stages import needs_workflow, stage_problems
 
 
 def validate(cfg: AjetConfig, *, require_workflow: bool = True) -> list[tuple[str, str]]:
-    problems: list[tuple[str, str]] = stage_problems(cfg)
+    problems: list[tuple[str, str]] = range_problems(cfg) + stage_problems(cfg)
     require_workflow = require_workflow and needs_workflow(cfg)
 
     def need(ok: bool, key: str, msg: str) -> None:
@@ -26,7 +31,6 @@ def validate(cfg: AjetConfig, *, require_workflow: bool = True) -> list[tuple[st
             problems.append((key, msg))
 
     need(bool(cfg.model.path), "model.path", "empty; use 'smollm2-135m-instruct' or a local checkpoint dir")
-    need(cfg.model.lora.r > 0, "model.lora.r", "must be > 0")
 
     if require_workflow:
         need(
@@ -52,16 +56,6 @@ def validate(cfg: AjetConfig, *, require_workflow: bool = True) -> list[tuple[st
     )
 
     r = cfg.rollout
-    need(r.n >= 1, "rollout.n", "must be >= 1")
-    need(r.max_concurrency >= 1, "rollout.max_concurrency", "must be >= 1")
-    need(r.episode_timeout_s > 0, "rollout.episode_timeout_s", "must be > 0 seconds")
-    need(r.max_retries >= 0, "rollout.max_retries", "must be >= 0")
-    need(r.temperature >= 0, "rollout.temperature", "must be >= 0 (0 = greedy)")
-    need(0 < r.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
-    need(r.top_k >= 0, "rollout.top_k", "must be >= 0 (0 = off)")
-    need(r.max_tokens >= 1, "rollout.max_tokens", "must be >= 1")
-    need(cfg.serve.max_staleness >= 0, "serve.max_staleness", "must be >= 0 (0 = fully on-policy)")
-    need(0 <= cfg.serve.port <= 65535, "serve.port", "must be in 0..65535 (0 = a free port)")
     need(
         r.max_tokens <= cfg.context.max_call_tokens,
         "rollout.max_tokens",
@@ -82,27 +76,14 @@ def validate(cfg: AjetConfig, *, require_workflow: bool = True) -> list[tuple[st
             f"{a.name.value} compares episodes of the same task, so rollout.n must be >= 2 "
             "(e.g. rollout.n=4), or use algorithm.name=reinforce_pp",
         )
-    need(a.kl_coef >= 0, "algorithm.kl_coef", "must be >= 0")
     if a.kl_coef > 0 and a.kl_reference == ReferenceModel.lora_base:
         need(
             cfg.model.lora.enabled,
             "algorithm.kl_reference",
             "'lora_base' needs model.lora.enabled=true; use 'frozen' for full fine-tuning",
         )
-    need(0 <= a.clip_ratio_low < 1, "algorithm.clip_ratio_low", "must be in [0, 1)")
-    need(a.clip_ratio_high >= 0, "algorithm.clip_ratio_high", "must be >= 0")
-    need(0 < a.gamma <= 1, "algorithm.gamma", "must be in (0, 1]")
-
-    t = cfg.trainer
-    need(t.total_steps >= 1, "trainer.total_steps", "must be >= 1")
-    need(t.batch_size >= 1, "trainer.batch_size", "must be >= 1")
-    need(t.lr > 0, "trainer.lr", "must be > 0")
-    need(t.micro_batch_tokens >= 16, "trainer.micro_batch_tokens", "must be >= 16")
-    need(t.ppo_epochs >= 1, "trainer.ppo_epochs", "must be >= 1")
-    need(t.val_n >= 1, "trainer.val_n", "must be >= 1")
 
     tr = cfg.task_reader
-    need(0 <= tr.val_fraction < 1, "task_reader.val_fraction", "must be in [0, 1)")
     if tr.type == ReaderType.jsonl and require_workflow:
         need(bool(tr.jsonl.train_path), "task_reader.jsonl.train_path", "required for the jsonl reader")
     for key, value in (
@@ -121,3 +102,57 @@ def validate(cfg: AjetConfig, *, require_workflow: bool = True) -> list[tuple[st
         for doc in tr.generate.documents:
             need(Path(doc).is_file(), "task_reader.generate.documents", f"file not found: {doc}")
     return problems
+
+
+def range_problems(node: Any, prefix: str = "") -> list[tuple[str, str]]:
+    """Every float setting must be finite (inf/nan would pass a `>= 0` check: a temperature
+    of inf makes sampling uniform), and every value must lie in the range its schema field
+    declares (`ajet.config.schema.bounded`). Walks nested sections and named sub-configs."""
+    problems: list[tuple[str, str]] = []
+    for f in dataclasses.fields(node):
+        key, value = f"{prefix}{f.name}", getattr(node, f.name)
+        if dataclasses.is_dataclass(value):
+            problems += range_problems(value, key + ".")
+            continue
+        if isinstance(value, dict):
+            for name, item in value.items():
+                if dataclasses.is_dataclass(item):
+                    problems += range_problems(item, f"{key}.{name}.")
+                elif _non_finite(item):
+                    problems.append((f"{key}.{name}", f"must be a finite number, got {item}"))
+            continue
+        if _non_finite(value):
+            problems.append((key, f"must be a finite number, got {value}"))
+            continue
+        bounds = f.metadata.get("range")
+        if bounds is not None and value is not None and not _within(value, bounds):
+            problems.append((key, f"must be {_describe(bounds)}, got {value}"))
+    return problems
+
+
+def _non_finite(value: Any) -> bool:
+    return isinstance(value, float) and not math.isfinite(value)
+
+
+def _limits(bounds: Any) -> dict[str, Any]:
+    return {k: v for k in ("gt", "ge", "lt", "le") if (v := getattr(bounds, k, None)) is not None}
+
+
+def _within(value: float, bounds: Any) -> bool:
+    limits = _limits(bounds)
+    return all((
+        value > limits.get("gt", -math.inf), value >= limits.get("ge", -math.inf),
+        value < limits.get("lt", math.inf), value <= limits.get("le", math.inf),
+    ))
+
+
+def _describe(bounds: Any) -> str:
+    limits = _limits(bounds)
+    low = ("(", limits["gt"]) if "gt" in limits else ("[", limits["ge"]) if "ge" in limits else None
+    high = (")", limits["lt"]) if "lt" in limits else ("]", limits["le"]) if "le" in limits else None
+    if low and high:
+        return f"in {low[0]}{low[1]}, {high[1]}{high[0]}"
+    if low:
+        return f"{'>' if low[0] == '(' else '>='} {low[1]}"
+    assert high is not None  # a declared range has at least one limit
+    return f"{'<' if high[0] == ')' else '<='} {high[1]}"

@@ -307,16 +307,22 @@ class ContextTracker:
         )
 
     def stats(self) -> dict[str, float]:
-        """`calls`, `timelines` and `fork/<cause>` counts (one per timeline started)."""
+        """`calls`, `timelines` and `fork/<cause>` counts (one per timeline started);
+        `tool_calls/repaired` and `tool_calls/malformed` when any call had one."""
         with self._lock:
             out: dict[str, float] = {
                 "calls": float(len(self.calls)),
                 "timelines": float(len(self._chains)),
             }
             for call in self.calls:
-                if call.fork_cause:
-                    key = f"fork/{call.fork_cause}"
-                    out[key] = out.get(key, 0.0) + 1.0
+                counts = (
+                    (f"fork/{call.fork_cause}", float(bool(call.fork_cause))),
+                    ("tool_calls/repaired", float(call.repaired_tool_calls)),
+                    ("tool_calls/malformed", float(call.malformed_tool_call)),
+                )
+                for key, n in counts:
+                    if n:
+                        out[key] = out.get(key, 0.0) + n
             return out
 
 

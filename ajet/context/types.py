@@ -28,6 +28,11 @@ class LLMCall:
     timeline_id: int = -1  # set by the tracker
     # Why this call could not extend an earlier timeline ("" when it did or is the first).
     fork_cause: str = ""
+    # Tool calls in the reply that were accepted after a repair (no `arguments`, extra keys
+    # dropped, an unclosed forced call closed...) and whether a tool call could not be parsed.
+    # The completion tokens are recorded as sampled either way (see docs/outputs.md).
+    repaired_tool_calls: int = 0
+    malformed_tool_call: bool = False
 
 
 @dataclass

@@ -46,7 +46,8 @@ class DpoRecipe:
         self.run_dir = prepare_run_dir(cfg, resume=self.resume)
         self.workflow = load_or_wrap_workflow(self.workflow_arg, cfg.workflow.target)
         self.reader = build_reader(cfg.task_reader, seed=cfg.project.seed)
-        self.loop = TrainingLoop(cfg, self.run_dir, closers, total_steps=cfg.trainer.total_steps)
+        self.loop = TrainingLoop(cfg, self.run_dir, closers, total_steps=cfg.trainer.total_steps,
+                                 resume=self.resume)
         self.model, self.tokenizer = load_trainable_model(
             cfg.model, seed=cfg.project.seed, gradient_checkpointing=cfg.trainer.gradient_checkpointing)
         self.window = model_window(self.model, cfg.context.max_model_len)

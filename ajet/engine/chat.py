@@ -62,6 +62,8 @@ class ParsedReply:
     content: str
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     malformed_tool_call: bool = False
+    # One entry per tool call accepted after a repair, saying what was repaired.
+    repaired: list[str] = field(default_factory=list)
 
 
 class ChatFormat:
@@ -79,6 +81,10 @@ class ChatFormat:
             eos_token_ids = {eos} if eos is not None else set()
         self.eos_token_ids: set[int] = set(eos_token_ids)
         self.native_tools = self._template_uses_tools()
+        # The longest token as vocabulary text: no token decodes to more characters (a
+        # byte-level token's vocab string has one character per byte), so a text of c
+        # characters is at least c / max_token_chars tokens, known without tokenising it.
+        self.max_token_chars = max((len(t) for t in tokenizer.get_vocab()), default=1) or 1
 
     # ------------------------------------------------------------------ render
     def render(
@@ -135,6 +141,7 @@ def parse_completion(text: str) -> ParsedReply:
     tool_calls: list[dict[str, Any]] = []
     kept: list[str] = []  # content pieces, malformed blocks included verbatim
     malformed = False
+    repaired: list[str] = []
     cursor = 0
     for match in _TOOL_CALL_RE.finditer(text):
         kept.append(text[cursor : match.start()])
@@ -146,13 +153,17 @@ def parse_completion(text: str) -> ParsedReply:
             kept.append(match.group(0))
         else:
             tool_calls.append(call)
+            if problem:  # accepted, after a repair
+                repaired.append(problem)
+                log.debug("repaired tool call (%s): %r", problem, match.group(0))
     rest = text[cursor:]
     if "<tool_call>" in rest:
         malformed = True
         log.warning("unclosed <tool_call> in the reply: %.200r", rest[rest.index("<tool_call>") :])
     kept.append(rest)
     content = "".join(kept).strip() if tool_calls else "".join(kept)
-    return ParsedReply(content=content, tool_calls=tool_calls, malformed_tool_call=malformed)
+    return ParsedReply(content=content, tool_calls=tool_calls, malformed_tool_call=malformed,
+                       repaired=repaired)
 
 
 def to_openai_message(parsed: ParsedReply) -> dict[str, Any]:
@@ -165,6 +176,9 @@ def to_openai_message(parsed: ParsedReply) -> dict[str, Any]:
 
 
 def _parse_tool_call(body: str) -> tuple[dict[str, Any] | None, str]:
+    """(the OpenAI tool call, "") or (None, why it is malformed) or (the call, what was
+    repaired): a call without `arguments` (given `{}`), with `parameters` instead, with
+    arguments as a JSON string, or with keys besides these (dropped) is accepted, repaired."""
     try:
         payload = json.loads(body.strip())
     except json.JSONDecodeError as exc:
@@ -174,19 +188,31 @@ def _parse_tool_call(body: str) -> tuple[dict[str, Any] | None, str]:
     name = payload.get("name")
     if not isinstance(name, str) or not name:
         return None, "missing name"
-    arguments = payload.get("arguments", payload.get("parameters", {}))
+    repairs = []
+    if "arguments" in payload:
+        arguments = payload["arguments"]
+    elif "parameters" in payload:
+        arguments = payload["parameters"]
+        repairs.append("'parameters' read as 'arguments'")
+    else:
+        arguments = {}
+        repairs.append("no 'arguments', given {}")
     if isinstance(arguments, str):  # some models write the arguments as a JSON string
         try:
             arguments = json.loads(arguments)
         except json.JSONDecodeError:
             return None, "arguments are not JSON"
+        repairs.append("arguments decoded from a JSON string")
     if not isinstance(arguments, dict):
         return None, "arguments are not a JSON object"
+    extra = sorted(set(payload) - {"name", "arguments", "parameters"})
+    if extra:
+        repairs.append(f"dropped key(s) {extra}")
     return {
         "id": f"call_{uuid.uuid4().hex[:24]}",
         "type": "function",
         "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)},
-    }, ""
+    }, "; ".join(repairs)
 
 
 # ---------------------------------------------------------------------- message normalisation

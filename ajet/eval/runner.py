@@ -47,6 +47,7 @@ def evaluate(cfg: AjetConfig, *, workflow: Any = None, name: str | None = None,
     from ajet.eval.metrics import episode_result, summarize, write_report
     from ajet.models.load import load_model_and_tokenizer
     from ajet.models.resolve import resolve_model_path
+    from ajet.rollout.agent_metrics import agent_metrics
     from ajet.rollout.loader import as_workflow, load_workflow
     from ajet.rollout.local import LocalRollout
     from ajet.task_reader import build_reader
@@ -78,6 +79,7 @@ def evaluate(cfg: AjetConfig, *, workflow: Any = None, name: str | None = None,
     finally:
         stack.close()
     metrics = summarize(results, k=e.n)
+    metrics.update(agent_metrics(result.episodes))
     metrics["time_s"] = time.monotonic() - start
     out_dir = out_dir or run_dir_of(cfg) / "eval"
     path = out_dir / f"eval_{name}.json"

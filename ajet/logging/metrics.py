@@ -16,11 +16,18 @@ log = logging.getLogger(__name__)
 
 
 class MetricsLogger:
-    """`log(step, metrics, split)` appends to RUN/metrics.jsonl and mirrors to the enabled sinks."""
+    """`log(step, metrics, split)` appends to RUN/metrics.jsonl and mirrors to the enabled sinks.
 
-    def __init__(self, run_dir: Path, cfg: LoggingConfig, *, run_name: str, config_dict: dict[str, Any]) -> None:
+    `resume_step`: a resumed run continues after this step; what an earlier attempt logged past
+    it (metrics written before a checkpoint that never completed) is dropped from metrics.jsonl
+    and TensorBoard, so every step appears exactly once."""
+
+    def __init__(self, run_dir: Path, cfg: LoggingConfig, *, run_name: str, config_dict: dict[str, Any],
+                 resume_step: int | None = None) -> None:
         self.path = run_dir / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if resume_step is not None:
+            truncate_metrics(self.path, resume_step)
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
         self._tb = None
         self._wandb = None
@@ -28,7 +35,8 @@ class MetricsLogger:
         if cfg.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+            purge = None if resume_step is None else resume_step + 1
+            self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=purge)
         if cfg.wandb:
             self._wandb = _optional_sink("wandb", run_dir, run_name, config_dict)
         if cfg.swanlab:
@@ -54,6 +62,30 @@ class MetricsLogger:
         for sink in (self._wandb, self._swanlab):
             if sink is not None:
                 sink.finish()
+
+
+def truncate_metrics(path: Path, last_step: int) -> int:
+    """Keep only the records of steps <= `last_step` (atomic rewrite); return how many were dropped."""
+    if not path.is_file():
+        return 0
+    kept, dropped = [], 0
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            try:
+                step = int(json.loads(line)["step"])
+            except (ValueError, KeyError, TypeError):  # a line cut by a kill mid-write
+                dropped += 1
+                continue
+            if step <= last_step:
+                kept.append(line if line.endswith("\n") else line + "\n")
+            else:
+                dropped += 1
+    if dropped:
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(kept), encoding="utf-8")
+        tmp.replace(path)
+        log.info("--resume: dropped %d metrics record(s) past step %d from %s", dropped, last_step, path)
+    return dropped
 
 
 def _is_number(value: Any) -> bool:

@@ -19,15 +19,17 @@ def is_quiet(requested: bool) -> bool:
     return requested or not sys.stdout.isatty() or os.environ.get("CI", "").lower() == "true"
 
 
-# (metric, label, format) shown on the step line when the step reports it (RL, SFT and DPO).
+# (metric, label, format) shown on the step line when the step reports it (RL, SFT and DPO);
+# then `rollout/failed` with its reasons (`failed_counts`).
 SHOWN = (
     ("reward/mean", "reward", ".3f"),
     ("success/rate", "success", ".2f"),
+    ("agent/tool_call_rate", "tools", ".2f"),
+    ("agent/calls_per_episode", "calls", ".1f"),
     ("sft/loss", "loss", ".4f"),
     ("dpo/loss", "loss", ".4f"),
     ("dpo/pairs", "pairs", ".0f"),
     ("perf/tokens_per_s", "tok/s", ".0f"),
-    ("rollout/failed", "failed", ".0f"),
 )
 
 
@@ -66,6 +68,8 @@ class TrainingProgress:
 
     def step_done(self, step: int, metrics: dict[str, float]) -> None:
         shown = [f"{label} {metrics[key]:{fmt}}" for key, label, fmt in SHOWN if key in metrics]
+        if "rollout/failed" in metrics:  # failures by reason, last: a run failing says why
+            shown.append(f"failed {failed_counts(metrics)}")
         line = "  ".join([f"step {step}/{self.total}", *shown])
         done = step - self._start_step
         if done > 0:
@@ -80,3 +84,17 @@ class TrainingProgress:
     def close(self) -> None:
         if self._progress is not None:
             self._progress.stop()
+
+
+def failed_counts(metrics: dict[str, float]) -> str:
+    """"0", or e.g. "12/16 (workflow_error:RuntimeError 10, timeout 2)": failures by reason,
+    most frequent first, so a run whose episodes all fail shows why on every step."""
+    failed = int(metrics.get("rollout/failed", 0))
+    if not failed:
+        return "0"
+    prefix = "rollout/failed/"
+    reasons = sorted(((int(v), k[len(prefix):]) for k, v in metrics.items()
+                      if k.startswith(prefix) and v), reverse=True)
+    shown = ", ".join(f"{reason} {n}" for n, reason in reasons[:3])
+    more = ", …" if len(reasons) > 3 else ""
+    return f"{failed}/{int(metrics.get('rollout/episodes', failed))} ({shown}{more})"

@@ -11,6 +11,20 @@ from typing import Any
 from ajet.context.types import Sample
 
 
+def drop_records_after(run_dir: Path, last_step: int) -> int:
+    """Delete RUN/records/step_N.jsonl for N > `last_step` (a resumed run writes them again)."""
+    dropped = 0
+    for path in (run_dir / "records").glob("step_*.jsonl"):
+        try:
+            step = int(path.stem.removeprefix("step_"))
+        except ValueError:
+            continue
+        if step > last_step:
+            path.unlink()
+            dropped += 1
+    return dropped
+
+
 def write_step_records(
     run_dir: Path,
     step: int,

@@ -58,6 +58,15 @@ FIGURES: tuple[Figure, ...] = (
             Panel("forks by cause", ("context/fork/*",)),
         ),
     ),
+    Figure(
+        "agent.png",
+        "Agent tool use",
+        (
+            Panel("tool use", ("agent/tool_call_rate", "agent/valid_tool_call_rate", "agent/success_with_tool",
+                               "val/agent/tool_call_rate", "val/agent/success_with_tool")),
+            Panel("LLM calls per episode", ("agent/calls_per_episode", "val/agent/calls_per_episode")),
+        ),
+    ),
     Figure("failures.png", "Rollout failures", (Panel("failed episodes", ("rollout/failed", "rollout/failed/*")),)),
     Figure(
         "actor.png",
@@ -79,6 +88,9 @@ SUMMARY_KEYS: dict[str, int] = {
     "success/rate": 1,
     "val/success/rate": 1,
     "val/pass@k": 1,
+    "agent/tool_call_rate": 0,
+    "agent/valid_tool_call_rate": 1,
+    "agent/success_with_tool": 1,
     "perf/tokens_per_s": 1,
     "perf/step_time_s": -1,
     "context/merge_ratio": 1,

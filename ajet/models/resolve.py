@@ -63,6 +63,17 @@ def resolve_model_path(path: str, cache_dir: str = "") -> Path:
     return _from_hf_cache(path)
 
 
+def check_model_path(path: str, cache_dir: str = "") -> None:
+    """Raise `ModelNotFoundError` when `resolve_model_path` would, without converting the
+    bundled model or loading anything (for --dry-run)."""
+    if path in BUNDLED_ALIASES:
+        target = cache_root(cache_dir) / "models" / f"{BUNDLED_NAME}-v{_CONVERSION_VERSION}"
+        if not _is_complete(target):
+            bundled_gguf()  # what the first run converts
+        return
+    resolve_model_path(path, cache_dir)
+
+
 def _from_hf_cache(repo_id: str) -> Path:
     looks_like_hub_id = repo_id.count("/") == 1 and not repo_id.startswith((".", "/", "~"))
     if not looks_like_hub_id:

@@ -24,7 +24,8 @@ class Episode:
 
     `reason` is "" for ok episodes, else a short machine-readable cause that becomes a
     metric key (`rollout/failed/<reason>`): `workflow_error:<ExceptionType>`, `timeout`,
-    `bad_output`, `no_reward`, `judge_error:<ExceptionType>`, `judge_timeout`,
+    `bad_output` (not a WorkflowOutput, a field of the wrong type, a NaN/inf reward), `no_reward`,
+    `judge_error:<ExceptionType>` (also `:bad_return`, `:non_finite_reward`), `judge_timeout`,
     `infrastructure:<ExceptionType>` (retries exhausted), `session_error:<ExceptionType>`,
     `tracker_error:<ExceptionType>`. `error_message` holds the human-readable detail
     (the traceback for exceptions).
@@ -42,6 +43,9 @@ class Episode:
     timelines: list[Any] = field(default_factory=list)  # ajet.context.types.Timeline
     tracker_stats: dict[str, Any] = field(default_factory=dict)
     num_calls: int = 0
+    # Tool calls the model attempted / made validly (`ajet.rollout.agent_metrics.count_tool_calls`).
+    tool_calls: int = 0
+    valid_tool_calls: int = 0
     # The policy versions that produced the episode's completions (several when its calls
     # spanned a weight update; see `ajet.rollout.remote`).
     policy_versions: list[int] = field(default_factory=list)

@@ -19,6 +19,7 @@ import importlib
 import importlib.util
 import inspect
 import logging
+import math
 import numbers
 import sys
 import types
@@ -201,6 +202,11 @@ def output_from_return(value: Any) -> WorkflowOutput:
     if isinstance(value, WorkflowOutput):
         return value
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            raise BadOutputError(
+                f"the workflow function returned reward {value!r}; a reward must be a finite "
+                "number (the episode is not trained on)"
+            )
         return WorkflowOutput(reward=float(value))
     hint = " (use float(...) to return a bool as a reward)" if isinstance(value, bool) else ""
     raise BadOutputError(

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from ajet.config.schema import RolloutConfig
+from ajet.rollout.agent_metrics import agent_metrics
 from ajet.rollout.episode import FAILED, OK, TIMEOUT, Episode
 from ajet.rollout.runner import TaskRunner
+from ajet.rollout.sync_threads import use_daemon_default_executor
 from ajet.workflow import WorkflowTask
 
 logger = logging.getLogger(__name__)
@@ -35,6 +38,9 @@ class RolloutResult:
     ok_episodes: list[Episode]
     dropped_groups: list[str] = field(default_factory=list)
     max_in_flight: int = 0
+    # log_metrics keys already warned about for a NaN/inf value: shared by the manager's
+    # results, so a run warns once per key rather than once per step.
+    warned_keys: set[str] = field(default_factory=set, repr=False)
     # Metrics of the episode source itself (e.g. the remote broker's `remote/*`), logged as is.
     extra_metrics: dict[str, float] = field(default_factory=dict)
 
@@ -44,7 +50,8 @@ class RolloutResult:
         `rollout/failed` counts every episode that is not ok (timeouts included);
         `rollout/failed/<reason>` breaks it down (a timeout's reason is "timeout").
         `reward/*`, `success/rate`, `workflow/*` and `judge/*` average over the ok episodes
-        (before dropping groups) and are absent when there are none.
+        (before dropping groups) and are absent when there are none. `agent/*` (tool use,
+        `ajet.rollout.agent_metrics`) counts every episode, a failed one as no success.
         """
         episodes = self.episodes
         ok = [e for e in episodes if e.status == OK]
@@ -57,6 +64,7 @@ class RolloutResult:
             "rollout/retries": float(sum(e.retries for e in episodes)),
             "rollout/dropped_groups": float(len(self.dropped_groups)),
             "rollout/max_in_flight": float(self.max_in_flight),
+            "rollout/dropped_log_metrics": 0.0,
         }
         for reason, count in Counter(e.reason for e in not_ok).items():
             out[f"rollout/failed/{reason}"] = float(count)
@@ -68,20 +76,39 @@ class RolloutResult:
             out["reward/std"] = statistics.pstdev(rewards)
             out["success/rate"] = statistics.fmean(float(e.is_success) for e in ok)
             out["rollout/calls_per_episode"] = statistics.fmean(e.num_calls for e in ok)
-            out.update(_mean_log_metrics(ok))
+            out.update(_mean_log_metrics(ok, self.warned_keys))
+        out.update(agent_metrics(episodes))
         out.update(self.extra_metrics)
         return out
 
 
-def _mean_log_metrics(episodes: list[Episode]) -> dict[str, float]:
+def _mean_log_metrics(episodes: list[Episode], warned: set[str]) -> dict[str, float]:
     """Mean of each `log_metrics` key over the episodes that report it. Judge breakdowns
-    (`judge/<component>`) keep their name; the workflow's own get the `workflow/` prefix."""
+    (`judge/<component>`) keep their name; the workflow's own get the `workflow/` prefix.
+
+    A NaN/inf value is left out of its mean (one would poison it) and counted in
+    `rollout/dropped_log_metrics`; the first time a key (not yet in `warned`) does so, a
+    warning names it.
+    """
     values: dict[str, list[float]] = defaultdict(list)
+    dropped = 0
     for e in episodes:
         for key, value in (e.output.log_metrics if e.output else {}).items():
             name = key if key.startswith("judge/") else f"workflow/{key}"
-            values[name].append(float(value))
-    return {name: statistics.fmean(v) for name, v in values.items()}
+            if math.isfinite(value):
+                values[name].append(float(value))
+                continue
+            dropped += 1
+            if name not in warned:
+                warned.add(name)
+                logger.warning(
+                    "log_metrics[%r] = %r in episode %s (task %s): not a finite number, left out "
+                    "of %s; counted in rollout/dropped_log_metrics (warned once per key)",
+                    key, value, e.episode_id, e.task.task_id, name,
+                )
+    out = {name: statistics.fmean(v) for name, v in values.items()}
+    out["rollout/dropped_log_metrics"] = float(dropped)
+    return out
 
 
 def drop_equal_reward_groups(episodes: list[Episode]) -> tuple[list[Episode], list[str]]:
@@ -101,6 +128,7 @@ class RolloutManager:
     def __init__(self, runner: TaskRunner, config: RolloutConfig) -> None:
         self.runner = runner
         self.config = config
+        self._warned_keys: set[str] = set()
 
     async def rollout(
         self, tasks: list[WorkflowTask], n: int | None = None, *, episode_prefix: str = ""
@@ -114,6 +142,9 @@ class RolloutManager:
         n = self.config.n if n is None else n
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
+        # `asyncio.to_thread` in a workflow (and ajet's own prompt building) must not leave a
+        # thread the interpreter joins at exit: a call that never returns would hold the run.
+        use_daemon_default_executor(asyncio.get_running_loop())
         semaphore = asyncio.Semaphore(self.config.max_concurrency)
         in_flight = 0
         max_in_flight = 0
@@ -153,7 +184,8 @@ class RolloutManager:
                 "rollout: %d episodes, %d failed, %d timed out", len(episodes), failed, timeouts
             )
         return RolloutResult(
-            episodes=episodes, ok_episodes=ok, dropped_groups=dropped, max_in_flight=max_in_flight
+            episodes=episodes, ok_episodes=ok, dropped_groups=dropped,
+            max_in_flight=max_in_flight, warned_keys=self._warned_keys,
         )
 
 

@@ -10,10 +10,11 @@ exponential backoff.
 The runner keeps no global state: the workflow, judge and session factory are injected,
 so the same object can later live inside a Ray actor.
 
-Sync workflows: a `Workflow.execute` written as a plain `def` runs in one of the runner's
-worker threads. A thread cannot be killed: when such an episode times out, the episode is
-marked `timeout`, its handle is closed (further model calls from that thread fail) and the
-thread is abandoned until its code returns.
+Sync workflows: a `Workflow.execute` written as a plain `def` runs in a daemon thread of
+its own (`ajet.rollout.sync_threads`). A thread cannot be killed: when such an episode times
+out, the episode is marked `timeout`, its handle is closed (further model calls from that
+thread fail) and the thread is abandoned until its code returns; it never holds the process
+at exit, and `close()` logs the episodes abandoned.
 """
 
 from __future__ import annotations
@@ -24,14 +25,16 @@ import inspect
 import logging
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
+
+from pydantic import ValidationError
 
 from ajet.config.schema import RolloutConfig
 from ajet.errors import BadOutputError, InfrastructureError
 from ajet.judge.base import Judge
 from ajet.rollout.episode import TIMEOUT, Episode
 from ajet.rollout.scoring import (
+    bad_output,
     close_handle,
     collect_tracker,
     fail,
@@ -40,7 +43,8 @@ from ajet.rollout.scoring import (
     score_episode,
     summary,
 )
-from ajet.workflow import Workflow, WorkflowTask
+from ajet.rollout.sync_threads import CURRENT_EPISODE, log_abandoned, run_in_daemon_thread
+from ajet.workflow import Workflow, WorkflowOutput, WorkflowTask, describe_output_error
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +92,6 @@ class TaskRunner:
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
         self._sync_execute = not inspect.iscoroutinefunction(type(workflow).execute)
-        self._executor: ThreadPoolExecutor | None = None
 
     async def run_episode(self, task: WorkflowTask, episode_id: str, group_id: str) -> Episode:
         start = time.monotonic()
@@ -124,10 +127,8 @@ class TaskRunner:
         return episode
 
     def close(self) -> None:
-        """Release the worker threads of sync workflows (abandoned ones finish on their own)."""
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
-            self._executor = None
+        """Log the episodes' calls still running: abandoned, they never hold the process."""
+        log_abandoned()
 
     # ------------------------------------------------------------------ one attempt
 
@@ -142,7 +143,7 @@ class TaskRunner:
             log_failure(episode, exc)
             return None
         try:
-            result = await self._execute_with_timeout(episode.task, handle.tuner)
+            result = await self._execute_with_timeout(episode, handle.tuner)
             if result is TIMEOUT:
                 episode.status, episode.reason = TIMEOUT, "timeout"
                 episode.error_message = (
@@ -154,16 +155,19 @@ class TaskRunner:
                     return result.exc
                 self._record_workflow_error(episode, result.exc)
             else:
-                await score_episode(episode, result, self.judge, self.config.episode_timeout_s)
+                await score_episode(episode, result, self.judge, self.config.episode_timeout_s,
+                                    workflow=self.workflow.name)
             collect_tracker(episode, handle.tracker)
         finally:
             await close_handle(handle, episode.episode_id)
         return None
 
-    async def _execute_with_timeout(self, task: WorkflowTask, tuner: Any) -> Any:
+    async def _execute_with_timeout(self, episode: Episode, tuner: Any) -> Any:
         async def guarded() -> Any:
+            # Set inside the task wait_for creates, so the episode's threads are named for it.
+            CURRENT_EPISODE.set((episode.episode_id, episode.task.task_id))
             try:
-                return await self._execute(task, tuner)
+                return await self._execute(episode, tuner)
             except Exception as exc:  # noqa: BLE001 - carried out and classified by the caller
                 return _Raised(exc)
 
@@ -172,21 +176,21 @@ class TaskRunner:
         except asyncio.TimeoutError:
             return TIMEOUT
 
-    async def _execute(self, task: WorkflowTask, tuner: Any) -> Any:
+    async def _execute(self, episode: Episode, tuner: Any) -> Any:
         if not self._sync_execute:
-            return await self.workflow.execute(task, tuner)
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(
-                max_workers=self.config.max_concurrency, thread_name_prefix="ajet-workflow"
-            )
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self.workflow.execute, task, tuner)
+            return await self.workflow.execute(episode.task, tuner)
+        return await run_in_daemon_thread(self.workflow.execute, episode.task, tuner)
 
     def _record_workflow_error(self, episode: Episode, exc: BaseException) -> None:
         if isinstance(exc, BadOutputError):
-            fail(episode, "bad_output", exc, with_traceback=False)
-        else:
-            fail(episode, f"workflow_error:{type(exc).__name__}", exc)
+            bad_output(episode, str(exc), workflow=self.workflow.name)
+            return
+        if isinstance(exc, ValidationError) and exc.title == WorkflowOutput.__name__:
+            # The workflow built a WorkflowOutput with a wrong field (reward="high", NaN...).
+            bad_output(episode, f"invalid WorkflowOutput: {describe_output_error(exc)}",
+                       workflow=self.workflow.name)
+            return
+        fail(episode, f"workflow_error:{type(exc).__name__}", exc)
         log_failure(episode, exc)
 
 

@@ -13,32 +13,40 @@ import asyncio
 import dataclasses
 import inspect
 import logging
+import math
+import numbers
 import traceback
 from typing import Any
 
+from ajet.rollout.agent_metrics import count_tool_calls
 from ajet.rollout.episode import FAILED, OK, TIMEOUT, Episode
 from ajet.workflow import WorkflowOutput
 
 logger = logging.getLogger(__name__)
 
 
-async def score_episode(episode: Episode, output: Any, judge: Any, timeout_s: float) -> None:
+async def score_episode(
+    episode: Episode, output: Any, judge: Any, timeout_s: float, *, workflow: str = ""
+) -> None:
     """Set `episode`'s output, reward, success and status from what the workflow returned.
 
-    A `WorkflowOutput` with a reward keeps it; with `reward=None` the judge scores it (and the
-    judge's verdict is written back into the output). Anything else fails the episode.
+    A `WorkflowOutput` with a finite reward keeps it; with `reward=None` the judge scores it
+    (and the judge's verdict is written back into the output). Anything else, a NaN/inf
+    reward included, fails the episode (`workflow` names the workflow in the message).
     """
     if not isinstance(output, WorkflowOutput):
-        episode.status, episode.reason = FAILED, "bad_output"
-        episode.error_message = (
+        bad_output(episode, (
             f"execute returned {type(output).__name__}, not a WorkflowOutput; "
             "return WorkflowOutput(reward=...) (or reward=None to let the judge score it)"
-        )
-        log_failure(episode, None)
+        ), workflow=workflow)
         return
     episode.output = output
     if output.reward is not None:
         reward, success = float(output.reward), output.is_success
+        if not math.isfinite(reward):  # assigned past validation (e.g. model_construct)
+            bad_output(episode, f"reward={reward!r}: a reward must be a finite number",
+                       workflow=workflow)
+            return
     elif judge is None:
         episode.status, episode.reason = FAILED, "no_reward"
         episode.error_message = (
@@ -80,26 +88,51 @@ async def _judge(
         fail(episode, f"judge_error:{type(exc).__name__}", exc)
         log_failure(episode, exc)
         return None
-    if isinstance(verdict, tuple | list) and len(verdict) == 2:
-        return float(verdict[0]), (None if verdict[1] is None else bool(verdict[1]))
-    if isinstance(verdict, int | float) and not isinstance(verdict, bool):
-        return float(verdict), None
-    episode.status, episode.reason = FAILED, "judge_error:bad_return"
+    judged = _as_verdict(verdict)
+    if judged is not None and math.isfinite(judged[0]):
+        return judged
+    if judged is None:
+        episode.reason = "judge_error:bad_return"
+        expected = "expected (reward, is_success)"
+    else:
+        episode.reason = "judge_error:non_finite_reward"
+        expected = "a reward must be a finite number; the episode is not trained on"
+    episode.status = FAILED
     episode.error_message = (
-        f"{type(judge).__name__} returned {verdict!r:.80}; expected (reward, is_success)"
+        f"{type(judge).__name__} returned {verdict!r:.80} for task "
+        f"{episode.task.task_id!r}; {expected}"
     )
     log_failure(episode, None)
     return None
 
 
+def _as_verdict(verdict: Any) -> tuple[float, bool | None] | None:
+    """A judge's return value as (reward, is_success), or None when it is neither a number
+    nor a pair. Strings are refused (no silent "0.7" -> 0.7), as in `WorkflowOutput`."""
+    reward, success = (verdict if isinstance(verdict, tuple | list) and len(verdict) == 2
+                       else (verdict, None))
+    if not isinstance(reward, numbers.Real) or isinstance(reward, bool):
+        return None
+    return float(reward), (None if success is None else bool(success))
+
+
+def bad_output(episode: Episode, what: str, *, workflow: str = "") -> None:
+    """Fail the episode as `bad_output`; the message names the workflow and the task."""
+    episode.status, episode.reason = FAILED, "bad_output"
+    source = f"workflow {workflow!r}, " if workflow else ""
+    episode.error_message = f"{what} ({source}task {episode.task.task_id!r})"
+    log_failure(episode, None)
+
+
 def collect_tracker(episode: Episode, tracker: Any) -> None:
-    """Copy the tracker's call count, stats and policy versions into `episode`, and its timelines
+    """Copy the tracker's call count, tool-call counts, stats and policy versions into `episode`, and its timelines
     when the episode is ok (a failed episode is never trained on)."""
     if tracker is None:
         return
     try:
         calls = list(tracker.calls)
         episode.num_calls = len(calls)
+        episode.tool_calls, episode.valid_tool_calls = count_tool_calls(calls)
         episode.policy_versions = sorted({int(c.policy_version) for c in calls
                                           if getattr(c, "policy_version", None) is not None})
         stats = tracker.stats()

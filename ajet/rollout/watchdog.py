@@ -7,6 +7,10 @@ watchdog cannot either (a running thread cannot be stopped safely); it makes the
 visible: a heartbeat scheduled on the loop every `interval_s`, and a thread that, when the
 heartbeat is older than `threshold_s`, logs a WARNING with the loop thread's current stack
 (the blocking line) and the fix. Once per stall; an INFO line when the loop runs again.
+
+The blame goes to the innermost frame that is neither the standard library nor an installed
+package: when that frame is ajet's own code, the warning says so (a bug to report), rather
+than sending the user to look for blocking code in a workflow that has none.
 """
 
 from __future__ import annotations
@@ -14,9 +18,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+import sysconfig
 import threading
 import time
 import traceback
+from pathlib import Path
+from types import FrameType
 
 log = logging.getLogger(__name__)
 
@@ -74,12 +81,45 @@ class LoopWatchdog:
             if late > self.threshold_s and stalled_since is None:
                 stalled_since = last
                 self.stalls += 1
-                log.warning("the rollout's event loop has been blocked for %.1f s, so every episode "
-                            "and every episode timeout waits. Blocking code in an async workflow? "
-                            "It is here:\n%s\nTo fix: %s.", late, self._loop_stack(), FIX)
+                self._report(late)
 
-    def _loop_stack(self) -> str:
+    def _report(self, late: float) -> None:
         frame = sys._current_frames().get(self._loop_thread or -1)
         if frame is None:
-            return "  (the loop thread's stack is not available)"
-        return "".join(traceback.format_stack(frame)[-4:]).rstrip()
+            stack = "  (the loop thread's stack is not available)"
+        else:
+            stack = "".join(traceback.format_stack(frame)[-4:]).rstrip()
+        culprit = blamed_frame(frame) if frame is not None else None
+        if culprit is not None and is_ajet_file(culprit.f_code.co_filename):
+            log.warning("the rollout's event loop has been blocked for %.1f s by ajet's own code "
+                        "(%s in %s), not by the workflow, so every episode and every episode "
+                        "timeout waits. This is a bug in ajet; please report it with this "
+                        "stack:\n%s", late, culprit.f_code.co_name,
+                        Path(culprit.f_code.co_filename).name, stack)
+            return
+        log.warning("the rollout's event loop has been blocked for %.1f s, so every episode "
+                    "and every episode timeout waits. Blocking code in an async workflow? "
+                    "It is here:\n%s\nTo fix: %s.", late, stack, FIX)
+
+
+_AJET_DIR = str(Path(__file__).resolve().parents[1])
+_LIBRARY_DIRS = tuple({str(Path(sysconfig.get_paths()[k]).resolve())
+                       for k in ("stdlib", "platstdlib", "purelib", "platlib")})
+
+
+def is_ajet_file(filename: str) -> bool:
+    return str(Path(filename).resolve()).startswith(_AJET_DIR + "/")
+
+
+def blamed_frame(frame: FrameType) -> FrameType | None:
+    """The innermost frame of ajet's or the user's code (skipping the standard library and
+    installed packages, e.g. a tokenizer): where the blocking call was made."""
+    current: FrameType | None = frame
+    while current is not None:
+        filename = current.f_code.co_filename
+        if is_ajet_file(filename):
+            return current
+        if not filename.startswith("<") and not str(Path(filename).resolve()).startswith(_LIBRARY_DIRS):
+            return current
+        current = current.f_back
+    return None

@@ -56,7 +56,7 @@ class SftRecipe:
         trainer_cfg = dataclasses.replace(cfg.trainer, lr=cfg.sft.lr, total_steps=len(self.schedule))
         optimizer, scheduler = build_optimizer(self.model, trainer_cfg)
         self.optimizer = optimizer
-        self.loop = TrainingLoop(cfg, self.run_dir, closers, total_steps=len(self.schedule))
+        self.loop = TrainingLoop(cfg, self.run_dir, closers, total_steps=len(self.schedule), resume=self.resume)
         self.loop.attach(self.model, self.tokenizer, optimizer, scheduler,
                          state=lambda: {"schedule_len": len(self.schedule)})
         if self.resume and (state := self.loop.restore()) is not None:

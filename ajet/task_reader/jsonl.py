@@ -82,12 +82,14 @@ def read_jsonl_tasks(path: str | Path, on_error: OnError = OnError.fail) -> tupl
     tasks: list[WorkflowTask] = []
     seen: dict[str, int] = {}
     skipped = 0
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
+    # Binary mode, decoded line by line: one line of non-UTF-8 garbage is one malformed
+    # line (file:line, skippable), not a UnicodeDecodeError that ends the whole read.
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            if not raw.strip():
                 continue
             try:
-                task = _parse_line(line, f"{path.stem}-{lineno}")
+                task = _parse_line(_decode(raw), f"{path.stem}-{lineno}")
                 if task.task_id in seen:
                     raise MalformedRow(
                         f"duplicate task_id '{task.task_id}' (first on line {seen[task.task_id]}); "
@@ -112,6 +114,17 @@ def read_jsonl_tasks(path: str | Path, on_error: OnError = OnError.fail) -> tupl
             'e.g. {"question": "What is 2+3?", "answer": "5"}'
         )
     return tasks, skipped
+
+
+def _decode(raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        bad = raw[exc.start : exc.start + 4]
+        raise MalformedRow(
+            f"not valid UTF-8 (byte {bad[:1]!r} at column {exc.start + 1}, starting {bad!r}); "
+            "save the file as UTF-8"
+        ) from None
 
 
 def _parse_line(line: str, default_id: str) -> WorkflowTask:

@@ -22,16 +22,24 @@ log = logging.getLogger(__name__)
 
 
 class TrainingLoop:
-    def __init__(self, cfg: AjetConfig, run_dir: Path, closers: Closers, *, total_steps: int) -> None:
+    def __init__(self, cfg: AjetConfig, run_dir: Path, closers: Closers, *, total_steps: int,
+                 resume: bool = False) -> None:
         from ajet.config import to_yaml
         from ajet.logging.metrics import MetricsLogger
+        from ajet.logging.records import drop_records_after
 
         self.cfg = cfg
         self.run_dir = run_dir
         self.total_steps = total_steps
         self.step = 0
+        # A resumed run continues after its newest checkpoint: what an earlier attempt logged
+        # past it (metrics, token records) is dropped so every step appears exactly once.
+        # With no checkpoint yet, the run starts over: nothing of the earlier attempt is kept.
+        resume_step = (self.resume_step() or -1) if resume else None
+        if resume_step is not None:
+            drop_records_after(run_dir, resume_step)
         self.metrics = MetricsLogger(run_dir, cfg.logging, run_name=cfg.project.name,
-                                     config_dict={"yaml": to_yaml(cfg)})
+                                     config_dict={"yaml": to_yaml(cfg)}, resume_step=resume_step)
         closers.push(self.metrics.close, "metrics")
         self.progress: Any = None
         self._model: Any = None
@@ -45,6 +53,13 @@ class TrainingLoop:
         """What the loop checkpoints; `state()` adds the recipe's own resumable state."""
         self._model, self._tokenizer = model, tokenizer
         self.optimizer, self.scheduler, self._state = optimizer, scheduler, state
+
+    def resume_step(self) -> int:
+        """The step of the newest complete checkpoint (0 when there is none)."""
+        from ajet.training.checkpoint import latest_checkpoint
+
+        ckpt = latest_checkpoint(self.run_dir / "checkpoints")
+        return 0 if ckpt is None else int(ckpt.name.removeprefix("step_"))
 
     def restore(self) -> dict[str, Any] | None:
         """Load the newest checkpoint (weights, optimizer, schedule, RNG); its saved state, or None."""
@@ -77,8 +92,8 @@ class TrainingLoop:
             validate_at = lambda step: bool(t.val_every) and step % t.val_every == 0  # noqa: E731
         self.progress = TrainingProgress(self.total_steps, self.step, quiet=self.cfg.logging.quiet)
         try:
-            if validate is not None and validate_at(self.step):
-                validate()
+            if validate is not None and self.step == 0 and validate_at(0):
+                validate()  # the starting point; a resumed run validated it before its checkpoint
             while self.step < self.total_steps:
                 lr = self.scheduler.get_last_lr()[0]
                 metrics = train_step(self.step + 1)

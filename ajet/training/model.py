@@ -43,10 +43,29 @@ def model_window(model: Any, configured: int) -> int:
 
 
 def save_final_model(model: Any, tokenizer: Any, out: Path, *, lora: bool) -> Path:
-    """A plain Hugging Face checkpoint (a LoRA adapter is merged into a copy first)."""
+    """A plain Hugging Face checkpoint (a LoRA adapter is merged into a copy first), written
+    atomically: into a temporary directory beside `out`, then renamed, so a kill mid-write
+    never leaves a half `final_model/` (an earlier one is replaced only once the new one is whole)."""
+    import shutil
+    import tempfile
+
     if lora:
         model = copy.deepcopy(model).merge_and_unload()
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}-", dir=out.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if out.exists():
+            old = out.with_name(f".old-{out.name}")
+            shutil.rmtree(old, ignore_errors=True)
+            out.rename(old)
+            tmp.rename(out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     log.info("final model saved to %s", out)
     return out

@@ -1,7 +1,8 @@
 """The run directory `{project.exp_dir}/{project.name}` and its rules, for every recipe.
 
-A new run refuses a directory that already holds an earlier run's checkpoints (pass
-`--resume` to continue it, or choose another name); `config.yaml` records the resolved config.
+A new run refuses a directory that already holds an earlier run (checkpoints or logged
+metrics): pass `--resume` to continue it, or choose another name. `--resume` means continue:
+it refuses a run directory that does not exist. `config.yaml` records the resolved config.
 """
 
 from __future__ import annotations
@@ -25,9 +26,15 @@ def prepare_run_dir(cfg: AjetConfig, *, resume: bool) -> Path:
     run_dir = run_dir_of(cfg)
     ckpt_root = run_dir / "checkpoints"
     cleanup_partial(ckpt_root)
-    if not resume and latest_checkpoint(ckpt_root) is not None:
+    if resume and not run_dir.is_dir():
         raise UserError(
-            f"{run_dir} already holds checkpoints of an earlier run. Pass --resume to continue it, "
+            f"--resume: {run_dir} does not exist, so there is no run to continue. Check project.name / "
+            "--exp-dir, or drop --resume to start a new run.")
+    metrics = run_dir / "metrics.jsonl"
+    if not resume and (latest_checkpoint(ckpt_root) is not None or (metrics.is_file() and metrics.stat().st_size)):
+        what = "checkpoints" if latest_checkpoint(ckpt_root) is not None else "metrics (metrics.jsonl)"
+        raise UserError(
+            f"{run_dir} already holds {what} of an earlier run. Pass --resume to continue it, "
             "or choose another project.name / --exp-dir.")
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(to_yaml(cfg))

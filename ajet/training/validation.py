@@ -9,9 +9,12 @@ log = logging.getLogger(__name__)
 
 
 def validation_metrics(episodes: list[Any], k: int) -> dict[str, float]:
-    """Mean reward and success over all validation episodes, and pass@k over tasks.
+    """Mean reward and success over all validation episodes, pass@k over tasks, and the agent
+    metrics (tool use; `ajet.rollout.agent_metrics`) under `val/agent/...`.
 
     A failed episode counts as reward 0 and not successful (it is in the denominator)."""
+    from ajet.rollout.agent_metrics import agent_metrics
+
     ok = [ep for ep in episodes if ep.status == "ok"]
     by_task: dict[str, list[bool]] = {}
     for ep in episodes:
@@ -23,6 +26,7 @@ def validation_metrics(episodes: list[Any], k: int) -> dict[str, float]:
         f"val/pass@{k}": sum(1 for v in by_task.values() if any(v)) / max(1, len(by_task)),
         "val/episodes": float(len(episodes)),
         "val/failed": float(len(episodes) - len(ok)),
+        **{f"val/{key}": value for key, value in agent_metrics(episodes).items()},
     }
 
 

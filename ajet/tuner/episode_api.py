@@ -80,7 +80,9 @@ class EpisodeTicket(BaseModel):
 class FinishRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    reward: float | None = Field(default=None, description="omit to let the configured judge score `metadata`")
+    # Finite and a real number: a NaN or "0.7" is answered 422, never trained on.
+    reward: float | None = Field(default=None, strict=True, allow_inf_nan=False,
+                                 description="omit to let the configured judge score `metadata`")
     is_success: bool | None = None
     metadata: dict[str, Any] = Field(
         default_factory=dict, description='what the judge reads, e.g. {"final_answer": "\\\\boxed{42}"}'

@@ -9,6 +9,7 @@ parses tool calls, and the call is recorded as an `LLMCall`. The `ModelTuner`
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections.abc import Callable
@@ -47,6 +48,7 @@ class ChatFormatLike(Protocol):
     """What the session needs from `ajet.engine.chat.ChatFormat`."""
 
     eos_token_ids: set[int]
+    max_token_chars: int  # no token decodes to more characters than this
 
     def decode(self, token_ids: list[int]) -> str: ...
 
@@ -82,6 +84,7 @@ class ChatResult:
 class SessionCounters:
     calls: int = 0
     malformed_tool_calls: int = 0
+    repaired_tool_calls: int = 0
     capped_calls: int = 0
     failed_calls: int = 0
     prompt_tokens: int = 0
@@ -203,6 +206,7 @@ class EpisodeSession:
             return {
                 "tuner/calls": c.calls,
                 "tuner/malformed_tool_calls": c.malformed_tool_calls,
+                "tuner/repaired_tool_calls": c.repaired_tool_calls,
                 "tuner/capped_calls": c.capped_calls,
                 "tuner/failed_calls": c.failed_calls,
                 "tuner/prompt_tokens": c.prompt_tokens,
@@ -241,13 +245,17 @@ class EpisodeSession:
             raise InvalidRequestError("messages must be a non-empty list of message dicts")
         params = resolve_sampling(self.rollout, sampling_overrides)
         tools = tools or None
+        tool_choice = self._first_call_tool_choice(role, tools, tool_choice)
         from ajet.engine.chat import tool_choice_prefix
 
         try:
             prefix = tool_choice_prefix(tool_choice, tools)
         except ValueError as err:
             raise InvalidRequestError(str(err)) from None
-        prompt_ids = self.tracker.build_prompt(role, messages, tools, prefix)
+        self._check_prompt_chars(messages)
+        # Rendering and tokenising a long prompt takes CPU time: off the loop that runs the
+        # episodes (the tracker is thread-safe), so one long prompt stalls only its own call.
+        prompt_ids = await asyncio.to_thread(self.tracker.build_prompt, role, messages, tools, prefix)
         requested = params.max_tokens
         params.max_tokens = self._budget(len(prompt_ids), requested)
         capped = params.max_tokens < requested
@@ -272,6 +280,18 @@ class EpisodeSession:
             role, messages, tools, tool_choice, params, prompt_ids, completion, capped, prefix
         )
 
+    def _first_call_tool_choice(
+        self, role: str, tools: list[dict] | None, tool_choice: str | dict | None
+    ) -> str | dict | None:
+        """`rollout.first_call_tool_choice` on a role's first call that offers tools and asks
+        for no particular choice; otherwise the request's own `tool_choice`."""
+        forced = self.rollout.first_call_tool_choice
+        if not forced or not tools or tool_choice not in (None, "auto"):
+            return tool_choice
+        with self._lock:
+            first = self.counters.per_role_calls.get(role, 0) == 0
+        return forced if first else tool_choice
+
     def _close_forced_call(self, text: str, parsed: Any) -> Any:
         """A forced tool call the model ended (EOS, stop) without its closing markup is
         closed: `</tool_call>`, with the one or two `}` still open after the arguments. What
@@ -287,12 +307,45 @@ class EpisodeSession:
             except json.JSONDecodeError:
                 continue
             closed = self.chat_format.parse_completion(text.rstrip() + braces + "\n</tool_call>")
-            return parsed if closed.malformed_tool_call else closed
+            if closed.malformed_tool_call:
+                return parsed
+            what = f"closed the forced call with {braces + '</tool_call>'!r}"
+            if closed.repaired:
+                closed.repaired[-1] = f"{what}; {closed.repaired[-1]}"
+            else:
+                closed.repaired.append(what)
+            log.debug("episode %s: repaired tool call (%s): %r", self.episode_id, what, text)
+            return closed
         return parsed
 
     def _count_failure(self) -> None:
         with self._lock:
             self.counters.failed_calls += 1
+
+    def _check_prompt_chars(self, messages: list[dict]) -> None:
+        """Refuse a prompt that cannot fit the model window, judged by its length in
+        characters, before it is rendered or tokenised (a 10 MB question took 74 s to
+        tokenise). Assistant turns are not counted: some templates drop parts of them
+        (e.g. earlier reasoning), and the count must stay a lower bound on the prompt."""
+        from ajet.context.budget import model_window
+
+        window = model_window(self.context, self.model_max_len)
+        if not window:
+            return
+        chars = sum(
+            _text_chars(m.get("content"))
+            for m in messages
+            if isinstance(m, dict) and m.get("role") != "assistant"
+        )
+        at_least = -(-chars // max(1, self.chat_format.max_token_chars))
+        if at_least >= window:
+            self._count_failure()
+            raise ContextBudgetError(
+                f"episode {self.episode_id}: the prompt has {chars} characters of messages, so at "
+                f"least {at_least} tokens, which leaves no room for a completion within the model "
+                f"window ({window} tokens); refused before tokenising. Shorten the conversation "
+                "(summarise or drop old turns, cut long documents) or raise context.max_model_len."
+            )
 
     def _budget(self, prompt_len: int, requested: int) -> int:
         from ajet.context.budget import call_budget
@@ -320,7 +373,7 @@ class EpisodeSession:
         prefix: str = "",
     ) -> ChatResult:
         text = prefix + completion_text(self.chat_format, completion.token_ids, params.stop)
-        malformed = False
+        malformed, repaired = False, 0
         if tool_choice == "none":
             message: dict[str, Any] = {"role": "assistant", "content": text}
         else:
@@ -328,6 +381,7 @@ class EpisodeSession:
             if prefix and parsed.malformed_tool_call:
                 parsed = self._close_forced_call(text, parsed)
             malformed = bool(parsed.malformed_tool_call)
+            repaired = len(parsed.repaired)
             message = self.chat_format.to_openai_message(parsed)
         finish_reason = "tool_calls" if message.get("tool_calls") else completion.finish_reason
         call = LLMCall(
@@ -341,6 +395,8 @@ class EpisodeSession:
             tools=tools,
             response_message=message,
             trainable=self.is_trainable(role),
+            repaired_tool_calls=repaired,
+            malformed_tool_call=malformed,
         )
         with self._lock:
             # A call still running when the episode ended is discarded, not recorded.
@@ -350,6 +406,7 @@ class EpisodeSession:
             c.calls += 1
             c.per_role_calls[role] = c.per_role_calls.get(role, 0) + 1
             c.malformed_tool_calls += int(malformed)
+            c.repaired_tool_calls += repaired
             c.capped_calls += int(capped)
             c.prompt_tokens += len(prompt_ids)
             c.completion_tokens += len(completion.token_ids)
@@ -365,6 +422,20 @@ class EpisodeSession:
             "total_tokens": len(prompt_ids) + len(completion.token_ids),
         }
         return ChatResult(message, finish_reason, usage, call, text, malformed, capped)
+
+
+def _text_chars(content: Any) -> int:
+    """Characters of a message's text; what is not text counts 0 (the renderer refuses it)."""
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):
+        return sum(
+            len(b) if isinstance(b, str)
+            else len(b.get("text") or "") if isinstance(b, dict) and isinstance(b.get("text"), str)
+            else 0
+            for b in content
+        )
+    return 0
 
 
 def _single(completions: list[Completion]) -> Completion:

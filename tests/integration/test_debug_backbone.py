@@ -86,6 +86,9 @@ def test_two_steps_change_weights_and_resume(tmp_path: Path, tiny_model_dir: Pat
     changed = [k for k in before if not torch.equal(before[k], after[k])]
     assert changed, "no weight changed after two training steps"
     assert (run / "checkpoints" / "latest").read_text().strip() == "step_000002"
+    # The run ends with its summary: val before -> after, wall time, how to look at it.
+    assert "run summary" in result.stdout and "val success" in result.stdout
+    assert "ajet view" in result.stdout and "ajet report" in result.stdout
 
     # Same config without --resume refuses to overwrite the run.
     again = ajet("--conf", str(conf))

@@ -14,6 +14,9 @@ from ajet.cli import train as train_cmd
 runner = CliRunner()
 HEAVY = ("torch", "ray", "agentscope", "transformers", "vllm", "peft")
 
+# A workflow that imports and loads (what --dry-run checks).
+STUB_WORKFLOW = "from ajet import Workflow\n\n\nclass W(Workflow):\n    async def execute(self, task, tuner): ...\n"
+
 
 def test_help_does_not_import_heavy_packages() -> None:
     code = (
@@ -34,7 +37,7 @@ def test_import_ajet_is_light() -> None:
 
 
 def _conf(tmp_path: Path, body: str) -> Path:
-    (tmp_path / "agent.py").write_text("")
+    (tmp_path / "agent.py").write_text(STUB_WORKFLOW)  # --dry-run imports it
     (tmp_path / "train.jsonl").write_text('{"question": "q"}\n')
     path = tmp_path / "run.yaml"
     path.write_text(

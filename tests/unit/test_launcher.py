@@ -165,7 +165,8 @@ def test_gpu_queries_are_parsed() -> None:
 
 
 def test_cli_with_env_unknown_name_exits_2(tmp_path: Path) -> None:
-    (tmp_path / "agent.py").write_text("")
+    (tmp_path / "agent.py").write_text(  # --dry-run imports it
+        "from ajet import Workflow\n\n\nclass W(Workflow):\n    async def execute(self, t, m): ...\n")
     (tmp_path / "train.jsonl").write_text('{"question": "q"}\n')
     conf = tmp_path / "run.yaml"
     conf.write_text("workflow: {target: agent.py:W}\ntask_reader: {jsonl: {train_path: train.jsonl}}\n"

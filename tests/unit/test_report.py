@@ -25,7 +25,8 @@ def make_metrics(run: Path, steps: int = 5, scale: float = 1.0, full: bool = Tru
             row |= {"reward/std": 0.1, "success/rate": 0.1 * s, "perf/tokens_per_s": 100.0 + s,
                     "perf/step_time_s": 3.0, "context/merge_ratio": 2.0 + 0.1 * s, "context/tokens_merged": 500,
                     "rollout/failed": 5 - s, "rollout/failed/timeout": 1, "actor/loss": 1.0 / s,
-                    "actor/kl": 0.01 * s, "actor/entropy": 1.5}
+                    "actor/kl": 0.01 * s, "actor/entropy": 1.5, "agent/tool_call_rate": 0.2 * s,
+                    "agent/calls_per_episode": 1.0 + 0.1 * s}
         rows.append(row)
         if full and s % 2 == 0:
             rows.append({"step": s, "split": "val", "time": 1000.5 + s, "val/reward/mean": 0.2 * s, "val/success/rate": 0.5})

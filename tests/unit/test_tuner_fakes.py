@@ -30,12 +30,14 @@ class Parsed:
     content: str
     tool_calls: list[dict]
     malformed_tool_call: bool
+    repaired: list[str] = field(default_factory=list)
 
 
 class FakeChat:
     """ChatML with hermes-style tool calls; one token per character."""
 
     eos_token_ids = {EOS}
+    max_token_chars = max(len(tok) for tok in SPECIALS)
 
     def __init__(self) -> None:
         self._ids = 0

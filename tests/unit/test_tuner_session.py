@@ -257,3 +257,25 @@ def test_impossible_tool_choice_is_rejected_before_the_engine(tools: object, too
     with pytest.raises(InvalidRequestError, match=message):
         asyncio.run(session.chat("default", USER, tools, tool_choice=tool_choice))
     assert engine.seen == [] and tracker.calls == []
+
+
+def test_first_call_tool_choice_forces_only_each_roles_first_call_with_tools() -> None:
+    prefix = '<tool_call>\n{"name": "calc", "arguments": {'
+    rest = TOOL_REPLY[TOOL_REPLY.index("<tool_call>") + len(prefix):]
+    rollout = RolloutConfig(max_tokens=200, first_call_tool_choice="calc")
+    session, engine, tracker, chat = make_session([rest, "It is 5.", "no tools here", rest, "x"],
+                                                  rollout=rollout)
+    first = asyncio.run(session.chat("default", USER, TOOLS))
+    second = asyncio.run(session.chat("default", USER, TOOLS))  # not the first call: left alone
+    assert first.message["tool_calls"][0]["function"]["name"] == "calc"
+    assert engine.seen[0][0] == chat.encode(chat.render(USER, TOOLS) + prefix)
+    assert second.message == {"role": "assistant", "content": "It is 5."}
+    assert engine.seen[1][0] == chat.encode(chat.render(USER, TOOLS))
+    # a first call without tools is not forced, and does not use up another role's first call
+    asyncio.run(session.chat("judge", USER))
+    assert engine.seen[2][0] == chat.encode(chat.render(USER, None))
+    other = asyncio.run(session.chat("planner", USER, TOOLS))
+    assert other.finish_reason == "tool_calls"
+    # the workflow's own tool_choice wins
+    asyncio.run(session.chat("critic", USER, TOOLS, tool_choice="none"))
+    assert engine.seen[4][0] == chat.encode(chat.render(USER, TOOLS))

@@ -3,12 +3,19 @@ one step on the debug backbone; and the variants' calculator tool answers tool c
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 HERE = Path(__file__).parent
+REPO = HERE.parent.parent
 QUESTIONS = {json.loads(line)["question"] for line in (HERE / "train.jsonl").read_text().splitlines()}
 
 
@@ -16,13 +23,16 @@ QUESTIONS = {json.loads(line)["question"] for line in (HERE / "train.jsonl").rea
 @pytest.mark.integration
 @pytest.mark.parametrize("conf", ["math_agent.yaml", "math_agent_openai.yaml", "math_agent_http.yaml"])
 def test_one_step(conf: str, one_step) -> None:
-    run = one_step(HERE / conf)
+    # math_agent.yaml is a pipeline (eval, sft, grpo, eval): GRPO alone here (no stages).
+    run = one_step(HERE / conf, *(["pipeline.stages=[]"] if conf == "math_agent.yaml" else []))
     metrics = run.assert_completed()
     # The agent code ran against the gateway without an error, and the math judge scored
     # every episode (a judge or agent failure would be a `rollout/failed/<reason>`).
     assert metrics["rollout/failed"] == 0, {k: v for k, v in metrics.items() if "failed" in k}
     assert metrics["context/calls"] >= metrics["rollout/episodes"]
     assert 0.0 <= metrics["reward/mean"] <= 1.0
+    # tool use is counted from the tracker's records, whatever the agent's framework
+    assert 0.0 <= metrics["agent/tool_call_rate"] <= 1.0 and metrics["agent/calls_per_episode"] >= 1.0
     if conf != "math_agent.yaml":
         assert "workflow/tool_calls" in metrics  # the variant's own log_metrics reached the logger
     records = run.records(1)
@@ -43,3 +53,64 @@ def test_calculator_tool_call(monkeypatch: pytest.MonkeyPatch) -> None:
     assert run_tool_call(call("calculate", "not json")).startswith("error: bad arguments")
     assert run_tool_call(call("calculate", "{}")).startswith("error: bad arguments")
     assert "unknown tool" in run_tool_call(call("search", "{}"))
+
+
+def _load(name: str) -> Any:
+    """This tutorial's `name.py` under a module name of its own (other tutorials have a make_data.py too)."""
+    spec = importlib.util.spec_from_file_location(f"example_math_agent_{name}", HERE / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_data_and_demos_regenerate_identically(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(HERE))  # make_demos runs math_agent.py's MathAgent
+    paths = _load("make_data").main(tmp_path)
+    assert [p.name for p in paths] == ["train.jsonl", "val.jsonl", "demos.jsonl"]
+    for path in paths:
+        assert path.read_text() == (HERE / path.name).read_text()
+
+
+def test_val_is_held_out_and_needs_the_calculator() -> None:
+    def read(name: str) -> list[dict]:
+        return [json.loads(line) for line in (HERE / name).read_text().splitlines()]
+
+    train, val = read("train.jsonl"), read("val.jsonl")
+    assert len(val) == 32 and not {t["question"] for t in val} & QUESTIONS
+    for task in train + val:
+        assert re.search(r"\b\d\d \* \d\d\b", task["expression"])  # a two-digit product at least
+    demos = read("demos.jsonl")
+    asked = {m["content"][0]["text"] for d in demos for m in d["messages"] if m["role"] == "user"}
+    assert asked <= QUESTIONS  # demonstrations come from the train split only
+
+
+def test_demos_call_the_tool_then_copy_its_result() -> None:
+    for line in (HERE / "demos.jsonl").read_text().splitlines():
+        dialog = json.loads(line)
+        system, user, call, result, answer = dialog["messages"]
+        (tool_call,) = call["tool_calls"]
+        assert tool_call["function"]["name"] == "calculate"
+        assert result["role"] == "tool" and result["tool_call_id"] == tool_call["id"]
+        assert answer == {"role": "assistant", "content": f"\\boxed{{{result['content']}}}"}
+
+
+@pytest.mark.tutorial
+@pytest.mark.integration
+def test_the_demo_pipeline_and_its_summary(one_step) -> None:
+    """`make demo`'s pipeline, shrunk (8 demonstrations, 4 val tasks, one GRPO step), then
+    `ajet summary` on its run dir."""
+    run = one_step(HERE / "math_agent.yaml", "sft.coreset.size=8", "eval.max_tasks=4")
+    assert run.returncode == 0, run.stderr[-4000:]
+    stages = json.loads((run.run_dir / "pipeline.json").read_text())["stages"]
+    assert [s["stage"] for s in stages] == ["eval", "sft", "grpo", "eval"]
+    for stage in (stages[0], stages[3]):
+        report = json.loads(Path(stage["eval"]).read_text())
+        assert report["metrics"]["episodes"] == 4 and "agent/tool_call_rate" in report["metrics"]
+    summary = subprocess.run([sys.executable, "-m", "ajet.cli.main", "summary", str(run.run_dir)],
+                             capture_output=True, text=True, timeout=120, cwd=REPO,
+                             env={**os.environ, "COLUMNS": "200"})
+    assert summary.returncode == 0, summary.stderr
+    assert "01_base" in summary.stdout and "04_grpo" in summary.stdout and "val success" in summary.stdout
+    assert f"ajet view {stages[2]['run_dir']} --serve" in summary.stdout
+    assert "wall time:" in summary.stdout

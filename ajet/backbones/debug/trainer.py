@@ -61,7 +61,8 @@ class RLRecipe:
         self.workflow = load_or_wrap_workflow(self.workflow_arg, cfg.workflow.target)
         self.reader = build_reader(cfg.task_reader, seed=cfg.project.seed)
         self.judge = build_judge(cfg.judge, llm_client_factory=lambda: self.rollout.stack.local_llm_client())
-        self.loop = TrainingLoop(cfg, self.run_dir, closers, total_steps=cfg.trainer.total_steps)
+        self.loop = TrainingLoop(cfg, self.run_dir, closers, total_steps=cfg.trainer.total_steps,
+                                 resume=self.resume)
         self.model, self.tokenizer = load_trainable_model(
             cfg.model, seed=cfg.project.seed, gradient_checkpointing=cfg.trainer.gradient_checkpointing)
         self.window = model_window(self.model, cfg.context.max_model_len)
@@ -104,15 +105,19 @@ class RLRecipe:
 
         cfg = self.cfg
         start = time.monotonic()
+        dynamic: dict[str, float] = {}
         if self.source is not None:
             self.loop.phase(f"step {step}: waiting for {cfg.trainer.batch_size} groups of episodes")
             result = self.rollout.loop.run_until_complete(self.source.next_batch(step))
+        elif cfg.rollout.dynamic_sampling.enabled:
+            result, dynamic = self._rollout_with_signal(step)
         else:
             tasks = self.reader.next_batch(cfg.trainer.batch_size)
             self.loop.phase(f"step {step}: rollout of {len(tasks)} tasks × {cfg.rollout.n}")
             result = self._rollout(tasks, cfg.rollout.n, episode_prefix=f"s{step}-")
         rollout_s = time.monotonic() - start
         metrics = dict(result.metrics())
+        metrics.update(dynamic)
         metrics["perf/rollout_s"] = rollout_s
         metrics["perf/tokens_per_s"] = sum(completion_tokens(ep) for ep in result.episodes) / max(rollout_s, 1e-9)
         metrics.update(context_metrics(result.episodes))
@@ -154,6 +159,22 @@ class RLRecipe:
         from ajet.training.validation import validate_on_rollout
 
         return validate_on_rollout(self.loop, self.reader, self._rollout, self.cfg.trainer.val_n)
+
+    def _rollout_with_signal(self, step: int) -> tuple[Any, dict[str, float]]:
+        """Dynamic sampling: groups whose rewards are all equal are dropped and refilled with
+        more tasks, up to `rollout.dynamic_sampling.max_rounds` rounds (`ajet.rollout.dynamic`)."""
+        from ajet.rollout.dynamic import sample_with_signal
+
+        cfg = self.cfg
+
+        async def one_round(tasks: list[Any], index: int) -> Any:
+            self.loop.phase(f"step {step}: rollout round {index + 1} of {len(tasks)} tasks × {cfg.rollout.n}")
+            prefix = f"s{step}-" if index == 0 else f"s{step}r{index}-"
+            return await self.manager.rollout(tasks, cfg.rollout.n, episode_prefix=prefix)
+
+        return self.rollout.loop.run_until_complete(sample_with_signal(
+            one_round, self.reader.next_batch, batch_size=cfg.trainer.batch_size,
+            max_rounds=cfg.rollout.dynamic_sampling.max_rounds))
 
     def _rollout(self, tasks: list[Any], n: int, *, episode_prefix: str) -> Any:
         """One rollout on the manager (in-process, or Ray workers with --with-ray)."""

@@ -66,7 +66,7 @@ class PolicyUpdater:
                         ref = self._reference_logprobs(seq)
                         kl = kl_penalty(new, ref, kind="k3")
                         loss = loss + self.algorithm.kl_coef * (weight * kl).sum()
-                        _add(totals, "actor/kl", float((weight * kl).sum()))
+                        _add(totals, "actor/kl", float((weight * kl).detach().sum()))
                     if self.algorithm.entropy_coef and entropy is not None:
                         loss = loss - self.algorithm.entropy_coef * (weight * entropy.float()).sum()
                     loss.backward()

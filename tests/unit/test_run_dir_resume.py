@@ -1,0 +1,108 @@
+"""Run-directory rules (issue 16 items 10-13): a new run refuses an earlier run's directory,
+--resume refuses a missing one, a resumed run logs every step exactly once, and final_model/
+is written atomically."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ajet.config import load_config
+from ajet.errors import UserError
+from ajet.training.checkpoint import _COMPLETE
+from ajet.training.recipe import Closers
+from ajet.training.run_dir import prepare_run_dir, run_dir_of
+
+
+@pytest.fixture()
+def cfg(two_calls_conf: Path, tmp_path: Path):
+    return load_config(two_calls_conf, [f"project.exp_dir={tmp_path / 'exp'}", "logging.quiet=true",
+                                        "logging.tensorboard=false"])
+
+
+def test_a_new_run_refuses_a_directory_with_metrics_but_no_checkpoint(cfg) -> None:
+    run_dir = run_dir_of(cfg)
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text('{"step": 1, "split": "train"}\n')
+    with pytest.raises(UserError, match=r"already holds metrics .*--resume") as info:
+        prepare_run_dir(cfg, resume=False)
+    assert info.value.exit_code == 2
+    assert prepare_run_dir(cfg, resume=True) == run_dir
+
+
+def test_resume_refuses_a_run_directory_that_does_not_exist(cfg) -> None:
+    with pytest.raises(UserError, match="does not exist, so there is no run to continue") as info:
+        prepare_run_dir(cfg, resume=True)
+    assert info.value.exit_code == 2
+    assert not run_dir_of(cfg).exists()
+
+
+def fake_checkpoint(run_dir: Path, step: int) -> None:
+    ckpt = run_dir / "checkpoints" / f"step_{step:06d}"
+    ckpt.mkdir(parents=True)
+    (ckpt / _COMPLETE).write_text("")
+
+
+def test_a_resumed_loop_drops_what_was_logged_past_its_checkpoint(cfg) -> None:
+    from ajet.training.loop import TrainingLoop
+
+    run_dir = run_dir_of(cfg)
+    run_dir.mkdir(parents=True)
+    lines = [{"step": s, "split": split} for s in range(1, 6) for split in ("train", "val")]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines) + '{"step": 6, "spl')
+    (run_dir / "records").mkdir()
+    for s in range(1, 6):
+        (run_dir / "records" / f"step_{s:06d}.jsonl").write_text("{}\n")
+    fake_checkpoint(run_dir, 3)  # killed while writing step 4's checkpoint: 4 and 5 come again
+    closers = Closers()
+    loop = TrainingLoop(cfg, run_dir, closers, total_steps=5, resume=True)
+    loop.metrics.log(4, {"reward/mean": 1.0})
+    closers.close_all()
+    steps = [(r["step"], r["split"]) for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())]
+    assert steps == [(1, "train"), (1, "val"), (2, "train"), (2, "val"), (3, "train"), (3, "val"), (4, "train")]
+    assert sorted(p.name for p in (run_dir / "records").iterdir()) == [f"step_{s:06d}.jsonl" for s in (1, 2, 3)]
+
+
+def test_resume_without_any_checkpoint_starts_over(cfg) -> None:
+    from ajet.training.loop import TrainingLoop
+
+    run_dir = run_dir_of(cfg)
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text('{"step": 0, "split": "val"}\n{"step": 1, "split": "train"}\n')
+    closers = Closers()
+    TrainingLoop(cfg, run_dir, closers, total_steps=5, resume=True)
+    closers.close_all()
+    assert (run_dir / "metrics.jsonl").read_text() == ""
+
+
+class FakeModel:
+    def save_pretrained(self, path: Path) -> None:
+        (Path(path) / "config.json").write_text("{}")
+        (Path(path) / "model.safetensors").write_text("weights")
+
+
+class FailingTokenizer:
+    def save_pretrained(self, path: Path) -> None:
+        raise OSError("disk full")
+
+
+class Tokenizer:
+    def save_pretrained(self, path: Path) -> None:
+        (Path(path) / "tokenizer.json").write_text("{}")
+
+
+def test_final_model_is_written_atomically(tmp_path: Path) -> None:
+    from ajet.training.model import save_final_model
+
+    out = tmp_path / "run" / "final_model"
+    with pytest.raises(OSError, match="disk full"):
+        save_final_model(FakeModel(), FailingTokenizer(), out, lora=False)
+    assert not out.exists() and list((tmp_path / "run").iterdir()) == []  # no half model, no temp dir
+    save_final_model(FakeModel(), Tokenizer(), out, lora=False)
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"]
+    with pytest.raises(OSError, match="disk full"):
+        save_final_model(FakeModel(), FailingTokenizer(), out, lora=False)
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"]
+    assert [p.name for p in (tmp_path / "run").iterdir()] == ["final_model"]
