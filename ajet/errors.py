@@ -35,6 +35,11 @@ class ConfigError(UserError):
     """A user error in the config; the message says where and how to fix it."""
 
 
+class AllEpisodesFailedError(UserError):
+    """Every episode failed for `rollout.max_failed_steps` consecutive steps (the workflow or
+    its environment is broken; nothing would be trained)."""
+
+
 class SetupError(AjetError):
     """The environment cannot run this (no GPU, a missing optional extra, ...)."""
 

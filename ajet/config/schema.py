@@ -247,6 +247,10 @@ class RolloutConfig:
     # start the reply with a tool call (the model picks the tool); a function name = call that
     # tool. The forced start is context, not trained (see EpisodeSession.chat).
     first_call_tool_choice: str = ""
+    # A forced call (tool_choice naming a function) to a tool whose JSON schema has exactly one
+    # required string parameter also forces that key and the opening quote, as a JSON-schema
+    # grammar would: the model writes only the value. Forced tokens are context, not trained.
+    forced_call_schema_key: bool = False
     # Local engine: tokens of prompt KV kept for reuse across calls (prefix cache, LRU); 0 = off.
     # Bundled 135M model in fp32: ~46 KB a token, so 16384 tokens hold at most ~0.75 GB.
     prefix_cache_tokens: int = bounded(16384, Ge(0))

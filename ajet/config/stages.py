@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ajet.config.ranges import range_problems
 from ajet.config.schema import AjetConfig, ReferenceModel, Stage
 
 
@@ -27,6 +28,7 @@ def stage_problems(cfg: AjetConfig) -> list[tuple[str, str]]:
     """Config problems of the stages the run executes, as (dotted key, what would be valid)."""
     problems: list[tuple[str, str]] = []
     stages = [s.value for s in stage_names(cfg)]
+    base_ranges = set(range_problems(cfg))  # reported by `validate` itself
     for name, override in cfg.pipeline.overrides.items():
         if name not in stages:
             problems.append((f"pipeline.overrides.{name}", f"no stage named '{name}' in {stages}"))
@@ -36,7 +38,9 @@ def stage_problems(cfg: AjetConfig) -> list[tuple[str, str]]:
         except ValueError as exc:
             problems.append((f"pipeline.overrides.{name}", str(exc)))
             continue
-        problems += _checks(stage_cfg, Stage(name), prefix=f"pipeline.overrides.{name} -> ")
+        where = f"pipeline.overrides.{name} -> "
+        problems += [(key, where + msg) for key, msg in range_problems(stage_cfg) if (key, msg) not in base_ranges]
+        problems += _checks(stage_cfg, Stage(name), prefix=where)
     for name in dict.fromkeys(stages):
         if name not in cfg.pipeline.overrides:
             problems += _checks(cfg, Stage(name), prefix="")
@@ -73,19 +77,8 @@ def _checks(cfg: AjetConfig, stage: Stage, prefix: str) -> list[tuple[str, str]]
         for key, value in (("sft.train_path", s.train_path), ("sft.dev_path", s.dev_path)):
             if value:
                 need(Path(value).is_file(), key, f"file not found: {value}")
-        need(s.epochs >= 1, "sft.epochs", "must be >= 1")
-        need(s.batch_size >= 1, "sft.batch_size", "must be >= 1")
-        need(s.lr > 0, "sft.lr", "must be > 0")
-        need(s.rounds >= 1, "sft.rounds", "must be >= 1")
-        need(0 <= s.dev_fraction < 1, "sft.dev_fraction", "must be in [0, 1)")
-        need(s.eval_every >= 0, "sft.eval_every", "must be >= 0 (0 = after every epoch)")
         bad = {k: v for k, v in s.task_weights.items() if v < 0}
         need(not bad, "sft.task_weights", f"weights must be >= 0, got {bad}")
-        need(s.coreset.size >= 0, "sft.coreset.size", "must be >= 0 (0 = all dialogs)")
-        need(s.coreset.ngram >= 1, "sft.coreset.ngram", "must be >= 1")
-        need(0 <= s.coreset.hybrid_alpha <= 1, "sft.coreset.hybrid_alpha", "must be in [0, 1]")
-        need(s.replay.buffer_size >= 0, "sft.replay.buffer_size", "must be >= 0 (0 = no replay)")
-        need(0 <= s.replay.ratio < 1, "sft.replay.ratio", "must be in [0, 1)")
         if s.replay.ratio > 0:
             need(s.replay.buffer_size > 0, "sft.replay.buffer_size", "replay.ratio > 0 needs a buffer_size > 0")
             need(s.rounds >= 2, "sft.rounds", "replay mixes earlier rounds into later ones: set sft.rounds >= 2")
@@ -93,14 +86,7 @@ def _checks(cfg: AjetConfig, stage: Stage, prefix: str) -> list[tuple[str, str]]
         a = cfg.algorithm
         need(cfg.rollout.n >= 2, "rollout.n", "dpo pairs the best and worst of a task's episodes: "
                                                "set rollout.n >= 2")
-        need(a.dpo_beta > 0, "algorithm.dpo_beta", "must be > 0")
-        need(0 <= a.dpo_label_smoothing <= 0.5, "algorithm.dpo_label_smoothing", "must be in [0, 0.5]")
         if a.dpo_reference == ReferenceModel.lora_base and not a.dpo_reference_free:
             need(cfg.model.lora.enabled, "algorithm.dpo_reference",
                  "'lora_base' needs model.lora.enabled=true; use 'frozen' for full fine-tuning")
-    elif stage == Stage.eval:
-        e = cfg.eval
-        need(e.n >= 1, "eval.n", "must be >= 1")
-        need(e.max_tasks >= 0, "eval.max_tasks", "must be >= 0 (0 = all)")
-        need(e.temperature is None or e.temperature >= 0, "eval.temperature", "must be >= 0 or null")
     return out

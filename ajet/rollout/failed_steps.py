@@ -15,12 +15,10 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ajet.errors import UserError
+from ajet.errors import AllEpisodesFailedError
 from ajet.rollout.episode import OK, Episode
 
-
-class AllEpisodesFailedError(UserError):
-    """Every episode failed for `rollout.max_failed_steps` consecutive steps."""
+__all__ = ["AllEpisodesFailedError", "FailedSteps"]
 
 
 @dataclass

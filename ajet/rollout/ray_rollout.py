@@ -123,8 +123,10 @@ class EpisodeWorker:
         tuner = make_tuner_proxy(base_url, keys, trainable_targets, timeout_s)
         try:
             task_obj = WorkflowTask.model_validate(task)
-            if self._sync:
-                out = await asyncio.to_thread(self.workflow.execute, task_obj, tuner)
+            if self._sync:  # a daemon thread: a hung sync execute cannot hold the actor at exit
+                from ajet.rollout.sync_threads import run_in_daemon_thread
+
+                out = await run_in_daemon_thread(self.workflow.execute, task_obj, tuner)
             else:
                 out = await self.workflow.execute(task_obj, tuner)
         except Exception as exc:  # noqa: BLE001 - sent back to the driver's runner, which classifies it

@@ -80,8 +80,14 @@ def read_dialogs(path: str | Path) -> list[Dialog]:
         raise DialogDataError(f"dialog file not found: {path} (set sft.train_path / sft.dev_path)")
     dialogs: list[Dialog] = []
     seen: dict[str, int] = {}
-    with path.open(encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, start=1):
+    from ajet.task_reader.jsonl import decode_utf8_line
+
+    with path.open("rb") as handle:  # bytes: a line that is not UTF-8 is reported like any bad line
+        for lineno, raw in enumerate(handle, start=1):
+            try:
+                line = decode_utf8_line(raw)
+            except ValueError as exc:
+                raise DialogDataError(f"{path}:{lineno}: {exc}") from None
             if not line.strip():
                 continue
             try:

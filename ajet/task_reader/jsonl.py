@@ -89,7 +89,7 @@ def read_jsonl_tasks(path: str | Path, on_error: OnError = OnError.fail) -> tupl
             if not raw.strip():
                 continue
             try:
-                task = _parse_line(_decode(raw), f"{path.stem}-{lineno}")
+                task = _parse_line(decode_utf8_line(raw), f"{path.stem}-{lineno}")
                 if task.task_id in seen:
                     raise MalformedRow(
                         f"duplicate task_id '{task.task_id}' (first on line {seen[task.task_id]}); "
@@ -116,7 +116,8 @@ def read_jsonl_tasks(path: str | Path, on_error: OnError = OnError.fail) -> tupl
     return tasks, skipped
 
 
-def _decode(raw: bytes) -> str:
+def decode_utf8_line(raw: bytes) -> str:
+    """One line of a JSONL file as text; `MalformedRow` (a ValueError) saying where UTF-8 breaks."""
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -82,9 +82,11 @@ class TrainingLoop:
 
     def run(self, train_step: Callable[[int], dict[str, float]], *,
             validate: Callable[[], object] | None = None,
-            validate_at: Callable[[int], bool] | None = None) -> None:
+            validate_at: Callable[[int], bool] | None = None,
+            after_step: Callable[[int], object] | None = None) -> None:
         """Train steps `self.step + 1 .. total_steps`. `validate_at(step)` (default: every
-        `trainer.val_every` steps, and before the first) says when to call `validate()`."""
+        `trainer.val_every` steps, and before the first) says when to call `validate()`.
+        `after_step(step)` runs once the step is logged (it may stop the run by raising)."""
         from ajet.logging.progress import TrainingProgress
 
         t = self.cfg.trainer
@@ -102,6 +104,8 @@ class TrainingLoop:
                 self.step += 1
                 self.log(metrics)
                 self.progress.step_done(self.step, metrics)
+                if after_step is not None:
+                    after_step(self.step)
                 if validate is not None and validate_at(self.step):
                     validate()
                 if t.save_every and self.step % t.save_every == 0 and self.step < self.total_steps:

@@ -249,7 +249,7 @@ class EpisodeSession:
         from ajet.engine.chat import tool_choice_prefix
 
         try:
-            prefix = tool_choice_prefix(tool_choice, tools)
+            prefix = tool_choice_prefix(tool_choice, tools, schema_key=self.rollout.forced_call_schema_key)
         except ValueError as err:
             raise InvalidRequestError(str(err)) from None
         self._check_prompt_chars(messages)
@@ -301,7 +301,7 @@ class EpisodeSession:
         if "</tool_call>" in text or "<tool_call>" not in text:
             return parsed
         body = text[text.rindex("<tool_call>") + len("<tool_call>"):].rstrip()
-        for braces in ("", "}", "}}"):
+        for braces in ("", "}", "}}", '"}', '"}}'):
             try:  # checked quietly first: only a closing that parses is handed to the parser
                 json.loads(body + braces)
             except json.JSONDecodeError:

@@ -621,3 +621,13 @@ def test_the_episode_api_refuses_a_non_finite_or_string_reward() -> None:
     for body in ('{"reward": NaN}', '{"reward": Infinity}', '{"reward": "0.7"}'):
         with pytest.raises(ValidationError, match="reward"):
             FinishRequest.model_validate_json(body)
+
+
+def test_sft_dialog_line_that_is_not_utf8_names_file_and_line(tmp_path) -> None:
+    from ajet.sft.data import DialogDataError, read_dialogs
+
+    path = tmp_path / "dialogs.jsonl"
+    good = b'{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n'
+    path.write_bytes(good + b"\xff\xfe garbage\n")
+    with pytest.raises(DialogDataError, match=r"dialogs.jsonl:2: not valid UTF-8"):
+        read_dialogs(path)

@@ -129,3 +129,27 @@ def test_rl_step_with_dynamic_sampling_refills_groups_without_signal(two_calls_c
     assert row["dynamic/rounds"] == 3 and row["dynamic/kept_groups"] == 0
     assert row["dynamic/dropped_groups"] == row["dynamic/tasks"] == 3
     assert row["actor/skipped_update"] == 1.0
+
+
+def test_rl_run_stops_after_max_failed_steps_of_only_failed_episodes(two_calls_conf: Path, tmp_path: Path) -> None:
+    from ajet.backbones.debug.trainer import train
+    from ajet.errors import AllEpisodesFailedError
+
+    (two_calls_conf.parent / "agent.py").write_text(
+        "from ajet import Workflow\n\n\nclass TwoCalls(Workflow):\n"
+        "    async def execute(self, task, tuner):\n        raise RuntimeError('the agent server is down')\n")
+    cfg = load_config(two_calls_conf, [f"project.exp_dir={tmp_path / 'exp'}", "logging.quiet=true",
+                                       "logging.tensorboard=false", "trainer.total_steps=5", "trainer.val_every=0",
+                                       "rollout.max_failed_steps=2", "rollout.max_retries=0"])
+    with pytest.raises(AllEpisodesFailedError, match="2 consecutive steps") as info:
+        train(cfg)
+    assert "the agent server is down" in str(info.value) and info.value.exit_code == 2
+    run_dir = run_dir_of_cfg(cfg)
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2]  # both failed steps are logged before the run stops
+
+
+def run_dir_of_cfg(cfg):
+    from ajet.training.run_dir import run_dir_of
+
+    return run_dir_of(cfg)

@@ -97,7 +97,12 @@ class RLRecipe:
 
     # ------------------------------------------------------------------ train
     def train(self) -> Path:
-        self.loop.run(self.train_step, validate=self.validate)
+        from ajet.rollout.failed_steps import FailedSteps
+
+        # Stops the run after `rollout.max_failed_steps` steps in which every episode failed.
+        failed = FailedSteps(self.cfg.rollout.max_failed_steps)
+        self.loop.run(self.train_step, validate=self.validate,
+                      after_step=lambda step: failed.observe(step, self._last_episodes))
         return self.run_dir
 
     def train_step(self, step: int) -> dict[str, float]:
@@ -116,6 +121,7 @@ class RLRecipe:
             self.loop.phase(f"step {step}: rollout of {len(tasks)} tasks × {cfg.rollout.n}")
             result = self._rollout(tasks, cfg.rollout.n, episode_prefix=f"s{step}-")
         rollout_s = time.monotonic() - start
+        self._last_episodes = list(result.episodes)
         metrics = dict(result.metrics())
         metrics.update(dynamic)
         metrics["perf/rollout_s"] = rollout_s
