@@ -76,6 +76,10 @@ def test_two_steps_change_weights_and_resume(tmp_path: Path, tiny_model_dir: Pat
     assert train_steps(run) == [1, 2]
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert any(r["split"] == "val" and "val/reward/mean" in r for r in rows)
+    train_rows = [r for r in rows if r["split"] == "train"]
+    # the engine's prefix cache: two calls of an episode share history, so some prompt tokens are reused
+    assert all(0 < r["engine/prefilled_tokens"] <= r["engine/prompt_tokens"] for r in train_rows)
+    assert all(0.0 <= r["engine/cache_hit_rate"] <= 1.0 for r in train_rows)
     assert (run / "records" / "step_000001.jsonl").is_file()
     record = json.loads((run / "records" / "step_000001.jsonl").read_text().splitlines()[0])
     assert len(record["tokens"]) == len(record["input_ids"]) == len(record["loss_mask"])

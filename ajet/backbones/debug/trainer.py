@@ -125,6 +125,7 @@ class RLRecipe:
         metrics = dict(result.metrics())
         metrics.update(dynamic)
         metrics["perf/rollout_s"] = rollout_s
+        metrics.update(self.rollout.engine.take_metrics())  # prefix cache: prompt vs prefilled tokens
         metrics["perf/tokens_per_s"] = sum(completion_tokens(ep) for ep in result.episodes) / max(rollout_s, 1e-9)
         metrics.update(context_metrics(result.episodes))
 
@@ -164,7 +165,9 @@ class RLRecipe:
     def validate(self) -> dict[str, float]:
         from ajet.training.validation import validate_on_rollout
 
-        return validate_on_rollout(self.loop, self.reader, self._rollout, self.cfg.trainer.val_n)
+        metrics = validate_on_rollout(self.loop, self.reader, self._rollout, self.cfg.trainer.val_n)
+        self.rollout.engine.take_metrics()  # validation's prefills do not count towards the next step
+        return metrics
 
     def _rollout_with_signal(self, step: int) -> tuple[Any, dict[str, float]]:
         """Dynamic sampling: groups whose rewards are all equal are dropped and refilled with
