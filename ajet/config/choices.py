@@ -1,0 +1,98 @@
+"""The string choices of the config: enums and the constant lists derived from them (one
+definition each; `ajet.config.schema` re-exports them)."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Backbone(str, Enum):
+    debug = "debug"
+    trinity = "trinity"
+    verl = "verl"
+
+
+class Algorithm(str, Enum):
+    grpo = "grpo"
+    rloo = "rloo"
+    reinforce_pp = "reinforce_pp"
+    ppo = "ppo"
+    sft = "sft"
+    dpo = "dpo"
+
+
+# The RL algorithms (the debug backbone's GRPO family); sft and dpo have their own recipes.
+RL_ALGORITHMS = (Algorithm.grpo, Algorithm.rloo, Algorithm.reinforce_pp, Algorithm.ppo)
+# Algorithms whose advantages compare the episodes of one task (rollout.n >= 2).
+GROUP_ALGORITHMS = (Algorithm.grpo, Algorithm.rloo)
+
+
+class Stage(str, Enum):
+    """A pipeline stage: a training algorithm, or an evaluation."""
+
+    sft = "sft"
+    dpo = "dpo"
+    grpo = "grpo"
+    rloo = "rloo"
+    reinforce_pp = "reinforce_pp"
+    ppo = "ppo"
+    eval = "eval"
+
+
+class DType(str, Enum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+    auto = "auto"
+
+
+class LrSchedule(str, Enum):
+    constant = "constant"
+    linear = "linear"
+    cosine = "cosine"
+
+
+class ReferenceModel(str, Enum):
+    """The reference policy of a KL penalty or of DPO."""
+
+    frozen = "frozen"  # a frozen copy of the initial model
+    lora_base = "lora_base"  # the same model with its LoRA adapter disabled (needs model.lora)
+
+
+class DpoLoss(str, Enum):
+    sigmoid = "sigmoid"
+    hinge = "hinge"
+    ipo = "ipo"
+
+
+class EvalSplit(str, Enum):
+    val = "val"
+    train = "train"
+
+
+# judge.type: one of these, or "package.module:ClassName" / "file.py:ClassName".
+BUILTIN_JUDGES = ("none", "math", "exact_match", "countdown", "llm", "composite")
+
+
+class LossAgg(str, Enum):
+    token_mean = "token_mean"  # every trained token of the batch weighs the same
+    seq_mean = "seq_mean"  # every LLM call (completion) weighs the same
+    episode_mean = "episode_mean"  # every episode weighs the same
+
+
+class OverflowPolicy(str, Enum):
+    drop = "drop"  # drop the sample, count it
+    truncate = "truncate"  # cut the sample, mask the cut tokens out of the loss, count it
+    split = "split"  # split the sample into window-sized pieces, count it
+
+
+class ReaderType(str, Enum):
+    jsonl = "jsonl"
+    hf_dataset = "hf_dataset"
+    env_service = "env_service"
+    generate = "generate"
+
+
+class OnError(str, Enum):
+    skip = "skip"
+    fail = "fail"
