@@ -141,6 +141,7 @@ def expected_matches(records: dict[int, list[dict]], query: str) -> set[tuple[in
 
 
 def test_search_box_filters_the_episode_list(driver, run_dir: Path, tmp_path: Path):
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
     records = read_records(run_dir)
@@ -164,7 +165,9 @@ def test_search_box_filters_the_episode_list(driver, run_dir: Path, tmp_path: Pa
         box = driver.find_element("id", "search")
         box.clear()
         box.send_keys(query)
-        WebDriverWait(driver, 30).until(lambda d, want=expected: rows() == want)
+        # The list re-renders while the wait polls it: a row read mid-render is stale, so poll again.
+        WebDriverWait(driver, 30, ignored_exceptions=(StaleElementReferenceException,)).until(
+            lambda d, want=expected: rows() == want)
         assert f"{len(expected)} of {len(total)} episodes match" in driver.find_element("id", "count").text
 
     driver.find_element("id", "search").clear()
