@@ -58,6 +58,11 @@ def save_checkpoint(ckpt_root: Path, step: int, *, model: torch.nn.Module, optim
     return final
 
 
+def checkpoint_step(ckpt: Path) -> int:
+    """The training step a checkpoint directory (`step_{N:06d}`) holds."""
+    return int(ckpt.name.removeprefix("step_"))
+
+
 def latest_checkpoint(ckpt_root: Path) -> Path | None:
     """The newest complete checkpoint, or None. Half-written temp dirs are ignored."""
     if not ckpt_root.is_dir():

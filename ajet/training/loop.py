@@ -56,10 +56,10 @@ class TrainingLoop:
 
     def resume_step(self) -> int:
         """The step of the newest complete checkpoint (0 when there is none)."""
-        from ajet.training.checkpoint import latest_checkpoint
+        from ajet.training.checkpoint import checkpoint_step, latest_checkpoint
 
         ckpt = latest_checkpoint(self.run_dir / "checkpoints")
-        return 0 if ckpt is None else int(ckpt.name.removeprefix("step_"))
+        return 0 if ckpt is None else checkpoint_step(ckpt)
 
     def restore(self) -> dict[str, Any] | None:
         """Load the newest checkpoint (weights, optimizer, schedule, RNG); its saved state, or None."""

@@ -31,8 +31,9 @@ def prepare_run_dir(cfg: AjetConfig, *, resume: bool) -> Path:
             f"--resume: {run_dir} does not exist, so there is no run to continue. Check project.name / "
             "--exp-dir, or drop --resume to start a new run.")
     metrics = run_dir / "metrics.jsonl"
-    if not resume and (latest_checkpoint(ckpt_root) is not None or (metrics.is_file() and metrics.stat().st_size)):
-        what = "checkpoints" if latest_checkpoint(ckpt_root) is not None else "metrics (metrics.jsonl)"
+    has_checkpoint = latest_checkpoint(ckpt_root) is not None
+    if not resume and (has_checkpoint or (metrics.is_file() and metrics.stat().st_size)):
+        what = "checkpoints" if has_checkpoint else "metrics (metrics.jsonl)"
         raise UserError(
             f"{run_dir} already holds {what} of an earlier run. Pass --resume to continue it, "
             "or choose another project.name / --exp-dir.")

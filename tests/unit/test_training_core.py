@@ -10,6 +10,7 @@ import pytest
 
 from ajet.config import load_config
 from ajet.training.recipe import Closers, run_recipe
+from ajet.training.run_dir import run_dir_of
 
 
 class Recorder:
@@ -144,12 +145,6 @@ def test_rl_run_stops_after_max_failed_steps_of_only_failed_episodes(two_calls_c
     with pytest.raises(AllEpisodesFailedError, match="2 consecutive steps") as info:
         train(cfg)
     assert "the agent server is down" in str(info.value) and info.value.exit_code == 2
-    run_dir = run_dir_of_cfg(cfg)
+    run_dir = run_dir_of(cfg)
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2]  # both failed steps are logged before the run stops
-
-
-def run_dir_of_cfg(cfg):
-    from ajet.training.run_dir import run_dir_of
-
-    return run_dir_of(cfg)
