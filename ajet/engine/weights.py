@@ -48,8 +48,8 @@ class ServingWeights:
         else:
             self.model = self._fp16_linear_copy(source)
         if self.model is not source:
+            # eval() only: requires_grad_ would also freeze the trainer's tensors a copy shares.
             self.model.eval()
-            self.model.requires_grad_(False)
             log.info("engine decodes with a %s copy of the weights (%.2f GB)", dtype, self.copy_bytes() / 1e9)
 
     @property

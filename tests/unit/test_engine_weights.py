@@ -69,6 +69,7 @@ def test_copies_hold_the_precision_and_leave_the_trainer_alone(peaky):
     from ajet.engine.weights import Fp16Linear, ServingWeights
 
     model, _ = peaky
+    model.requires_grad_(True)
     trainer_params = {id(p) for p in model.parameters()}
     bf16 = ServingWeights(model, "bfloat16")
     assert {p.dtype for p in bf16.model.parameters()} == {torch.bfloat16}
@@ -81,6 +82,7 @@ def test_copies_hold_the_precision_and_leave_the_trainer_alone(peaky):
     # Embeddings and norms are the trainer's own tensors (always fresh, no copy).
     assert fp16.model.get_input_embeddings().weight is model.get_input_embeddings().weight
     assert ServingWeights(model, "float32").model is model
+    assert all(p.requires_grad for p in model.parameters())  # the trainer still trains them all
     assert 0 < fp16.copy_bytes() and 0 < bf16.copy_bytes()
     with pytest.raises(ValueError, match="unknown"):
         ServingWeights(model, "int4")
