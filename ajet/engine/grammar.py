@@ -49,16 +49,20 @@ class GrammarError(ValueError):
 @dataclass(frozen=True)
 class Grammar:
     """What a completion may be, in llguidance's Lark dialect (`%json {schema}` embeds a
-    JSON schema). `what` names it in messages ("a call of calculate")."""
+    JSON schema). `what` names it in messages ("a call of calculate"). With a `trigger`,
+    the completion is free text until it writes the trigger, and the grammar then covers
+    what follows it."""
 
     lark: str
     what: str = "grammar"
+    trigger: str = ""
 
 
-def tool_call_grammar(tools: list[dict[str, Any]], name: str | None = None) -> Grammar:
+def tool_call_grammar(tools: list[dict[str, Any]], name: str | None = None, *, triggered: bool = False) -> Grammar:
     """One hermes tool call, `<tool_call>\\n{"name": NAME, "arguments": ARGS}\\n</tool_call>`,
     with ARGS valid under the tool's parameter schema: of the tool `name`, or of any of
-    `tools` when `name` is None (tool_choice "required")."""
+    `tools` when `name` is None (tool_choice "required"). `triggered`: free text until the
+    model writes `<tool_call>`, then one call (tool_choice "auto")."""
     specs = {_function(t).get("name"): _function(t) for t in tools}
     if name is not None and name not in specs:
         raise GrammarError(f"tool {name!r} is not among the offered tools {sorted(specs)}")
@@ -67,11 +71,12 @@ def tool_call_grammar(tools: list[dict[str, Any]], name: str | None = None) -> G
     for i, fn in enumerate(chosen):
         head = json.dumps(fn["name"], ensure_ascii=False) + ', "arguments": '
         rules.append(f"call_{i}: {_literal(head)} %json {json.dumps(_schema(fn.get('parameters'), strict=True))}")
-    opening, closing = _literal('<tool_call>\n{"name": '), _literal("}\n</tool_call>")
+    trigger = "<tool_call>" if triggered else ""
+    opening, closing = _literal('<tool_call>\n{"name": '[len(trigger):]), _literal("}\n</tool_call>")
     alternatives = " | ".join(f"call_{i}" for i in range(len(chosen)))
     lark = "\n".join([f"start: {opening} call {closing}", f"call: {alternatives}", *rules])
     what = f"a call of {name}" if name is not None else f"a call of one of {sorted(specs)}"
-    return Grammar(lark + "\n", what)
+    return Grammar(lark + "\n", what, trigger)
 
 
 def json_grammar(schema: dict[str, Any] | None, strict: bool = False) -> Grammar:
@@ -147,19 +152,38 @@ class GrammarRuntime:
         )
         if matcher.is_error():
             raise GrammarError(f"{grammar.what}: the grammar does not compile: {matcher.get_error()}")
-        return Constraint(matcher, grammar, self.vocab_size, self.eos)
+        return Constraint(matcher, grammar, self.vocab_size, self.eos, self._tokenizer)
 
 
 class Constraint:
     """The grammar state of one completion: picks each next token, then `accept`s it."""
 
-    def __init__(self, matcher: Any, grammar: Grammar, vocab_size: int, eos: int) -> None:
+    def __init__(self, matcher: Any, grammar: Grammar, vocab_size: int, eos: int, tokenizer: Any = None) -> None:
         self._matcher = matcher
         self._grammar = grammar
         self._vocab_size = vocab_size
         self._eos = eos
+        self._tokenizer = tokenizer
         self._queued: list[int] = []  # fast-forward tokens not taken yet
         self._bitmask: Any = None
+        # False: free text until the trigger is written; None: gave up (see `watch`).
+        self.active: bool | None = not grammar.trigger
+
+    def watch(self, text: str) -> None:
+        """Before the trigger: activate once the completion's `text` contains it. Text the
+        same token wrote after the trigger is fed to the grammar; when the grammar refuses
+        it, the completion stays free (the parser then judges the call)."""
+        if self.active is not False:
+            return
+        at = text.find(self._grammar.trigger)
+        if at < 0:
+            return
+        rest = text[at + len(self._grammar.trigger):]
+        ids = self._tokenizer.encode(rest, add_special_tokens=False) if rest else []
+        if ids and self._matcher.try_consume_tokens(ids) != len(ids):
+            self.active = None
+            return
+        self.active = True
 
     def choose(self, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> TokenChoice:
         """The next token from one row of logits: forced, or sampled among allowed tokens."""
