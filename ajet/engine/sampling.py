@@ -108,7 +108,7 @@ def choose_token(
         token = int(torch.argmax(logits))
     else:
         probs = torch.softmax(logits / params.temperature, dim=-1)
-        if not bool(torch.isfinite(probs).all()):
+        if not _all_finite(probs):
             raise FloatingPointError("non-finite probabilities (the model produced NaN/inf logits)")
         token = _sample_filtered(probs, params.top_k, params.top_p, generator)
     lp_t = logprob_temperature(params)
@@ -195,7 +195,7 @@ def choose_tokens(
             tokens = torch.argmax(block, dim=-1).tolist()
         else:
             probs = logprobs.exp() if lp_t == temperature else torch.softmax(block / temperature, dim=-1)
-            if not bool(torch.isfinite(probs).all()):  # find the bad rows one by one
+            if not _all_finite(probs):  # find the bad rows one by one
                 for row in rows:
                     out[row] = _choose_one(logits[row], params[row], generators[row])
                 continue
@@ -207,6 +207,14 @@ def choose_tokens(
         for i, row in enumerate(rows):
             out[row] = TokenChoice(tokens[i], values[i])
     return out  # type: ignore[return-value]
+
+
+def _all_finite(values: torch.Tensor) -> bool:
+    """numpy's check: torch's threaded `isfinite().all()` over 49k values took ~70 ms on a
+    busy 2-core machine (threads waiting on each other), numpy's ~0.01 ms."""
+    import numpy as np
+
+    return bool(np.isfinite(values.numpy()).all())
 
 
 def _choose_one(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> TokenChoice | Exception:
