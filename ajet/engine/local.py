@@ -401,8 +401,8 @@ class LocalEngine:
         joining = []
         for index in range(params.n):
             seq = RunningSequence(request, index, make_generator(params.seed, index), prompt_len, budget)
-            if request.constraints:
-                seq.constraint = request.constraints[index]
+            seq.constraint = request.constraints[index] if request.constraints else None
+            if seq.constraint is not None and seq.constraint.active:
                 self._accept(seq, seq.constraint.choose(logits, params, seq.generator))
             else:
                 self._accept(seq, choose_token(logits, params, seq.generator))
@@ -466,7 +466,7 @@ class LocalEngine:
     @staticmethod
     def _choose(logits: Any, seqs: list[RunningSequence]) -> list[TokenChoice | Exception]:
         """The next token of each row: grammar-constrained rows one by one, the rest batched."""
-        free = [row for row, seq in enumerate(seqs) if seq.constraint is None]
+        free = [row for row, seq in enumerate(seqs) if seq.constraint is None or not seq.constraint.active]
         out: list[TokenChoice | Exception] = [ValueError("unset")] * len(seqs)
         if free:
             chosen = choose_tokens(logits[free] if len(free) < len(seqs) else logits,
@@ -474,7 +474,7 @@ class LocalEngine:
             for row, choice in zip(free, chosen, strict=True):
                 out[row] = choice
         for row, seq in enumerate(seqs):
-            if seq.constraint is not None:
+            if seq.constraint is not None and seq.constraint.active:
                 try:
                     out[row] = seq.constraint.choose(logits[row], seq.request.params, seq.generator)
                 except (ValueError, RuntimeError) as exc:  # GrammarError is a ValueError
@@ -488,7 +488,9 @@ class LocalEngine:
         seq.forced.append(choice.forced)
         self.stats["generated_tokens"] += 1
         request = seq.request
-        if seq.constraint is not None:
+        if seq.constraint is not None and not seq.constraint.active:
+            seq.constraint.watch(self._decode(seq.token_ids))  # a trigger: free text until then
+        elif seq.constraint is not None:
             from ajet.engine.grammar import GrammarError
 
             try:

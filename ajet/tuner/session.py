@@ -239,7 +239,8 @@ class EpisodeSession:
         "required" / "any" / a function name start the reply with the tool-call markup
         (`ajet.engine.chat.tool_choice_prefix`): the model writes the rest. The forced start
         is part of the prompt, so it is context, not trained. With `rollout.tool_call_grammar`
-        and an engine that supports grammars, a forced call is instead decoded under the
+        ("forced", or "all" for calls the model starts itself too) and an engine that
+        supports grammars, a forced call is instead decoded under the
         tool's JSON schema (`ajet.engine.grammar`): it always parses, and the tokens the
         grammar forces are context. `response_format` (OpenAI's `json_schema` /
         `json_object`) constrains the reply to JSON the same way.
@@ -300,10 +301,10 @@ class EpisodeSession:
             raise InvalidRequestError(
                 f"response_format={response_format!r}: type must be 'json_schema', 'json_object' or 'text'"
             )
-        wanted = kind in ("json_schema", "json_object") or (
-            self.rollout.tool_call_grammar and tools and tool_choice not in (None, "auto", "none")
-        )
-        if not wanted:
+        mode = self.rollout.tool_call_grammar
+        auto = tool_choice in (None, "auto")
+        calls = bool(tools) and tool_choice != "none" and (mode == "all" or mode == "forced" and not auto)
+        if not (calls or kind in ("json_schema", "json_object")):
             return None
         if not getattr(self.engine, "supports_grammar", False):
             engine = type(self.engine).__name__
@@ -319,6 +320,8 @@ class EpisodeSession:
             return json_grammar(spec.get("schema"), strict=bool(spec.get("strict")))
         if kind == "json_object":
             return json_grammar(None)
+        if auto:
+            return tool_call_grammar(tools or [], triggered=True)
         if tool_choice in ("required", "any"):
             return tool_call_grammar(tools or [])
         name = (tool_choice.get("function") or {}).get("name") if isinstance(tool_choice, dict) else tool_choice

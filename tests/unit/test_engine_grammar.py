@@ -197,7 +197,7 @@ def test_session_decodes_forced_calls_under_the_grammar(engine, peaky) -> None:
     # The markup is in the completion (forced), not in the prompt as a forced start.
     assert tokenizer.decode(call.prompt_ids).endswith("<|im_start|>assistant\n")
 
-    session, tracker = _session(engine, tokenizer, first_call_tool_choice="calculate", tool_call_grammar=False)
+    session, tracker = _session(engine, tokenizer, first_call_tool_choice="calculate", tool_call_grammar="off")
     asyncio.run(session.chat("default", messages, [CALC], seed=3))
     (call,) = tracker.calls
     assert call.completion_forced == []
@@ -215,3 +215,42 @@ def test_session_response_format_gives_json(engine, peaky) -> None:
     assert isinstance(json.loads(result.message["content"])["ok"], bool)
     with pytest.raises(InvalidRequestError, match="response_format"):
         asyncio.run(session.chat("default", [{"role": "user", "content": "ok?"}], response_format={"type": "xml"}))
+
+
+def test_a_triggered_grammar_leaves_text_free_until_the_call_starts(peaky) -> None:
+    from ajet.engine.grammar import GrammarRuntime
+
+    _, tokenizer = peaky
+    runtime = GrammarRuntime(tokenizer, len(tokenizer), {tokenizer.eos_token_id})
+    constraint = runtime.start(tool_call_grammar([CALC], triggered=True))
+    assert constraint.active is False
+    constraint.watch("Let me compute it with the tool.")
+    assert constraint.active is False
+    text = "Let me compute it.<tool_call>\n"  # the trigger's last token also wrote the newline
+    constraint.watch(text)
+    assert constraint.active is True
+    gen = torch.Generator().manual_seed(0)
+    tokens = []
+    for _ in range(80):
+        choice = constraint.choose(torch.randn(len(tokenizer), generator=gen), SamplingParams(), gen)
+        tokens.append(choice.token_id)
+        if choice.token_id == tokenizer.eos_token_id:
+            break
+        constraint.accept(choice.token_id)
+    call = parse_call("<tool_call>\n" + tokenizer.decode(tokens[:-1]))
+    assert call["name"] == "calculate" and set(call["arguments"]) == {"expression"}
+    refused = runtime.start(tool_call_grammar([CALC], triggered=True))
+    refused.watch("<tool_call>[not json")
+    assert refused.active is None  # gave up: the reply stays free text for the parser to judge
+
+
+@pytest.mark.parametrize(
+    ("mode", "tool_choice", "expected"),
+    [("forced", None, None), ("forced", "calculate", ""), ("all", None, "<tool_call>"),
+     ("all", "none", None), ("off", "calculate", None)],
+)
+def test_tool_call_grammar_modes(engine, peaky, mode, tool_choice, expected) -> None:
+    _, tokenizer = peaky
+    session, _ = _session(engine, tokenizer, tool_call_grammar=mode)
+    grammar = session._grammar(tool_choice, [CALC], None)
+    assert (grammar.trigger if grammar else None) == expected
