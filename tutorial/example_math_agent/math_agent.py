@@ -1,12 +1,9 @@
 """An AgentScope ReAct agent with a calculator tool, trained by ajet (simple mode: model=tuner)."""
 
-# No `from __future__ import annotations`: AgentScope builds the tool's JSON schema from the
-# live annotation of `calculate` (its pattern included).
+from __future__ import annotations
+
 import ast
 import operator
-from typing import Annotated
-
-from pydantic import Field
 
 from ajet import Workflow, WorkflowOutput, WorkflowTask
 
@@ -28,12 +25,7 @@ def _evaluate(node: ast.AST) -> float:
     raise ValueError("only numbers and + - * / are allowed")
 
 
-# The tool's JSON schema says what an expression is; with a forced call the engine decodes the
-# argument under it (rollout.tool_call_grammar), so the model cannot write prose there.
-Expression = Annotated[str, Field(pattern=r"^[0-9+\-*/(). ]{1,60}$")]
-
-
-async def calculate(expression: Expression):  # noqa: ANN201 - AgentScope reads the docstring
+async def calculate(expression: str):  # noqa: ANN201 - AgentScope reads the docstring
     """Evaluate an arithmetic expression such as "12 * (3 + 4)".
 
     Args:
