@@ -333,7 +333,14 @@ class TrainerConfig:
     micro_batch_tokens: int = bounded(4096, Ge(16))
     # bf16 autocast (on GPU or CPUs that support it).
     bf16: bool = False
+    # Recompute each decoder layer's activations in backward instead of keeping them (HF
+    # gradient checkpointing): the update's activations shrink to one layer's, for about one
+    # more forward of compute.
     gradient_checkpointing: bool = False
+    # The LM head's logits of trained tokens are computed this many tokens at a time and
+    # recomputed in backward, so a micro-batch never holds its full [tokens x vocab] logits
+    # (0 = all at once). Exact either way; see ajet.algorithms.losses.token_logprobs.
+    logits_chunk_tokens: int = bounded(256, Ge(0))
     save_every: int = bounded(0, Ge(0))  # 0 = only at the end
     # Complete checkpoints kept on disk (older ones are deleted); 0 = keep all.
     keep_checkpoints: int = bounded(2, Ge(0))

@@ -9,7 +9,9 @@ eager and SDPA attention implementations; a flash-attention varlen path is not
 implemented (it cannot express a tree mask without splitting into chains).
 
 Logits are computed only at loss-entry positions (`logits_to_keep` with indices),
-so memory is O(entries x vocab), not O(tokens x vocab).
+so memory is O(entries x vocab), not O(tokens x vocab); with `logits_chunk > 0` (and a
+model whose logits are a plain LM head over its decoder's output) they are computed that
+many entries at a time by `ajet.algorithms.losses.token_logprobs`, O(chunk x vocab).
 """
 
 from __future__ import annotations
@@ -84,10 +86,12 @@ def forward_packed(
     *,
     with_entropy: bool = False,
     temperature: float = 1.0,
+    logits_chunk: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropies) of the entry tokens under `model`, from one forward.
 
     `temperature` divides the logits first, matching how the rollout sampled.
+    `logits_chunk > 0`: the LM head runs on that many entries at a time (see the module doc).
     Returns float32 tensors of shape [E] (E = packed.num_entries).
     """
     if temperature <= 0:
@@ -103,6 +107,16 @@ def forward_packed(
     unique_pos, inverse = torch.unique(
         torch.tensor(packed.entry_pos, device=device), return_inverse=True
     )
+    tokens = torch.tensor(packed.entry_token, device=device)
+    split = _decoder_and_head(model) if logits_chunk > 0 else None
+    if split is not None:
+        from ajet.algorithms.losses import token_logprobs
+
+        decoder, head = split
+        hidden = decoder(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
+                         use_cache=False).last_hidden_state
+        return token_logprobs(hidden[0, unique_pos][inverse], head, tokens, temperature=temperature,
+                              chunk_size=logits_chunk, with_entropy=with_entropy)
     out = model(
         input_ids=input_ids,
         attention_mask=mask,
@@ -114,12 +128,25 @@ def forward_packed(
     if temperature != 1.0:
         logits = logits / temperature
     logp = torch.log_softmax(logits, dim=-1)
-    tokens = torch.tensor(packed.entry_token, device=device)
     entry_logprobs = logp.gather(-1, tokens[:, None]).squeeze(-1)
     entropy = None
     if with_entropy:
         entropy = -(logp.exp() * logp).sum(-1)
     return entry_logprobs, entropy
+
+
+# Model types whose logits are exactly `lm_head(decoder(...).last_hidden_state)` (no logit
+# scaling or soft-capping after the head): the chunked path computes the same values.
+_PLAIN_HEAD_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "smollm3"})
+
+
+def _decoder_and_head(model: torch.nn.Module):
+    """(decoder, LM head) of a plain-head causal LM (a peft wrapper included), else None."""
+    config = getattr(model, "config", None)
+    if getattr(config, "model_type", None) not in _PLAIN_HEAD_TYPES:
+        return None
+    head = model.get_output_embeddings()
+    return None if head is None else (model.get_decoder(), head)
 
 
 def _model_mask(

@@ -196,6 +196,13 @@ class LocalEngine:
             self.policy_version += 1
             return self.policy_version
 
+    def drop_prefix_cache(self) -> None:
+        """Free the prefix cache's KV now instead of at the next prefill. A trainer calls it as
+        it starts a weight update: the cache is invalid after the update anyway, and its memory
+        (up to `prefix_cache_tokens` x the KV of a token) is better spent on the update."""
+        with self.paused():
+            self._reuse.clear()
+
     def load_state_dict(self, state_dict: dict, strict: bool = True) -> int:
         """Load weights with no decode step in flight, then bump and return the version."""
         with self.paused():

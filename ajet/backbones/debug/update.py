@@ -61,7 +61,8 @@ class PolicyUpdater:
                     weight = torch.tensor(seq.entry_weight, dtype=torch.float32, device=device)
                     with autocast:
                         new, entropy = forward_packed(self.model, seq, with_entropy=True,
-                                                      temperature=self.temperature)
+                                                      temperature=self.temperature,
+                                                      logits_chunk=self.trainer.logits_chunk_tokens)
                     new = new.float()
                     if index not in trainer_old:
                         trainer_old[index] = new.detach()
@@ -107,7 +108,8 @@ class PolicyUpdater:
         from ajet.context.packed_forward import forward_packed
 
         assert self.reference is not None
-        ref, _ = self.reference.ref_logprobs(forward_packed, seq, with_entropy=False, temperature=self.temperature)
+        ref, _ = self.reference.ref_logprobs(forward_packed, seq, with_entropy=False, temperature=self.temperature,
+                                             logits_chunk=self.trainer.logits_chunk_tokens)
         return ref.float()
 
 
