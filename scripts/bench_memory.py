@@ -48,6 +48,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--conf", default="tutorial/example_math_agent/math_agent.yaml")
     parser.add_argument("--interval", type=float, default=0.2, help="seconds between RSS samples")
     parser.add_argument("--json", type=Path, default=None, help="write the results to this JSON file")
+    parser.add_argument("--log", type=Path, default=None, help="run mode: also write the run's output to this file")
     parser.add_argument("--update", action="store_true", help="measure policy updates in this process")
     parser.add_argument("--steps", type=int, default=2, help="--update: updates to run")
     parser.add_argument("overrides", nargs="*", help="config overrides passed to ajet (key=value)")
@@ -125,7 +126,10 @@ def run_mode(args: argparse.Namespace) -> int:
     phases: list[tuple[float, str]] = [(0.0, "start-up")]
     steps: list[tuple[float, float, str]] = []
     assert proc.stdout is not None
+    log = open(args.log, "w") if args.log else None  # noqa: SIM115 - closed below
     for line in proc.stdout:
+        if log:
+            log.write(line)
         for pattern, name in _PHASES:
             if match := pattern.search(line):
                 phases.append((sampler.now(), name(match)))
@@ -133,6 +137,8 @@ def run_mode(args: argparse.Namespace) -> int:
             steps.append((round(sampler.now(), 1), round(sampler.last() / 1e9, 2), line.strip()[:90]))
     code = proc.wait()
     sampler.stop()
+    if log:
+        log.close()
     end = sampler.now()
     print(f"\nexit code {code}; {end:.0f} s")
     print("peak RSS per phase (GB):")
