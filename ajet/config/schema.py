@@ -339,7 +339,7 @@ class TrainerConfig:
     gradient_checkpointing: bool = False
     # The LM head's logits of trained tokens are computed this many tokens at a time and
     # recomputed in backward, so a micro-batch never holds its full [tokens x vocab] logits
-    # (0 = all at once). Exact either way; see ajet.algorithms.losses.token_logprobs.
+    # (0 = all at once). Exact either way; see ajet.context.logprobs.token_logprobs.
     logits_chunk_tokens: int = bounded(256, Ge(0))
     save_every: int = bounded(0, Ge(0))  # 0 = only at the end
     # Complete checkpoints kept on disk (older ones are deleted); 0 = keep all.

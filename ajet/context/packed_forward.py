@@ -11,7 +11,7 @@ implemented (it cannot express a tree mask without splitting into chains).
 Logits are computed only at loss-entry positions (`logits_to_keep` with indices),
 so memory is O(entries x vocab), not O(tokens x vocab); with `logits_chunk > 0` (and a
 model whose logits are a plain LM head over its decoder's output) they are computed that
-many entries at a time by `ajet.algorithms.losses.token_logprobs`, O(chunk x vocab).
+many entries at a time by `ajet.context.logprobs.token_logprobs`, O(chunk x vocab).
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def forward_packed(
     tokens = torch.tensor(packed.entry_token, device=device)
     split = _decoder_and_head(model) if logits_chunk > 0 else None
     if split is not None:
-        from ajet.algorithms.losses import token_logprobs
+        from ajet.context.logprobs import token_logprobs
 
         decoder, head = split
         hidden = decoder(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from tiny_models import load_peaky
 
 from ajet.engine.base import SamplingParams
 
@@ -18,16 +19,7 @@ LOW = ("bfloat16", "float16")
 def peaky(tiny_model_dir):
     """A fresh tiny model per test (tests change its weights), with larger random weights so
     greedy output varies token to token."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    gen = torch.Generator().manual_seed(1234)
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.dim() >= 2:
-                param.copy_(torch.randn(param.shape, generator=gen) * 0.2)
-    model.eval()
-    return model, AutoTokenizer.from_pretrained(tiny_model_dir)
+    return load_peaky(tiny_model_dir, 1234)
 
 
 def make_engine(peaky, dtype, **kwargs):

@@ -10,8 +10,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from ajet.algorithms.losses import token_logprobs  # noqa: E402
 from ajet.config.schema import LossAgg  # noqa: E402
+from ajet.context.logprobs import token_logprobs  # noqa: E402
 from ajet.context.pack import pack_samples  # noqa: E402
 from ajet.context.packed_forward import forward_packed  # noqa: E402
 from ajet.context.types import Sample  # noqa: E402
