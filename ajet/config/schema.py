@@ -28,6 +28,7 @@ from ajet.config.choices import (  # noqa: F401 - re-exported: the schema is whe
     LossAgg,
     LrSchedule,
     OnError,
+    OptimizerStateDType,
     OverflowPolicy,
     ReaderType,
     ReferenceModel,
@@ -327,6 +328,9 @@ class TrainerConfig:
     # whether or not the step updated the weights.
     lr_schedule: LrSchedule = LrSchedule.constant
     grad_clip: float = bounded(1.0, Gt(0))
+    # AdamW's two moments (as much memory as two copies of the trainable weights): float32,
+    # or bfloat16 for half of it (stochastic rounding, math in fp32; changes numerics slightly).
+    optimizer_state_dtype: OptimizerStateDType = OptimizerStateDType.float32
     # PPO epochs over one rollout batch.
     ppo_epochs: int = bounded(1, Ge(1))
     # Tokens forwarded per micro-batch; gradients accumulate over micro-batches.
