@@ -72,7 +72,7 @@ class RLRecipe:
         self.manager = self.rollout.manager
         if self.with_ray:  # episodes run in Ray actors; engine, tracker and trainer stay here
             self.manager = self._ray_manager(closers)
-        optimizer, scheduler = build_optimizer(self.model, cfg.trainer)
+        optimizer, scheduler = build_optimizer(self.model, cfg.trainer, seed=cfg.project.seed)
         self.updater = PolicyUpdater(self.model, optimizer, cfg.trainer, cfg.algorithm,
                                      temperature=policy_temperature(cfg.rollout.temperature))
         self.loop.attach(self.model, self.tokenizer, optimizer, scheduler,
