@@ -14,11 +14,14 @@ so memory is O(entries x vocab), not O(tokens x vocab).
 
 from __future__ import annotations
 
+import bisect
+
 import torch
 
+from ajet.context.cascade import Piece, plan_pieces
 from ajet.context.pack import PackedSequence
 
-__all__ = ["tree_attention_mask", "forward_packed"]
+__all__ = ["tree_attention_mask", "forward_packed", "forward_plan"]
 
 
 def _ancestor_mask(parents: list[int], device: torch.device | str | None) -> torch.Tensor:
@@ -84,33 +87,22 @@ def forward_packed(
     *,
     with_entropy: bool = False,
     temperature: float = 1.0,
+    split: str = "cost",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs (and entropies) of the entry tokens under `model`, from one forward.
+    """Log-probs (and entropies) of the entry tokens under `model`.
 
     `temperature` divides the logits first, matching how the rollout sampled.
+    `split` picks the forwards (`ajet.context.cascade`): "cost" by the cost model,
+    "never" one forward under the 4-D tree mask, "always" a forward per trunk.
     Returns float32 tensors of shape [E] (E = packed.num_entries).
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 for log-probs, got {temperature}")
     device = next(model.parameters()).device
-    dtype = next(p for p in model.parameters() if p.is_floating_point()).dtype
     if not packed.entry_pos:
         empty = torch.zeros(0, device=device)
         return empty, (empty if with_entropy else None)
-    input_ids = torch.tensor([packed.input_ids], device=device)
-    position_ids = torch.tensor([packed.position_ids], device=device)
-    mask = _model_mask(model, packed.parents, dtype, device)
-    unique_pos, inverse = torch.unique(
-        torch.tensor(packed.entry_pos, device=device), return_inverse=True
-    )
-    out = model(
-        input_ids=input_ids,
-        attention_mask=mask,
-        position_ids=position_ids,
-        use_cache=False,
-        logits_to_keep=unique_pos,
-    )
-    logits = out.logits[0].float()[inverse]  # [E, V]
+    logits = _entry_logits(model, packed, split, device)  # [E, V] float32
     if temperature != 1.0:
         logits = logits / temperature
     logp = torch.log_softmax(logits, dim=-1)
@@ -122,20 +114,103 @@ def forward_packed(
     return entry_logprobs, entropy
 
 
-def _model_mask(
-    model: torch.nn.Module, parents: list[int], dtype: torch.dtype, device: torch.device
-):
-    """The 4-D mask in the form the model's attention implementation takes; None for a chain."""
-    if all(p == i - 1 for i, p in enumerate(parents)):
-        return None  # a single causal sequence: let the model use its own (fast) causal path
+def _entry_logits(
+    model: torch.nn.Module, packed: PackedSequence, split: str, device: torch.device
+) -> torch.Tensor:
+    """Logits [E, V] at the entry positions, in entry order, from the planned forwards."""
+    pieces = forward_plan(packed, share_kv=_takes_past(model), split=split)
+    order = sorted(range(packed.num_entries), key=lambda e: packed.entry_pos[e])
+    sorted_pos = [packed.entry_pos[e] for e in order]
+    rows: list[torch.Tensor] = []
+    index: list[int] = []
+    stack: list[tuple[Piece, list | None]] = [(p, None) for p in reversed(pieces)]
+    while stack:
+        piece, past = stack.pop()
+        lo = bisect.bisect_left(sorted_pos, piece.start)
+        hi = bisect.bisect_left(sorted_pos, piece.stop)
+        want = [sorted_pos[k] - piece.start for k in range(lo, hi)]
+        logits, kv = _forward_piece(model, packed, piece, past, want, device)
+        if want:
+            rows.append(logits)
+            index += order[lo:hi]
+        stack.extend((child, kv) for child in reversed(piece.children))
+    out = torch.cat(rows) if len(rows) > 1 else rows[0]
+    return out[torch.argsort(torch.tensor(index, device=device))]
+
+
+def forward_plan(packed: PackedSequence, *, share_kv: bool = True, split: str = "cost") -> list[Piece]:
+    """The forwards `forward_packed` runs for `packed` (see `ajet.context.cascade`)."""
+    ends = _subtree_ends(packed.parents)
+    if ends is None:  # not pre-order: only the whole-sequence mask can express it
+        return [Piece(0, packed.num_tokens)]
+    return plan_pieces(packed.parents, ends, share_kv=share_kv, split=split)
+
+
+def _takes_past(model: torch.nn.Module) -> bool:
+    """Whether the model keeps a past it is given: a layer under gradient checkpointing
+    drops it in training (transformers' GradientCheckpointingLayer)."""
+    if not model.training:
+        return True
+    return not any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
+
+
+def _forward_piece(
+    model: torch.nn.Module,
+    packed: PackedSequence,
+    piece: Piece,
+    past: list | None,
+    want: list[int],
+    device: torch.device,
+) -> tuple[torch.Tensor, list | None]:
+    """Logits [len(want), V] at the piece's local positions `want`, and the keys/values
+    (past + piece, per layer) its children need, or None when it has none."""
+    a, b = piece.start, piece.stop
+    local = [p - a if p >= a else -1 for p in packed.parents[a:b]]
+    past_len = past[0][0].shape[-2] if past else 0
+    mask = None
+    if past_len or any(p != i - 1 for i, p in enumerate(local)):
+        mask = _model_mask(model, local, past_len, device)
+    cache = None
+    if past:
+        from transformers import DynamicCache
+
+        # A fresh cache per piece: the model appends to the cache it is given, and the
+        # siblings of this piece need the past as it was.
+        cache = DynamicCache(ddp_cache_data=past)
+    unique = sorted(set(want))
+    at = {pos: k for k, pos in enumerate(unique)}
+    out = model(
+        input_ids=torch.tensor([packed.input_ids[a:b]], device=device),
+        attention_mask=mask,
+        position_ids=torch.tensor([packed.position_ids[a:b]], device=device),
+        past_key_values=cache,
+        use_cache=bool(piece.children),
+        logits_to_keep=torch.tensor(unique, dtype=torch.long, device=device),
+    )
+    logits = out.logits[0].float()[torch.tensor([at[p] for p in want], device=device)]
+    kv = None
+    if piece.children:
+        kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+    return logits, kv
+
+
+def _model_mask(model: torch.nn.Module, parents: list[int], past: int, device: torch.device):
+    """The 4-D mask [1, 1, T, past + T] in the form the model's attention takes: every
+    token sees the whole past (its ancestors) and its ancestors among `parents`."""
     impl = getattr(getattr(model, "config", None), "_attn_implementation", None) or "eager"
+    if impl not in ("sdpa", "eager"):
+        raise ValueError(
+            f"tree packing needs the model's attention to accept a 4-D mask, but it uses "
+            f"attn_implementation={impl!r}. Load the model with attn_implementation='sdpa' "
+            "(or 'eager'), or set context.tree_packing=false."
+        )
+    allowed = _ancestor_mask(parents, device)
+    if past:
+        seen = torch.ones(len(parents), past, dtype=torch.bool, device=allowed.device)
+        allowed = torch.cat([seen, allowed], dim=1)
     if impl == "sdpa":
         # A bool mask keeps working under bf16 autocast (SDPA wants bool or the query's dtype).
-        return _ancestor_mask(parents, device)[None, None]
-    if impl == "eager":
-        return tree_attention_mask(parents, dtype=dtype, device=device)
-    raise ValueError(
-        f"tree packing needs the model's attention to accept a 4-D mask, but it uses "
-        f"attn_implementation={impl!r}. Load the model with attn_implementation='sdpa' (or 'eager'), "
-        "or set context.tree_packing=false."
-    )
+        return allowed[None, None]
+    dtype = next(p for p in model.parameters() if p.is_floating_point()).dtype
+    mask = torch.full(allowed.shape, torch.finfo(dtype).min, dtype=dtype, device=allowed.device)
+    return mask.masked_fill_(allowed, 0.0)[None, None]
