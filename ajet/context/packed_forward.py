@@ -1,12 +1,17 @@
-"""One forward of a tree-packed sequence with the model's own attention.
+"""The forward of a tree-packed sequence with the model's own attention.
 
-A Hugging Face decoder given a 4-D additive mask `[1, 1, T, T]` uses it as is
+A Hugging Face decoder given a 4-D mask `[1, 1, T, past + T]` uses it as is
 (`transformers.masking_utils` returns a 4-D mask unchanged), and with tree
 `position_ids` (depth in the tree) each token sees exactly the tokens and the
 rotary positions it saw in its own sample: logits equal separate forwards to
 float tolerance (tests/integration/test_context_lossless.py). Works with the
 eager and SDPA attention implementations; a flash-attention varlen path is not
 implemented (it cannot express a tree mask without splitting into chains).
+
+The sequence is computed in the forwards `ajet.context.cascade` plans: each tree on
+its own, a shared trunk once with its keys and values passed as the past of the
+branches below it, or (where that is cheaper) the whole sequence under one tree mask.
+Every plan gives the same logits (tests/unit/test_context_cascade.py).
 
 Logits are computed only at loss-entry positions (`logits_to_keep` with indices),
 so memory is O(entries x vocab), not O(tokens x vocab).
