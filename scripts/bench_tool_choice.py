@@ -1,13 +1,14 @@
-"""How often the bundled model gives a usable structured output, with and without the
-forced tool-call start that ajet uses to enforce `tool_choice`.
+"""How often the bundled model gives a usable structured output: under the tool's JSON-schema
+grammar, with only the forced tool-call start, and with neither.
 
 Each episode asks the model one arithmetic question through the tuner with
 `structured_model=Answer` (what AgentScope's ReActAgent does for structured output: a
 `generate_structured_output` tool plus `tool_choice` naming it). Counted per episode:
 `called`, the reply parsed as a call of that tool (arguments a JSON object), and `valid`, its
 `response.metadata` validates as `Answer` (any integer; correctness is not scored).
-Compared: `forced` (ajet's behaviour) and `unforced`, the same call with the forced start
-switched off (`tool_choice_prefix` returns ""), which is how ajet behaved before.
+Compared: `grammar` (ajet's default, `rollout.tool_call_grammar`: the call is decoded under the
+tool's JSON schema, ajet/engine/grammar.py), `forced` (`tool_call_grammar=off`: only the
+call's start is forced, `tool_choice_prefix`) and `unforced` (neither), how ajet behaved first.
 
 Usage:
     .venv/bin/python scripts/bench_tool_choice.py [--episodes 32] [--max-tokens 48] [--json FILE]
@@ -77,12 +78,14 @@ def main() -> None:
     engine = LocalEngine(model, tokenizer, max_batch_size=16, max_model_len=2048)
     chat = ChatFormat(tokenizer)
     rollout = RolloutConfig(temperature=1.0, max_tokens=args.max_tokens)
+    prefix_only = RolloutConfig(temperature=1.0, max_tokens=args.max_tokens, tool_call_grammar="off")
     context = ContextConfig()
     rows = {}
     try:
-        rows["forced"] = asyncio.run(run_mode(engine, chat, rollout, context, args.episodes))
-        with mock.patch("ajet.engine.chat.tool_choice_prefix", lambda choice, tools: ""):
-            rows["unforced"] = asyncio.run(run_mode(engine, chat, rollout, context, args.episodes))
+        rows["grammar"] = asyncio.run(run_mode(engine, chat, rollout, context, args.episodes))
+        rows["forced"] = asyncio.run(run_mode(engine, chat, prefix_only, context, args.episodes))
+        with mock.patch("ajet.engine.chat.tool_choice_prefix", lambda *args, **kwargs: ""):
+            rows["unforced"] = asyncio.run(run_mode(engine, chat, prefix_only, context, args.episodes))
     finally:
         engine.close()
     print(f"structured output on the bundled model: {args.episodes} episodes, temperature 1.0, "

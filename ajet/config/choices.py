@@ -27,6 +27,14 @@ RL_ALGORITHMS = (Algorithm.grpo, Algorithm.rloo, Algorithm.reinforce_pp, Algorit
 GROUP_ALGORITHMS = (Algorithm.grpo, Algorithm.rloo)
 
 
+class ToolCallGrammar(str, Enum):
+    """Which tool calls decode under their tool's JSON schema (ajet/engine/grammar.py)."""
+
+    off = "off"
+    forced = "forced"  # calls that tool_choice forces
+    all = "all"  # also calls the model starts itself (from its `<tool_call>` on)
+
+
 class Stage(str, Enum):
     """A pipeline stage: a training algorithm, or an evaluation."""
 

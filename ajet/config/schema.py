@@ -31,6 +31,7 @@ from ajet.config.choices import (  # noqa: F401 - re-exported: the schema is whe
     ReaderType,
     ReferenceModel,
     Stage,
+    ToolCallGrammar,
 )
 
 
@@ -177,6 +178,13 @@ class RolloutConfig:
     # required string parameter also forces that key and the opening quote, as a JSON-schema
     # grammar would: the model writes only the value. Forced tokens are context, not trained.
     forced_call_schema_key: bool = False
+    # Tool calls decoded under the tool's JSON schema, so that they always parse (engines that
+    # support grammars: the local engine; ajet/engine/grammar.py): "forced" = calls that
+    # tool_choice forces (from the workflow or first_call_tool_choice); "all" = also the calls
+    # the model starts itself, from its `<tool_call>` on (one call per reply); "off".
+    # Tokens the grammar forces (markup, keys, braces) are context, not trained; sampled
+    # tokens keep exact model logprobs. Supersedes forced_call_schema_key.
+    tool_call_grammar: ToolCallGrammar = ToolCallGrammar.forced
     # Local engine: tokens of prompt KV kept for reuse across calls (prefix cache, LRU); 0 = off.
     # Bundled 135M model in fp32: ~46 KB a token, so 16384 tokens hold at most ~0.75 GB.
     prefix_cache_tokens: int = bounded(16384, Ge(0))

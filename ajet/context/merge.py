@@ -144,18 +144,22 @@ def per_call_samples(
         if not call.trainable or not call.completion_ids:
             continue
         n_prompt, n_completion = len(call.prompt_ids), len(call.completion_ids)
+        trained = [0 if f else 1 for f in call.completion_forced or [False] * n_completion]
+        if not any(trained):  # every token forced by a grammar: nothing to train
+            continue
         samples.append(
             Sample(
                 input_ids=call.prompt_ids + call.completion_ids,
-                loss_mask=[0] * n_prompt + [1] * n_completion,
-                old_logprobs=[0.0] * n_prompt + list(call.completion_logprobs),
+                loss_mask=[0] * n_prompt + trained,
+                old_logprobs=[0.0] * n_prompt
+                + [lp if m else 0.0 for lp, m in zip(call.completion_logprobs, trained, strict=True)],
                 group_id=group_id,
                 episode_id=episode_id,
                 role=call.role,
                 reward=float(reward),
                 segments=[(n_prompt, n_prompt + n_completion)],
                 num_calls=1,
-                token_call_ids=[-1] * n_prompt + [call.call_index] * n_completion,
+                token_call_ids=[-1] * n_prompt + [call.call_index if m else -1 for m in trained],
             )
         )
     return samples

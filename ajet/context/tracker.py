@@ -220,6 +220,11 @@ class ContextTracker:
                 f"LLMCall of role {call.role!r} has {len(call.completion_ids)} completion ids but "
                 f"{len(call.completion_logprobs)} logprobs; the engine must return one logprob per token."
             )
+        if call.completion_forced and len(call.completion_forced) != len(call.completion_ids):
+            raise ValueError(
+                f"LLMCall of role {call.role!r} has {len(call.completion_ids)} completion ids but "
+                f"{len(call.completion_forced)} forced flags; give one per token or none."
+            )
         with self._lock:
             call.call_index = len(self.calls)
             call.trainable = bool(call.trainable) and (
@@ -294,7 +299,8 @@ class ContextTracker:
             spans.append((start, end))
             logprobs[start:end] = call.completion_logprobs
             if call.trainable:
-                trainable[start:end] = [True] * (end - start)
+                forced = call.completion_forced or [False] * (end - start)
+                trainable[start:end] = [not f for f in forced]
         return Timeline(
             timeline_id=timeline_id,
             role=last.role,

@@ -33,6 +33,9 @@ class LLMCall:
     # The completion tokens are recorded as sampled either way (see docs/outputs.md).
     repaired_tool_calls: int = 0
     malformed_tool_call: bool = False
+    # Per completion token: True where a grammar forced it (ajet/engine/grammar.py); such
+    # tokens are context, not trained. Empty when none was forced.
+    completion_forced: list[bool] = field(default_factory=list)
 
 
 @dataclass

@@ -7,7 +7,7 @@ the tuner and gateway only see this interface.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 
 @dataclass
@@ -22,6 +22,9 @@ class SamplingParams:
     # Temperature of the returned logprobs: None = the sampling temperature (1.0 when greedy);
     # set 1.0 to get untempered logprobs. See ajet/engine/sampling.py.
     logprob_temperature: float | None = None
+    # An `ajet.engine.grammar.Grammar` the completion must follow (engines with
+    # `supports_grammar`); None = free text.
+    grammar: Any = None
 
 
 @dataclass
@@ -31,6 +34,9 @@ class Completion:
     finish_reason: str  # "stop" (EOS or stop string) | "length"
     policy_version: int
     text: str = ""  # decoded token_ids (stop string and EOS removed)
+    # Per token: True where a grammar allowed only that token (context, not trained);
+    # empty when no token was forced.
+    forced: list[bool] = field(default_factory=list)
 
 
 class InferenceEngine(Protocol):

@@ -116,6 +116,7 @@ class LocalEngine:
         from ajet.engine.prefill import PrefixReuse
 
         self._reuse = PrefixReuse(model, prefix_cache_tokens)
+        self._grammars: Any = None  # grammar.GrammarRuntime, built on the first grammar
         # Counters for metrics; "max_batch" is the most sequences one decode step has served.
         self.stats = {
             "requests": 0,
@@ -136,6 +137,7 @@ class LocalEngine:
 
     # ---------------------------------------------------------------- public API
     supports_streaming = True  # generate() takes on_token
+    supports_grammar = True  # SamplingParams.grammar (ajet/engine/grammar.py)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, *,
                        on_token: Callable[[int], None] | None = None) -> list[Completion]:
@@ -151,6 +153,8 @@ class LocalEngine:
         loop = asyncio.get_running_loop()
         request = Request(ids, params, stop_strings(params), loop, loop.create_future(), on_token=on_token)
         request.results = [None] * params.n
+        if params.grammar is not None:  # compiled here: a bad grammar fails this call only
+            request.constraints = await asyncio.to_thread(self._constraints, params)
         with self._cv:
             if self._closed:
                 raise EngineClosedError("the engine is closed; create a new LocalEngine")
@@ -243,6 +247,14 @@ class LocalEngine:
         self.close()
 
     # ---------------------------------------------------------------- checks
+    def _constraints(self, params: SamplingParams) -> list[Any]:
+        from ajet.engine.grammar import GrammarRuntime
+
+        with self._cv:
+            if self._grammars is None:
+                self._grammars = GrammarRuntime(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        return [self._grammars.start(params.grammar) for _ in range(params.n)]
+
     def _check_prompt(self, prompt_ids: list[int]) -> list[int]:
         ids = [int(t) for t in prompt_ids]
         if not ids:
@@ -376,7 +388,11 @@ class LocalEngine:
         joining = []
         for index in range(params.n):
             seq = RunningSequence(request, index, make_generator(params.seed, index), prompt_len, budget)
-            self._accept(seq, choose_token(logits, params, seq.generator))
+            seq.constraint = request.constraints[index] if request.constraints else None
+            if seq.constraint is not None and seq.constraint.active:
+                self._accept(seq, seq.constraint.choose(logits, params, seq.generator))
+            else:
+                self._accept(seq, choose_token(logits, params, seq.generator))
             if not seq.finished:
                 joining.append((seq, row_kv))
         return joining
@@ -422,8 +438,7 @@ class LocalEngine:
             if not (seq.request.done or seq.request.cancelled):
                 live.append(row)
         seqs = [self._active[row] for row in live]
-        choices = choose_tokens(logits[live] if len(live) < kv.rows else logits,
-                                [seq.request.params for seq in seqs], [seq.generator for seq in seqs])
+        choices = self._choose(logits[live] if len(live) < kv.rows else logits, seqs)
         for seq, choice in zip(seqs, choices, strict=True):
             if seq.request.done:  # a sibling completion failed earlier in this loop
                 continue
@@ -434,12 +449,42 @@ class LocalEngine:
             self._accept(seq, choice)
         self._retire()
 
+    @staticmethod
+    def _choose(logits: Any, seqs: list[RunningSequence]) -> list[TokenChoice | Exception]:
+        """The next token of each row: grammar-constrained rows one by one, the rest batched."""
+        free = [row for row, seq in enumerate(seqs) if seq.constraint is None or not seq.constraint.active]
+        out: list[TokenChoice | Exception] = [ValueError("unset")] * len(seqs)
+        if free:
+            chosen = choose_tokens(logits[free] if len(free) < len(seqs) else logits,
+                                   [seqs[row].request.params for row in free], [seqs[row].generator for row in free])
+            for row, choice in zip(free, chosen, strict=True):
+                out[row] = choice
+        for row, seq in enumerate(seqs):
+            if seq.constraint is not None and seq.constraint.active:
+                try:
+                    out[row] = seq.constraint.choose(logits[row], seq.request.params, seq.generator)
+                except (ValueError, RuntimeError) as exc:  # GrammarError is a ValueError
+                    out[row] = exc
+        return out
+
     def _accept(self, seq: RunningSequence, choice: TokenChoice) -> None:
         """Append a sampled token; finish the sequence on EOS, a stop string or its budget."""
         seq.token_ids.append(choice.token_id)
         seq.logprobs.append(choice.logprob)
+        seq.forced.append(choice.forced)
         self.stats["generated_tokens"] += 1
         request = seq.request
+        if seq.constraint is not None and not seq.constraint.active:
+            seq.constraint.watch(self._decode(seq.token_ids))  # a trigger: free text until then
+        elif seq.constraint is not None:
+            from ajet.engine.grammar import GrammarError
+
+            try:
+                seq.constraint.accept(choice.token_id)
+            except GrammarError as exc:
+                log.warning("grammar-constrained request failed: %s", exc)
+                self._deliver(request, error=exc)
+                return
         if request.on_token is not None:
             try:  # FIFO on the caller's loop: every token arrives before the result
                 request.loop.call_soon_threadsafe(request.on_token, choice.token_id)
@@ -466,6 +511,7 @@ class LocalEngine:
             finish_reason=reason,
             policy_version=request.policy_version,
             text=text,
+            forced=list(seq.forced) if any(seq.forced) else [],
         )
         if all(result is not None for result in request.results):
             self._deliver(request, result=list(request.results))

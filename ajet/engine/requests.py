@@ -32,6 +32,7 @@ class Request:
     cancelled: bool = False  # the caller stopped waiting
     on_token: Callable[[int], None] | None = None  # streaming: called with each sampled token id
     cached: Any = None  # prefix_cache.Match: the cached part of the prompt, locked until delivery
+    constraints: list[Any] = field(default_factory=list)  # grammar.Constraint per completion
 
 
 @dataclass(eq=False)
@@ -43,6 +44,8 @@ class RunningSequence:
     budget: int  # most tokens it may generate
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    forced: list[bool] = field(default_factory=list)  # per token: the grammar's only choice
+    constraint: Any = None  # grammar.Constraint, when the request has a grammar
     finished: bool = False
 
 

@@ -90,6 +90,7 @@ def make_generator(seed: int | None, index: int) -> torch.Generator:
 class TokenChoice:
     token_id: int
     logprob: float
+    forced: bool = False  # the grammar allowed only this token (ajet/engine/grammar.py)
 
 
 def choose_token(

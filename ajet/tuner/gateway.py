@@ -288,6 +288,7 @@ class Gateway:
                 req.messages,
                 req.tools,
                 tool_choice=req.tool_choice,
+                response_format=req.response_format,
                 on_text=on_text,
                 **req.sampling_overrides(),
             )

@@ -17,8 +17,9 @@ MODEL_NAME = "ajet-policy"
 
 
 class ChatCompletionRequest(BaseModel):
-    """The fields ajet reads. Other OpenAI fields (user, metadata, response_format,
-    parallel_tool_calls, logprobs, ...) are accepted and ignored, as vLLM does."""
+    """The fields ajet reads. Other OpenAI fields (user, metadata, parallel_tool_calls,
+    logprobs, ...) are accepted and ignored, as vLLM does. `response_format` json_schema /
+    json_object constrains the reply (ajet/engine/grammar.py)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -26,6 +27,7 @@ class ChatCompletionRequest(BaseModel):
     messages: list[dict[str, Any]] = Field(min_length=1)
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=-1)  # vLLM extension; -1 or 0 = off

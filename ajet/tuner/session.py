@@ -23,6 +23,7 @@ from ajet.engine.sampling import policy_temperature
 from ajet.tuner.streaming import TextStream, completion_text
 
 log = logging.getLogger(__name__)
+_WARNED_NO_GRAMMAR: set[str] = set()
 
 # Limits on what a request may override (the rollout config gives the defaults).
 _MAX_TEMPERATURE = 2.0
@@ -228,6 +229,7 @@ class EpisodeSession:
         tools: list[dict] | None = None,
         *,
         tool_choice: str | dict | None = None,
+        response_format: dict | None = None,
         on_text: Callable[[str], None] | None = None,
         **sampling_overrides: Any,
     ) -> ChatResult:
@@ -236,7 +238,12 @@ class EpisodeSession:
         `tool_choice="none"` leaves the reply unparsed (tool-call markup stays text);
         "required" / "any" / a function name start the reply with the tool-call markup
         (`ajet.engine.chat.tool_choice_prefix`): the model writes the rest. The forced start
-        is part of the prompt, so it is context, not trained.
+        is part of the prompt, so it is context, not trained. With `rollout.tool_call_grammar`
+        ("forced", or "all" for calls the model starts itself too) and an engine that
+        supports grammars, a forced call is instead decoded under the
+        tool's JSON schema (`ajet.engine.grammar`): it always parses, and the tokens the
+        grammar forces are context. `response_format` (OpenAI's `json_schema` /
+        `json_object`) constrains the reply to JSON the same way.
         `on_text` receives content deltas while the reply is generated, when the engine can
         stream and no tool call is forced (`ajet.tuner.streaming`).
         """
@@ -250,8 +257,11 @@ class EpisodeSession:
 
         try:
             prefix = tool_choice_prefix(tool_choice, tools, schema_key=self.rollout.forced_call_schema_key)
+            params.grammar = self._grammar(tool_choice, tools, response_format)
         except ValueError as err:
             raise InvalidRequestError(str(err)) from None
+        if params.grammar is not None:
+            prefix = ""  # the grammar forces the call's markup itself (as context)
         self._check_prompt_chars(messages)
         # Rendering and tokenising a long prompt takes CPU time: off the loop that runs the
         # episodes (the tracker is thread-safe), so one long prompt stalls only its own call.
@@ -260,7 +270,8 @@ class EpisodeSession:
         params.max_tokens = self._budget(len(prompt_ids), requested)
         capped = params.max_tokens < requested
         streaming: dict[str, Any] = {}
-        if on_text is not None and not prefix and getattr(self.engine, "supports_streaming", False):
+        if (on_text is not None and not prefix and params.grammar is None
+                and getattr(self.engine, "supports_streaming", False)):
 
             streaming["on_token"] = TextStream(self.chat_format, params.stop, on_text).push
         try:
@@ -279,6 +290,42 @@ class EpisodeSession:
         return self._finish(
             role, messages, tools, tool_choice, params, prompt_ids, completion, capped, prefix
         )
+
+    def _grammar(self, tool_choice: str | dict | None, tools: list[dict] | None,
+                 response_format: dict | None) -> Any:
+        """The grammar a call decodes under, or None (see `chat`)."""
+        from ajet.engine.grammar import json_grammar, tool_call_grammar
+
+        kind = (response_format or {}).get("type") if isinstance(response_format, dict) else None
+        if response_format is not None and kind not in ("json_schema", "json_object", "text"):
+            raise InvalidRequestError(
+                f"response_format={response_format!r}: type must be 'json_schema', 'json_object' or 'text'"
+            )
+        mode = self.rollout.tool_call_grammar
+        auto = tool_choice in (None, "auto")
+        calls = bool(tools) and tool_choice != "none" and (mode == "all" or mode == "forced" and not auto)
+        if not (calls or kind in ("json_schema", "json_object")):
+            return None
+        if not getattr(self.engine, "supports_grammar", False):
+            engine = type(self.engine).__name__
+            if engine not in _WARNED_NO_GRAMMAR:  # once per engine type, not per episode
+                _WARNED_NO_GRAMMAR.add(engine)
+                log.warning("the inference engine %s cannot constrain decoding to a grammar; "
+                            "forced tool calls and response_format are decoded freely", engine)
+            return None
+        if kind == "json_schema":
+            spec = response_format.get("json_schema") or {}
+            if not isinstance(spec, dict):
+                raise InvalidRequestError("response_format.json_schema must be an object with a 'schema'")
+            return json_grammar(spec.get("schema"), strict=bool(spec.get("strict")))
+        if kind == "json_object":
+            return json_grammar(None)
+        if auto:
+            return tool_call_grammar(tools or [], triggered=True)
+        if tool_choice in ("required", "any"):
+            return tool_call_grammar(tools or [])
+        name = (tool_choice.get("function") or {}).get("name") if isinstance(tool_choice, dict) else tool_choice
+        return tool_call_grammar(tools or [], name)
 
     def _first_call_tool_choice(
         self, role: str, tools: list[dict] | None, tool_choice: str | dict | None
@@ -378,7 +425,7 @@ class EpisodeSession:
             message: dict[str, Any] = {"role": "assistant", "content": text}
         else:
             parsed = self.chat_format.parse_completion(text)
-            if prefix and parsed.malformed_tool_call:
+            if (prefix or params.grammar is not None) and parsed.malformed_tool_call:
                 parsed = self._close_forced_call(text, parsed)
             malformed = bool(parsed.malformed_tool_call)
             repaired = len(parsed.repaired)
@@ -389,6 +436,7 @@ class EpisodeSession:
             prompt_ids=list(prompt_ids),
             completion_ids=list(completion.token_ids),
             completion_logprobs=list(completion.logprobs),
+            completion_forced=list(completion.forced),
             finish_reason=finish_reason,
             policy_version=completion.policy_version,
             messages=[dict(m) for m in messages],
