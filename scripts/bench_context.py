@@ -344,7 +344,13 @@ def run(
                     row["fwd_bwd_s_per_call_padded"] / row["fwd_bwd_s_packed"]
                 )
         rows.append(row)
-        print(f"done: {name}", file=sys.stderr)
+        timing = ""
+        if "speedup" in row:
+            timing = (
+                f": ratio {row['token_ratio']:.2f}, speed-up {row['speedup']:.2f}"
+                f" ({row['speedup_over_ratio']:.2f} of the ratio)"
+            )
+        print(f"done: {name}{timing}", file=sys.stderr)
     return rows
 
 
