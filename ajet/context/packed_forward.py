@@ -192,7 +192,8 @@ def _forward_piece(
         use_cache=bool(piece.children),
         logits_to_keep=torch.tensor(unique, dtype=torch.long, device=device),
     )
-    logits = out.logits[0].float()[torch.tensor([at[p] for p in want], device=device)]
+    rows = torch.tensor([at[p] for p in want], dtype=torch.long, device=device)
+    logits = out.logits[0].float()[rows]
     kv = None
     if piece.children:
         kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]

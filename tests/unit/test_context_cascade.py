@@ -128,3 +128,18 @@ def test_gradient_checkpointing_falls_back_to_whole_trees():
     with torch.no_grad():
         want, _ = forward_packed(tiny_llama().eval(), packed, split="never")
     torch.testing.assert_close(got.detach(), want, atol=1e-5, rtol=0)
+
+
+def test_a_trunk_without_trained_tokens():
+    # Only the last 5 tokens of each sample are trained: the shared trunk (and the
+    # forwards inside it) predict nothing, and must still pass their keys and values on.
+    s = tree_samples()
+    for sample in s[:4]:
+        n = len(sample.input_ids)
+        sample.loss_mask = [0] * (n - 5) + [1] * 5
+    (packed,) = pack_samples(s, loss_weights(s, LossAgg.token_mean), 10_000)
+    model = tiny_llama().eval()
+    with torch.no_grad():
+        want, _ = forward_packed(model, packed, split="never")
+        got, _ = forward_packed(model, packed, split="always")
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
