@@ -95,6 +95,7 @@ def run_stage(cfg: AjetConfig, stage: str, *, workflow: Any = None, resume: bool
 def run_pipeline(cfg: AjetConfig, *, workflow: Any = None, resume: bool = False) -> Path:
     """Run every stage in order; return the pipeline's run directory."""
     from ajet.eval.runner import evaluate
+    from ajet.training.memory import release_memory
     from ajet.training.run_dir import run_dir_of
 
     run_dir = run_dir_of(cfg)
@@ -105,6 +106,7 @@ def run_pipeline(cfg: AjetConfig, *, workflow: Any = None, resume: bool = False)
     for index, stage_enum in enumerate(cfg.pipeline.stages, start=1):
         stage = Stage(stage_enum).value
         stage_cfg = stage_config(cfg, stage, index, model_path)
+        release_memory()  # the previous stage's model and optimizer state are garbage now
         if stage == "eval":
             name = f"{index:02d}_{label}"
             out = run_dir / "eval" / f"eval_{name}.json"

@@ -11,13 +11,17 @@ tokens, cache hit rate, with the engine's prefix cache off and on.
 Decode (`--workloads decode`): for each concurrency c, c chat requests each generate exactly
 --new-tokens tokens (greedy, EOS ignored):
 
-- ours:          c concurrent `LocalEngine.generate` calls (continuous batching)
+- ours:          c concurrent `LocalEngine.generate` calls (continuous batching), fp32 weights
+- ours_fp16 / ours_bf16: the same with the engine's fp16 / bf16 copy of the weights
+                 (`--engine-dtypes`, ajet/engine/weights.py); after the timings each prints
+                 its logprob mismatch against the fp32 weights on 16 sampled completions
 - hf_sequential: `model.generate` once per request, one request after the other
 - hf_batched:    one `model.generate` call over a static, left-padded batch of c
 
 Usage:
     .venv/bin/python scripts/bench_engine.py [--json FILE] [--workloads agent,decode]
         [--new-tokens 128] [--concurrency 1,4,16] [--episodes 16] [--turns 8]
+        [--engine-dtypes float32,float16,bfloat16] [--repeats 2]
 
 A benchmark measures; it asserts nothing about speed. The machine may be shared: repeat
 runs and compare like with like.
@@ -77,6 +81,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--methods",
         default="ours,hf_sequential,hf_batched",
         help="comma-separated subset of the three methods",
+    )
+    parser.add_argument(
+        "--engine-dtypes",
+        default="float32,float16,bfloat16",
+        help="decode: the engine weight dtypes measured as 'ours' (float32), ours_fp16, ours_bf16",
     )
     parser.add_argument("--workloads", default="agent,decode", help="agent and/or decode")
     parser.add_argument("--episodes", type=int, default=16, help="agent: concurrent episodes")
@@ -257,36 +266,58 @@ def bench_hf(model, tokenizer, prompts: list[list[int]], new_tokens: int, batche
     return produced / elapsed
 
 
+OURS = {"float32": "ours", "float16": "ours_fp16", "bfloat16": "ours_bf16"}
+
+
+def decode_methods(args) -> list[str]:
+    """--methods with "ours" expanded into one row per --engine-dtypes entry."""
+    methods = []
+    for method in (m for m in args.methods.split(",") if m):
+        if method == "ours":
+            for dtype in (d for d in args.engine_dtypes.split(",") if d):
+                if dtype not in OURS:
+                    raise SystemExit(f"unknown engine dtype {dtype!r}; choose from {', '.join(OURS)}")
+                methods.append(OURS[dtype])
+        elif method in ("hf_sequential", "hf_batched"):
+            methods.append(method)
+        else:
+            raise SystemExit(f"unknown method {method!r}; choose from ours, hf_sequential, hf_batched")
+    return methods
+
+
 def run_decode(model, tokenizer, args) -> dict[str, dict[str, float]]:
     from ajet.engine.local import LocalEngine
 
     levels = [int(c) for c in args.concurrency.split(",") if c]
-    methods = [m for m in args.methods.split(",") if m]
+    methods = decode_methods(args)
     prompts = chat_prompts(tokenizer, max(levels))
     runs: dict[str, dict[str, list[float]]] = {m: {str(c): [] for c in levels} for m in methods}
-    engine = LocalEngine(model, tokenizer, max_batch_size=max(32, max(levels)), eos_token_ids=[])
+    dtypes = {name: dtype for dtype, name in OURS.items() if name in methods}
+    engines = {name: LocalEngine(model, tokenizer, max_batch_size=max(32, max(levels)), eos_token_ids=[],
+                                 dtype=dtype) for name, dtype in dtypes.items()}
+    mismatch = {}
     try:
         # Warm-up: the first forwards on a new thread are slow (allocator, thread pools).
-        for c in sorted({1, max(levels)}):
-            bench_ours(engine, prompts[:c], 8)
-        if set(methods) - {"ours"}:
+        for engine in engines.values():
+            for c in sorted({1, max(levels)}):
+                bench_ours(engine, prompts[:c], 8)
+        if set(methods) - set(engines):
             bench_hf(model, tokenizer, prompts[:1], 8, batched=False)
         for _ in range(args.repeats):
             for c in levels:
                 for method in methods:
-                    if method == "ours":
-                        rate = bench_ours(engine, prompts[:c], args.new_tokens)
-                    elif method in ("hf_sequential", "hf_batched"):
-                        batched = method == "hf_batched"
-                        rate = bench_hf(model, tokenizer, prompts[:c], args.new_tokens, batched)
+                    if method in engines:
+                        rate = bench_ours(engines[method], prompts[:c], args.new_tokens)
                     else:
-                        raise SystemExit(
-                            f"unknown method {method!r}; choose from ours, hf_sequential, hf_batched"
-                        )
+                        rate = bench_hf(model, tokenizer, prompts[:c], args.new_tokens, method == "hf_batched")
                     runs[method][str(c)].append(round(rate, 2))
                     print(f"  c={c:<3} {method:<14} {rate:8.1f} tok/s", flush=True)
+        for name, engine in engines.items():
+            if engine.dtype != "float32":
+                mismatch[name] = logprob_mismatch(engine, model, prompts, args.new_tokens)
     finally:
-        engine.close()
+        for engine in engines.values():
+            engine.close()
     # On a shared machine the best run is the one least disturbed by other processes.
     results = {m: {c: max(rates) for c, rates in per_c.items()} for m, per_c in runs.items()}
     print(
@@ -296,10 +327,37 @@ def run_decode(model, tokenizer, args) -> dict[str, dict[str, float]]:
     for c in levels:
         print(f"{c:>12} " + " ".join(f"{results[m][str(c)]:>14.1f}" for m in methods))
     for base in ("hf_sequential", "hf_batched"):
-        if "ours" in results and base in results:
-            for c in levels:
-                print(f"ours / {base} at {c}: {results['ours'][str(c)] / results[base][str(c)]:.2f}x")
-    return {"tok_s": results, "runs": runs}
+        for ours in (m for m in methods if m in engines):
+            if base in results:
+                print(f"{ours} / {base}: " + ", ".join(
+                    f"{results[ours][str(c)] / results[base][str(c)]:.2f}x at {c}" for c in levels))
+    for name, m in mismatch.items():
+        print(f"{name}: |engine - fp32 trainer| logprob over {m['tokens']} sampled tokens: "
+              f"mean {m['mean']:.4f}, max {m['max']:.4f}")
+    return {"tok_s": results, "runs": runs, "logprob_mismatch": mismatch}
+
+
+def logprob_mismatch(engine, model, prompts: list[list[int]], new_tokens: int) -> dict[str, float]:
+    """Sample one completion per prompt (temperature 1) with `engine`, then recompute each
+    token's logprob with `model`'s fp32 weights, as the RL update does
+    (`rollout/logprob_mismatch`)."""
+    import torch
+
+    from ajet.engine.base import SamplingParams
+
+    async def run():
+        return await asyncio.gather(*(
+            engine.generate(p, SamplingParams(temperature=1.0, max_tokens=new_tokens, seed=i))
+            for i, p in enumerate(prompts)))
+
+    diffs = []
+    for prompt, (completion,) in zip(prompts, asyncio.run(run()), strict=True):
+        with torch.inference_mode():
+            logits = model(torch.tensor([prompt + completion.token_ids])).logits[0, len(prompt) - 1 : -1]
+        trainer = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(completion.token_ids)[:, None])[:, 0]
+        diffs.append((trainer - torch.tensor(completion.logprobs)).abs())
+    d = torch.cat(diffs)
+    return {"mean": float(d.mean()), "max": float(d.max()), "tokens": d.numel()}
 
 
 def peak_rss_gb() -> float:

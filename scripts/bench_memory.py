@@ -1,17 +1,27 @@
 """Peak resident memory (RSS) of a training run, e.g. the math agent of `make demo`, and
 what the big parts of it are.
 
-Runs `ajet --conf CONF --backbone=debug` (plus any overrides) as a child process, samples
-its RSS every --interval seconds, and prints the peak, the RSS at each log line that names a
-phase (rollout, update, validation), and the sizes that follow from the model: weights,
-gradients and AdamW state (2 x weights) in fp32, and the engine's KV per token.
+Two modes:
+
+- **run** (default): runs `ajet --conf CONF --backbone=debug` (plus any overrides) as a child
+  process, samples its RSS every --interval seconds, and prints the peak, the peak of each
+  phase the log names (pipeline stages, evaluations, training steps), and the sizes that
+  follow from the model: weights, gradients and AdamW state in fp32, the engine's KV per token.
+- **--update**: in this process, one policy update (`PolicyUpdater.update`) on a synthetic
+  batch shaped like a `make demo` GRPO step (4 tasks x 4 episodes of one call: a 300-token
+  system prompt, a 30-token question, 64 completion tokens; 1444 packed tokens, 1024 trained),
+  repeated --steps times, with the RSS before, at the peak of and after each update (before and
+  after `release_memory`). Overrides (`trainer.gradient_checkpointing=true`,
+  `trainer.logits_chunk_tokens=0`, ...) measure one lever at a time in minutes.
 
 Usage:
     .venv/bin/python scripts/bench_memory.py [--conf tutorial/example_math_agent/math_agent.yaml]
-        [-- trainer.total_steps=1 trainer.val_every=0]
+        [trainer.total_steps=2 trainer.val_every=0 ...]
+    .venv/bin/python scripts/bench_memory.py --update [--steps 2] [trainer.logits_chunk_tokens=0 ...]
 
 A benchmark measures; it asserts nothing. Other processes on the machine do not change RSS,
-but they slow the run down.
+but they slow the run down. MALLOC_ARENA_MAX and other malloc settings in the environment
+reach the child (and this process) unchanged.
 """
 
 from __future__ import annotations
@@ -19,11 +29,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+
+# Log lines that start a phase of the run, and the phase's name.
+_PHASES = [
+    (re.compile(r"pipeline: stage (\d+)/\d+ \((\w+)\)"), lambda m: f"stage {m[1]} {m[2]}"),
+    (re.compile(r"eval (\S+): \d+ \S+ tasks"), lambda m: f"eval {m[1]}"),
+]
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -31,6 +48,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--conf", default="tutorial/example_math_agent/math_agent.yaml")
     parser.add_argument("--interval", type=float, default=0.2, help="seconds between RSS samples")
     parser.add_argument("--json", type=Path, default=None, help="write the results to this JSON file")
+    parser.add_argument("--log", type=Path, default=None, help="run mode: also write the run's output to this file")
+    parser.add_argument("--update", action="store_true", help="measure policy updates in this process")
+    parser.add_argument("--steps", type=int, default=2, help="--update: updates to run")
     parser.add_argument("overrides", nargs="*", help="config overrides passed to ajet (key=value)")
     return parser.parse_args(argv)
 
@@ -51,7 +71,8 @@ def model_sizes(model_name: str = "smollm2-135m-instruct") -> dict[str, float]:
     gb = 4 / 1e9
     return {
         "weights_gb": params * gb,
-        "grads_and_adamw_gb": 3 * params * gb,
+        "grads_gb": params * gb,
+        "adamw_gb": 2 * params * gb,
         "kv_per_1k_tokens_gb": 1000 * layers * 2 * kv_heads * dim * gb,
         "logits_per_1k_tokens_gb": 1000 * vocab * gb,
     }
@@ -67,45 +88,154 @@ def rss_of_tree(pid: int) -> int:
         return 0
 
 
-def main(argv: list[str]) -> int:
-    args = parse_args(argv)
+class Sampler:
+    """RSS of a process tree every `interval` s in a thread; `peak_since(t)` for phases."""
+
+    def __init__(self, pid: int, interval: float) -> None:
+        self.pid, self.interval, self.start = pid, interval, time.monotonic()
+        self.samples: list[tuple[float, int]] = []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._done.is_set():
+            self.samples.append((time.monotonic() - self.start, rss_of_tree(self.pid)))
+            time.sleep(self.interval)
+
+    def now(self) -> float:
+        return time.monotonic() - self.start
+
+    def last(self) -> int:
+        return self.samples[-1][1] if self.samples else 0
+
+    def peak(self, since: float = 0.0, until: float = float("inf")) -> int:
+        return max((rss for t, rss in self.samples if since <= t <= until), default=0)
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+
+def run_mode(args: argparse.Namespace) -> int:
     cmd = [sys.executable, "-m", "ajet.cli.main", "--conf", args.conf, "--backbone=debug", *args.overrides]
     print("running:", " ".join(cmd), flush=True)
-    start = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=os.environ | {"PYTHONUNBUFFERED": "1"})
-    samples: list[tuple[float, int]] = []
-    done = threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            samples.append((time.monotonic() - start, rss_of_tree(proc.pid)))
-            time.sleep(args.interval)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    marks = []
+    sampler = Sampler(proc.pid, args.interval)
+    phases: list[tuple[float, str]] = [(0.0, "start-up")]
+    steps: list[tuple[float, float, str]] = []
     assert proc.stdout is not None
+    log = open(args.log, "w") if args.log else None  # noqa: SIM115 - closed below
     for line in proc.stdout:
-        rss = samples[-1][1] if samples else 0
-        low = line.lower()
-        if any(word in low for word in ("rollout", "update", "validation", "step")):
-            marks.append((round(time.monotonic() - start, 1), round(rss / 1e9, 2), line.strip()[:100]))
+        if log:
+            log.write(line)
+        for pattern, name in _PHASES:
+            if match := pattern.search(line):
+                phases.append((sampler.now(), name(match)))
+        if re.search(r"\bstep \d+/\d+", line):
+            steps.append((round(sampler.now(), 1), round(sampler.last() / 1e9, 2), line.strip()[:90]))
     code = proc.wait()
-    done.set()
-    sampler.join()
-    peak = max((rss for _, rss in samples), default=0)
-    sizes = model_sizes()
-    print(f"\nexit code {code}; {time.monotonic() - start:.0f} s")
-    print("RSS (GB) when these lines were printed:")
-    for t, rss, line in marks[-20:]:
+    sampler.stop()
+    if log:
+        log.close()
+    end = sampler.now()
+    print(f"\nexit code {code}; {end:.0f} s")
+    print("peak RSS per phase (GB):")
+    rows = []
+    for (t0, name), (t1, _) in zip(phases, [*phases[1:], (end, "")], strict=True):
+        rows.append({"phase": name, "from_s": round(t0), "to_s": round(t1), "peak_gb": sampler.peak(t0, t1) / 1e9})
+        print(f"  {name:28s} {t0:7.0f}-{t1:<7.0f} s  {rows[-1]['peak_gb']:6.2f}")
+    print("RSS (GB) when a training step was logged:")
+    for t, rss, line in steps[-20:]:
         print(f"  {t:7.1f} s {rss:6.2f}  {line}")
+    peak = sampler.peak()
+    sizes = model_sizes()
     print(f"\npeak RSS: {peak / 1e9:.2f} GB")
     print("from the model's shape (fp32): " + ", ".join(f"{k} {v:.2f}" for k, v in sizes.items()))
     if args.json:
+        samples = sampler.samples[:: max(1, len(sampler.samples) // 500)]
         args.json.write_text(json.dumps({"peak_rss_gb": peak / 1e9, "exit_code": code, "sizes": sizes,
-                                         "samples": samples[:: max(1, len(samples) // 500)]}, indent=1) + "\n")
+                                         "phases": rows, "samples": samples}, indent=1) + "\n")
     return code
+
+
+def demo_batch(vocab: int, seed: int = 0) -> list:
+    """Samples shaped like a `make demo` GRPO step: 4 tasks x 4 one-call episodes."""
+    import random
+
+    from ajet.context.types import Sample
+
+    rng = random.Random(seed)
+    system = [rng.randrange(vocab) for _ in range(300)]
+    samples = []
+    for task in range(4):
+        question = [rng.randrange(vocab) for _ in range(30)]
+        for episode in range(4):
+            completion = [rng.randrange(vocab) for _ in range(64)]
+            mask = [0] * (len(system) + len(question)) + [1] * len(completion)
+            samples.append(Sample(
+                input_ids=system + question + completion, loss_mask=mask,
+                old_logprobs=[-3.0 * m for m in mask], advantage=[(1.0 if episode % 2 else -1.0) * m for m in mask],
+                group_id=str(task), episode_id=f"{task}-{episode}", token_call_ids=[0 if m else -1 for m in mask]))
+    return samples
+
+
+def update_mode(args: argparse.Namespace) -> int:
+    from ajet.backbones.debug.update import PolicyUpdater
+    from ajet.config.loader import load_config
+    from ajet.context.pack import loss_weights, pack_samples
+    from ajet.training.memory import release_memory
+    from ajet.training.model import load_trainable_model
+    from ajet.training.optim import build_optimizer
+
+    cfg = load_config(args.conf, args.overrides, require_workflow=False)
+    t = cfg.trainer
+    print(f"gradient_checkpointing={t.gradient_checkpointing} logits_chunk_tokens={t.logits_chunk_tokens} "
+          f"micro_batch_tokens={t.micro_batch_tokens} bf16={t.bf16} "
+          f"MALLOC_ARENA_MAX={os.environ.get('MALLOC_ARENA_MAX', '-')}", flush=True)
+    sampler = Sampler(os.getpid(), 0.01)
+    rows: list[dict[str, float | str]] = []
+
+    def row(name: str, since: float) -> None:
+        rows.append({"phase": name, "rss_gb": sampler.last() / 1e9, "peak_gb": sampler.peak(since) / 1e9})
+        print(f"  {name:34s} rss {rows[-1]['rss_gb']:5.2f}  peak {rows[-1]['peak_gb']:5.2f}", flush=True)
+
+    since = sampler.now()
+    model, _ = load_trainable_model(cfg.model, seed=0, gradient_checkpointing=t.gradient_checkpointing)
+    for p in model.parameters():  # touch every weight page, as the engine's first forward does
+        p.data.add_(0)
+    time.sleep(0.05)
+    row("model loaded", since)
+    optimizer, _ = build_optimizer(model, t)
+    updater = PolicyUpdater(model, optimizer, t, cfg.algorithm, temperature=1.0)
+    samples = demo_batch(model.config.vocab_size)
+    packed = pack_samples(samples, loss_weights(samples, cfg.context.loss_agg), t.micro_batch_tokens)
+    print(f"packed tokens {[p.num_tokens for p in packed]}, trained {[p.num_entries for p in packed]}")
+    for step in range(1, args.steps + 1):
+        since = sampler.now()
+        start = time.monotonic()
+        updater.update(packed)
+        seconds = time.monotonic() - start
+        time.sleep(0.05)
+        row(f"update {step} ({seconds:.0f} s): after", since)
+        since = sampler.now()
+        release_memory()
+        time.sleep(0.05)
+        row(f"update {step}: after release_memory", since)
+    sampler.stop()
+    sizes = model_sizes()
+    print("from the model's shape (fp32): " + ", ".join(f"{k} {v:.2f}" for k, v in sizes.items()))
+    if args.json:
+        args.json.write_text(json.dumps({"config": {"gradient_checkpointing": t.gradient_checkpointing,
+                                                    "logits_chunk_tokens": t.logits_chunk_tokens},
+                                         "rows": rows, "sizes": sizes}, indent=1) + "\n")
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    return update_mode(args) if args.update else run_mode(args)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 Every loss is `sum(weight * per_entry_loss)`: the weights already carry the
 normalisation (token_mean / seq_mean / episode_mean over the global batch), so summing
-over micro-batches gives the batch loss. This module imports torch; import it lazily.
+over micro-batches gives the batch loss. `token_logprobs` turns final hidden states into
+those per-entry log-probs (optionally in chunks). This module imports torch; import it lazily.
 """
 
 from __future__ import annotations
@@ -32,12 +33,14 @@ def policy_loss(
     clip_high: float,
     mode: str = "ppo",
     clip_c: float = 3.0,
+    is_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """PPO clipped surrogate `-min(r*A, clip(r, 1-clip_low, 1+clip_high)*A)`, weighted sum.
 
     `r = exp(new - old)`. On-policy single-epoch GRPO has r == 1 in value, but the same
     formula still gives the gradient `-A * d(new)` through r. `mode="dual_clip"` also
     bounds the loss of negative-advantage tokens by `-clip_c * A` (verl's dual-clip PPO).
+    `is_weights` (e.g. `tis_weights`) multiply each entry's loss; they carry no gradient.
 
     Metrics (unweighted means over the given entries): `clip_frac` (share of entries
     where the clipped term is the one taken), `approx_kl` (k3 estimate of KL(old||new)),
@@ -56,6 +59,9 @@ def policy_loss(
             raise ValueError(f"dual-clip needs clip_c > 1, got {clip_c}")
         bounded = torch.minimum(per_entry, -advantages * clip_c)
         per_entry = torch.where(advantages < 0, bounded, per_entry)
+    if is_weights is not None:
+        _check_same_shape(new=new_logprobs, is_weights=is_weights)
+        per_entry = per_entry * is_weights.detach()
     loss = (weights * per_entry).sum()
 
     with torch.no_grad():
@@ -68,6 +74,24 @@ def policy_loss(
             "n_entries": float(n),
         }
     return loss, metrics
+
+
+def tis_weights(trainer_logprobs: Tensor, engine_logprobs: Tensor, cap: float) -> Tensor:
+    """Truncated importance sampling (TIS): per entry `min(exp(trainer - engine), cap)`, no
+    gradient.
+
+    The engine sampled the tokens with its own numerics (a bf16 copy of the weights, other
+    kernels), so they come from a slightly different policy than the trainer's at the same
+    weights. Weighting each entry's policy-gradient term by the ratio of the two makes the
+    gradient the trainer's policy's; the cap bounds its variance. As in "Your efficient RL
+    framework secretly brings you off-policy RL training" (Yao et al., 2025) and verl's
+    `tis_imp_ratio_cap`; the PPO ratio is then taken against the trainer's old logprobs.
+    """
+    _check_same_shape(trainer=trainer_logprobs, engine=engine_logprobs)
+    if cap <= 0:
+        raise ValueError(f"tis cap must be > 0, got {cap}")
+    log_ratio = torch.clamp(trainer_logprobs - engine_logprobs, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    return torch.clamp(torch.exp(log_ratio.detach()), max=cap)
 
 
 def kl_penalty(new_logprobs: Tensor, ref_logprobs: Tensor, kind: str = "k3") -> Tensor:

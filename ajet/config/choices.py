@@ -54,6 +54,14 @@ class DType(str, Enum):
     auto = "auto"
 
 
+class EngineDType(str, Enum):
+    """The local engine's weights (ajet/engine/weights.py)."""
+
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
 class LrSchedule(str, Enum):
     constant = "constant"
     linear = "linear"

@@ -23,6 +23,7 @@ from ajet.config.choices import (  # noqa: F401 - re-exported: the schema is whe
     Backbone,
     DpoLoss,
     DType,
+    EngineDType,
     EvalSplit,
     LossAgg,
     LrSchedule,
@@ -188,6 +189,12 @@ class RolloutConfig:
     # Local engine: tokens of prompt KV kept for reuse across calls (prefix cache, LRU); 0 = off.
     # Bundled 135M model in fp32: ~46 KB a token, so 16384 tokens hold at most ~0.75 GB.
     prefix_cache_tokens: int = bounded(16384, Ge(0))
+    # Local engine: the weights decoding uses. float32 = the trainer's own (no copy); bfloat16 = a
+    # bf16 copy (fast on GPUs and CPUs with avx512_bf16/AMX, ~2.6x slower on AVX2-only CPUs);
+    # float16 = fp16 copies of the linear layers multiplied with fp32 activations by FBGEMM (x86
+    # CPUs). A copy (~0.27 GB for 135M) is refreshed after every weight update; the update logs
+    # the logprob mismatch it causes (rollout/logprob_mismatch; see algorithm.tis_cap).
+    engine_dtype: EngineDType = EngineDType.float32
 
 
 @dataclass
@@ -217,6 +224,11 @@ class AlgorithmConfig:
     kl_coef: float = bounded(0.0, Ge(0))
     kl_reference: ReferenceModel = ReferenceModel.frozen
     entropy_coef: float = 0.0
+    # Truncated importance sampling (TIS) against the engine-vs-trainer mismatch: when > 0, each
+    # token's policy loss is weighted by min(exp(trainer_old - engine_logprob), tis_cap) and the
+    # PPO ratio uses the trainer's old logprobs; 0 = off. Worth it when the engine decodes in
+    # another precision (rollout.engine_dtype); verl's usual cap is 2.
+    tis_cap: float = bounded(0.0, Ge(0))
     # Discount for per-step rewards (REINFORCE++ returns).
     gamma: float = bounded(1.0, Interval(gt=0, le=1))
     # DPO
@@ -321,7 +333,14 @@ class TrainerConfig:
     micro_batch_tokens: int = bounded(4096, Ge(16))
     # bf16 autocast (on GPU or CPUs that support it).
     bf16: bool = False
+    # Recompute each decoder layer's activations in backward instead of keeping them (HF
+    # gradient checkpointing): the update's activations shrink to one layer's, for about one
+    # more forward of compute.
     gradient_checkpointing: bool = False
+    # The LM head's logits of trained tokens are computed this many tokens at a time and
+    # recomputed in backward, so a micro-batch never holds its full [tokens x vocab] logits
+    # (0 = all at once). Exact either way; see ajet.context.logprobs.token_logprobs.
+    logits_chunk_tokens: int = bounded(256, Ge(0))
     save_every: int = bounded(0, Ge(0))  # 0 = only at the end
     # Complete checkpoints kept on disk (older ones are deleted); 0 = keep all.
     keep_checkpoints: int = bounded(2, Ge(0))

@@ -14,7 +14,9 @@ branches below it, or (where that is cheaper) the whole sequence under one tree 
 Every plan gives the same logits (tests/unit/test_context_cascade.py).
 
 Logits are computed only at loss-entry positions (`logits_to_keep` with indices),
-so memory is O(entries x vocab), not O(tokens x vocab).
+so memory is O(entries x vocab), not O(tokens x vocab); with `logits_chunk > 0` (and a
+model whose logits are a plain LM head over its decoder's output) they are computed that
+many entries at a time by `ajet.context.logprobs.token_logprobs`, O(chunk x vocab).
 """
 
 from __future__ import annotations
@@ -93,12 +95,14 @@ def forward_packed(
     with_entropy: bool = False,
     temperature: float = 1.0,
     split: str = "cost",
+    logits_chunk: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropies) of the entry tokens under `model`.
 
     `temperature` divides the logits first, matching how the rollout sampled.
     `split` picks the forwards (`ajet.context.cascade`): "cost" by the cost model,
     "never" one forward under the 4-D tree mask, "always" a forward per trunk.
+    `logits_chunk > 0`: the LM head runs on that many entries at a time (see the module doc).
     Returns float32 tensors of shape [E] (E = packed.num_entries).
     """
     if temperature <= 0:
@@ -107,11 +111,18 @@ def forward_packed(
     if not packed.entry_pos:
         empty = torch.zeros(0, device=device)
         return empty, (empty if with_entropy else None)
-    logits = _entry_logits(model, packed, split, device)  # [E, V] float32
+    tokens = torch.tensor(packed.entry_token, device=device)
+    head_split = _decoder_and_head(model) if logits_chunk > 0 else None
+    rows = _entry_rows(model, packed, split, device, head_split)  # [E, H] or [E, V], entry order
+    if head_split is not None:
+        from ajet.context.logprobs import token_logprobs
+
+        return token_logprobs(rows, head_split[1], tokens, temperature=temperature,
+                              chunk_size=logits_chunk, with_entropy=with_entropy)
+    logits = rows.float()
     if temperature != 1.0:
         logits = logits / temperature
     logp = torch.log_softmax(logits, dim=-1)
-    tokens = torch.tensor(packed.entry_token, device=device)
     entry_logprobs = logp.gather(-1, tokens[:, None]).squeeze(-1)
     entropy = None
     if with_entropy:
@@ -119,10 +130,26 @@ def forward_packed(
     return entry_logprobs, entropy
 
 
-def _entry_logits(
-    model: torch.nn.Module, packed: PackedSequence, split: str, device: torch.device
+# Model types whose logits are exactly `lm_head(decoder(...).last_hidden_state)` (no logit
+# scaling or soft-capping after the head): the chunked path computes the same values.
+_PLAIN_HEAD_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "smollm3"})
+
+
+def _decoder_and_head(model: torch.nn.Module):
+    """(decoder, LM head) of a plain-head causal LM (a peft wrapper included), else None."""
+    config = getattr(model, "config", None)
+    if getattr(config, "model_type", None) not in _PLAIN_HEAD_TYPES:
+        return None
+    head = model.get_output_embeddings()
+    return None if head is None else (model.get_decoder(), head)
+
+
+def _entry_rows(
+    model: torch.nn.Module, packed: PackedSequence, split: str, device: torch.device,
+    head_split: tuple | None = None,
 ) -> torch.Tensor:
-    """Logits [E, V] at the entry positions, in entry order, from the planned forwards."""
+    """Logits [E, V] at the entry positions, in entry order, from the planned forwards; with
+    `head_split` (decoder, LM head), the decoder's final hidden states [E, H] instead."""
     pieces = forward_plan(packed, share_kv=_takes_past(model), split=split)
     order = sorted(range(packed.num_entries), key=lambda e: packed.entry_pos[e])
     sorted_pos = [packed.entry_pos[e] for e in order]
@@ -134,7 +161,7 @@ def _entry_logits(
         lo = bisect.bisect_left(sorted_pos, piece.start)
         hi = bisect.bisect_left(sorted_pos, piece.stop)
         want = [sorted_pos[k] - piece.start for k in range(lo, hi)]
-        logits, kv = _forward_piece(model, packed, piece, past, want, device)
+        logits, kv = _forward_piece(model, packed, piece, past, want, device, head_split)
         if want:
             rows.append(logits)
             index += order[lo:hi]
@@ -166,9 +193,11 @@ def _forward_piece(
     past: list | None,
     want: list[int],
     device: torch.device,
+    head_split: tuple | None = None,
 ) -> tuple[torch.Tensor, list | None]:
-    """Logits [len(want), V] at the piece's local positions `want`, and the keys/values
-    (past + piece, per layer) its children need, or None when it has none."""
+    """Logits [len(want), V] at the piece's local positions `want` (with `head_split`, the
+    decoder's hidden states [len(want), H]), and the keys/values (past + piece, per layer)
+    its children need, or None when it has none."""
     a, b = piece.start, piece.stop
     local = [p - a if p >= a else -1 for p in packed.parents[a:b]]
     past_len = past[0][0].shape[-2] if past else 0
@@ -184,16 +213,21 @@ def _forward_piece(
         cache = DynamicCache(ddp_cache_data=past)
     unique = sorted(set(want))
     at = {pos: k for k, pos in enumerate(unique)}
-    out = model(
-        input_ids=torch.tensor([packed.input_ids[a:b]], device=device),
-        attention_mask=mask,
-        position_ids=torch.tensor([packed.position_ids[a:b]], device=device),
-        past_key_values=cache,
-        use_cache=bool(piece.children),
-        logits_to_keep=torch.tensor(unique, dtype=torch.long, device=device),
-    )
-    rows = torch.tensor([at[p] for p in want], dtype=torch.long, device=device)
-    logits = out.logits[0].float()[rows]
+    inputs = {
+        "input_ids": torch.tensor([packed.input_ids[a:b]], device=device),
+        "attention_mask": mask,
+        "position_ids": torch.tensor([packed.position_ids[a:b]], device=device),
+        "past_key_values": cache,
+        "use_cache": bool(piece.children),
+    }
+    keep = torch.tensor(unique, dtype=torch.long, device=device)
+    if head_split is not None:
+        out = head_split[0](**inputs)
+        logits = out.last_hidden_state[0, keep][[at[p] for p in want]]
+    else:
+        out = model(**inputs, logits_to_keep=keep)
+        rows = torch.tensor([at[p] for p in want], dtype=torch.long, device=device)
+        logits = out.logits[0].float()[rows]
     kv = None
     if piece.children:
         kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]

@@ -35,7 +35,8 @@ def pack_pairs(batch: PairBatch, micro_batch_tokens: int) -> list[Any]:
 
 
 @torch.no_grad()
-def packed_sequence_logps(model: torch.nn.Module, packed: list[Any], batch: PairBatch, *, bf16: bool = False) -> torch.Tensor:
+def packed_sequence_logps(model: torch.nn.Module, packed: list[Any], batch: PairBatch, *, bf16: bool = False,
+                          logits_chunk: int = 0) -> torch.Tensor:
     """Sequence log-probs of every paired episode under `model`, without gradients."""
     from ajet.context.packed_forward import forward_packed
 
@@ -44,7 +45,7 @@ def packed_sequence_logps(model: torch.nn.Module, packed: list[Any], batch: Pair
     for seq in packed:
         if seq.entry_pos:
             with _autocast(model, bf16):
-                logp, _ = forward_packed(model, seq)
+                logp, _ = forward_packed(model, seq, logits_chunk=logits_chunk)
             total += sequence_logps(logp.float(), _entry_seqs(seq, batch, device), len(batch.episode_ids))
     return total
 
@@ -80,16 +81,17 @@ def pair_loss(policy: torch.Tensor, ref: torch.Tensor | None, batch: PairBatch,
 
 
 def dpo_step(model: torch.nn.Module, reference: Any, batch: PairBatch, optimizer: Any, algorithm: AlgorithmConfig,
-             *, micro_batch_tokens: int, grad_clip: float, bf16: bool = False) -> dict[str, float]:
+             *, micro_batch_tokens: int, grad_clip: float, bf16: bool = False,
+             logits_chunk: int = 0) -> dict[str, float]:
     """One optimizer step on the batch's pairs (see the module docstring)."""
     from ajet.context.packed_forward import forward_packed
 
     packed = pack_pairs(batch, micro_batch_tokens)
     ref = None
     if reference is not None and not algorithm.dpo_reference_free:
-        ref = reference.ref_logprobs(packed_sequence_logps, packed, batch, bf16=bf16)
+        ref = reference.ref_logprobs(packed_sequence_logps, packed, batch, bf16=bf16, logits_chunk=logits_chunk)
     model.eval()
-    leaf = packed_sequence_logps(model, packed, batch, bf16=bf16).requires_grad_(True)
+    leaf = packed_sequence_logps(model, packed, batch, bf16=bf16, logits_chunk=logits_chunk).requires_grad_(True)
     loss, metrics = pair_loss(leaf, ref, batch, algorithm)
     (coef,) = torch.autograd.grad(loss, leaf)
     device = leaf.device
@@ -100,7 +102,7 @@ def dpo_step(model: torch.nn.Module, reference: Any, batch: PairBatch, optimizer
             if not seq.entry_pos:
                 continue
             with _autocast(model, bf16):
-                logp, _ = forward_packed(model, seq)
+                logp, _ = forward_packed(model, seq, logits_chunk=logits_chunk)
             surrogate = (coef[_entry_seqs(seq, batch, device)] * logp.float()).sum()
             surrogate.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], grad_clip)

@@ -87,9 +87,10 @@ class DpoRecipe:
             self.loop.phase(f"step {step}: update on {batch.num_pairs} pairs")
             micro = cfg.trainer.micro_batch_tokens if cfg.context.tree_packing else 0
             with self.rollout.engine.paused():
+                self.rollout.engine.drop_prefix_cache()  # invalid after the update: free it for the update
                 metrics.update(dpo_step(self.model, self.reference, batch, self.optimizer, cfg.algorithm,
                                         micro_batch_tokens=micro, grad_clip=cfg.trainer.grad_clip,
-                                        bf16=cfg.trainer.bf16))
+                                        bf16=cfg.trainer.bf16, logits_chunk=cfg.trainer.logits_chunk_tokens))
                 self.rollout.engine.bump_version()
         metrics["perf/step_time_s"] = time.monotonic() - start
         return metrics

@@ -78,6 +78,9 @@ class LocalEngine:
         generation config's EOS ids; an empty list never stops on EOS (benchmarks).
     prefix_cache_tokens: budget of the prefix KV cache (ajet/engine/prefix_cache.py), in
         tokens; 0 = off. A prompt that starts with cached tokens prefills only the rest.
+    dtype: the weights decoding uses (ajet/engine/weights.py): "float32" = the shared model
+        itself; "bfloat16" / "float16" = a lower-precision copy, refreshed from the shared
+        model before the first forward under each new `policy_version`.
     """
 
     def __init__(
@@ -89,6 +92,7 @@ class LocalEngine:
         max_model_len: int | None = None,
         eos_token_ids: Iterable[int] | None = None,
         prefix_cache_tokens: int = 0,
+        dtype: str = "float32",
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size={max_batch_size}: must be >= 1")
@@ -114,8 +118,10 @@ class LocalEngine:
             self.eos_token_ids = set(eos_token_ids)  # empty: never stop on EOS (benchmarks)
         self.policy_version = 0
         from ajet.engine.prefill import PrefixReuse
+        from ajet.engine.weights import ServingWeights
 
-        self._reuse = PrefixReuse(model, prefix_cache_tokens)
+        self._weights = ServingWeights(model, dtype)  # what prefill and decode forward
+        self._reuse = PrefixReuse(self._weights.model, prefix_cache_tokens)
         self._grammars: Any = None  # grammar.GrammarRuntime, built on the first grammar
         # Counters for metrics; "max_batch" is the most sequences one decode step has served.
         self.stats = {
@@ -173,9 +179,15 @@ class LocalEngine:
         prefix cache."""
         return self._reuse.take_metrics()
 
+    @property
+    def dtype(self) -> str:
+        """The precision of the weights decoding uses ("float32": the shared model's own)."""
+        return self._weights.dtype
+
     def bump_version(self) -> int:
         """The shared weights changed in place: increment and return `policy_version`.
-        The prefix cache is emptied before the next prefill.
+        The prefix cache is emptied, and a lower-precision copy of the weights refreshed,
+        before the next forward.
 
         An in-process trainer updates weights as
         `with engine.paused(): optimizer.step(); engine.bump_version()`.
@@ -183,6 +195,13 @@ class LocalEngine:
         with self._cv:
             self.policy_version += 1
             return self.policy_version
+
+    def drop_prefix_cache(self) -> None:
+        """Free the prefix cache's KV now instead of at the next prefill. A trainer calls it as
+        it starts a weight update: the cache is invalid after the update anyway, and its memory
+        (up to `prefix_cache_tokens` x the KV of a token) is better spent on the update."""
+        with self.paused():
+            self._reuse.clear()
 
     def load_state_dict(self, state_dict: dict, strict: bool = True) -> int:
         """Load weights with no decode step in flight, then bump and return the version."""
@@ -317,6 +336,7 @@ class LocalEngine:
                     room -= request.params.n
         if not taken:
             return
+        self._sync_weights()
         try:
             matches = self._reuse.match([r.prompt_ids for r in taken], self.policy_version)
             for request, match in zip(taken, matches, strict=True):
@@ -363,7 +383,7 @@ class LocalEngine:
         for r in requests:
             cached = r.cached
             rows.append(PrefillRow(r.prompt_ids, cached.length, cached.segments) if cached else PrefillRow(r.prompt_ids))
-        group = PrefillGroup(self.model, rows)
+        group = PrefillGroup(self._weights.model, rows)
         group.run()
         self._reuse.prefilled(group)
         joining = []
@@ -415,12 +435,13 @@ class LocalEngine:
 
         kv = self._kv
         assert kv is not None and kv.rows == len(self._active)
+        self._sync_weights()
         tokens = [[seq.token_ids[-1]] for seq in self._active]
         positions = [[seq.position] for seq in self._active]
         input_ids = torch.tensor(tokens, dtype=torch.long, device=self._device)
         position_ids = torch.tensor(positions, dtype=torch.long, device=self._device)
         mask = kv.prepare_step(self._dtype)
-        out = self.model(
+        out = self._weights.model(
             input_ids=input_ids,
             position_ids=position_ids,
             attention_mask=mask,
@@ -581,10 +602,18 @@ class LocalEngine:
     def _decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
+    def _sync_weights(self) -> None:
+        """Refresh the engine's copy of the weights if the trainer bumped the version (engine
+        thread, no forward in flight): a request is never served by stale weights."""
+        if self._weights.refresh(self.policy_version):
+            log.debug("engine %s weights refreshed for policy version %d", self._weights.dtype,
+                      self.policy_version)
+
     @property
     def _device(self) -> torch.device:
-        return self.model.get_input_embeddings().weight.device
+        return self._weights.model.get_input_embeddings().weight.device
 
     @property
     def _dtype(self) -> torch.dtype:
-        return self.model.get_input_embeddings().weight.dtype
+        """The activations' dtype (the additive masks must match it)."""
+        return self._weights.model.get_input_embeddings().weight.dtype

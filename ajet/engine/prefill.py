@@ -199,6 +199,11 @@ class PrefixReuse:
         # Keep the last token to forward: its logits give the first completion token.
         return [cache.match(ids, len(ids) - 1) for ids in prompts]
 
+    def clear(self) -> None:
+        """Drop every cached prefix now (the engine must not be prefilling)."""
+        if self.cache is not None:
+            self.cache.clear()
+
     def prefilled(self, group: PrefillGroup) -> None:
         """Count a prefill group's rows and cache their prompts."""
         for i, row in enumerate(group.rows):

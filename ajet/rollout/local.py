@@ -45,7 +45,8 @@ class LocalRollout:
 
         rollout = rollout or cfg.rollout
         self.engine = LocalEngine(model, tokenizer, max_batch_size=max(1, rollout.max_concurrency),
-                                  max_model_len=model_max_len, prefix_cache_tokens=rollout.prefix_cache_tokens)
+                                  max_model_len=model_max_len, prefix_cache_tokens=rollout.prefix_cache_tokens,
+                                  dtype=rollout.engine_dtype.value)
         try:
             self.stack = RolloutStack(cfg, self.engine, tokenizer, workflow, model_max_len=model_max_len,
                                       rollout=rollout, judge=judge,

@@ -25,7 +25,8 @@ def _autocast(model: torch.nn.Module, bf16: bool) -> Any:
 
 
 def sft_step(model: torch.nn.Module, samples: list[Sample], optimizer: Any, *, loss_agg: LossAgg | str,
-             micro_batch_tokens: int, grad_clip: float, bf16: bool = False) -> dict[str, float]:
+             micro_batch_tokens: int, grad_clip: float, bf16: bool = False,
+             logits_chunk: int = 0) -> dict[str, float]:
     """Forward/backward every packed sequence of the batch, clip, step; return metrics."""
     from ajet.algorithms.losses import sft_loss
     from ajet.context.pack import loss_weights, pack_samples
@@ -42,7 +43,7 @@ def sft_step(model: torch.nn.Module, samples: list[Sample], optimizer: Any, *, l
             if not seq.entry_pos:
                 continue
             with _autocast(model, bf16):
-                logp, _ = forward_packed(model, seq)
+                logp, _ = forward_packed(model, seq, logits_chunk=logits_chunk)
             loss = sft_loss(logp.float(), torch.tensor(seq.entry_weight, dtype=torch.float32, device=device))
             loss.backward()
             total += float(loss.detach())
@@ -61,7 +62,7 @@ def sft_step(model: torch.nn.Module, samples: list[Sample], optimizer: Any, *, l
 
 @torch.no_grad()
 def sample_nll(model: torch.nn.Module, samples: list[Sample], *, micro_batch_tokens: int,
-               bf16: bool = False) -> list[tuple[float, int]]:
+               bf16: bool = False, logits_chunk: int = 0) -> list[tuple[float, int]]:
     """Per sample: (summed NLL of its trained tokens, number of trained tokens)."""
     from ajet.context.pack import pack_samples
     from ajet.context.packed_forward import forward_packed
@@ -74,7 +75,7 @@ def sample_nll(model: torch.nn.Module, samples: list[Sample], *, micro_batch_tok
         if not seq.entry_pos:
             continue
         with _autocast(model, bf16):
-            logp, _ = forward_packed(model, seq)
+            logp, _ = forward_packed(model, seq, logits_chunk=logits_chunk)
         for index, value in zip(seq.entry_sample, logp.float().tolist(), strict=True):
             nll[index] -= value
     return list(zip(nll, count, strict=True))

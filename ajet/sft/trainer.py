@@ -119,7 +119,7 @@ class SftRecipe:
 
         flat = [(i, s) for i in indices for s in self.samples[i]]
         nll = sample_nll(self.model, [s for _, s in flat], micro_batch_tokens=self._pack_tokens(),
-                         bf16=self.cfg.trainer.bf16)
+                         bf16=self.cfg.trainer.bf16, logits_chunk=self.cfg.trainer.logits_chunk_tokens)
         sums = {i: [0.0, 0] for i in indices}
         for (i, _), (total, count) in zip(flat, nll, strict=True):
             sums[i][0] += total
@@ -168,7 +168,7 @@ class SftRecipe:
         samples = [s for i in batch.indices for s in self.samples[i]]
         metrics = sft_step(self.model, samples, self.optimizer, loss_agg=self.cfg.context.loss_agg,
                            micro_batch_tokens=self._pack_tokens(), grad_clip=self.cfg.trainer.grad_clip,
-                           bf16=self.cfg.trainer.bf16)
+                           bf16=self.cfg.trainer.bf16, logits_chunk=self.cfg.trainer.logits_chunk_tokens)
         metrics.update({
             "sft/dialogs": float(len(batch.indices)),
             "sft/round": float(batch.round),
@@ -184,7 +184,7 @@ class SftRecipe:
             return None
         flat = [s for samples in self.dev_samples for s in samples]
         loss = mean_nll(sample_nll(self.model, flat, micro_batch_tokens=self._pack_tokens(),
-                                   bf16=self.cfg.trainer.bf16))
+                                   bf16=self.cfg.trainer.bf16, logits_chunk=self.cfg.trainer.logits_chunk_tokens))
         self.loop.log({"val/sft/loss": loss, "val/sft/dialogs": float(len(self.dev_samples))}, split="val")
         log.info("sft dev loss at step %d: %.4f", self.loop.step, loss)
         return loss

@@ -5,7 +5,9 @@ A recipe builds its model, optimizer and schedule, hands them over with `attach`
 the LR schedule once (the documented event: one training step, see `ajet.training.optim`),
 logs the metrics, updates the progress display, validates when asked and checkpoints every
 `trainer.save_every` steps. At the end: a last checkpoint and `RUN/final_model`. Ctrl-C saves a
-checkpoint of the last finished step first, so `--resume` continues from it.
+checkpoint of the last finished step first, so `--resume` continues from it. After each step the
+memory the update freed goes back to the OS (`ajet.training.memory`), so the rollout that follows
+starts from the model and optimizer state, not from the update's peak.
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ class TrainingLoop:
         `trainer.val_every` steps, and before the first) says when to call `validate()`.
         `after_step(step)` runs once the step is logged (it may stop the run by raising)."""
         from ajet.logging.progress import TrainingProgress
+        from ajet.training.memory import release_memory
 
         t = self.cfg.trainer
         if validate_at is None:
@@ -99,6 +102,7 @@ class TrainingLoop:
             while self.step < self.total_steps:
                 lr = self.scheduler.get_last_lr()[0]
                 metrics = train_step(self.step + 1)
+                release_memory()
                 self.scheduler.step()
                 metrics["actor/lr"] = lr
                 self.step += 1

@@ -34,8 +34,21 @@ def load_trainable_model(cfg: ModelConfig, *, seed: int, gradient_checkpointing:
         ))
         model.eval()
     if gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        enable_activation_checkpointing(model)
     return model, tokenizer
+
+
+def enable_activation_checkpointing(model: Any) -> None:
+    """Recompute each decoder layer in backward (`trainer.gradient_checkpointing`).
+
+    Non-reentrant checkpointing: it works whether or not the inputs need grad (LoRA freezes the
+    embeddings) and is what torch recommends. The model recomputes only in train mode: the
+    engine's eval-mode decoding is unchanged."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5 (the old name is deprecated)
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def model_window(model: Any, configured: int) -> int:

@@ -3,7 +3,9 @@
 `setup(closers)` builds what the run needs and registers a closer for each thing it starts
 (engine, gateway, Ray workers, metrics sinks) as soon as it has started it. `cleanup` closes
 them in reverse order and always runs: after training, after an error or Ctrl-C, and also
-when `setup` itself failed halfway (setup runs inside the `try`).
+when `setup` itself failed halfway (setup runs inside the `try`). Memory freed by an earlier
+run in the process (a pipeline's previous stage) goes back to the OS before setup, and this
+run's after cleanup (`ajet.training.memory`).
 """
 
 from __future__ import annotations
@@ -45,9 +47,13 @@ class Recipe(Protocol):
 
 def run_recipe(recipe: Recipe) -> Path:
     """setup -> train -> cleanup; cleanup always runs, even when setup fails halfway."""
+    from ajet.training.memory import release_memory
+
+    release_memory()
     closers = Closers()
     try:
         recipe.setup(closers)
         return recipe.train()
     finally:
         closers.close_all()
+        release_memory()

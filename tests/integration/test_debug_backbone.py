@@ -157,3 +157,21 @@ def test_lora_with_kl_to_the_lora_disabled_base(tmp_path: Path, tiny_model_dir: 
     after = AutoModelForCausalLM.from_pretrained(run / "final_model").state_dict()
     assert set(before) == set(after)
     assert any(not torch.equal(before[k], after[k]) for k in before if "q_proj" in k)
+
+
+@pytest.mark.parametrize("engine_dtype, lora", [("float16", True), ("bfloat16", False)])
+def test_lower_precision_engine_logs_its_mismatch_and_trains_with_tis(
+        tmp_path: Path, tiny_model_dir: Path, engine_dtype: str, lora: bool) -> None:
+    conf = make_run(tmp_path, tiny_model_dir)
+    extra = ["model.lora.enabled=true", "model.lora.r=4"] if lora else []
+    result = ajet("--conf", str(conf), "trainer.val_every=0", "trainer.lr=0.05",
+                  f"rollout.engine_dtype={engine_dtype}", "algorithm.tis_cap=2.0", *extra)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "exp" / "tiny" / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if r["split"] == "train" and "actor/loss" in r]
+    assert len(train) == 2
+    for row in train:
+        # Step 2 samples with the copy refreshed after step 1's update: a stale copy would
+        # give the logprobs of the old weights (a mismatch of the size of the update).
+        assert 0 < row["rollout/logprob_mismatch"] < (0.01 if engine_dtype == "float16" else 0.1)
+        assert 0 < row["actor/tis_weight"] <= 2.0

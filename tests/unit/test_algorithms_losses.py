@@ -165,3 +165,31 @@ def test_sft_loss_weighted_nll_and_gradient():
     assert loss.item() == pytest.approx(0.5 * 1 + 0.25 * 2 + 0.25 * 0.5)
     loss.backward()
     assert lp.grad.tolist() == [-0.5, -0.25, -0.25]
+
+
+def test_tis_weights_and_loss_by_hand():
+    from ajet.algorithms.losses import tis_weights
+
+    trainer_old = torch.tensor([-1.0, -2.0, -0.5], dtype=torch.float64)
+    engine = torch.tensor([-1.2, -1.0, -0.5], dtype=torch.float64)
+    # exp(0.2) = 1.2214 is capped at 1.1; exp(-1.0) = 0.3679 and exp(0) = 1 stay.
+    is_w = tis_weights(trainer_old, engine, cap=1.1)
+    torch.testing.assert_close(is_w, torch.tensor([1.1, math.exp(-1.0), 1.0], dtype=torch.float64))
+    assert tis_weights(trainer_old, engine, cap=10.0)[0].item() == pytest.approx(math.exp(0.2))
+    # First pass of an update: new == trainer_old in value, so r = exp(new - trainer_old) = 1
+    # (never clipped) and d loss / d new = -w * A * tis.
+    new = trainer_old.clone().requires_grad_(True)
+    adv = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)
+    w = torch.tensor([0.5, 0.25, 0.25], dtype=torch.float64)
+    loss, _ = policy_loss(new, trainer_old, adv, w, clip_low=0.2, clip_high=0.2, is_weights=is_w)
+    want = 0.5 * -1.0 * 1.1 + 0.25 * 2.0 * math.exp(-1.0) + 0.25 * -0.5 * 1.0
+    assert loss.item() == pytest.approx(want, rel=1e-12)
+    loss.backward()
+    torch.testing.assert_close(new.grad, torch.tensor([-0.55, 0.5 * math.exp(-1.0), -0.125], dtype=torch.float64))
+    # Without the correction every token weighs the same.
+    plain, _ = policy_loss(new.detach(), trainer_old, adv, w, clip_low=0.2, clip_high=0.2)
+    assert plain.item() == pytest.approx(-0.5 + 0.5 - 0.125)
+    with pytest.raises(ValueError, match="cap"):
+        tis_weights(trainer_old, engine, cap=0.0)
+    with pytest.raises(ValueError, match="one value per loss entry"):
+        policy_loss(new, trainer_old, adv, w, clip_low=0.2, clip_high=0.2, is_weights=is_w[:2])

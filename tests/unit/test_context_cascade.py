@@ -143,3 +143,21 @@ def test_a_trunk_without_trained_tokens():
         want, _ = forward_packed(model, packed, split="never")
         got, _ = forward_packed(model, packed, split="always")
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("split", ["always", "never"])
+def test_cascade_with_chunked_logits_equals_the_plain_masked_forward(split):
+    # `logits_chunk` (trainer.logits_chunk_tokens) feeds each piece's hidden states to the LM
+    # head a few entries at a time: same log-probs, entropies and gradients.
+    packed = packed_one()
+    results = {}
+    for name, kwargs in (("plain", {"split": "never"}), ("chunked", {"split": split, "logits_chunk": 7})):
+        model = tiny_llama().train()
+        new, entropy = forward_packed(model, packed, with_entropy=True, temperature=0.7, **kwargs)
+        (-(new * torch.tensor(packed.entry_advantage)).sum()).backward()
+        results[name] = (new.detach(), entropy.detach(), {n: p.grad.clone() for n, p in model.named_parameters()})
+    (want, want_h, want_g), (got, got_h, got_g) = results["plain"], results["chunked"]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    torch.testing.assert_close(got_h, want_h, atol=1e-5, rtol=0)
+    for name, g in want_g.items():
+        torch.testing.assert_close(got_g[name], g, atol=1e-5, rtol=1e-4, msg=name)

@@ -7,6 +7,7 @@ import asyncio
 import json
 
 import pytest
+from tiny_models import load_peaky
 
 from ajet.context.merge import per_call_samples
 from ajet.context.types import LLMCall
@@ -45,16 +46,7 @@ LOOKUP = {
 @pytest.fixture(scope="module")
 def peaky(tiny_model_dir):
     """The tiny model with larger random weights, so that its samples vary."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    gen = torch.Generator().manual_seed(7)
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.dim() >= 2:
-                param.copy_(torch.randn(param.shape, generator=gen) * 0.2)
-    model.eval()
-    return model, AutoTokenizer.from_pretrained(tiny_model_dir)
+    return load_peaky(tiny_model_dir, 7)
 
 
 @pytest.fixture

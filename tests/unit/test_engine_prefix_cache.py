@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+from tiny_models import load_peaky
 
 from ajet.engine.base import SamplingParams
 
@@ -121,16 +122,7 @@ def test_shared_prefixes_layers_system_then_task_prompts():
 @pytest.fixture(scope="module")
 def peaky(tiny_model_dir):
     """The tiny model with larger random weights, so greedy output varies token to token."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    gen = torch.Generator().manual_seed(1234)
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.dim() >= 2:
-                param.copy_(torch.randn(param.shape, generator=gen) * 0.2)
-    model.eval()
-    return model, AutoTokenizer.from_pretrained(tiny_model_dir)
+    return load_peaky(tiny_model_dir, 1234)
 
 
 def make_engine(peaky, budget):

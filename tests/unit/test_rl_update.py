@@ -143,6 +143,50 @@ def test_update_gradient_equals_hand_written_loss(model, monkeypatch, loss_agg: 
         torch.testing.assert_close(got, p.grad, rtol=1e-4, atol=1e-7)
 
 
+@pytest.mark.parametrize("tis_cap", [0.0, 1.3])
+def test_logprob_mismatch_metric_and_tis_gradient(model, monkeypatch, tis_cap: float) -> None:
+    """The engine's logprobs (`old`) differ from the trainer's by log_ratio per token: the
+    update logs the mean |difference|, and with TIS weights each token's gradient by
+    min(exp(trainer - engine), cap) with the PPO ratio taken against the trainer's logprobs."""
+    algo = AlgorithmConfig(clip_ratio_low=0.2, clip_ratio_high=0.28, tis_cap=tis_cap)
+    trainer = TrainerConfig(lr=0.0, grad_clip=1e9)
+    updater = PolicyUpdater(model, build_optimizer(model, trainer)[0], trainer, algo, temperature=T)
+    model.train()
+    episodes, engine = [], []
+    for i, (group, reward, prompt, completion, log_ratio) in enumerate(COMPLETIONS):
+        with torch.no_grad():
+            current, _ = completion_logprobs(model, prompt, completion)
+        engine.append(current - torch.tensor(log_ratio))
+        episodes.append(episode(f"e{i}", group, reward, [(prompt, completion, engine[-1].tolist())]))
+    batch = build_step_batch(episodes, ContextConfig(), algo, model_max_len=128)
+    seen = capture_grads(updater.optimizer, monkeypatch)
+    metrics = updater.update(pack_samples(batch.samples, batch.weights, 4096))
+
+    diffs = [abs(x) for c in COMPLETIONS for x in c[4]]
+    assert metrics["rollout/logprob_mismatch"] == pytest.approx(sum(diffs) / len(diffs), abs=1e-5)
+    assert metrics["rollout/logprob_mismatch_max"] == pytest.approx(0.5, abs=1e-5)
+    model.zero_grad()
+    model.train()
+    n_tokens = sum(len(c[3]) for c in COMPLETIONS)
+    loss = 0.0
+    for (_, _, prompt, completion, log_ratio), adv, old in zip(COMPLETIONS, hand_advantages(), engine, strict=True):
+        new, _ = completion_logprobs(model, prompt, completion)
+        if tis_cap:  # ratio 1 in value (never clipped), each token weighed by its capped ratio
+            weights = torch.tensor(log_ratio).exp().clamp(max=tis_cap)
+            per_token = -adv * torch.exp(new - new.detach()) * weights
+        else:
+            ratio = torch.exp(new - old)
+            per_token = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - 0.2, 1 + 0.28))
+        loss = loss + (per_token / n_tokens).sum()
+    loss.backward()
+    assert metrics["actor/loss"] == pytest.approx(float(loss), rel=1e-4)
+    if tis_cap:
+        assert 0 < metrics["actor/tis_weight"] < tis_cap
+    (grads,) = seen["grads"]
+    for got, p in zip(grads, model.parameters(), strict=True):
+        torch.testing.assert_close(got, p.grad, rtol=1e-4, atol=1e-7)
+
+
 COS_1_4, COS_3_4 = 0.8535533905932737, 0.14644660940672624  # (1 + cos(pi/4)) / 2, (1 + cos(3pi/4)) / 2
 
 

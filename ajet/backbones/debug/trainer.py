@@ -155,6 +155,7 @@ class RLRecipe:
         metrics = {f"context/{k}": float(v) for k, v in pack_stats(batch.samples, packed).items()}
         start = time.monotonic()
         with self.rollout.engine.paused():
+            self.rollout.engine.drop_prefix_cache()  # invalid after the update: free it for the update
             metrics.update(self.updater.update(packed))
             self.rollout.engine.bump_version()
         update_s = time.monotonic() - start

@@ -35,7 +35,7 @@ class PolicyUpdater:
 
     def update(self, packed: list[Any]) -> dict[str, float]:
         """One optimizer step (per PPO epoch) over all packed sequences of the step."""
-        from ajet.algorithms.losses import kl_penalty, policy_loss
+        from ajet.algorithms.losses import kl_penalty, policy_loss, tis_weights
         from ajet.context.packed_forward import forward_packed
 
         device = next(self.model.parameters()).device
@@ -44,11 +44,16 @@ class PolicyUpdater:
             if self.trainer.bf16 else contextlib.nullcontext()
         )
         totals: dict[str, float] = {}
+        # The trainer's logprobs of each sequence before the first optimizer step (the weights
+        # the engine sampled with, in the trainer's precision); `old` holds the engine's.
+        trainer_old: dict[int, torch.Tensor] = {}
+        mismatch = _Mismatch()
+        cap = self.algorithm.tis_cap
         self.model.train()
         try:
             for _epoch in range(self.trainer.ppo_epochs):
                 self.optimizer.zero_grad(set_to_none=True)
-                for seq in packed:
+                for index, seq in enumerate(packed):
                     if not seq.entry_pos:
                         continue
                     old = torch.tensor(seq.entry_old_logprob, dtype=torch.float32, device=device)
@@ -56,11 +61,21 @@ class PolicyUpdater:
                     weight = torch.tensor(seq.entry_weight, dtype=torch.float32, device=device)
                     with autocast:
                         new, entropy = forward_packed(self.model, seq, with_entropy=True,
-                                                      temperature=self.temperature)
+                                                      temperature=self.temperature,
+                                                      logits_chunk=self.trainer.logits_chunk_tokens)
                     new = new.float()
+                    if index not in trainer_old:
+                        trainer_old[index] = new.detach()
+                        mismatch.add(trainer_old[index], old)
+                    is_weights = None
+                    if cap > 0:  # TIS: correct for the engine's numerics, ratio against the trainer's
+                        is_weights = tis_weights(trainer_old[index], old, cap)
+                        _add(totals, "actor/tis_weight", float((weight * is_weights).sum()))
+                        old = trainer_old[index]
                     loss, metrics = policy_loss(
                         new, old, adv, weight,
                         clip_low=self.algorithm.clip_ratio_low, clip_high=self.algorithm.clip_ratio_high,
+                        is_weights=is_weights,
                     )
                     if self.algorithm.kl_coef > 0:
                         ref = self._reference_logprobs(seq)
@@ -86,14 +101,37 @@ class PolicyUpdater:
         finally:
             self.model.eval()
         epochs = self.trainer.ppo_epochs
-        return {k: (v / epochs if k != "actor/grad_norm" else v) for k, v in totals.items()}
+        out = {k: (v / epochs if k != "actor/grad_norm" else v) for k, v in totals.items()}
+        return out | mismatch.metrics()
 
     def _reference_logprobs(self, seq: Any) -> torch.Tensor:
         from ajet.context.packed_forward import forward_packed
 
         assert self.reference is not None
-        ref, _ = self.reference.ref_logprobs(forward_packed, seq, with_entropy=False, temperature=self.temperature)
+        ref, _ = self.reference.ref_logprobs(forward_packed, seq, with_entropy=False, temperature=self.temperature,
+                                             logits_chunk=self.trainer.logits_chunk_tokens)
         return ref.float()
+
+
+class _Mismatch:
+    """Engine-vs-trainer logprob mismatch over the step's trained tokens: what sampling with
+    other numerics (`rollout.engine_dtype`) costs; ~0 when both run the same fp32 weights
+    (and larger for samples made by older weights, if any)."""
+
+    def __init__(self) -> None:
+        self.total, self.count, self.max = 0.0, 0, 0.0
+
+    def add(self, trainer: torch.Tensor, engine: torch.Tensor) -> None:
+        diff = (trainer - engine).abs()
+        if diff.numel():
+            self.total += float(diff.sum())
+            self.count += diff.numel()
+            self.max = max(self.max, float(diff.max()))
+
+    def metrics(self) -> dict[str, float]:
+        if not self.count:
+            return {}
+        return {"rollout/logprob_mismatch": self.total / self.count, "rollout/logprob_mismatch_max": self.max}
 
 
 def _add(totals: dict[str, float], key: str, value: float) -> None:

@@ -1,0 +1,160 @@
+"""The weights the local engine decodes with (`rollout.engine_dtype`).
+
+The trainer keeps fp32 master weights in the model it shares with the engine. The engine can
+decode with them directly (`float32`, no copy, nothing to refresh) or with a lower-precision
+copy, which halves the bytes a decode step reads (decode is bound by reading the weights):
+
+- `bfloat16`: a bf16 copy of every parameter (KV and activations in bf16 too). Fast on GPUs
+  and on CPUs with native bf16 matmuls (avx512_bf16 / AMX); on a CPU with only AVX2 torch's
+  bf16 matmul is emulated and a decode step is ~2.6x *slower* than fp32.
+- `float16`: fp16 copies of the linear layers' weights only, multiplied by FBGEMM's fp16 GEMM
+  with fp32 activations (x86 CPUs). Embeddings, norms and KV stay the trainer's fp32, and fp16
+  keeps 3 more mantissa bits than bf16, so the logprobs move ~20x less than with bf16.
+
+A copy is refreshed from the trainer's weights by `refresh(version)` before the first forward
+under a new policy version (the engine thread calls it), so stale weights never serve a
+request. The sampled logprobs then differ slightly from the trainer's: the RL update logs the
+mismatch (`rollout/logprob_mismatch`) and can correct for it (`algorithm.tis_cap`).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch  # this module is imported only where the engine runs (like kv.py, prefill.py)
+
+log = logging.getLogger(__name__)
+
+ENGINE_DTYPES = ("float32", "bfloat16", "float16")
+
+
+class ServingWeights:
+    """`model` is what the engine forwards: the trainer's `source` itself, or a copy."""
+
+    def __init__(self, source: Any, dtype: str = "float32") -> None:
+        if dtype not in ENGINE_DTYPES:
+            raise ValueError(f"engine dtype {dtype!r} unknown; use one of {ENGINE_DTYPES}")
+        self.source = source
+        self.dtype = dtype
+        self.version = 0  # the policy version the copy was last refreshed at
+        self._refreshers: list[Callable[[], None]] = []
+        if dtype == "float32":
+            self.model = source
+        elif dtype == "bfloat16":
+            self.model = self._cast_copy(source)
+        else:
+            self.model = self._fp16_linear_copy(source)
+        if self.model is not source:
+            # eval() only: requires_grad_ would also freeze the trainer's tensors a copy shares.
+            self.model.eval()
+            log.info("engine decodes with a %s copy of the weights (%.2f GB)", dtype, self.copy_bytes() / 1e9)
+
+    @property
+    def is_copy(self) -> bool:
+        return self.model is not self.source
+
+    def refresh(self, version: int) -> bool:
+        """Copy the trainer's weights into the engine's copy if `version` is newer than the
+        copy's; return whether it copied. Call with no forward in flight."""
+        if version == self.version:
+            return False
+        with torch.no_grad():
+            for refresh in self._refreshers:
+                refresh()
+        self.version = version
+        return bool(self._refreshers)
+
+    def copy_bytes(self) -> int:
+        """Memory the copy holds beyond the trainer's model."""
+        if not self.is_copy:
+            return 0
+        shared = {p.data_ptr() for p in self.source.parameters()}
+        own = sum(p.numel() * p.element_size() for p in self.model.parameters() if p.data_ptr() not in shared)
+        packed = sum(m.nbytes for m in self.model.modules() if isinstance(m, Fp16Linear))
+        return own + packed
+
+    # ------------------------------------------------------------------ copies
+    def _cast_copy(self, source: Any) -> Any:
+        """A deep copy of the module tree whose parameters are bf16 copies (buffers, such as
+        the rotary frequencies, stay as they are); the fp32 model is never duplicated."""
+        memo: dict[int, Any] = {}
+        pairs = []
+        for param in source.parameters():  # tied weights appear once
+            clone = torch.nn.Parameter(param.detach().to(torch.bfloat16), requires_grad=False)
+            memo[id(param)] = clone
+            pairs.append((param, clone))
+        model = copy.deepcopy(source, memo)
+
+        def refresh() -> None:
+            for param, clone in pairs:
+                clone.copy_(param)
+
+        self._refreshers.append(refresh)
+        return model
+
+    def _fp16_linear_copy(self, source: Any) -> Any:
+        """A copy of the module tree that shares every parameter with the trainer except the
+        linear layers, which become `Fp16Linear`s packed from the trainer's weights."""
+        check_fp16_gemm(source)
+        memo = {id(p): p for p in source.parameters()}
+        model = copy.deepcopy(source, memo)
+        sources = dict(source.named_modules())
+        replaced = []
+        for name, module in list(model.named_modules()):
+            # LoRA adapters stay shared: peft reads their `.weight`; they are small anyway.
+            if type(module) is not torch.nn.Linear or "lora_" in name:
+                continue
+            parent_name, _, attr = name.rpartition(".")
+            fast = Fp16Linear(sources[name])
+            setattr(model.get_submodule(parent_name) if parent_name else model, attr, fast)
+            replaced.append(fast)
+        if not replaced:
+            raise ValueError("engine_dtype=float16 found no nn.Linear layer to pack; use float32")
+
+        def refresh() -> None:
+            for fast in replaced:
+                fast.pack()
+
+        self._refreshers.append(refresh)
+        return model
+
+
+def check_fp16_gemm(model: Any) -> None:
+    """FBGEMM's fp16 GEMM runs on x86 CPUs only; say what to use instead."""
+    device = next(model.parameters()).device
+    if device.type != "cpu":
+        raise ValueError(f"engine_dtype=float16 packs weights for FBGEMM on the CPU; the model is on "
+                         f"{device}: use engine_dtype=bfloat16 on a GPU")
+    if "fbgemm" not in torch.backends.quantized.supported_engines:
+        raise ValueError("engine_dtype=float16 needs FBGEMM (x86 CPUs); this torch build lacks it: "
+                         "use float32 or bfloat16")
+
+
+class Fp16Linear(torch.nn.Module):
+    """`y = x W^T + b` with W stored in fp16 (FBGEMM-packed) and x, y in fp32. Holds no
+    reference to the trainer's layer as a submodule, so the copy's parameters stay its own."""
+
+    def __init__(self, source: Any) -> None:
+        super().__init__()
+        self.in_features = source.in_features
+        self.out_features = source.out_features
+        self._source = (source,)  # a tuple: not registered as a submodule
+        self.packed: Any = None
+        self.nbytes = self.in_features * self.out_features * 2
+        self.pack()
+
+    def pack(self) -> None:
+        (source,) = self._source
+        bias = source.bias.detach().float() if source.bias is not None else None
+        self.packed = torch.ops.quantized.linear_prepack_fp16(source.weight.detach().float(), bias)
+
+    def forward(self, x: Any) -> Any:
+        shape = x.shape
+        y = torch.ops.quantized.linear_dynamic_fp16(x.reshape(-1, shape[-1]).float(), self.packed)
+        return y.reshape(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, weight=fp16 (FBGEMM)"

@@ -1,0 +1,165 @@
+"""The engine's lower-precision copy of the weights (`rollout.engine_dtype`): what it holds,
+that it serves what a forward of the copy gives, and that it is never stale after an update."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from tiny_models import load_peaky
+
+from ajet.engine.base import SamplingParams
+
+torch = pytest.importorskip("torch")
+
+LOW = ("bfloat16", "float16")
+
+
+@pytest.fixture
+def peaky(tiny_model_dir):
+    """A fresh tiny model per test (tests change its weights), with larger random weights so
+    greedy output varies token to token."""
+    return load_peaky(tiny_model_dir, 1234)
+
+
+def make_engine(peaky, dtype, **kwargs):
+    from ajet.engine.local import LocalEngine
+
+    model, tokenizer = peaky
+    return LocalEngine(model, tokenizer, max_batch_size=8, dtype=dtype, **kwargs)
+
+
+def logprobs_of(model, prompt, completion, temperature=1.0):
+    with torch.inference_mode():
+        logits = model(torch.tensor([prompt + completion])).logits[0].float()
+    logprobs = torch.log_softmax(logits / temperature, dim=-1)
+    return [float(logprobs[len(prompt) - 1 + i, tok]) for i, tok in enumerate(completion)]
+
+
+def max_diff(a, b):
+    return max(abs(x - y) for x, y in zip(a, b, strict=True))
+
+
+def test_fp16_linear_matches_fp32_linear():
+    from ajet.engine.weights import Fp16Linear
+
+    layer = torch.nn.Linear(64, 96)
+    x = torch.randn(3, 5, 64)
+    fast = Fp16Linear(layer)
+    with torch.no_grad():
+        expected = layer(x)
+        got = fast(x)
+        assert got.shape == expected.shape and got.dtype == torch.float32
+        assert (got - expected).abs().max() < 1e-3 * expected.abs().max()
+        layer.weight.mul_(2.0)  # the copy is stale until packed again
+        assert (fast(x) - layer(x)).abs().max() > 0.1
+        fast.pack()
+        assert (fast(x) - layer(x)).abs().max() < 2e-3 * layer(x).abs().max()
+
+
+def test_copies_hold_the_precision_and_leave_the_trainer_alone(peaky):
+    from ajet.engine.weights import Fp16Linear, ServingWeights
+
+    model, _ = peaky
+    model.requires_grad_(True)
+    trainer_params = {id(p) for p in model.parameters()}
+    bf16 = ServingWeights(model, "bfloat16")
+    assert {p.dtype for p in bf16.model.parameters()} == {torch.bfloat16}
+    assert not trainer_params & {id(p) for p in bf16.model.parameters()}
+    assert {p.dtype for p in model.parameters()} == {torch.float32}  # the master weights
+    fp16 = ServingWeights(model, "float16")
+    linears = [m for m in fp16.model.modules() if isinstance(m, Fp16Linear)]
+    # 7 projections per layer x 2 layers + the (tied) lm_head; no nn.Linear is left.
+    assert len(linears) == 15 and not any(type(m) is torch.nn.Linear for m in fp16.model.modules())
+    # Embeddings and norms are the trainer's own tensors (always fresh, no copy).
+    assert fp16.model.get_input_embeddings().weight is model.get_input_embeddings().weight
+    assert ServingWeights(model, "float32").model is model
+    assert all(p.requires_grad for p in model.parameters())  # the trainer still trains them all
+    assert 0 < fp16.copy_bytes() and 0 < bf16.copy_bytes()
+    with pytest.raises(ValueError, match="unknown"):
+        ServingWeights(model, "int4")
+
+
+@pytest.mark.parametrize("dtype", LOW)
+def test_engine_serves_what_a_forward_of_its_copy_gives(peaky, dtype):
+    model, tokenizer = peaky
+    prompts = [tokenizer.encode(f"Question {i}: " + "tell me more " * (i + 1)) for i in range(3)]
+    params = SamplingParams(temperature=0.0, max_tokens=8)
+    with make_engine(peaky, dtype) as engine:
+        assert engine.dtype == dtype
+
+        async def run():
+            return await asyncio.gather(*(engine.generate(p, params) for p in prompts))
+
+        results = asyncio.run(run())
+        served = engine._weights.model
+    for prompt, (completion,) in zip(prompts, results, strict=True):
+        # Like with like: the batched engine and a plain forward of the same copy.
+        assert max_diff(completion.logprobs, logprobs_of(served, prompt, completion.token_ids)) < 0.05
+        # And close to the trainer's fp32 weights (the mismatch the RL update logs).
+        assert max_diff(completion.logprobs, logprobs_of(model, prompt, completion.token_ids)) < 0.3
+
+
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("update", ["in_place", "load_state_dict"])
+def test_a_weight_update_refreshes_the_copy_before_the_next_request(peaky, dtype, update):
+    model, tokenizer = peaky
+    prompt = tokenizer.encode("A prompt long enough to be worth caching, about some topic.")
+    params = SamplingParams(temperature=1.0, max_tokens=6, seed=3)
+    with make_engine(peaky, dtype, prefix_cache_tokens=4096) as engine:
+        (before,) = asyncio.run(engine.generate(prompt, params))
+        old = {k: v.clone() for k, v in model.state_dict().items()}
+        new = {k: v * 1.5 if v.dim() >= 2 else v for k, v in old.items()}
+        if update == "in_place":
+            with engine.paused():  # as the trainer's optimizer step
+                model.load_state_dict(new)
+                engine.bump_version()
+        else:
+            engine.load_state_dict(new)
+        (after,) = asyncio.run(engine.generate(prompt, params))
+        assert after.policy_version == 1
+    stale = logprobs_of(_copy_with(model, old, dtype), prompt, after.token_ids)
+    fresh = logprobs_of(_copy_with(model, new, dtype), prompt, after.token_ids)
+    assert max_diff(after.logprobs, fresh) < 0.05
+    assert max_diff(after.logprobs, stale) > 0.5  # the old weights would give other logprobs
+    assert max_diff(before.logprobs, logprobs_of(_copy_with(model, old, dtype), prompt, before.token_ids)) < 0.05
+
+
+def _copy_with(model, state, dtype):
+    """A fresh copy of `model` in `dtype` with `state` loaded (the trainer's model unchanged)."""
+    import copy
+
+    from ajet.engine.weights import ServingWeights
+
+    clone = copy.deepcopy(model)
+    clone.load_state_dict(state)
+    return ServingWeights(clone, dtype).model
+
+
+def test_bf16_prefix_cache_holds_bf16_kv_and_matches_cache_off(peaky):
+    model, tokenizer = peaky
+    system = tokenizer.encode("System: you are a careful agent with a calculator tool. " * 3)
+    prompts = [system + tokenizer.encode(f"Task {t}: add {t} and {t + 1}.") for t in range(3)]
+    params = SamplingParams(temperature=0.0, max_tokens=6)
+
+    def turns(engine):
+        out = []
+        for prompt in prompts + prompts:  # the second round hits the cache
+            (completion,) = asyncio.run(engine.generate(prompt, params))
+            out.append(completion)
+        return out
+
+    with make_engine(peaky, "bfloat16") as off:
+        expected = turns(off)
+    with make_engine(peaky, "bfloat16", prefix_cache_tokens=4096) as on:
+        got = turns(on)
+        assert on.take_metrics()["engine/cache_hit_rate"] > 0.4
+        cached = on._reuse.cache
+        assert cached is not None and cached.tokens > 0
+        match = cached.match(prompts[0])
+        assert match.length > 0 and {seg.dtype for seg in match.segments} == {torch.bfloat16}
+        match.release()
+    for a, b in zip(expected, got, strict=True):
+        assert a.token_ids == b.token_ids
+        # bf16 rounding differs between a full prefill and a cached prefix + suffix.
+        assert max_diff(a.logprobs, b.logprobs) < 0.05

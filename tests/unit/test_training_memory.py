@@ -1,0 +1,148 @@
+"""The memory levers of an update are exact: chunked LM-head log-probs, gradient checkpointing
+(same loss and gradients as the plain path within 1e-5); the engine frees its prefix cache on
+request; freed heap memory goes back to the OS."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from ajet.config.schema import LossAgg  # noqa: E402
+from ajet.context.logprobs import token_logprobs  # noqa: E402
+from ajet.context.pack import pack_samples  # noqa: E402
+from ajet.context.packed_forward import forward_packed  # noqa: E402
+from ajet.context.types import Sample  # noqa: E402
+from ajet.context.weights import loss_weights  # noqa: E402
+
+
+def tiny_llama(tie: bool = True):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                         tie_word_embeddings=tie)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).eval()
+
+
+def tree_batch():
+    """Four samples sharing prefixes (one tree) and one on its own: a 4-D-masked packed sequence."""
+    seqs = [[5, 6, 7, 8, 9, 10, 11, 40, 41], [5, 6, 7, 8, 12, 13, 50], [5, 6, 7, 8, 9, 14, 15, 16],
+            [5, 6, 7, 30, 31, 32, 33, 34, 35, 36], [20, 21, 22, 23, 24]]
+    samples = [Sample(input_ids=ids, loss_mask=[0] * 3 + [1] * (len(ids) - 3), old_logprobs=[0.0] * len(ids),
+                      advantage=[0.5 - i * 0.3] * len(ids), episode_id=f"e{i}") for i, ids in enumerate(seqs)]
+    (packed,) = pack_samples(samples, loss_weights(samples, LossAgg.token_mean), 1000)
+    assert len(set(packed.parents)) > 1 and packed.num_entries > 8
+    return packed
+
+
+def loss_and_grads(model, packed, **kwargs):
+    """A loss that uses both log-probs and entropies; its value and every parameter's gradient."""
+    model.zero_grad(set_to_none=True)
+    model.train()
+    logp, entropy = forward_packed(model, packed, with_entropy=True, temperature=0.7, **kwargs)
+    weights = torch.linspace(-1.0, 1.0, logp.numel())
+    loss = -(weights * logp).sum() - 0.1 * entropy.sum()
+    loss.backward()
+    model.eval()
+    return logp.detach(), entropy.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 7])
+def test_token_logprobs_in_chunks_equal_all_at_once(chunk):
+    torch.manual_seed(1)
+    head = torch.nn.Linear(16, 50, bias=True)
+    hidden = torch.randn(23, 16, requires_grad=True)
+    tokens = torch.randint(0, 50, (23,))
+    out = {}
+    for size in (0, chunk):
+        hidden.grad, head.weight.grad, head.bias.grad = None, None, None
+        logp, entropy = token_logprobs(hidden, head, tokens, temperature=0.8, chunk_size=size, with_entropy=True)
+        ((logp * torch.linspace(-1.0, 1.0, 23)).sum() + 0.1 * entropy.sum()).backward()
+        out[size] = (logp.detach(), entropy.detach(), hidden.grad.clone(), head.weight.grad.clone(),
+                     head.bias.grad.clone())
+    for full, chunked in zip(out[0], out[chunk], strict=True):
+        torch.testing.assert_close(chunked, full, atol=1e-5, rtol=0)
+    # The unchunked path is the plain log-softmax of the head's logits.
+    expected = torch.log_softmax(head(hidden.detach()) / 0.8, -1).gather(-1, tokens[:, None]).squeeze(-1)
+    torch.testing.assert_close(out[0][0], expected, atol=1e-6, rtol=0)
+
+
+def test_token_logprobs_without_grad_or_entropy():
+    head = torch.nn.Linear(8, 20, bias=False)
+    hidden, tokens = torch.randn(9, 8), torch.randint(0, 20, (9,))
+    with torch.no_grad():
+        full, none = token_logprobs(hidden, head, tokens, chunk_size=0)
+        chunked, none_too = token_logprobs(hidden, head, tokens, chunk_size=2)
+    assert none is None and none_too is None and not chunked.requires_grad
+    torch.testing.assert_close(chunked, full, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_forward_packed_with_logits_chunk_same_loss_and_gradients(tie):
+    model, packed = tiny_llama(tie), tree_batch()
+    logp, entropy, grads = loss_and_grads(model, packed)
+    logp_c, entropy_c, grads_c = loss_and_grads(model, packed, logits_chunk=3)
+    torch.testing.assert_close(logp_c, logp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(entropy_c, entropy, atol=1e-5, rtol=0)
+    assert grads.keys() == grads_c.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(grads_c[name], grad, atol=1e-5, rtol=0, msg=name)
+
+
+def test_gradient_checkpointing_same_loss_and_gradients():
+    from ajet.training.model import enable_activation_checkpointing
+
+    model, packed = tiny_llama(), tree_batch()
+    logp, entropy, grads = loss_and_grads(model, packed, logits_chunk=4)
+    enable_activation_checkpointing(model)
+    assert model.is_activation_checkpointing
+    logp_gc, entropy_gc, grads_gc = loss_and_grads(model, packed, logits_chunk=4)
+    torch.testing.assert_close(logp_gc, logp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(entropy_gc, entropy, atol=1e-5, rtol=0)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grads_gc[name], grad, atol=1e-5, rtol=0, msg=name)
+
+
+def test_drop_prefix_cache_frees_it_and_decoding_stays_the_same(tiny_model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ajet.engine.local import LocalEngine
+    from ajet.engine.requests import SamplingParams
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    prompt = tokenizer.encode("A long enough prompt to be worth caching, about some topic or other.")
+    params = SamplingParams(temperature=0, max_tokens=6)
+    with LocalEngine(model, tokenizer, prefix_cache_tokens=4096) as engine:
+        (first,) = asyncio.run(engine.generate(prompt, params))
+        cache = engine._reuse.cache
+        assert cache is not None and cache.tokens > 0
+        engine.drop_prefix_cache()
+        assert cache.tokens == 0
+        engine.take_metrics()
+        (again,) = asyncio.run(engine.generate(prompt, params))
+        assert engine.take_metrics()["engine/cache_hit_rate"] == 0.0  # nothing was left to serve
+        assert again.token_ids == first.token_ids
+
+
+def test_release_memory_returns_freed_heap_pages():
+    import sys
+
+    import psutil
+
+    from ajet.training.memory import release_memory
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("malloc_trim is glibc's")
+    proc = psutil.Process()
+    # 64 KB blocks stay below glibc's mmap threshold: freed, they stay in the heap until trimmed.
+    blocks = [bytearray(64 * 1024) for _ in range(3000)]
+    del blocks[:-1]  # the last one stays: free() alone cannot shrink the heap from its top
+    before = proc.memory_info().rss
+    assert release_memory()
+    assert proc.memory_info().rss < before - 50e6
