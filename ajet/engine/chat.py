@@ -289,15 +289,20 @@ def tool_choice_prefix(tool_choice: Any, tools: list[dict[str, Any]] | None, *, 
         raise ValueError(f"tool_choice={tool_choice!r} requires a tool call, but no tools were given")
     if tool_choice in ("required", "any"):
         return '<tool_call>\n{"name": "'
-    if isinstance(tool_choice, dict):
-        name = (tool_choice.get("function") or {}).get("name")
-    else:
-        name = tool_choice
+    name = chosen_function(tool_choice)
     if not isinstance(name, str) or name not in names:
         raise ValueError(f"tool_choice={tool_choice!r} names no offered tool; the tools are {names}")
     prefix = '<tool_call>\n{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": {'
     key = single_string_key(tools[names.index(name)]) if schema_key and tools else None
     return prefix if key is None else prefix + json.dumps(key, ensure_ascii=False) + ': "'
+
+
+def chosen_function(tool_choice: Any) -> Any:
+    """The function a `tool_choice` names: `NAME` or `{"type": "function", "function":
+    {"name": NAME}}` (what a caller sent, unchecked; the keywords come back as they are)."""
+    if isinstance(tool_choice, dict):
+        return (tool_choice.get("function") or {}).get("name")
+    return tool_choice
 
 
 def single_string_key(tool: dict[str, Any]) -> str | None:

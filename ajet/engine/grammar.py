@@ -31,7 +31,7 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ajet.engine.sampling import TokenChoice, choose_token, logprob_temperature
+from ajet.engine.sampling import TokenChoice, choose_token, logprob_temperature, sample_index
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -219,10 +219,7 @@ class Constraint:
         if params.top_k or params.top_p < 1.0:  # the filters live in ajet.engine.sampling
             return choose_token(torch.from_numpy(logprobs * logprob_temperature(params)), params, generator).token_id
         scaled = logprobs * (logprob_temperature(params) / params.temperature)
-        weights = np.exp(scaled - scaled.max())
-        cdf = np.cumsum(weights)
-        u = float(torch.rand(1, generator=generator, dtype=torch.float64)) * cdf[-1]
-        return min(int(np.searchsorted(cdf, u, side="right")), len(cdf) - 1)
+        return sample_index(torch.from_numpy(np.exp(scaled - scaled.max())), generator)
 
     def accept(self, token: int) -> None:
         """Advance past `token` (sampled or forced); EOS after the grammar's end is accepted."""

@@ -484,7 +484,7 @@ class LocalEngine:
             if seq.constraint is not None and seq.constraint.active:
                 try:
                     out[row] = seq.constraint.choose(logits[row], seq.request.params, seq.generator)
-                except (ValueError, RuntimeError) as exc:  # GrammarError is a ValueError
+                except (FloatingPointError, ValueError, RuntimeError) as exc:  # as choose_tokens; GrammarError is a ValueError
                     out[row] = exc
         return out
 

@@ -130,7 +130,7 @@ def _sample_filtered(
     vocab = probs.numel()
     top_k = top_k if 0 < top_k < vocab else 0
     if not top_k and top_p >= 1.0:
-        return _sample_index(probs, generator)
+        return sample_index(probs, generator)
     values, indices = torch.topk(probs, top_k or min(vocab, _NUCLEUS_CANDIDATES))
     if top_k:
         values = values / values.sum()
@@ -140,10 +140,10 @@ def _sample_filtered(
         mass_before = torch.cumsum(values, dim=-1) - values
         keep = mass_before < top_p  # the most likely token is always kept
         values, indices = values[keep], indices[keep]
-    return int(indices[_sample_index(values, generator)])
+    return int(indices[sample_index(values, generator)])
 
 
-def _sample_index(weights: torch.Tensor, generator: torch.Generator) -> int:
+def sample_index(weights: torch.Tensor, generator: torch.Generator) -> int:
     """Draw index i with probability weights[i] / sum(weights) (inverse CDF).
 
     ~20x faster than `torch.multinomial` for one draw over a 49k vocabulary on this CPU
@@ -199,7 +199,7 @@ def choose_tokens(
                 for row in rows:
                     out[row] = _choose_one(logits[row], params[row], generators[row])
                 continue
-            cdf = torch.from_numpy(np.cumsum(probs.double().numpy(), axis=1))  # see _sample_index
+            cdf = torch.from_numpy(np.cumsum(probs.double().numpy(), axis=1))  # see sample_index
             u = torch.cat([torch.rand(1, generator=generators[row], dtype=torch.float64) for row in rows])
             u = (u * cdf[:, -1]).unsqueeze(1)
             tokens = torch.searchsorted(cdf, u, right=True).clamp(max=block.shape[1] - 1)[:, 0].tolist()

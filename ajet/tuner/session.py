@@ -294,6 +294,7 @@ class EpisodeSession:
     def _grammar(self, tool_choice: str | dict | None, tools: list[dict] | None,
                  response_format: dict | None) -> Any:
         """The grammar a call decodes under, or None (see `chat`)."""
+        from ajet.engine.chat import chosen_function
         from ajet.engine.grammar import json_grammar, tool_call_grammar
 
         kind = (response_format or {}).get("type") if isinstance(response_format, dict) else None
@@ -324,8 +325,7 @@ class EpisodeSession:
             return tool_call_grammar(tools or [], triggered=True)
         if tool_choice in ("required", "any"):
             return tool_call_grammar(tools or [])
-        name = (tool_choice.get("function") or {}).get("name") if isinstance(tool_choice, dict) else tool_choice
-        return tool_call_grammar(tools or [], name)
+        return tool_call_grammar(tools or [], chosen_function(tool_choice))
 
     def _first_call_tool_choice(
         self, role: str, tools: list[dict] | None, tool_choice: str | dict | None

@@ -108,12 +108,12 @@ def test_find_stop_returns_the_earliest_match():
 
 
 def test_inverse_cdf_draws_follow_the_weights():
-    from ajet.engine.sampling import _sample_index
+    from ajet.engine.sampling import sample_index
 
     weights = torch.tensor([0.0, 0.1, 0.0, 0.6, 0.3])
     gen = make_generator(11, 0)
     counts = torch.bincount(
-        torch.tensor([_sample_index(weights, gen) for _ in range(4000)]), minlength=5
+        torch.tensor([sample_index(weights, gen) for _ in range(4000)]), minlength=5
     )
     assert counts[0] == 0 and counts[2] == 0  # zero-probability tokens are never drawn
     freq = counts.double() / 4000
