@@ -1,58 +1,60 @@
-"""Which forwards a tree-packed sequence is computed in (shared-prefix / cascade plan).
+"""How the attention of a tree-packed sequence is cut (the shared-prefix / cascade plan).
 
-One forward of the whole packed sequence with a 4-D tree mask computes attention for
-every (query, key) pair of the sequence, T x T, and masks most of it away: on CPU the
-SDPA kernel does not skip masked blocks. Three 550-token branches under a 5-token trunk
-then cost 1638^2 attention pairs, where forwarding each branch on its own costs
-3 x 550^2. The plan below cuts the tree instead:
+The packed sequence is forwarded once; only its attention is cut into *segments*
+(`ajet.context.tree_attention` computes them). One segment for the whole sequence
+under a 4-D tree mask computes attention for every (query, key) pair, T x T, and masks
+most of it away: the SDPA kernels do not skip masked blocks. Three 550-token branches
+under a 5-token trunk then cost 1638^2 pairs, where cutting costs about 3 x 550^2. So:
 
-- every tree of the sequence (a root and its subtree) is forwarded on its own;
-- a *trunk* (the chain from a subtree's root to its first branch point) is forwarded once,
-  and each child subtree is forwarded with the trunk's keys and values as its past
-  (attention to a past is exact: the trunk is an ancestor of every node below it);
-- a subtree whose pieces would cost more than forwarding it whole (tiny branches, where
-  the per-forward overhead dominates) is forwarded whole under a tree mask.
+- every tree of the sequence (a root and its subtree) is a segment of its own;
+- a *trunk* (the chain from a subtree's root to its first branch point) is a segment,
+  and each child subtree is planned below it, attending to the trunk's keys and values
+  (exact: the trunk is an ancestor of every node below it);
+- a subtree whose segments would cost more than keeping it whole under a tree mask
+  (tiny branches, where a segment's fixed cost dominates) stays one segment.
 
-The choice is by a cost model in "token forwards": a token costs 1, an attention pair
-`ATTENTION_PAIR` and a forward call `FORWARD_CALL`. The constants were read off a torch
-profile of the bundled model's fwd+bwd on CPU (docs/benchmarks.md); they only decide
-speed, never the result: every plan computes the same logits.
+The choice is by a cost model in "token forwards" (the fwd+bwd of one token through the
+linear layers costs 1): an attention pair costs `ATTENTION_PAIR`, a segment `SEGMENT`.
+A chain runs SDPA's causal kernel, which skips the upper triangle (half the pairs); under
+ancestors it does so with the ancestors' queries recomputed and dropped, where that is
+cheaper than a mask over its own queries (`causal_is_cheaper`). Every token is forwarded once whatever the plan, so tokens do
+not enter the choice. The constants are measured on the bundled model's fwd+bwd on CPU
+(`scripts/bench_context.py --calibrate`, docs/benchmarks.md); they only decide speed,
+never the result: every plan computes the same logits.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Piece", "plan_pieces", "ATTENTION_PAIR", "FORWARD_CALL"]
+__all__ = ["Piece", "plan_pieces", "attention_pairs", "causal_is_cheaper", "ATTENTION_PAIR", "SEGMENT"]
 
-# A (query, key) pair of attention against a token's other work (fwd+bwd, bundled model,
-# CPU): a token attending to ~4,000 keys costs as much again as its own linear layers.
+# A (query, key) pair of attention against a token's fwd+bwd through the linear layers
+# (bundled model, CPU, calibrated below).
 ATTENTION_PAIR = 2.5e-4
-# A forward call's fixed cost (per-layer Python and kernel launches, fwd+bwd), in tokens.
-FORWARD_CALL = 16.0
-# Past this many nested branch points a subtree is forwarded whole (bounds the recursion).
+# A segment's fixed cost (per layer: key/value slicing and concatenation, an SDPA call and
+# their backward), in tokens.
+SEGMENT = 1.0
+# Past this many nested branch points a subtree stays one segment (bounds the recursion).
 MAX_DEPTH = 64
 
 
 @dataclass(frozen=True)
 class Piece:
-    """One forward: the packed positions [start, stop), with the keys and values of the
-    piece it hangs under (and so of all its ancestors) as past. `children` are forwarded
-    after it with this piece's keys and values appended to that past."""
+    """One attention segment: the queries at packed positions [start, stop) attend to
+    the pieces above it (its ancestors) and to themselves (causally, or under the tree
+    mask of the subtree it holds). `children` are the segments below it."""
 
     start: int
     stop: int
     children: tuple[Piece, ...] = ()
 
 
-def plan_pieces(
-    parents: list[int], ends: list[int], *, share_kv: bool = True, split: str = "cost"
-) -> list[Piece]:
-    """The forwards that compute a pre-order packed sequence (`ends` from its layout).
+def plan_pieces(parents: list[int], ends: list[int], *, split: str = "cost") -> list[Piece]:
+    """The attention segments of a pre-order packed sequence (`ends` from its layout).
 
-    `share_kv=False` (the model cannot take a past, e.g. under gradient checkpointing)
-    only separates the trees. `split`: "cost" picks by the cost model, "always" cuts at
-    every branch point (tests), "never" returns the whole sequence as one piece.
+    `split`: "cost" picks by the cost model, "always" cuts at every branch point (tests),
+    "never" returns the whole sequence as one segment.
     """
     n = len(parents)
     whole = [Piece(0, n)]
@@ -65,7 +67,7 @@ def plan_pieces(
     pieces, cost = [], 0.0
     root = 0
     while root < n:
-        c, piece = _plan(root, 0, ends, nchild, share_kv, split, 0)
+        c, piece = _plan(root, 0, ends, nchild, split, 0)
         pieces.append(piece)
         cost += c
         root = ends[root]
@@ -74,14 +76,28 @@ def plan_pieces(
     return pieces
 
 
+def causal_is_cheaper(q: int, past: int) -> bool:
+    """Whether a chain of q queries under `past` ancestor tokens (a chain too: trunks are)
+    is cheaper computed causally over past + q queries, the past's rows recomputed and
+    dropped, than under a mask: (past + q)^2 / 2 pairs against q (past + q)."""
+    return past < q
+
+
+def attention_pairs(q: int, past: int, *, chain: bool) -> float:
+    """The (query, key) pairs SDPA computes for a segment (the causal kernel skips the
+    upper triangle; a masked one computes every pair)."""
+    if chain and causal_is_cheaper(q, past):
+        return (past + q) * (past + q + 1) / 2
+    return q * (past + q)
+
+
 def _cost(q: int, past: int, *, chain: bool) -> float:
-    """Estimated cost of one forward of q tokens after `past` tokens."""
-    pairs = q * (q + 1) / 2 if chain and not past else q * (past + q)
-    return FORWARD_CALL + q + ATTENTION_PAIR * pairs
+    """Estimated attention cost of a segment of q queries under `past` ancestor tokens."""
+    return SEGMENT + ATTENTION_PAIR * attention_pairs(q, past, chain=chain)
 
 
 def _plan(
-    root: int, past: int, ends: list[int], nchild: list[int], share_kv: bool, split: str, depth: int
+    root: int, past: int, ends: list[int], nchild: list[int], split: str, depth: int
 ) -> tuple[float, Piece]:
     """(cost, piece) of the subtree at `root`, forwarded after `past` ancestor tokens."""
     last = root
@@ -89,14 +105,14 @@ def _plan(
         last += 1
     size = ends[root] - root
     whole = _cost(size, past, chain=nchild[last] == 0)
-    if nchild[last] == 0 or not share_kv or depth >= MAX_DEPTH:
+    if nchild[last] == 0 or depth >= MAX_DEPTH:
         return whole, Piece(root, ends[root])
     trunk = last + 1 - root
     cost = _cost(trunk, past, chain=True)
     kids = []
     child = last + 1
     while child < ends[last]:
-        c, piece = _plan(child, past + trunk, ends, nchild, share_kv, split, depth + 1)
+        c, piece = _plan(child, past + trunk, ends, nchild, split, depth + 1)
         cost += c
         kids.append(piece)
         child = ends[child]

@@ -1,6 +1,6 @@
 """The forward of a tree-packed sequence with the model's own attention.
 
-A Hugging Face decoder given a 4-D mask `[1, 1, T, past + T]` uses it as is
+A Hugging Face decoder given a 4-D mask `[1, 1, T, T]` uses it as is
 (`transformers.masking_utils` returns a 4-D mask unchanged), and with tree
 `position_ids` (depth in the tree) each token sees exactly the tokens and the
 rotary positions it saw in its own sample: logits equal separate forwards to
@@ -8,10 +8,11 @@ float tolerance (tests/integration/test_context_lossless.py). Works with the
 eager and SDPA attention implementations; a flash-attention varlen path is not
 implemented (it cannot express a tree mask without splitting into chains).
 
-The sequence is computed in the forwards `ajet.context.cascade` plans: each tree on
-its own, a shared trunk once with its keys and values passed as the past of the
-branches below it, or (where that is cheaper) the whole sequence under one tree mask.
-Every plan gives the same logits (tests/unit/test_context_cascade.py).
+The sequence is always one forward. Its attention is either the model's own under that
+mask (one segment), or cut into the segments `ajet.context.cascade` plans (each tree on its
+own, a shared trunk once, each branch against its trunk's keys and values) and computed by
+`ajet.context.tree_attention`, which skips the masked-away pairs. Every plan gives the same
+logits (tests/unit/test_context_cascade.py).
 
 Logits are computed only at loss-entry positions (`logits_to_keep` with indices),
 so memory is O(entries x vocab), not O(tokens x vocab); with `logits_chunk > 0` (and a
@@ -21,12 +22,11 @@ many entries at a time by `ajet.context.logprobs.token_logprobs`, O(chunk x voca
 
 from __future__ import annotations
 
-import bisect
-
 import torch
 
 from ajet.context.cascade import Piece, plan_pieces
 from ajet.context.pack import PackedSequence
+from ajet.context.tree_attention import base_attention, install_tree_attention, tree_layout
 
 __all__ = ["tree_attention_mask", "forward_packed", "forward_plan"]
 
@@ -100,8 +100,9 @@ def forward_packed(
     """Log-probs (and entropies) of the entry tokens under `model`.
 
     `temperature` divides the logits first, matching how the rollout sampled.
-    `split` picks the forwards (`ajet.context.cascade`): "cost" by the cost model,
-    "never" one forward under the 4-D tree mask, "always" a forward per trunk.
+    `split` picks the attention segments (`ajet.context.cascade`): "cost" by the cost
+    model, "never" the model's own attention under the 4-D tree mask, "always" a segment
+    per trunk and per branch.
     `logits_chunk > 0`: the LM head runs on that many entries at a time (see the module doc).
     Returns float32 tensors of shape [E] (E = packed.num_entries).
     """
@@ -148,106 +149,70 @@ def _entry_rows(
     model: torch.nn.Module, packed: PackedSequence, split: str, device: torch.device,
     head_split: tuple | None = None,
 ) -> torch.Tensor:
-    """Logits [E, V] at the entry positions, in entry order, from the planned forwards; with
+    """Logits [E, V] at the entry positions, in entry order, from one forward; with
     `head_split` (decoder, LM head), the decoder's final hidden states [E, H] instead."""
-    pieces = forward_plan(packed, share_kv=_takes_past(model), split=split)
-    order = sorted(range(packed.num_entries), key=lambda e: packed.entry_pos[e])
-    sorted_pos = [packed.entry_pos[e] for e in order]
-    rows: list[torch.Tensor] = []
-    index: list[int] = []
-    stack: list[tuple[Piece, list | None]] = [(p, None) for p in reversed(pieces)]
-    while stack:
-        piece, past = stack.pop()
-        lo = bisect.bisect_left(sorted_pos, piece.start)
-        hi = bisect.bisect_left(sorted_pos, piece.stop)
-        want = [sorted_pos[k] - piece.start for k in range(lo, hi)]
-        logits, kv = _forward_piece(model, packed, piece, past, want, device, head_split)
-        if want:
-            rows.append(logits)
-            index += order[lo:hi]
-        stack.extend((child, kv) for child in reversed(piece.children))
-    out = torch.cat(rows) if len(rows) > 1 else rows[0]
-    return out[torch.argsort(torch.tensor(index, device=device))]
+    pieces = forward_plan(packed, split=split)
+    unique = sorted(set(packed.entry_pos))
+    at = {pos: k for k, pos in enumerate(unique)}
+    rows = torch.tensor([at[p] for p in packed.entry_pos], dtype=torch.long, device=device)
+    keep = torch.tensor(unique, dtype=torch.long, device=device)
+    inputs = {
+        "input_ids": torch.tensor([packed.input_ids], device=device),
+        "position_ids": torch.tensor([packed.position_ids], device=device),
+        "use_cache": False,
+    }
+    layout = None
+    if len(pieces) == 1 and not pieces[0].children:
+        # One segment: the model's own attention, under the tree mask unless it is a chain.
+        if any(p != i - 1 for i, p in enumerate(packed.parents)):
+            inputs["attention_mask"] = _model_mask(model, packed.parents, device)
+    else:
+        _attention_impl(model)  # raises for attention that takes no 4-D mask
+        install_tree_attention(model)
+        layout = tree_layout(pieces, packed.parents, device)
+        inputs["ajet_tree"] = layout
+        # A 4-D placeholder: transformers passes a 4-D mask through as is, instead of
+        # building a T x T one from the tree positions that tree attention would not read.
+        inputs["attention_mask"] = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device)
+    if head_split is not None:
+        out = head_split[0](**inputs).last_hidden_state[0, keep]
+    else:
+        out = model(**inputs, logits_to_keep=keep).logits[0].float()
+    if layout is not None and layout.calls == 0:
+        raise RuntimeError(
+            f"{type(model).__name__} does not route attention through transformers' "
+            "AttentionInterface, so the tree-packed attention was not applied; "
+            "use split='never' (one forward under a 4-D tree mask) for this model."
+        )
+    return out[rows]
 
 
-def forward_plan(packed: PackedSequence, *, share_kv: bool = True, split: str = "cost") -> list[Piece]:
-    """The forwards `forward_packed` runs for `packed` (see `ajet.context.cascade`)."""
+def forward_plan(packed: PackedSequence, *, split: str = "cost") -> list[Piece]:
+    """The attention segments `forward_packed` uses for `packed` (see `ajet.context.cascade`)."""
     ends = _subtree_ends(packed.parents)
     if ends is None:  # not pre-order: only the whole-sequence mask can express it
         return [Piece(0, packed.num_tokens)]
-    return plan_pieces(packed.parents, ends, share_kv=share_kv, split=split)
+    return plan_pieces(packed.parents, ends, split=split)
 
 
-def _takes_past(model: torch.nn.Module) -> bool:
-    """Whether the model keeps a past it is given: a layer under gradient checkpointing
-    drops it in training (transformers' GradientCheckpointingLayer)."""
-    if not model.training:
-        return True
-    return not any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
-
-
-def _forward_piece(
-    model: torch.nn.Module,
-    packed: PackedSequence,
-    piece: Piece,
-    past: list | None,
-    want: list[int],
-    device: torch.device,
-    head_split: tuple | None = None,
-) -> tuple[torch.Tensor, list | None]:
-    """Logits [len(want), V] at the piece's local positions `want` (with `head_split`, the
-    decoder's hidden states [len(want), H]), and the keys/values (past + piece, per layer)
-    its children need, or None when it has none."""
-    a, b = piece.start, piece.stop
-    local = [p - a if p >= a else -1 for p in packed.parents[a:b]]
-    past_len = past[0][0].shape[-2] if past else 0
-    mask = None
-    if past_len or any(p != i - 1 for i, p in enumerate(local)):
-        mask = _model_mask(model, local, past_len, device)
-    cache = None
-    if past:
-        from transformers import DynamicCache
-
-        # A fresh cache per piece: the model appends to the cache it is given, and the
-        # siblings of this piece need the past as it was.
-        cache = DynamicCache(ddp_cache_data=past)
-    unique = sorted(set(want))
-    at = {pos: k for k, pos in enumerate(unique)}
-    inputs = {
-        "input_ids": torch.tensor([packed.input_ids[a:b]], device=device),
-        "attention_mask": mask,
-        "position_ids": torch.tensor([packed.position_ids[a:b]], device=device),
-        "past_key_values": cache,
-        "use_cache": bool(piece.children),
-    }
-    keep = torch.tensor(unique, dtype=torch.long, device=device)
-    if head_split is not None:
-        out = head_split[0](**inputs)
-        logits = out.last_hidden_state[0, keep][[at[p] for p in want]]
-    else:
-        out = model(**inputs, logits_to_keep=keep)
-        rows = torch.tensor([at[p] for p in want], dtype=torch.long, device=device)
-        logits = out.logits[0].float()[rows]
-    kv = None
-    if piece.children:
-        kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
-    return logits, kv
-
-
-def _model_mask(model: torch.nn.Module, parents: list[int], past: int, device: torch.device):
-    """The 4-D mask [1, 1, T, past + T] in the form the model's attention takes: every
-    token sees the whole past (its ancestors) and its ancestors among `parents`."""
-    impl = getattr(getattr(model, "config", None), "_attn_implementation", None) or "eager"
+def _attention_impl(model: torch.nn.Module) -> str:
+    """The model's attention implementation, if tree packing can use it (it must take a
+    4-D mask; the segmented attention calls SDPA in its place)."""
+    impl = base_attention(model)
     if impl not in ("sdpa", "eager"):
         raise ValueError(
             f"tree packing needs the model's attention to accept a 4-D mask, but it uses "
             f"attn_implementation={impl!r}. Load the model with attn_implementation='sdpa' "
             "(or 'eager'), or set context.tree_packing=false."
         )
+    return impl
+
+
+def _model_mask(model: torch.nn.Module, parents: list[int], device: torch.device):
+    """The 4-D mask [1, 1, T, T] in the form the model's attention takes: every token sees
+    itself and its ancestors among `parents`."""
+    impl = _attention_impl(model)
     allowed = _ancestor_mask(parents, device)
-    if past:
-        seen = torch.ones(len(parents), past, dtype=torch.bool, device=allowed.device)
-        allowed = torch.cat([seen, allowed], dim=1)
     if impl == "sdpa":
         # A bool mask keeps working under bf16 autocast (SDPA wants bool or the query's dtype).
         return allowed[None, None]

@@ -79,8 +79,6 @@ def test_plan_cuts_at_branch_points_and_separates_trees():
         Piece(6, 8),
     ]
     assert plan_pieces(parents, ends, split="never") == [Piece(0, 8)]
-    # Without a past (gradient checkpointing) the trees are still forwarded apart.
-    assert plan_pieces(parents, ends, share_kv=False, split="always") == [Piece(0, 6), Piece(6, 8)]
 
 
 def test_cost_model_splits_long_branches_and_keeps_tiny_trees_whole():
@@ -120,14 +118,19 @@ def test_cascade_gradients_equal_the_masked_forward():
         torch.testing.assert_close(grads["always"][name], g, atol=1e-5, rtol=1e-4, msg=name)
 
 
-def test_gradient_checkpointing_falls_back_to_whole_trees():
+def test_cascade_under_gradient_checkpointing_equals_the_masked_forward():
+    # The layout reaches every layer as a keyword, also through checkpointed layers.
     packed = packed_one()
-    model = tiny_llama().train()
-    model.gradient_checkpointing_enable()  # the name transformers 5 still takes
-    got, _ = forward_packed(model, packed, split="always")
-    with torch.no_grad():
-        want, _ = forward_packed(tiny_llama().eval(), packed, split="never")
-    torch.testing.assert_close(got.detach(), want, atol=1e-5, rtol=0)
+    grads = {}
+    for split in ("never", "always"):
+        model = tiny_llama().train()
+        model.gradient_checkpointing_enable()  # the name transformers 5 still takes
+        new, _ = forward_packed(model, packed, split=split)
+        (-(new * torch.tensor(packed.entry_advantage)).sum()).backward()
+        grads[split] = (new.detach(), {n: p.grad.clone() for n, p in model.named_parameters()})
+    torch.testing.assert_close(grads["always"][0], grads["never"][0], atol=1e-5, rtol=0)
+    for name, g in grads["never"][1].items():
+        torch.testing.assert_close(grads["always"][1][name], g, atol=1e-5, rtol=1e-4, msg=name)
 
 
 def test_a_trunk_without_trained_tokens():
@@ -161,3 +164,31 @@ def test_cascade_with_chunked_logits_equals_the_plain_masked_forward(split):
     torch.testing.assert_close(got_h, want_h, atol=1e-5, rtol=0)
     for name, g in want_g.items():
         torch.testing.assert_close(got_g[name], g, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_layout_picks_causal_recompute_or_mask_by_the_past():
+    from ajet.context.tree_attention import tree_layout
+
+    # Trunk 0-3 (4 tokens); a 10-token branch (past 4 < 10: causal over trunk + branch,
+    # one merged key range) and a 2-token branch (past 4 >= 2: masked against the trunk).
+    parents = [-1, 0, 1, 2, 3] + list(range(4, 13)) + [3, 14]
+    pieces = plan_pieces(parents, _subtree_ends(parents), split="always")
+    trunk, long_branch, short_branch = tree_layout(pieces, parents, "cpu").segments
+    assert (trunk.start, trunk.stop, trunk.keys, trunk.mask) == (0, 4, ((0, 4),), None)
+    assert (long_branch.keys, long_branch.mask) == (((0, 14),), None)
+    assert short_branch.keys == ((0, 4), (14, 16))
+    assert short_branch.mask[0, 0].tolist() == [[True] * 5 + [False], [True] * 6]
+
+
+def test_installed_tree_attention_leaves_ordinary_forwards_alone():
+    # The engine shares the trainer's model: after a tree-packed forward switched it to tree
+    # attention, a padded batch (2-D mask) must give the same logits as before.
+    model = tiny_llama().eval()
+    ids = torch.tensor([[5, 6, 7, 8, 9], [0, 0, 3, 4, 5]])
+    attn = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])
+    with torch.no_grad():
+        want = model(input_ids=ids, attention_mask=attn).logits
+        forward_packed(model, packed_one(), split="always")
+        assert model.config._attn_implementation == "ajet_tree_sdpa"
+        got = model(input_ids=ids, attention_mask=attn).logits
+    torch.testing.assert_close(got[attn.bool()], want[attn.bool()], atol=1e-6, rtol=0)
