@@ -29,12 +29,14 @@ from dataclasses import dataclass
 
 __all__ = ["Piece", "plan_pieces", "attention_pairs", "causal_is_cheaper", "ATTENTION_PAIR", "SEGMENT"]
 
-# A (query, key) pair of attention against a token's fwd+bwd through the linear layers
-# (bundled model, CPU, calibrated below).
-ATTENTION_PAIR = 2.5e-4
-# A segment's fixed cost (per layer: key/value slicing and concatenation, an SDPA call and
-# their backward), in tokens.
-SEGMENT = 1.0
+# Measured by scripts/calibrate_cascade.py (bundled model, fp32, fwd+bwd, 1 thread, CPU time;
+# 2026-11-23, load average ~8, so +-20%): a token 13.5 ms through the linear layers, an
+# attention pair 2.9 us (all 30 layers), a segment 26 ms. In tokens:
+# a (query, key) pair of attention,
+ATTENTION_PAIR = 2.2e-4
+# a segment's fixed cost (per layer: slicing and concatenating keys and values, an SDPA
+# call, and their backward).
+SEGMENT = 2.0
 # Past this many nested branch points a subtree stays one segment (bounds the recursion).
 MAX_DEPTH = 64
 
