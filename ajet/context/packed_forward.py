@@ -177,13 +177,16 @@ def _entry_rows(
     if head_split is not None:
         out = head_split[0](**inputs).last_hidden_state[0, keep]
     else:
-        out = model(**inputs, logits_to_keep=keep).logits[0].float()
+        # squeeze, not [0]: in backward a select would fill a zero [1, E, V] tensor first.
+        out = model(**inputs, logits_to_keep=keep).logits.squeeze(0).float()
     if layout is not None and layout.calls == 0:
         raise RuntimeError(
             f"{type(model).__name__} does not route attention through transformers' "
             "AttentionInterface, so the tree-packed attention was not applied; "
             "use split='never' (one forward under a 4-D tree mask) for this model."
         )
+    if packed.entry_pos == unique:  # distinct and in order: rows == arange, skip the copy
+        return out
     return out[rows]
 
 
