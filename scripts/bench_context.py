@@ -394,6 +394,8 @@ def show(rows: list[dict]) -> None:
         for _, key in cols:
             if key is None:
                 cells.append(f"{row['samples_per_call']}→{row['samples_merged']}")
+            elif isinstance(key, tuple) and key[0] not in row:
+                cells.append("-")
             elif isinstance(key, tuple):
                 cells.append(" ".join(_cell(row, k) if n == 0 else f"({_cell(row, k)})"
                                       for n, k in enumerate(key)))
