@@ -119,6 +119,10 @@ def common_refusals(cfg: AjetConfig, backbone: str) -> list[tuple[str, str]]:
         problems.append(("task_reader.type", "=generate needs the local model to write tasks; "
                                              "generate them with --backbone=debug first, then "
                                              "point task_reader.jsonl at the result"))
+    if cfg.task_reader.curriculum.key:
+        problems.append(("task_reader.curriculum.key", f"is applied by the debug backbone's task "
+                                                       f"reader; {backbone} reads the train tasks in "
+                                                       "its own order: set it to '' (off)"))
     return problems
 
 

@@ -121,6 +121,17 @@ class GenerateReaderConfig:
 
 
 @dataclass
+class CurriculumConfig:
+    # Easy tasks first (ajet/task_reader/curriculum.py): each train task's metadata[key] is
+    # its difficulty (a number, lower = easier); "" = off (shuffled epochs). Step 1 draws
+    # from the easiest `start` of the train set; the pool grows linearly to all of it over
+    # `ramp_steps` steps. Debug backbone only.
+    key: str = ""
+    start: float = bounded(0.3, Interval(gt=0, le=1))
+    ramp_steps: int = bounded(10, Ge(1))
+
+
+@dataclass
 class TaskReaderConfig:
     type: ReaderType = ReaderType.jsonl
     shuffle: bool = True
@@ -130,6 +141,7 @@ class TaskReaderConfig:
     hf_dataset: HfDatasetReaderConfig = field(default_factory=HfDatasetReaderConfig)
     env_service: EnvServiceReaderConfig = field(default_factory=EnvServiceReaderConfig)
     generate: GenerateReaderConfig = field(default_factory=GenerateReaderConfig)
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
 
 
 @dataclass

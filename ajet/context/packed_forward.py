@@ -1,12 +1,18 @@
-"""One forward of a tree-packed sequence with the model's own attention.
+"""The forward of a tree-packed sequence with the model's own attention.
 
-A Hugging Face decoder given a 4-D additive mask `[1, 1, T, T]` uses it as is
+A Hugging Face decoder given a 4-D mask `[1, 1, T, T]` uses it as is
 (`transformers.masking_utils` returns a 4-D mask unchanged), and with tree
 `position_ids` (depth in the tree) each token sees exactly the tokens and the
 rotary positions it saw in its own sample: logits equal separate forwards to
 float tolerance (tests/integration/test_context_lossless.py). Works with the
 eager and SDPA attention implementations; a flash-attention varlen path is not
 implemented (it cannot express a tree mask without splitting into chains).
+
+The sequence is always one forward. Its attention is either the model's own under that
+mask (one segment), or cut into the segments `ajet.context.cascade` plans (each tree on its
+own, a shared trunk once, each branch against its trunk's keys and values) and computed by
+`ajet.context.tree_attention`, which skips the masked-away pairs. Every plan gives the same
+logits (tests/unit/test_context_cascade.py).
 
 Logits are computed only at loss-entry positions (`logits_to_keep` with indices),
 so memory is O(entries x vocab), not O(tokens x vocab); with `logits_chunk > 0` (and a
@@ -18,9 +24,11 @@ from __future__ import annotations
 
 import torch
 
+from ajet.context.cascade import Piece, plan_pieces
 from ajet.context.pack import PackedSequence
+from ajet.context.tree_attention import base_attention, install_tree_attention, tree_layout
 
-__all__ = ["tree_attention_mask", "forward_packed"]
+__all__ = ["tree_attention_mask", "forward_packed", "forward_plan"]
 
 
 def _ancestor_mask(parents: list[int], device: torch.device | str | None) -> torch.Tensor:
@@ -86,45 +94,33 @@ def forward_packed(
     *,
     with_entropy: bool = False,
     temperature: float = 1.0,
+    split: str = "cost",
     logits_chunk: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs (and entropies) of the entry tokens under `model`, from one forward.
+    """Log-probs (and entropies) of the entry tokens under `model`.
 
     `temperature` divides the logits first, matching how the rollout sampled.
+    `split` picks the attention segments (`ajet.context.cascade`): "cost" by the cost
+    model, "never" the model's own attention under the 4-D tree mask, "always" a segment
+    per trunk and per branch.
     `logits_chunk > 0`: the LM head runs on that many entries at a time (see the module doc).
     Returns float32 tensors of shape [E] (E = packed.num_entries).
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 for log-probs, got {temperature}")
     device = next(model.parameters()).device
-    dtype = next(p for p in model.parameters() if p.is_floating_point()).dtype
     if not packed.entry_pos:
         empty = torch.zeros(0, device=device)
         return empty, (empty if with_entropy else None)
-    input_ids = torch.tensor([packed.input_ids], device=device)
-    position_ids = torch.tensor([packed.position_ids], device=device)
-    mask = _model_mask(model, packed.parents, dtype, device)
-    unique_pos, inverse = torch.unique(
-        torch.tensor(packed.entry_pos, device=device), return_inverse=True
-    )
     tokens = torch.tensor(packed.entry_token, device=device)
-    split = _decoder_and_head(model) if logits_chunk > 0 else None
-    if split is not None:
+    head_split = _decoder_and_head(model) if logits_chunk > 0 else None
+    rows = _entry_rows(model, packed, split, device, head_split)  # [E, H] or [E, V], entry order
+    if head_split is not None:
         from ajet.context.logprobs import token_logprobs
 
-        decoder, head = split
-        hidden = decoder(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
-                         use_cache=False).last_hidden_state
-        return token_logprobs(hidden[0, unique_pos][inverse], head, tokens, temperature=temperature,
+        return token_logprobs(rows, head_split[1], tokens, temperature=temperature,
                               chunk_size=logits_chunk, with_entropy=with_entropy)
-    out = model(
-        input_ids=input_ids,
-        attention_mask=mask,
-        position_ids=position_ids,
-        use_cache=False,
-        logits_to_keep=unique_pos,
-    )
-    logits = out.logits[0].float()[inverse]  # [E, V]
+    logits = rows.float()
     if temperature != 1.0:
         logits = logits / temperature
     logp = torch.log_softmax(logits, dim=-1)
@@ -149,20 +145,80 @@ def _decoder_and_head(model: torch.nn.Module):
     return None if head is None else (model.get_decoder(), head)
 
 
-def _model_mask(
-    model: torch.nn.Module, parents: list[int], dtype: torch.dtype, device: torch.device
-):
-    """The 4-D mask in the form the model's attention implementation takes; None for a chain."""
-    if all(p == i - 1 for i, p in enumerate(parents)):
-        return None  # a single causal sequence: let the model use its own (fast) causal path
-    impl = getattr(getattr(model, "config", None), "_attn_implementation", None) or "eager"
+def _entry_rows(
+    model: torch.nn.Module, packed: PackedSequence, split: str, device: torch.device,
+    head_split: tuple | None = None,
+) -> torch.Tensor:
+    """Logits [E, V] at the entry positions, in entry order, from one forward; with
+    `head_split` (decoder, LM head), the decoder's final hidden states [E, H] instead."""
+    pieces = forward_plan(packed, split=split)
+    unique = sorted(set(packed.entry_pos))
+    at = {pos: k for k, pos in enumerate(unique)}
+    rows = torch.tensor([at[p] for p in packed.entry_pos], dtype=torch.long, device=device)
+    keep = torch.tensor(unique, dtype=torch.long, device=device)
+    inputs = {
+        "input_ids": torch.tensor([packed.input_ids], device=device),
+        "position_ids": torch.tensor([packed.position_ids], device=device),
+        "use_cache": False,
+    }
+    layout = None
+    if len(pieces) == 1 and not pieces[0].children:
+        # One segment: the model's own attention, under the tree mask unless it is a chain.
+        if any(p != i - 1 for i, p in enumerate(packed.parents)):
+            inputs["attention_mask"] = _model_mask(model, packed.parents, device)
+    else:
+        _attention_impl(model)  # raises for attention that takes no 4-D mask
+        install_tree_attention(model)
+        layout = tree_layout(pieces, packed.parents, device)
+        inputs["ajet_tree"] = layout
+        # A 4-D placeholder: transformers passes a 4-D mask through as is, instead of
+        # building a T x T one from the tree positions that tree attention would not read.
+        inputs["attention_mask"] = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device)
+    if head_split is not None:
+        out = head_split[0](**inputs).last_hidden_state[0, keep]
+    else:
+        # squeeze, not [0]: in backward a select would fill a zero [1, E, V] tensor first.
+        out = model(**inputs, logits_to_keep=keep).logits.squeeze(0).float()
+    if layout is not None and layout.calls == 0:
+        raise RuntimeError(
+            f"{type(model).__name__} does not route attention through transformers' "
+            "AttentionInterface, so the tree-packed attention was not applied; "
+            "use split='never' (one forward under a 4-D tree mask) for this model."
+        )
+    if packed.entry_pos == unique:  # distinct and in order: rows == arange, skip the copy
+        return out
+    return out[rows]
+
+
+def forward_plan(packed: PackedSequence, *, split: str = "cost") -> list[Piece]:
+    """The attention segments `forward_packed` uses for `packed` (see `ajet.context.cascade`)."""
+    ends = _subtree_ends(packed.parents)
+    if ends is None:  # not pre-order: only the whole-sequence mask can express it
+        return [Piece(0, packed.num_tokens)]
+    return plan_pieces(packed.parents, ends, split=split)
+
+
+def _attention_impl(model: torch.nn.Module) -> str:
+    """The model's attention implementation, if tree packing can use it (it must take a
+    4-D mask; the segmented attention calls SDPA in its place)."""
+    impl = base_attention(model)
+    if impl not in ("sdpa", "eager"):
+        raise ValueError(
+            f"tree packing needs the model's attention to accept a 4-D mask, but it uses "
+            f"attn_implementation={impl!r}. Load the model with attn_implementation='sdpa' "
+            "(or 'eager'), or set context.tree_packing=false."
+        )
+    return impl
+
+
+def _model_mask(model: torch.nn.Module, parents: list[int], device: torch.device):
+    """The 4-D mask [1, 1, T, T] in the form the model's attention takes: every token sees
+    itself and its ancestors among `parents`."""
+    impl = _attention_impl(model)
+    allowed = _ancestor_mask(parents, device)
     if impl == "sdpa":
         # A bool mask keeps working under bf16 autocast (SDPA wants bool or the query's dtype).
-        return _ancestor_mask(parents, device)[None, None]
-    if impl == "eager":
-        return tree_attention_mask(parents, dtype=dtype, device=device)
-    raise ValueError(
-        f"tree packing needs the model's attention to accept a 4-D mask, but it uses "
-        f"attn_implementation={impl!r}. Load the model with attn_implementation='sdpa' (or 'eager'), "
-        "or set context.tree_packing=false."
-    )
+        return allowed[None, None]
+    dtype = next(p for p in model.parameters() if p.is_floating_point()).dtype
+    mask = torch.full(allowed.shape, torch.finfo(dtype).min, dtype=dtype, device=allowed.device)
+    return mask.masked_fill_(allowed, 0.0)[None, None]

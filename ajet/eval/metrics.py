@@ -32,6 +32,9 @@ class EpisodeResult:
     target_tools: list[str] | None = None
     optimal_steps: int | None = None
     reason: str = ""
+    # What the model answered, call by call (content and tool_calls of each reply), so a
+    # report can be read without re-running it.
+    replies: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -68,7 +71,16 @@ def episode_result(episode: Any, calls: Sequence[Any]) -> EpisodeResult:
         target_tools=[str(t) for t in target] if isinstance(target, list) else None,
         optimal_steps=int(optimal) if isinstance(optimal, (int, float)) and optimal > 0 else None,
         reason=episode.reason,
+        replies=[_reply(call) for call in calls],
     )
+
+
+def _reply(call: Any) -> dict[str, Any]:
+    message = getattr(call, "response_message", None) or {}
+    reply = {"content": message.get("content") or ""}
+    if message.get("tool_calls"):
+        reply["tool_calls"] = message["tool_calls"]
+    return reply
 
 
 def tool_scores(used: Iterable[str], target: Iterable[str]) -> tuple[float, float, float]:

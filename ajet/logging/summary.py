@@ -157,7 +157,8 @@ def render_summary(summary: RunSummary, console: Any = None) -> None:
         console.print(f"wall time: {summary.wall_s / 60:.1f} min ({summary.wall_s:.0f} s)")
     commands = summary.commands()
     if summary.view_dir is None:
-        console.print("no token records were written (logging.token_records=false): nothing to view")
+        console.print("no token records were written (logging.token_records=false, or no step had a "
+                      "trainable sample): nothing to view")
     for command in commands:
         console.print(f"  {command}", markup=False, highlight=False, soft_wrap=True)
 

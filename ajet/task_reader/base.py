@@ -14,6 +14,7 @@ import random
 from collections.abc import Sequence
 
 from ajet.errors import UserError
+from ajet.task_reader.curriculum import Curriculum
 from ajet.workflow import WorkflowTask
 
 logger = logging.getLogger(__name__)
@@ -72,6 +73,7 @@ class TaskReader:
         shuffle: bool = True,
         skipped: int = 0,
         source: str = "",
+        curriculum: Curriculum | None = None,
     ) -> None:
         if not train:
             raise TaskReaderError(f"no train tasks from {source or 'the task source'}; check the data")
@@ -84,6 +86,9 @@ class TaskReader:
         self._epoch = 0
         self._position = 0  # index into the current epoch's order
         self._order = self._epoch_order(0)
+        # With a curriculum, batches are drawn from its pool instead of walking epochs.
+        self.curriculum = curriculum
+        self._draws = 0
 
     def __repr__(self) -> str:
         return (
@@ -102,10 +107,16 @@ class TaskReader:
     def val_tasks(self) -> list[WorkflowTask]:
         return list(self._val)
 
-    def next_batch(self, batch_size: int) -> list[WorkflowTask]:
-        """The next `batch_size` train tasks; a batch may run across an epoch boundary."""
+    def next_batch(self, batch_size: int, *, step: int = 1) -> list[WorkflowTask]:
+        """The next `batch_size` train tasks; a batch may run across an epoch boundary.
+
+        With a curriculum, the tasks come from its pool at training step `step`."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if self.curriculum is not None:
+            idx = self.curriculum.draw(batch_size, step, self._draws)
+            self._draws += 1
+            return [self._train[i] for i in idx]
         batch: list[WorkflowTask] = []
         while len(batch) < batch_size:
             if self._position >= len(self._order):
@@ -126,6 +137,7 @@ class TaskReader:
             "shuffle": self.shuffle,
             "num_train": len(self._train),
             "train_fingerprint": _fingerprint(self._train),
+            "curriculum_draws": self._draws,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -140,6 +152,7 @@ class TaskReader:
         self.shuffle = bool(state["shuffle"])
         self._epoch = int(state["epoch"])
         self._position = int(state["position"])
+        self._draws = int(state.get("curriculum_draws", 0))
         self._order = self._epoch_order(self._epoch)
 
     def _epoch_order(self, epoch: int) -> list[int]:

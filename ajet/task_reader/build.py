@@ -6,6 +6,7 @@ import logging
 
 from ajet.config.schema import OnError, ReaderType, TaskReaderConfig
 from ajet.task_reader.base import TaskReader, TaskReaderError, holdout_split
+from ajet.task_reader.curriculum import Curriculum
 from ajet.task_reader.generate import LLM, aload_generated_tasks, run_sync
 from ajet.workflow import WorkflowTask
 
@@ -60,6 +61,11 @@ async def abuild_reader(cfg: TaskReaderConfig, *, seed: int, llm: LLM | None = N
         )
     elif cfg.val_fraction > 0:
         train, val = holdout_split(train, cfg.val_fraction, seed)
-    reader = TaskReader(train, val, seed=seed, shuffle=cfg.shuffle, skipped=skipped, source=source)
+    curriculum = None
+    if cfg.curriculum.key:
+        c = cfg.curriculum
+        curriculum = Curriculum(train, key=c.key, start=c.start, ramp_steps=c.ramp_steps, seed=seed)
+    reader = TaskReader(train, val, seed=seed, shuffle=cfg.shuffle, skipped=skipped, source=source,
+                        curriculum=curriculum)
     logger.info("%r", reader)
     return reader

@@ -102,6 +102,10 @@ def test_tools_used_come_from_recorded_calls_or_the_workflow() -> None:
     res = episode_result(ep, calls)
     assert res.tools_used == ["calculate", "search", "calculate"] and res.target_tools == ["calculate"]
     assert res.optimal_steps == 2 and res.calls == 3 and res.success
+    # the replies are kept call by call: the tool calls, and no tool_calls key when there were none
+    names = [[c["function"]["name"] for c in r.get("tool_calls", [])] for r in res.replies]
+    assert names == [["calculate"], [], ["search", "calculate"]]
+    assert res.replies[1] == {"content": ""}
     ep.output = WorkflowOutput(reward=1.0, metadata={"tools_used": ["weather"]})
     assert episode_result(ep, calls).tools_used == ["weather"]  # the workflow's own account wins
     failed = Episode(episode_id="t-e1", task=task, group_id="t", status="failed", reason="timeout", reward=0.7)

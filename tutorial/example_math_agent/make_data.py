@@ -7,7 +7,8 @@ Every problem multiplies two two-digit numbers, and most add a second step (a su
 difference, a second product): a 135M model cannot do that in its head, so an episode
 succeeds by calling `calculate` with the right expression and copying its result into
 `\\boxed{}`. Each task keeps the expression that solves it (`expression`), which the scripted
-agent of `make_demos.py` uses to write demonstrations for the SFT warm-up.
+agent of `make_demos.py` uses to write demonstrations for the SFT warm-up, and its number of
+operations (`difficulty`, 1-3), which a curriculum can order the tasks by.
 
 The splits are disjoint by construction: train and val draw their numbers from different
 seeds and every val question that also occurs in train is redrawn, so the 32 val tasks stay
@@ -58,6 +59,12 @@ def evaluate(expression: str) -> int:
     return total
 
 
+def difficulty(expression: str) -> int:
+    """Operations in the expression: 1 (one product) to 3 (two products and a sum). The
+    curriculum (task_reader.curriculum.key: difficulty) starts GRPO on the one-step tasks."""
+    return sum(expression.count(op) for op in ("*", "+", " - "))
+
+
 def split_tasks(split: str, count: int, seed: int, taken: set[str]) -> list[dict]:
     rng = random.Random(seed)
     tasks: list[dict] = []
@@ -67,7 +74,8 @@ def split_tasks(split: str, count: int, seed: int, taken: set[str]) -> list[dict
             continue  # never the same question twice, nor in both splits
         taken.add(question)
         tasks.append({"task_id": f"{split}-{len(tasks)}", "question": question,
-                      "answer": str(evaluate(expression)), "expression": expression})
+                      "answer": str(evaluate(expression)), "expression": expression,
+                      "difficulty": difficulty(expression)})
     return tasks
 
 

@@ -1,15 +1,20 @@
 """An AgentScope ReAct agent with a calculator tool, trained by ajet (simple mode: model=tuner)."""
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: AgentScope builds the tool's JSON schema from the
+# live annotation of `calculate` (its pattern included).
 import ast
 import operator
+from typing import Annotated
+
+from pydantic import Field
 
 from ajet import Workflow, WorkflowOutput, WorkflowTask
 
 SYSTEM_PROMPT = (
-    "You solve arithmetic word problems. You may call the `calculate` tool with an arithmetic "
-    "expression. Give the final answer as a number in \\boxed{}, e.g. \\boxed{42}."
+    "You solve arithmetic word problems with the `calculate` tool. First call `calculate` with "
+    "the expression made of the problem's numbers: for \"Tom buys 12 boxes with 34 pens in each "
+    "box\", the expression is \"12 * 34\". Then answer with the tool's result in \\boxed{}, "
+    "e.g. \\boxed{408}."
 )
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
@@ -25,7 +30,12 @@ def _evaluate(node: ast.AST) -> float:
     raise ValueError("only numbers and + - * / are allowed")
 
 
-async def calculate(expression: str):  # noqa: ANN201 - AgentScope reads the docstring
+# The tool's JSON schema says what an expression is; a forced call is decoded under it
+# (rollout.tool_call_grammar), so the model cannot write prose there.
+Expression = Annotated[str, Field(pattern=r"^[0-9+\-*/(). ]{1,60}$")]
+
+
+async def calculate(expression: Expression):  # noqa: ANN201 - AgentScope reads the docstring
     """Evaluate an arithmetic expression such as "12 * (3 + 4)".
 
     Args:

@@ -40,6 +40,21 @@ def test_one_step(conf: str, one_step) -> None:
     assert all(any(r["loss_mask"]) for r in records)
 
 
+@pytest.mark.tutorial
+@pytest.mark.integration
+def test_grpo_alone_starts_on_the_one_step_tasks(one_step) -> None:
+    """math_agent_rl.yaml (target b): its curriculum gives GRPO the easiest third of train first."""
+    # (without dynamic sampling: the random tiny model never succeeds, so no group would be kept)
+    run = one_step(HERE / "math_agent_rl.yaml", "pipeline.stages=[]", "rollout.dynamic_sampling.enabled=false",
+                   "rollout.max_tokens=48")  # room for the forced call's markup (~16 tokens)
+    metrics = run.assert_completed()
+    assert metrics["data/curriculum_pool"] == pytest.approx(0.33)
+    rows = [json.loads(line) for line in (HERE / "train.jsonl").read_text().splitlines()]
+    easy = {r["question"] for r in rows if r["difficulty"] == 1}
+    records = run.records(1)
+    assert records and all(r["query"] in easy for r in records)
+
+
 def test_calculator_tool_call(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(HERE))
     from calculator_tool import run_tool_call

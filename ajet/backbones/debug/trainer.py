@@ -9,6 +9,7 @@ shares (run dir, checkpoints, optimizer and schedule, the model, validation, pro
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from pathlib import Path
@@ -117,13 +118,15 @@ class RLRecipe:
         elif cfg.rollout.dynamic_sampling.enabled:
             result, dynamic = self._rollout_with_signal(step)
         else:
-            tasks = self.reader.next_batch(cfg.trainer.batch_size)
+            tasks = self.reader.next_batch(cfg.trainer.batch_size, step=step)
             self.loop.phase(f"step {step}: rollout of {len(tasks)} tasks × {cfg.rollout.n}")
             result = self._rollout(tasks, cfg.rollout.n, episode_prefix=f"s{step}-")
         rollout_s = time.monotonic() - start
         self._last_episodes = list(result.episodes)
         metrics = dict(result.metrics())
         metrics.update(dynamic)
+        if self.source is None and self.reader.curriculum is not None:
+            metrics["data/curriculum_pool"] = self.reader.curriculum.pool_fraction(step)
         metrics["perf/rollout_s"] = rollout_s
         metrics.update(self.rollout.engine.take_metrics())  # prefix cache: prompt vs prefilled tokens
         metrics["perf/tokens_per_s"] = sum(completion_tokens(ep) for ep in result.episodes) / max(rollout_s, 1e-9)
@@ -188,7 +191,7 @@ class RLRecipe:
             return await self.manager.rollout(tasks, cfg.rollout.n, episode_prefix=prefix)
 
         return self.rollout.loop.run_until_complete(sample_with_signal(
-            one_round, self.reader.next_batch, batch_size=cfg.trainer.batch_size,
+            one_round, functools.partial(self.reader.next_batch, step=step), batch_size=cfg.trainer.batch_size,
             max_rounds=cfg.rollout.dynamic_sampling.max_rounds))
 
     def _rollout(self, tasks: list[Any], n: int, *, episode_prefix: str) -> Any:
