@@ -7,16 +7,20 @@ Two modes:
   process, samples its RSS every --interval seconds, and prints the peak, the peak of each
   phase the log names (pipeline stages, evaluations, training steps), and the sizes that
   follow from the model: weights, gradients and AdamW state in fp32, the engine's KV per token.
+  With `--marks` the child runs under `scripts/memory_marks.py`, which marks RSS where each
+  part of the run starts and ends (rollouts, forward, backward, optimizer step, ...), and the
+  peak of each part is printed per phase: what holds the memory, not only how much.
 - **--update**: in this process, one policy update (`PolicyUpdater.update`) on a synthetic
   batch shaped like a `make demo` GRPO step (4 tasks x 4 episodes of one call: a 300-token
   system prompt, a 30-token question, 64 completion tokens; 1444 packed tokens, 1024 trained),
   repeated --steps times, with the RSS before, at the peak of and after each update (before and
   after `release_memory`). Overrides (`trainer.gradient_checkpointing=true`,
-  `trainer.logits_chunk_tokens=0`, ...) measure one lever at a time in minutes.
+  `trainer.logits_chunk_tokens=0`, `trainer.optimizer_state_dtype=bfloat16`,
+  `trainer.malloc_mmap_threshold_kb=0`, ...) measure one lever at a time in minutes.
 
 Usage:
     .venv/bin/python scripts/bench_memory.py [--conf tutorial/example_math_agent/math_agent.yaml]
-        [trainer.total_steps=2 trainer.val_every=0 ...]
+        [--marks] [--log run.log] [trainer.total_steps=2 trainer.val_every=0 ...]
     .venv/bin/python scripts/bench_memory.py --update [--steps 2] [trainer.logits_chunk_tokens=0 ...]
 
 A benchmark measures; it asserts nothing. Other processes on the machine do not change RSS,
@@ -30,11 +34,14 @@ import argparse
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+
+from memory_marks import parse_mark
 
 # Log lines that start a phase of the run, and the phase's name.
 _PHASES = [
@@ -49,6 +56,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--interval", type=float, default=0.2, help="seconds between RSS samples")
     parser.add_argument("--json", type=Path, default=None, help="write the results to this JSON file")
     parser.add_argument("--log", type=Path, default=None, help="run mode: also write the run's output to this file")
+    parser.add_argument("--marks", action="store_true",
+                        help="run mode: RSS marks inside the run (scripts/memory_marks.py): the peak of each part")
     parser.add_argument("--update", action="store_true", help="measure policy updates in this process")
     parser.add_argument("--steps", type=int, default=2, help="--update: updates to run")
     parser.add_argument("overrides", nargs="*", help="config overrides passed to ajet (key=value)")
@@ -118,18 +127,23 @@ class Sampler:
 
 
 def run_mode(args: argparse.Namespace) -> int:
-    cmd = [sys.executable, "-m", "ajet.cli.main", "--conf", args.conf, "--backbone=debug", *args.overrides]
+    entry = [str(Path(__file__).with_name("memory_marks.py"))] if args.marks else ["-m", "ajet.cli.main"]
+    cmd = [sys.executable, *entry, "--conf", args.conf, "--backbone=debug", *args.overrides]
     print("running:", " ".join(cmd), flush=True)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=os.environ | {"PYTHONUNBUFFERED": "1"})
     sampler = Sampler(proc.pid, args.interval)
     phases: list[tuple[float, str]] = [(0.0, "start-up")]
     steps: list[tuple[float, float, str]] = []
+    marks: list[tuple[str, dict]] = []  # (phase, mark)
     assert proc.stdout is not None
     log = open(args.log, "w") if args.log else None  # noqa: SIM115 - closed below
     for line in proc.stdout:
         if log:
             log.write(line)
+        if mark := parse_mark(line):
+            marks.append((phases[-1][1], mark))
+            continue
         for pattern, name in _PHASES:
             if match := pattern.search(line):
                 phases.append((sampler.now(), name(match)))
@@ -149,6 +163,8 @@ def run_mode(args: argparse.Namespace) -> int:
     print("RSS (GB) when a training step was logged:")
     for t, rss, line in steps[-20:]:
         print(f"  {t:7.1f} s {rss:6.2f}  {line}")
+    if marks:
+        print_marks(marks)
     peak = sampler.peak()
     sizes = model_sizes()
     print(f"\npeak RSS: {peak / 1e9:.2f} GB")
@@ -158,6 +174,25 @@ def run_mode(args: argparse.Namespace) -> int:
         args.json.write_text(json.dumps({"peak_rss_gb": peak / 1e9, "exit_code": code, "sizes": sizes,
                                          "phases": rows, "samples": samples}, indent=1) + "\n")
     return code
+
+
+def print_marks(marks: list[tuple[str, dict]]) -> None:
+    """Per phase, the parts of the run (the interval after each kind of mark): peak RSS, RSS at
+    its end, the engine's KV and prefix cache; largest peak first."""
+    parts: dict[tuple[str, str], dict[str, float]] = {}
+    for (_, before), (phase, after) in zip(marks, marks[1:], strict=False):
+        part = parts.setdefault((phase, before["label"]), {"n": 0, "peak": 0.0, "end": 0.0, "kv": 0.0, "cache": 0.0})
+        part["n"] += 1
+        if after["peak"] >= part["peak"]:
+            part["peak"], part["end"] = after["peak"], after["rss"]
+        part["kv"], part["cache"] = max(part["kv"], after["kv"]), max(part["cache"], after["cache"])
+    print("RSS marks (GB): the part of the run after each mark; peak, RSS at its end, engine KV / prefix cache:")
+    for phase in dict.fromkeys(p for p, _ in parts):
+        print(f"  {phase}")
+        rows = sorted(((k[1], v) for k, v in parts.items() if k[0] == phase), key=lambda r: -r[1]["peak"])
+        for label, v in rows[:8]:
+            print(f"    after {label!r:26s} x{v['n']:<3.0f} peak {v['peak']:5.2f}  end {v['end']:5.2f}"
+                  f"  kv {v['kv']:4.2f}  cache {v['cache']:4.2f}")
 
 
 def demo_batch(vocab: int, seed: int = 0) -> list:
@@ -185,14 +220,17 @@ def update_mode(args: argparse.Namespace) -> int:
     from ajet.backbones.debug.update import PolicyUpdater
     from ajet.config.loader import load_config
     from ajet.context.pack import loss_weights, pack_samples
-    from ajet.training.memory import release_memory
+    from ajet.training.memory import limit_heap_retention, release_memory
     from ajet.training.model import load_trainable_model
     from ajet.training.optim import build_optimizer
 
     cfg = load_config(args.conf, args.overrides, require_workflow=False)
     t = cfg.trainer
+    limit_heap_retention(t.malloc_mmap_threshold_kb * 1024)  # as the training loop does
     print(f"gradient_checkpointing={t.gradient_checkpointing} logits_chunk_tokens={t.logits_chunk_tokens} "
           f"micro_batch_tokens={t.micro_batch_tokens} bf16={t.bf16} "
+          f"optimizer_state_dtype={t.optimizer_state_dtype.value} "
+          f"malloc_mmap_threshold_kb={t.malloc_mmap_threshold_kb} "
           f"MALLOC_ARENA_MAX={os.environ.get('MALLOC_ARENA_MAX', '-')}", flush=True)
     sampler = Sampler(os.getpid(), 0.01)
     rows: list[dict[str, float | str]] = []
@@ -207,18 +245,23 @@ def update_mode(args: argparse.Namespace) -> int:
         p.data.add_(0)
     time.sleep(0.05)
     row("model loaded", since)
-    optimizer, _ = build_optimizer(model, t)
+    optimizer, _ = build_optimizer(model, t, seed=cfg.project.seed)
     updater = PolicyUpdater(model, optimizer, t, cfg.algorithm, temperature=1.0)
     samples = demo_batch(model.config.vocab_size)
     packed = pack_samples(samples, loss_weights(samples, cfg.context.loss_agg), t.micro_batch_tokens)
     print(f"packed tokens {[p.num_tokens for p in packed]}, trained {[p.num_entries for p in packed]}")
     for step in range(1, args.steps + 1):
         since = sampler.now()
-        start = time.monotonic()
+        start, before = time.monotonic(), resource.getrusage(resource.RUSAGE_SELF)
         updater.update(packed)
-        seconds = time.monotonic() - start
+        seconds, after = time.monotonic() - start, resource.getrusage(resource.RUSAGE_SELF)
         time.sleep(0.05)
-        row(f"update {step} ({seconds:.0f} s): after", since)
+        # CPU time split: page faults of fresh mappings (malloc_mmap_threshold_kb) show as system time
+        user, system = after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime
+        faults = after.ru_minflt - before.ru_minflt
+        print(f"  update {step}: {seconds:.0f} s, cpu user {user:.1f} s + system {system:.1f} s, "
+              f"{faults / 1e3:.0f}k page faults", flush=True)
+        row(f"update {step}: after", since)
         since = sampler.now()
         release_memory()
         time.sleep(0.05)
@@ -228,7 +271,9 @@ def update_mode(args: argparse.Namespace) -> int:
     print("from the model's shape (fp32): " + ", ".join(f"{k} {v:.2f}" for k, v in sizes.items()))
     if args.json:
         args.json.write_text(json.dumps({"config": {"gradient_checkpointing": t.gradient_checkpointing,
-                                                    "logits_chunk_tokens": t.logits_chunk_tokens},
+                                                    "logits_chunk_tokens": t.logits_chunk_tokens,
+                                                    "optimizer_state_dtype": t.optimizer_state_dtype.value,
+                                                    "malloc_mmap_threshold_kb": t.malloc_mmap_threshold_kb},
                                          "rows": rows, "sizes": sizes}, indent=1) + "\n")
     return 0
 

@@ -62,6 +62,13 @@ class EngineDType(str, Enum):
     float16 = "float16"
 
 
+class OptimizerStateDType(str, Enum):
+    """How AdamW stores its two moments (ajet/training/optim.py)."""
+
+    float32 = "float32"
+    bfloat16 = "bfloat16"  # half the memory; stochastic rounding (ajet/training/adamw.py)
+
+
 class LrSchedule(str, Enum):
     constant = "constant"
     linear = "linear"

@@ -28,6 +28,7 @@ from ajet.config.choices import (  # noqa: F401 - re-exported: the schema is whe
     LossAgg,
     LrSchedule,
     OnError,
+    OptimizerStateDType,
     OverflowPolicy,
     ReaderType,
     ReferenceModel,
@@ -339,6 +340,9 @@ class TrainerConfig:
     # whether or not the step updated the weights.
     lr_schedule: LrSchedule = LrSchedule.constant
     grad_clip: float = bounded(1.0, Gt(0))
+    # AdamW's two moments (as much memory as two copies of the trainable weights): float32,
+    # or bfloat16 for half of it (stochastic rounding, math in fp32; changes numerics slightly).
+    optimizer_state_dtype: OptimizerStateDType = OptimizerStateDType.float32
     # PPO epochs over one rollout batch.
     ppo_epochs: int = bounded(1, Ge(1))
     # Tokens forwarded per micro-batch; gradients accumulate over micro-batches.
@@ -353,6 +357,11 @@ class TrainerConfig:
     # recomputed in backward, so a micro-batch never holds its full [tokens x vocab] logits
     # (0 = all at once). Exact either way; see ajet.context.logprobs.token_logprobs.
     logits_chunk_tokens: int = bounded(256, Ge(0))
+    # Allocations of at least this many KB get their own memory mapping, returned to the OS as
+    # soon as they are freed (glibc's M_MMAP_THRESHOLD; ajet.training.memory). Without it glibc
+    # keeps freed tensors of up to 32 MB in its heap and RSS stays ~1 GB above the live tensors
+    # (make demo). 0 = glibc's own adaptive threshold. Process-wide; glibc only.
+    malloc_mmap_threshold_kb: int = bounded(1024, Interval(ge=0, le=32768))
     save_every: int = bounded(0, Ge(0))  # 0 = only at the end
     # Complete checkpoints kept on disk (older ones are deleted); 0 = keep all.
     keep_checkpoints: int = bounded(2, Ge(0))

@@ -107,6 +107,9 @@ def dpo_step(model: torch.nn.Module, reference: Any, batch: PairBatch, optimizer
             surrogate.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], grad_clip)
         optimizer.step()
+        # The gradients are spent: free them (as large as the weights) for what runs until the next
+        # backward (rollout, evaluation, checkpoints) instead of keeping them to be overwritten.
+        optimizer.zero_grad(set_to_none=True)
     finally:
         model.eval()
     metrics["actor/grad_norm"] = float(grad_norm)

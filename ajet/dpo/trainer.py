@@ -56,7 +56,7 @@ class DpoRecipe:
         self.reference = None if a.dpo_reference_free else ReferencePolicy(self.model, a.dpo_reference.value)
         self.rollout = LocalRollout(cfg, self.model, self.tokenizer, self.workflow, model_max_len=self.window)
         closers.push(self.rollout.close, "rollout")
-        self.optimizer, scheduler = build_optimizer(self.model, cfg.trainer)
+        self.optimizer, scheduler = build_optimizer(self.model, cfg.trainer, seed=cfg.project.seed)
         self.loop.attach(self.model, self.tokenizer, self.optimizer, scheduler,
                          state=lambda: {"reader": self.reader.state_dict()})
         if self.resume and (state := self.loop.restore()) is not None:

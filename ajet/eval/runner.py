@@ -51,6 +51,7 @@ def evaluate(cfg: AjetConfig, *, workflow: Any = None, name: str | None = None,
     from ajet.rollout.loader import as_workflow, load_workflow
     from ajet.rollout.local import LocalRollout
     from ajet.task_reader import build_reader
+    from ajet.training.memory import limit_heap_retention
     from ajet.training.model import model_window
 
     e = cfg.eval
@@ -65,6 +66,7 @@ def evaluate(cfg: AjetConfig, *, workflow: Any = None, name: str | None = None,
         tasks = tasks[: e.max_tasks]
     temperature = cfg.rollout.temperature if e.temperature is None else e.temperature
     rollout = dataclasses.replace(cfg.rollout, temperature=temperature)
+    limit_heap_retention(cfg.trainer.malloc_mmap_threshold_kb * 1024)  # freed KV and logits go back to the OS
     model, tokenizer = load_model_and_tokenizer(cfg.model)
     model_path = str(resolve_model_path(cfg.model.path, cfg.model.cache_dir))
     name = name or e.name or default_name(model_path)

@@ -54,7 +54,7 @@ class SftRecipe:
         self.setup_metrics.update(budget)
         self.schedule = self._plan()
         trainer_cfg = dataclasses.replace(cfg.trainer, lr=cfg.sft.lr, total_steps=len(self.schedule))
-        optimizer, scheduler = build_optimizer(self.model, trainer_cfg)
+        optimizer, scheduler = build_optimizer(self.model, trainer_cfg, seed=cfg.project.seed)
         self.optimizer = optimizer
         self.loop = TrainingLoop(cfg, self.run_dir, closers, total_steps=len(self.schedule), resume=self.resume)
         self.loop.attach(self.model, self.tokenizer, optimizer, scheduler,

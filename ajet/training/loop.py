@@ -5,8 +5,9 @@ A recipe builds its model, optimizer and schedule, hands them over with `attach`
 the LR schedule once (the documented event: one training step, see `ajet.training.optim`),
 logs the metrics, updates the progress display, validates when asked and checkpoints every
 `trainer.save_every` steps. At the end: a last checkpoint and `RUN/final_model`. Ctrl-C saves a
-checkpoint of the last finished step first, so `--resume` continues from it. After each step the
-memory the update freed goes back to the OS (`ajet.training.memory`), so the rollout that follows
+checkpoint of the last finished step first, so `--resume` continues from it. Memory freed goes
+back to the OS (`ajet.training.memory`): large tensors as they are freed (from the loop's start,
+`trainer.malloc_mmap_threshold_kb`), the rest after each step, so the rollout that follows
 starts from the model and optimizer state, not from the update's peak.
 """
 
@@ -29,7 +30,9 @@ class TrainingLoop:
         from ajet.config import to_yaml
         from ajet.logging.metrics import MetricsLogger
         from ajet.logging.records import drop_records_after
+        from ajet.training.memory import limit_heap_retention
 
+        limit_heap_retention(cfg.trainer.malloc_mmap_threshold_kb * 1024)  # before the run allocates
         self.cfg = cfg
         self.run_dir = run_dir
         self.total_steps = total_steps

@@ -1,12 +1,22 @@
-"""Giving freed memory back to the OS between the phases of a run (glibc only).
+"""Giving freed memory back to the OS (glibc only).
 
 A training step frees gigabytes (activations, logits, their gradients) in tensors of a few
-MB each. glibc's malloc serves allocations below its mmap threshold (which adapts up to
-32 MB) from heap arenas and keeps what is freed there for reuse, so the resident set after
-an update stays near the update's peak and grows with fragmentation across steps.
-`malloc_trim(0)` returns the free pages of every arena. `release_memory()` runs a garbage
-collection first (a freed model of an earlier pipeline stage may sit in a reference cycle).
-On other C libraries it only collects garbage.
+MB each, and decoding frees a batch's logits and KV buffers as it goes. glibc's malloc serves
+allocations below its mmap threshold from heap arenas and keeps what is freed there for
+reuse; the threshold adapts upwards (to 32 MB) each time a mapped block is freed, so soon
+nearly every tensor lives in the heap. The resident set then stays near each phase's peak
+plus fragmentation: in `make demo` a GRPO update started ~1 GB above its live memory with
+what the rollout had freed, and ended its backward ~1 GB above it again.
+
+Two levers:
+- `limit_heap_retention(bytes)` (`trainer.malloc_mmap_threshold_kb`) fixes the threshold:
+  every allocation at least that large gets its own mapping and goes back to the OS the
+  moment it is freed, so RSS follows the live tensors. The price is a page fault per 4 KB
+  page of each such allocation when it is first written.
+- `release_memory()`: a garbage collection (a freed model of an earlier pipeline stage may
+  sit in a reference cycle), then `malloc_trim(0)`, which returns the free pages of every
+  arena: what stays below the threshold.
+On other C libraries both do nothing but collect garbage.
 """
 
 from __future__ import annotations
@@ -29,6 +39,25 @@ def _libc() -> ctypes.CDLL | None:
     except (OSError, AttributeError, TypeError):
         return None
     return libc
+
+
+# mallopt's parameter number for the mmap threshold (glibc malloc.h).
+_M_MMAP_THRESHOLD = -3
+
+
+def limit_heap_retention(threshold_bytes: int) -> bool:
+    """Serve allocations of at least `threshold_bytes` from their own mappings, returned to the OS
+    when freed (glibc's M_MMAP_THRESHOLD, which also stops its dynamic adjustment). 0 leaves
+    malloc as it is. Process-wide and lasting; True if the setting was applied."""
+    if threshold_bytes <= 0:
+        return False
+    libc = _libc()
+    if libc is None:
+        return False
+    if not libc.mallopt(_M_MMAP_THRESHOLD, int(threshold_bytes)):
+        raise ValueError(f"malloc refused an mmap threshold of {threshold_bytes} bytes")
+    log.debug("malloc: allocations of %d bytes or more are mapped on their own", threshold_bytes)
+    return True
 
 
 def release_memory() -> bool:

@@ -1,6 +1,10 @@
 """The optimizer and learning-rate schedule every recipe uses.
 
-AdamW over the trainable parameters. The schedule is a factor of `trainer.lr` per training
+AdamW over the trainable parameters: `torch.optim.AdamW`, or with
+`trainer.optimizer_state_dtype: bfloat16` the same update with its moments stored in bf16
+(`ajet.training.adamw`, half the optimizer memory). On a CPU torch's AdamW already runs
+parameter by parameter (its multi-tensor `foreach` path is for GPUs), so its step needs
+no parameter-sized temporaries beyond the largest parameter. The schedule is a factor of `trainer.lr` per training
 step: linear warmup over `warmup_steps`, then constant, linear decay to 0 or cosine decay to 0
 at `total_steps`. **It advances once per training step** (`scheduler.step()` after the step,
 whether or not the step updated the weights), so the schedule follows the step count the
@@ -12,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ajet.config.schema import LrSchedule, TrainerConfig
+from ajet.config.schema import LrSchedule, OptimizerStateDType, TrainerConfig
 
 
 def lr_factor(step: int, cfg: TrainerConfig) -> float:
@@ -28,12 +32,18 @@ def lr_factor(step: int, cfg: TrainerConfig) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * progress))  # cosine
 
 
-def build_optimizer(model: Any, cfg: TrainerConfig) -> tuple[Any, Any]:
-    """(AdamW over the trainable parameters, its LambdaLR schedule from `lr_factor`)."""
+def build_optimizer(model: Any, cfg: TrainerConfig, *, seed: int = 0) -> tuple[Any, Any]:
+    """(AdamW over the trainable parameters, its LambdaLR schedule from `lr_factor`). `seed`:
+    the stochastic rounding of bf16 optimizer state."""
     import torch
 
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise RuntimeError("the model has no trainable parameters (LoRA target_modules matched nothing?)")
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    if cfg.optimizer_state_dtype == OptimizerStateDType.bfloat16:
+        from ajet.training.adamw import BF16StateAdamW
+
+        optimizer = BF16StateAdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, seed=seed)
+    else:
+        optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg))

@@ -243,6 +243,7 @@ def test_step_raises_positive_and_lowers_negative_advantage_logprob(model) -> No
     packed = pack_samples(batch.samples, batch.weights, 4096)
     for _ in range(3):
         updater.update(packed)
+        assert all(p.grad is None for p in model.parameters())  # spent after the step: freed
     with torch.no_grad():
         after = [float(completion_logprobs(model, prompt, c, 1.0)[0].sum()) for c in (good, bad)]
     assert after[0] > before[0]

@@ -82,5 +82,6 @@ def test_sft_step_loss_and_gradient_equal_unpacked(model, loss_agg: str) -> None
         for name, grad in expected.items():
             torch.testing.assert_close(capture.grads[name], grad, rtol=1e-4, atol=1e-6)
     assert not model.training  # back in eval mode
+    assert all(p.grad is None for p in model.parameters())  # spent after the step: freed
     packed = sft_step(model, SAMPLES, GradCapture(model), loss_agg=loss_agg, micro_batch_tokens=4096, grad_clip=1e9)
     assert packed["sft/tokens_packed"] == 7 + 4 + 4 < packed["sft/tokens"] == 19  # the shared prefix once

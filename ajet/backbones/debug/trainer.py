@@ -73,7 +73,7 @@ class RLRecipe:
         self.manager = self.rollout.manager
         if self.with_ray:  # episodes run in Ray actors; engine, tracker and trainer stay here
             self.manager = self._ray_manager(closers)
-        optimizer, scheduler = build_optimizer(self.model, cfg.trainer)
+        optimizer, scheduler = build_optimizer(self.model, cfg.trainer, seed=cfg.project.seed)
         self.updater = PolicyUpdater(self.model, optimizer, cfg.trainer, cfg.algorithm,
                                      temperature=policy_temperature(cfg.rollout.temperature))
         self.loop.attach(self.model, self.tokenizer, optimizer, scheduler,
@@ -157,8 +157,13 @@ class RLRecipe:
         packed = pack_samples(batch.samples, batch.weights, max_tokens)
         metrics = {f"context/{k}": float(v) for k, v in pack_stats(batch.samples, packed).items()}
         start = time.monotonic()
+        from ajet.training.memory import release_memory
+
         with self.rollout.engine.paused():
             self.rollout.engine.drop_prefix_cache()  # invalid after the update: free it for the update
+            # What the rollout freed in small blocks (below trainer.malloc_mmap_threshold_kb) sits in
+            # the engine thread's malloc arena, where the update cannot reuse it: give it back first.
+            release_memory()
             metrics.update(self.updater.update(packed))
             self.rollout.engine.bump_version()
         update_s = time.monotonic() - start

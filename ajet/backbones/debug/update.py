@@ -97,6 +97,9 @@ class PolicyUpdater:
                     [p for p in self.model.parameters() if p.requires_grad], self.trainer.grad_clip
                 )
                 self.optimizer.step()
+                # The gradients are spent: free them (as large as the weights) for what runs until the next
+                # backward (rollout, evaluation, checkpoints) instead of keeping them to be overwritten.
+                self.optimizer.zero_grad(set_to_none=True)
                 totals["actor/grad_norm"] = float(grad_norm)
         finally:
             self.model.eval()
