@@ -8,30 +8,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from tiny_models import tiny_llama  # noqa: E402
+
 from ajet.config.schema import LossAgg  # noqa: E402
 from ajet.context.cascade import Piece, plan_pieces  # noqa: E402
 from ajet.context.pack import pack_samples  # noqa: E402
 from ajet.context.packed_forward import _subtree_ends, forward_packed  # noqa: E402
 from ajet.context.types import Sample  # noqa: E402
 from ajet.context.weights import loss_weights  # noqa: E402
-
-
-def tiny_llama(attn: str = "sdpa"):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
-    )
-    config._attn_implementation = attn
-    torch.manual_seed(0)
-    return LlamaForCausalLM(config)
 
 
 def tree_samples(seed: int = 0) -> list[Sample]:

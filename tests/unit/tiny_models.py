@@ -1,4 +1,4 @@
-"""Helpers shared by the engine tests (a module, not a conftest: `conftest` is ambiguous
+"""Helpers shared by the engine and context tests (a module, not a conftest: `conftest` is ambiguous
 between tests/ and tutorial/ on sys.path)."""
 
 from __future__ import annotations
@@ -21,3 +21,24 @@ def load_peaky(model_dir: Path, seed: int = 1234):
                 param.copy_(torch.randn(param.shape, generator=gen) * 0.2)
     model.eval()
     return model, AutoTokenizer.from_pretrained(model_dir)
+
+
+def tiny_llama(attn: str = "sdpa"):
+    """A 2-layer random Llama (vocab 64, seeded) with the given attention implementation,
+    in eval mode."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
+    config._attn_implementation = attn
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).eval()
