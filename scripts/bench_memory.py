@@ -31,12 +31,14 @@ reach the child (and this process) unchanged.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import re
 import resource
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -56,6 +58,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--interval", type=float, default=0.2, help="seconds between RSS samples")
     parser.add_argument("--json", type=Path, default=None, help="write the results to this JSON file")
     parser.add_argument("--log", type=Path, default=None, help="run mode: also write the run's output to this file")
+    parser.add_argument("--exp-dir", type=Path, default=None,
+                        help="run mode: the run's experiment root [default: a new temporary directory, so an "
+                             "earlier `make demo` in experiments/ does not stop the run]")
     parser.add_argument("--marks", action="store_true",
                         help="run mode: RSS marks inside the run (scripts/memory_marks.py): the peak of each part")
     parser.add_argument("--update", action="store_true", help="measure policy updates in this process")
@@ -128,7 +133,9 @@ class Sampler:
 
 def run_mode(args: argparse.Namespace) -> int:
     entry = [str(Path(__file__).with_name("memory_marks.py"))] if args.marks else ["-m", "ajet.cli.main"]
-    cmd = [sys.executable, *entry, "--conf", args.conf, "--backbone=debug", *args.overrides]
+    exp_dir = args.exp_dir or Path(tempfile.mkdtemp(prefix="ajet_bench_memory_"))
+    cmd = [sys.executable, *entry, "--conf", args.conf, "--backbone=debug", "--exp-dir", str(exp_dir),
+           *args.overrides]
     print("running:", " ".join(cmd), flush=True)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=os.environ | {"PYTHONUNBUFFERED": "1"})
@@ -138,7 +145,9 @@ def run_mode(args: argparse.Namespace) -> int:
     marks: list[tuple[str, dict]] = []  # (phase, mark)
     assert proc.stdout is not None
     log = open(args.log, "w") if args.log else None  # noqa: SIM115 - closed below
+    tail: collections.deque[str] = collections.deque(maxlen=15)  # shown if the run fails
     for line in proc.stdout:
+        tail.append(line)
         if log:
             log.write(line)
         if mark := parse_mark(line):
@@ -154,7 +163,9 @@ def run_mode(args: argparse.Namespace) -> int:
     if log:
         log.close()
     end = sampler.now()
-    print(f"\nexit code {code}; {end:.0f} s")
+    print(f"\nexit code {code}; {end:.0f} s; the run is in {exp_dir}")
+    if code != 0:
+        print("the run failed; the end of its output:\n" + "".join(tail))
     print("peak RSS per phase (GB):")
     rows = []
     for (t0, name), (t1, _) in zip(phases, [*phases[1:], (end, "")], strict=True):
