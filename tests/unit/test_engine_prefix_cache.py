@@ -121,8 +121,9 @@ def test_shared_prefixes_layers_system_then_task_prompts():
 
 @pytest.fixture(scope="module")
 def peaky(tiny_model_dir):
-    """The tiny model with larger random weights, so greedy output varies token to token."""
-    return load_peaky(tiny_model_dir, 1234)
+    """The tiny model with larger random weights, so greedy output varies token to token, and
+    logits scaled up so that a sampled token does not hinge on float noise (load_peaky)."""
+    return load_peaky(tiny_model_dir, 1234, logit_scale=4.0)
 
 
 def make_engine(peaky, budget):

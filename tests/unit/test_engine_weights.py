@@ -13,6 +13,13 @@ from ajet.engine.base import SamplingParams
 torch = pytest.importorskip("torch")
 
 LOW = ("bfloat16", "float16")
+# How far the engine's logprobs may be from a plain forward of the same low-precision copy. The
+# fp16 copy multiplies with fp32 accumulation (Fp16Linear): measured 3e-6. bf16 computes in bf16
+# throughout (8 significant bits), so the engine's batched, KV-cached decode and one full forward
+# round differently: measured 0.009 at the tiny model's first weights and 0.064 once they are
+# scaled by 1.5 (logits up to ~16 in size; bf16's spacing there is 0.06). Stale weights give
+# 2.5-3.2 in the same test, so either bound still tells fresh from stale.
+LIKE_WITH_LIKE = {"float16": 0.05, "bfloat16": 0.15}
 
 
 @pytest.fixture
@@ -120,9 +127,10 @@ def test_a_weight_update_refreshes_the_copy_before_the_next_request(peaky, dtype
         assert after.policy_version == 1
     stale = logprobs_of(_copy_with(model, old, dtype), prompt, after.token_ids)
     fresh = logprobs_of(_copy_with(model, new, dtype), prompt, after.token_ids)
-    assert max_diff(after.logprobs, fresh) < 0.05
+    assert max_diff(after.logprobs, fresh) < LIKE_WITH_LIKE[dtype]
     assert max_diff(after.logprobs, stale) > 0.5  # the old weights would give other logprobs
-    assert max_diff(before.logprobs, logprobs_of(_copy_with(model, old, dtype), prompt, before.token_ids)) < 0.05
+    before_ref = logprobs_of(_copy_with(model, old, dtype), prompt, before.token_ids)
+    assert max_diff(before.logprobs, before_ref) < LIKE_WITH_LIKE[dtype]
 
 
 def _copy_with(model, state, dtype):

@@ -6,10 +6,16 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def load_peaky(model_dir: Path, seed: int = 1234):
+def load_peaky(model_dir: Path, seed: int = 1234, logit_scale: float = 1.0):
     """The tiny model with larger random weights (seeded), so that its greedy output varies
     token to token (the default init repeats one token forever, which would make equality
-    tests vacuous) and its samples vary; with its tokenizer. A fresh copy per call."""
+    tests vacuous) and its samples vary; with its tokenizer. A fresh copy per call.
+
+    Its next-token distribution is nearly flat over the 49k vocabulary (logprobs around -10).
+    `logit_scale` multiplies the final norm's weight, hence every logit: a few tokens then
+    hold most of the mass. Tests that compare *sampled* tokens across two computations need
+    that: an inverse-CDF draw over a flat distribution moves to the neighbouring token id when
+    a probability changes by float noise (1e-6)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -19,6 +25,7 @@ def load_peaky(model_dir: Path, seed: int = 1234):
         for param in model.parameters():
             if param.dim() >= 2:
                 param.copy_(torch.randn(param.shape, generator=gen) * 0.2)
+        model.model.norm.weight.mul_(logit_scale)
     model.eval()
     return model, AutoTokenizer.from_pretrained(model_dir)
 
