@@ -13,7 +13,9 @@ full, when a longer prompt joins, or to drop leading pad columns no row uses any
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import functools
+import inspect
+from typing import TYPE_CHECKING, Any
 
 from transformers.cache_utils import DynamicLayer
 
@@ -22,6 +24,19 @@ if TYPE_CHECKING:  # pragma: no cover
 
 # A row's KV as the prefill produced it: per layer (keys, values), each [1, heads, len, dim].
 RowKV = list[tuple["torch.Tensor", "torch.Tensor"]]
+
+def cache_kwarg(model: Any) -> str:
+    """The name the model's forward takes its KV cache under: `cache` from transformers 5.24
+    on (where `past_key_values` warns, and is to go in 5.40), `past_key_values` before."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft
+    return _cache_kwarg(type(base))
+
+
+@functools.cache
+def _cache_kwarg(model_class: type) -> str:
+    params = inspect.signature(model_class.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
 
 _MIN_SPARE_COLS = 64
 _TRIM_MIN_COLS = 64  # drop unused leading pad columns once there are at least this many

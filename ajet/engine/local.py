@@ -433,6 +433,8 @@ class LocalEngine:
         """One decode step over every active sequence."""
         import torch
 
+        from ajet.engine.kv import cache_kwarg
+
         kv = self._kv
         assert kv is not None and kv.rows == len(self._active)
         self._sync_weights()
@@ -445,7 +447,7 @@ class LocalEngine:
             input_ids=input_ids,
             position_ids=position_ids,
             attention_mask=mask,
-            past_key_values=kv.cache,
+            **{cache_kwarg(self._weights.model): kv.cache},
             use_cache=True,
             logits_to_keep=1,
         )

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from transformers.cache_utils import DynamicLayer
 
+from ajet.engine.kv import cache_kwarg
+
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
@@ -107,7 +109,7 @@ class PrefillGroup:
             input_ids=torch.tensor(ids, dtype=torch.long, device=device),
             position_ids=torch.tensor(positions, dtype=torch.long, device=device),
             attention_mask=mask[:, None].to(device),
-            past_key_values=cache,
+            **{cache_kwarg(model): cache},
             use_cache=True,
             logits_to_keep=1,
         )
