@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # pragma: no cover
 # A row's KV as the prefill produced it: per layer (keys, values), each [1, heads, len, dim].
 RowKV = list[tuple["torch.Tensor", "torch.Tensor"]]
 
+
 def cache_kwarg(model: Any) -> str:
     """The name the model's forward takes its KV cache under: `cache` from transformers 5.24
     on (where `past_key_values` warns, and is to go in 5.40), `past_key_values` before."""
