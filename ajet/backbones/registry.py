@@ -5,13 +5,9 @@ from __future__ import annotations
 import importlib
 from typing import Protocol
 
+from ajet.config import ConfigError
+from ajet.config.choices import Backbone
 from ajet.config.schema import AjetConfig
-
-_MODULES = {
-    "debug": "ajet.backbones.debug",
-    "trinity": "ajet.backbones.trinity",
-    "verl": "ajet.backbones.verl",
-}
 
 
 class BackboneRunner(Protocol):
@@ -26,15 +22,14 @@ class BackboneRunner(Protocol):
 
 
 def get_backbone(name: str) -> BackboneRunner:
-    if name not in _MODULES:
-        raise ValueError(f"unknown backbone '{name}'; choose one of {sorted(_MODULES)}")
-    return importlib.import_module(_MODULES[name])  # type: ignore[return-value]
+    """The module `ajet.backbones.<name>`; the names are the `Backbone` choices."""
+    if name not in Backbone.__members__:
+        raise ValueError(f"unknown backbone '{name}'; choose one of {sorted(Backbone.__members__)}")
+    return importlib.import_module(f"ajet.backbones.{name}")  # type: ignore[return-value]
 
 
 def checked_backbone(name: str, cfg: AjetConfig, source: str) -> BackboneRunner:
     """The backbone, after its own config checks; raises ConfigError naming every problem."""
-    from ajet.config import ConfigError
-
     runner = get_backbone(name)
     problems = runner.check_config(cfg)
     if problems:

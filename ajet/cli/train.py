@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -10,18 +9,13 @@ import typer
 
 from ajet.cli.common import user_errors
 from ajet.cli.main import commands_epilog
+from ajet.config.choices import Backbone
 
 if TYPE_CHECKING:  # pragma: no cover
     from ajet.config.schema import AjetConfig
     from ajet.launcher import ServiceSpec
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)
-
-
-class BackboneName(str, Enum):
-    debug = "debug"
-    trinity = "trinity"
-    verl = "verl"
 
 
 @app.command(
@@ -39,9 +33,9 @@ def train(
         typer.Argument(help="Dotted overrides, KEY=VALUE.", show_default=False),
     ] = None,
     backbone: Annotated[
-        BackboneName,
+        Backbone,
         typer.Option(help="debug: one process, CPU or one GPU. trinity / verl: GPU clusters."),
-    ] = BackboneName.debug,
+    ] = Backbone.debug,
     with_ray: Annotated[
         bool, typer.Option("--with-ray", help="Start (or join ray.address) a Ray cluster; rollout runs in Ray actors.")
     ] = False,

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
+from ajet.backbones.registry import get_backbone
 from ajet.cli import train as train_cmd
+from ajet.config.choices import Backbone
 
 runner = CliRunner()
 HEAVY = ("torch", "ray", "agentscope", "transformers", "vllm", "peft")
@@ -69,6 +73,14 @@ def test_bad_backbone_exits_2(tmp_path: Path) -> None:
     conf = _conf(tmp_path, "")
     result = runner.invoke(train_cmd.app, ["--conf", str(conf), "--backbone", "megatron"])
     assert result.exit_code == 2 and "megatron" in result.output and "debug" in result.output
+
+
+def test_backbone_names_are_one_list() -> None:
+    """The CLI's --backbone choices and the registry both use `ajet.config.choices.Backbone`."""
+    for name in Backbone:
+        assert importlib.util.find_spec(f"ajet.backbones.{name.value}") is not None, name
+    with pytest.raises(ValueError, match="choose one of \\['debug', 'trinity', 'verl'\\]"):
+        get_backbone("megatron")
 
 
 def test_dry_run_prints_resolved_config_with_overrides(tmp_path: Path) -> None:
