@@ -12,12 +12,9 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from ajet.errors import EXIT_SETUP, EXIT_USER, AjetError
+from ajet.errors import AjetError
 
 err_console = Console(stderr=True, highlight=False)
-
-EXIT_CONFIG = EXIT_USER  # kept for the commands' own argument checks
-EXIT_RUNTIME = EXIT_SETUP
 
 
 @contextmanager

@@ -164,11 +164,6 @@ def iter_html(steps: Iterable[tuple[int, list[dict]]], title: str) -> Iterator[s
                 yield f'<script type="application/json" id="step-{step}">{_script_json(page)}</script>\n'
 
 
-def build_html(records_by_step: dict[int, list[dict]], title: str) -> str:
-    """The whole page as one string (for small runs and tests; `write_viewer` streams)."""
-    return "".join(iter_html(records_by_step.items(), title))
-
-
 def write_viewer(run_dir: Path, out: Path | None = None) -> Path:
     """Write the viewer of a run (default RUN/viewer/index.html); returns the file written."""
     run_dir = Path(run_dir)
