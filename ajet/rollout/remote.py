@@ -13,6 +13,10 @@ keep working during an update, and an episode whose oldest call lags more than s
 behind the weights it would train is dropped (`rollout/failed/stale`), never silently mixed.
 Kept episodes carry their versions (`Episode.policy_versions`; `remote/stale_kept` counts them).
 
+The ticket's task omits the metadata keys the judge compares with (`serve.private_metadata_keys`,
+default `ajet.judge.private_keys.private_metadata_keys(judge)`): a client never sees the reference
+answer, while the judge scores on the server with the full task.
+
 A client that neither finishes nor aborts within `rollout.episode_timeout_s` is timed out: its
 key dies and the episode counts as `rollout/failed/timeout`. Timeouts are checked whenever the
 broker is used (and every second while the trainer waits), so no thread of its own is needed.
@@ -28,11 +32,12 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ajet.config.schema import RolloutConfig
+from ajet.judge.private_keys import private_metadata_keys as judge_private_keys
 from ajet.rollout.episode import FAILED, OK, TIMEOUT, Episode
 from ajet.rollout.manager import RolloutResult, drop_equal_reward_groups
 from ajet.rollout.runner import SessionFactory
@@ -94,9 +99,11 @@ class EpisodeBroker:
     def __init__(self, reader: Any, judge: Any, sessions: SessionFactory, rollout: RolloutConfig, *,
                  batch_size: int, total_steps: int, policy_version: Callable[[], int],
                  max_staleness: int = 1, start_step: int = 0, role: str = "default",
+                 private_metadata_keys: Iterable[str] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         """`reader`: the task reader (`next_batch(1)`); `sessions`: opens a tracked session per
-        episode (its tuner mints the episode key); `policy_version`: the engine's current version."""
+        episode (its tuner mints the episode key); `policy_version`: the engine's current version;
+        `private_metadata_keys`: task metadata kept from clients (None: what `judge` compares with)."""
         self.reader, self.judge, self.sessions, self.rollout = reader, judge, sessions, rollout
         self.batch_size, self.total_steps = batch_size, total_steps
         self.max_staleness, self.role = max_staleness, role
@@ -118,6 +125,11 @@ class EpisodeBroker:
         self._counts = dict(finished=0, aborted=0, timed_out=0, dropped_stale=0)
         self._max_running = 0
         self._last_metrics: dict[str, float] = {}
+        self.private_metadata_keys = frozenset(
+            judge_private_keys(judge) if private_metadata_keys is None else private_metadata_keys)
+        if self.private_metadata_keys:
+            log.info("episode API: task metadata %s stays on the server (serve.private_metadata_keys)",
+                     sorted(self.private_metadata_keys))
 
     # ------------------------------------------------------------------ the client side
     async def begin(self) -> EpisodeTicket:
@@ -147,7 +159,7 @@ class EpisodeBroker:
                 self._end_locked(episode, group)
             raise
         log.debug("episode %s handed out (task %s)", episode.episode_id, group.task.task_id)
-        return EpisodeTicket(episode_id=episode.episode_id, task=group.task.model_dump(mode="json"),
+        return EpisodeTicket(episode_id=episode.episode_id, task=self._public_task(group.task),
                              base_url=base_url, api_key=key, model="policy")
 
     async def finish(self, episode_id: str, request: FinishRequest) -> EpisodeResult:
@@ -243,6 +255,12 @@ class EpisodeBroker:
             log.info("episode broker closed with %d episodes still running (not trained on)", len(running))
 
     # ------------------------------------------------------------------ internals
+    def _public_task(self, task: WorkflowTask) -> dict[str, Any]:
+        """The task as a client sees it: without the private metadata keys."""
+        public = task.model_dump(mode="json")
+        public["metadata"] = {k: v for k, v in public["metadata"].items() if k not in self.private_metadata_keys}
+        return public
+
     def _next_group_locked(self) -> _Group:
         if self._groups:
             return self._groups[0]

@@ -60,7 +60,8 @@ class Reader:
 
     def next_batch(self, size: int) -> list[WorkflowTask]:
         self.read += size
-        return [WorkflowTask(task_id=f"t{self.read}", main_query=f"q{self.read}", metadata={"answer": "ok"})]
+        return [WorkflowTask(task_id=f"t{self.read}", main_query=f"q{self.read}",
+                             metadata={"answer": "ok", "topic": "greetings"})]
 
 
 class Judge:
@@ -94,14 +95,15 @@ def make_server() -> Iterator[Any]:
     started: list[Server] = []
 
     def make(*, n: int = 2, batch_size: int = 1, total_steps: int = 3, max_staleness: int = 0,
-             timeout_s: float = 60.0) -> Server:
+             timeout_s: float = 60.0, private_metadata_keys: list[str] | None = None) -> Server:
         gateway = Gateway().start()
         engine = FakeEngine(FakeChat(), lambda prompt: "ok", policy_version=0)
         clock = Clock()
         broker = EpisodeBroker(Reader(), Judge(), Sessions(gateway, engine),
                                RolloutConfig(n=n, episode_timeout_s=timeout_s), batch_size=batch_size,
                                total_steps=total_steps, policy_version=lambda: engine.policy_version,
-                               max_staleness=max_staleness, clock=clock)
+                               max_staleness=max_staleness, clock=clock,
+                               private_metadata_keys=private_metadata_keys)
         attach_episode_api(gateway, broker, TOKEN)
         server = Server(gateway, broker, engine, clock, EpisodeClient(gateway.base_url, TOKEN, wait_s=0))
         started.append(server)
@@ -244,3 +246,24 @@ def test_episodes_older_than_max_staleness_are_dropped_and_counted(make_server: 
     kept = asyncio.run(server.broker.next_batch(2))
     assert [e.episode_id for e in kept.ok_episodes] == [a.episode_id]
     assert kept.metrics()["remote/stale_kept"] == 1
+
+
+def test_tickets_keep_the_judges_answer_on_the_server(make_server: Any) -> None:
+    server = make_server(n=1, batch_size=1)
+    episode = server.client.begin()
+    assert episode.task["metadata"] == {"topic": "greetings"}  # no "answer": the judge's reference
+    assert server.broker.private_metadata_keys == frozenset({"answer"})
+    # The judge still scores against the full task, answer included.
+    judged = server.client.finish(episode.episode_id, metadata={"final_answer": "ok"})
+    assert judged["reward"] == 1.0 and judged["is_success"] is True
+    result = asyncio.run(server.broker.next_batch(1))
+    assert result.ok_episodes[0].task.metadata == {"answer": "ok", "topic": "greetings"}
+
+
+def test_serve_private_metadata_keys_overrides_what_the_judge_reads(make_server: Any) -> None:
+    shown_all = make_server(n=1, private_metadata_keys=[]).client.begin()
+    assert shown_all.task["metadata"] == {"answer": "ok", "topic": "greetings"}
+    server = make_server(n=1, private_metadata_keys=["topic"])
+    episode = server.client.begin()
+    assert episode.task["metadata"] == {"answer": "ok"}
+    assert server.client.finish(episode.episode_id, metadata={"final_answer": "ok"})["reward"] == 1.0
