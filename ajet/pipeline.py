@@ -21,6 +21,7 @@ from typing import Any
 from ajet.config.schema import AjetConfig, Algorithm, Stage
 from ajet.config.stages import apply_override
 from ajet.errors import ConfigError, UserError
+from ajet.files import write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -124,8 +125,8 @@ def run_pipeline(cfg: AjetConfig, *, workflow: Any = None, resume: bool = False)
             run_stage(stage_cfg, stage, workflow=workflow, resume=resume and stage_dir.is_dir())
         model_path, label = str(final), stage
         done.append({"stage": stage, "index": index, "run_dir": str(stage_dir), "model": model_path})
-        (run_dir / "pipeline.json").write_text(json.dumps({"stages": done}, indent=2))
-    (run_dir / "pipeline.json").write_text(json.dumps({"stages": done, "final_model": model_path}, indent=2))
+        write_json_atomic(run_dir / "pipeline.json", {"stages": done})  # a kill never leaves half of it
+    write_json_atomic(run_dir / "pipeline.json", {"stages": done, "final_model": model_path})
     if reports:
         log.info("pipeline evaluations (%s):\n%s", run_dir / "eval", _table_text(reports))
     return run_dir

@@ -13,11 +13,12 @@
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from ajet.files import write_json_atomic
 
 
 @dataclass
@@ -151,6 +152,4 @@ def write_report(path: Any, *, name: str, model: str, split: str, n: int, temper
         "name": name, "model": model, "split": split, "n": n, "temperature": temperature,
         "metrics": metrics, "episodes": [r.as_dict() for r in results],
     }
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(payload, indent=1))
-    tmp.replace(path)
+    write_json_atomic(path, payload, indent=1)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ajet.errors import UserError
+from ajet.files import atomic_open, write_json_atomic, write_text_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -269,8 +270,11 @@ def plot_figure(fig_spec: Figure, runs: list[Run], out: Path) -> list[str]:
     drawn = [p.title for ax, p in zip(axes[0], present, strict=True) if _draw_panel(ax, runs, p, list(colors))]
     fig.suptitle(fig_spec.title if len(runs) == 1 else f"{fig_spec.title}: {' vs '.join(r.name for r in runs)}")
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    try:
+        with atomic_open(out, "wb") as handle:  # a killed `ajet report` never leaves half a PNG
+            fig.savefig(handle, format="png", dpi=110)
+    finally:
+        plt.close(fig)
     return drawn
 
 
@@ -296,9 +300,9 @@ def write_report(run_dirs: list[Path], out_dir: Path | None = None) -> Path:
             png.unlink(missing_ok=True)
             logger.info("skipping %s: no run logged its metrics", spec.filename)
     summary = {"runs": [summarize(r) for r in runs], "figures": figures, "notes": notes}
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    write_json_atomic(out_dir / "summary.json", summary)
     report = out_dir / "report.html"
-    report.write_text(render_html(summary, out_dir), encoding="utf-8")
+    write_text_atomic(report, render_html(summary, out_dir))
     return report
 
 

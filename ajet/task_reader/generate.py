@@ -6,6 +6,10 @@ line by line (code fences, numbering and surrounding prose are tolerated); what 
 parsed is skipped and counted. Questions are deduplicated by their normalised text. With a
 `cache_path`, the tasks are written there as JSONL, next to a `.meta.json` fingerprint of
 the documents and settings; a later build with the same fingerprint reads the cache.
+
+Both files are written atomically, the meta file last (and the old one removed first), so a
+run killed while writing leaves either a complete cache or one without its meta file. A cache
+without a readable meta file is never trusted: it is regenerated, or refused without an llm.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ajet.config.schema import GenerateReaderConfig
+from ajet.files import write_json_atomic, write_text_atomic
 from ajet.task_reader.base import TaskReaderError
 from ajet.task_reader.jsonl import read_jsonl_tasks
 from ajet.workflow import WorkflowTask
@@ -107,13 +112,17 @@ async def aload_generated_tasks(
     fingerprint = _fingerprint(docs, cfg.tasks_per_document)
     cache = Path(cfg.cache_path) if cfg.cache_path else None
     if cache is not None and cache.is_file():
-        meta_path = _meta_path(cache)
-        meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else None
-        if meta is None or meta.get("fingerprint") == fingerprint:
+        meta, problem = _read_meta(cache)
+        if meta is not None and meta.get("fingerprint") == fingerprint:
             logger.info("generate reader: using cached tasks from %s", cache)
             tasks, _ = read_jsonl_tasks(cache)
             return tasks, 0
-        logger.info("generate reader: documents or settings changed; regenerating %s", cache)
+        if problem is not None and llm is None:
+            raise TaskReaderError(
+                f"task_reader.generate.cache_path: {problem}, so {cache} may be incomplete (a run killed "
+                "while writing it?) and is not used. Build the reader with an llm (the backbone passes "
+                "one) to write the tasks again; for tasks written by hand, use task_reader.type=jsonl")
+        logger.warning("generate reader: %s; regenerating %s", problem or "documents or settings changed", cache)
     if llm is None:
         raise TaskReaderError(
             "the generate reader needs an llm to write tasks (the backbone passes one to "
@@ -194,12 +203,28 @@ def _meta_path(cache: Path) -> Path:
     return cache.with_name(cache.name + ".meta.json")
 
 
+def _read_meta(cache: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """(the cache's meta, None), or (None, why it cannot be used)."""
+    meta_path = _meta_path(cache)
+    if not meta_path.is_file():
+        return None, f"its meta file {meta_path} is missing"
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return None, f"its meta file {meta_path} is unreadable ({exc})"
+    if not isinstance(meta, dict):
+        return None, f"its meta file {meta_path} is unreadable (not a JSON object)"
+    return meta, None
+
+
 def _write_cache(cache: Path, tasks: list[WorkflowTask], fingerprint: str) -> None:
     cache.parent.mkdir(parents=True, exist_ok=True)
     lines = [
         json.dumps({"task_id": t.task_id, "question": t.main_query, **t.metadata}, ensure_ascii=False)
         for t in tasks
     ]
-    cache.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    _meta_path(cache).write_text(json.dumps({"fingerprint": fingerprint, "num_tasks": len(tasks)}))
+    # The meta file vouches for the cache: gone while the cache changes, written once it is whole.
+    _meta_path(cache).unlink(missing_ok=True)
+    write_text_atomic(cache, "\n".join(lines) + "\n")
+    write_json_atomic(_meta_path(cache), {"fingerprint": fingerprint, "num_tasks": len(tasks)}, indent=None)
     logger.info("generate reader: wrote %d tasks to %s", len(tasks), cache)

@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from ajet.files import fsync_dir, write_text_atomic
+
 log = logging.getLogger(__name__)
 
 _COMPLETE = ".complete"
@@ -44,12 +46,11 @@ def save_checkpoint(ckpt_root: Path, step: int, *, model: torch.nn.Module, optim
         }
         _save(tmp / "state.pt", state)
         (tmp / _COMPLETE).write_text(str(step))
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-        _write_atomic(ckpt_root / "latest", final.name)
-        _fsync_dir(ckpt_root)
+        write_text_atomic(ckpt_root / "latest", final.name)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -100,10 +101,12 @@ def load_checkpoint(path: Path, *, model: torch.nn.Module, optimizer: Any, sched
 
 
 def cleanup_partial(ckpt_root: Path) -> None:
-    """Remove temp dirs left by a run killed mid-save."""
+    """Remove the temp dirs (and `latest` temp files) left by a run killed mid-save."""
     if ckpt_root.is_dir():
         for tmp in ckpt_root.glob(".tmp-step_*"):
             shutil.rmtree(tmp, ignore_errors=True)
+        for tmp in ckpt_root.glob(".latest.*.tmp"):
+            tmp.unlink(missing_ok=True)
 
 
 def _save(path: Path, obj: Any) -> None:
@@ -111,23 +114,6 @@ def _save(path: Path, obj: Any) -> None:
         torch.save(obj, handle)
         handle.flush()
         os.fsync(handle.fileno())
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _prune(ckpt_root: Path, keep_last: int) -> None:

@@ -2,7 +2,8 @@
 
 A new run refuses a directory that already holds an earlier run (checkpoints or logged
 metrics): pass `--resume` to continue it, or choose another name. `--resume` means continue:
-it refuses a run directory that does not exist. `config.yaml` records the resolved config.
+it refuses a run directory that does not exist. `config.yaml` records the resolved config
+(written atomically: a kill never leaves half of it).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from ajet.config.schema import AjetConfig
 from ajet.errors import UserError
+from ajet.files import write_text_atomic
 
 
 def run_dir_of(cfg: AjetConfig) -> Path:
@@ -38,5 +40,5 @@ def prepare_run_dir(cfg: AjetConfig, *, resume: bool) -> Path:
             f"{run_dir} already holds {what} of an earlier run. Pass --resume to continue it, "
             "or choose another project.name / --exp-dir.")
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(to_yaml(cfg))
+    write_text_atomic(run_dir / "config.yaml", to_yaml(cfg))
     return run_dir

@@ -126,3 +126,41 @@ def test_cache_is_plain_jsonl(tmp_path: Path, docs: list[Path]) -> None:
     build_reader(gen_cfg(docs[:1], cache), seed=0, llm=FakeLLM({"sky.txt": REPLY}))
     rows = [json.loads(line) for line in cache.read_text().splitlines()]
     assert rows[0]["question"] == "What colour is the sky?" and rows[0]["answer"] == "blue"
+
+
+def test_a_cache_without_its_meta_file_is_refused(tmp_path: Path, docs: list[Path]) -> None:
+    cache = tmp_path / "t.jsonl"
+    build_reader(gen_cfg(docs[:1], cache), seed=0, llm=FakeLLM({"sky.txt": REPLY}))
+    meta = cache.with_name("t.jsonl.meta.json")
+    meta.unlink()  # as a run killed between writing the tasks and their fingerprint leaves it
+    with pytest.raises(TaskReaderError, match=r"t\.jsonl\.meta\.json.*(missing|unreadable)") as err:
+        build_reader(gen_cfg(docs[:1], cache), seed=0, llm=None)
+    assert "with an llm" in str(err.value) and "task_reader.type=jsonl" in str(err.value)
+    meta.write_text('{"fingerprint": "abc')  # half-written
+    with pytest.raises(TaskReaderError, match="unreadable"):
+        build_reader(gen_cfg(docs[:1], cache), seed=0, llm=None)
+    # with an llm, the cache is written again, fingerprint and all
+    llm = FakeLLM({"sky.txt": REPLY})
+    build_reader(gen_cfg(docs[:1], cache), seed=0, llm=llm)
+    assert len(llm.prompts) == 1 and json.loads(meta.read_text())["num_tasks"] == 2
+
+
+def test_a_cache_rewrite_killed_halfway_is_never_taken_for_the_old_one(
+        tmp_path: Path, docs: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    from ajet.task_reader import generate
+
+    cache = tmp_path / "t.jsonl"
+    build_reader(gen_cfg(docs[:1], cache), seed=0, llm=FakeLLM({"sky.txt": REPLY}))
+    docs[0].write_text("The sky is grey in Oslo.")
+    real = generate.write_json_atomic
+
+    def killed(path: Path, *args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt  # the kill lands after the tasks, before their fingerprint
+
+    monkeypatch.setattr(generate, "write_json_atomic", killed)
+    with pytest.raises(KeyboardInterrupt):
+        build_reader(gen_cfg(docs[:1], cache), seed=0, llm=FakeLLM({"sky.txt": '{"question": "q?", "answer": "grey"}'}))
+    monkeypatch.setattr(generate, "write_json_atomic", real)
+    docs[0].write_text("The sky is blue on a clear day.")  # back to the documents of the old meta
+    with pytest.raises(TaskReaderError, match="meta"):
+        build_reader(gen_cfg(docs[:1], cache), seed=0, llm=None)
