@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ajet.config.schema import AjetConfig, Algorithm, ReaderType, TrinityConfig, VerlConfig
+from ajet.context.samples import episode_samples
 from ajet.errors import SetupError
 
 log = logging.getLogger(__name__)
@@ -174,18 +175,6 @@ def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------- episodes in a worker
-def episode_samples(episode: Any, context: Any, model_max_len: int) -> tuple[list[Any], dict[str, int]]:
-    """An ok episode's timelines -> merged samples within the budgets (advantages are the
-    backbone's job). Returns the samples and the budget's overflow counts."""
-    from ajet.context.budget import apply_budget
-    from ajet.context.merge import merge_timelines, timelines_to_samples
-
-    timelines = merge_timelines(episode.timelines) if context.merge else list(episode.timelines)
-    samples = timelines_to_samples(timelines, episode_id=episode.episode_id,
-                                   group_id=episode.group_id, reward=float(episode.reward))
-    return apply_budget(samples, context, model_max_len)
-
-
 def episode_metrics(episode: Any) -> dict[str, float]:
     """Scalars of one episode for the backbone's own logger (pure)."""
     out = {"ajet/reward": float(episode.reward), "ajet/success": float(bool(episode.is_success)),

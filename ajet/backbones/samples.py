@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ajet.algorithms.advantages import assign_token_advantages, compute_advantages
 from ajet.config.schema import AlgorithmConfig, ContextConfig
+from ajet.context.pack import loss_weights
+from ajet.context.samples import episode_samples
 from ajet.context.types import Sample
 
 
@@ -18,8 +21,6 @@ class StepBatch:
 
 def episode_advantages(episodes: list[Any], algorithm: AlgorithmConfig) -> dict[str, Any]:
     """episode_id -> advantage (a float, or per-step values for REINFORCE++)."""
-    from ajet.algorithms.advantages import compute_advantages
-
     return compute_advantages(
         algorithm,
         [ep.episode_id for ep in episodes],
@@ -31,22 +32,16 @@ def episode_advantages(episodes: list[Any], algorithm: AlgorithmConfig) -> dict[
 
 def build_step_batch(episodes: list[Any], context: ContextConfig, algorithm: AlgorithmConfig,
                      *, model_max_len: int) -> StepBatch:
-    """Merge each episode's timelines into samples, attach advantages, apply budgets and weights."""
-    from ajet.algorithms.advantages import assign_token_advantages
-    from ajet.context.budget import apply_budget
-    from ajet.context.merge import merge_timelines, timelines_to_samples
-    from ajet.context.pack import loss_weights
-
+    """Each episode's samples (`episode_samples`: merged, within budgets), their advantages, the loss weights."""
     samples: list[Sample] = []
+    overflow: dict[str, float] = {}
     for ep in episodes:
-        timelines = merge_timelines(ep.timelines) if context.merge else ep.timelines
-        samples.extend(
-            timelines_to_samples(timelines, episode_id=ep.episode_id, group_id=ep.group_id, reward=float(ep.reward))
-        )
-    metrics: dict[str, float] = {"context/samples_before_budget": float(len(samples))}
+        pieces, counts = episode_samples(ep, context, model_max_len)
+        samples.extend(pieces)
+        for key, value in counts.items():
+            overflow[key] = overflow.get(key, 0.0) + value
+    metrics: dict[str, float] = {f"context/{k}": float(v) for k, v in overflow.items()}
     if episodes:
         assign_token_advantages(samples, episode_advantages(episodes, algorithm))
-    samples, overflow = apply_budget(samples, context, model_max_len)
-    metrics.update({f"context/{k}": float(v) for k, v in overflow.items()})
     metrics["context/samples"] = float(len(samples))
     return StepBatch(samples=samples, weights=loss_weights(samples, context.loss_agg), metrics=metrics)

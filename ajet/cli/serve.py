@@ -2,15 +2,13 @@
 
 The run is `ajet train` on the debug backbone (same config, minus `workflow`), except that the
 episodes of each step come from clients through the episode API (docs/episode_api.md) instead
-of an in-process workflow: `ServedEpisodes` (an `EpisodeBroker` behind a public gateway) is
-handed to the trainer as its episode source.
+of an in-process workflow: `ajet.rollout.served.ServedEpisodes` (an `EpisodeBroker` behind a
+public gateway) is the trainer's episode source.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -65,7 +63,19 @@ def serve(
 
         checked_backbone("debug", cfg, str(conf))
         configure_logging(cfg.logging.level, quiet=cfg.logging.quiet)
-        train(cfg, resume=resume, workflow=RemoteWorkflow(), episode_source=ServedEpisodes.start)
+        train(cfg, resume=resume, workflow=RemoteWorkflow(), episode_source=served_episodes)
+
+
+def served_episodes(recipe: Any) -> Any:
+    """The RL recipe's episode source under `ajet serve`, built at the end of its setup."""
+    from ajet.rollout.served import (
+        ServedEpisodes,  # imports agentscope: not for `ajet serve --help`
+    )
+
+    return ServedEpisodes.start(
+        recipe.cfg, engine=recipe.rollout.engine, chat=recipe.rollout.chat, reader=recipe.reader,
+        judge=recipe.judge, model_max_len=recipe.window, run_dir=recipe.run_dir, start_step=recipe.loop.step,
+        announce=lambda text: typer.echo(text, err=True))
 
 
 def _check(cfg: Any) -> None:
@@ -77,65 +87,3 @@ def _check(cfg: Any) -> None:
     if cfg.trainer.val_every:
         raise UserError("trainer.val_every: validation runs a workflow in-process, and `ajet serve` has none; "
                         "set trainer.val_every=0 (evaluate checkpoints with `ajet eval`).", 2)
-
-
-class ServedEpisodes:
-    """The trainer's episode source under `ajet serve`: an `EpisodeBroker` and the public gateway
-    that serves its episode API and the per-episode model endpoint."""
-
-    def __init__(self, broker: Any, gateway: Any, token: str) -> None:
-        self.broker, self.gateway, self.token = broker, gateway, token
-
-    @classmethod
-    def start(cls, recipe: Any) -> ServedEpisodes:
-        """Built by the RL recipe at the end of its setup (engine, judge and reader exist)."""
-        from ajet.rollout.remote import EpisodeBroker
-        from ajet.rollout.sessions import LocalSessionFactory
-        from ajet.tuner import Gateway
-        from ajet.tuner.episode_api import attach_episode_api
-
-        cfg = recipe.cfg
-        engine = recipe.rollout.engine
-        gateway = Gateway(cfg.serve.host, cfg.serve.port).start()
-        try:
-            roles = list(cfg.workflow.trainable_targets) or None
-            sessions = LocalSessionFactory(
-                engine=engine, chat=recipe.rollout.stack.chat, gateway=gateway, rollout=cfg.rollout,
-                context=cfg.context, trainable_roles=roles, model_max_len=recipe.window)
-            broker = EpisodeBroker(
-                recipe.reader, recipe.judge, sessions, cfg.rollout, batch_size=cfg.trainer.batch_size,
-                total_steps=cfg.trainer.total_steps, policy_version=lambda: engine.policy_version,
-                max_staleness=cfg.serve.max_staleness, start_step=recipe.loop.step)
-            token = attach_episode_api(gateway, broker, cfg.serve.client_token)
-            served = cls(broker, gateway, token)
-            served.announce(recipe.run_dir, generated=not cfg.serve.client_token)
-        except BaseException:
-            gateway.stop()
-            raise
-        return served
-
-    def announce(self, run_dir: Path, *, generated: bool) -> None:
-        """Say where the API is; write RUN/serve.json (owner-only: it holds the client token)."""
-        root = self.gateway.base_url.removesuffix("/v1")
-        info = {"base_url": self.gateway.base_url, "episodes_url": f"{root}/v1/episodes",
-                "docs_url": f"{root}/docs", "client_token": self.token}
-        path, tmp = run_dir / "serve.json", run_dir / ".serve.json.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            json.dump(info, handle, indent=2)
-        os.replace(tmp, path)  # clients polling for the file never read half of it
-        shown = self.token if generated else "(serve.client_token)"
-        typer.echo(f"ajet serve: episode API on {info['episodes_url']} (docs: {info['docs_url']}); "
-                   f"client token {shown}; all in {path}", err=True)
-
-    async def next_batch(self, step: int) -> Any:
-        return await self.broker.next_batch(step)
-
-    def record_metrics(self, step: int, metrics: dict[str, float]) -> None:
-        self.broker.record_metrics(step, metrics)
-
-    def close(self) -> None:
-        try:
-            self.broker.close()
-        finally:
-            self.gateway.stop()

@@ -5,6 +5,6 @@ Light to import; torch loads in `ajet.dpo.step` / the trainer.
 
 from __future__ import annotations
 
-from ajet.dpo.pairs import PairBatch, build_pair_batch, episode_samples
+from ajet.dpo.pairs import PairBatch, build_pair_batch
 
-__all__ = ["PairBatch", "build_pair_batch", "episode_samples"]
+__all__ = ["PairBatch", "build_pair_batch"]

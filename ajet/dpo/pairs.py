@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ajet.algorithms.dpo import build_preference_pairs
 from ajet.config.schema import ContextConfig
+from ajet.context.samples import episode_samples
 from ajet.context.types import Sample
 
 if TYPE_CHECKING:
@@ -35,18 +36,6 @@ class PairBatch:
         return len(self.chosen)
 
 
-def episode_samples(episode: Any, context: ContextConfig, model_max_len: int) -> tuple[list[Sample], dict[str, int]]:
-    """An episode's trainable samples (merged as for RL, within the token budget)."""
-    from ajet.context.budget import apply_budget
-    from ajet.context.merge import merge_timelines, timelines_to_samples
-
-    timelines = merge_timelines(episode.timelines) if context.merge else episode.timelines
-    samples = timelines_to_samples(timelines, episode_id=episode.episode_id, group_id=episode.group_id,
-                                   reward=float(episode.reward))
-    samples, counts = apply_budget(samples, context, model_max_len)
-    return [s for s in samples if any(s.loss_mask)], counts
-
-
 def build_pair_batch(episodes: Sequence[Any], context: ContextConfig, *, model_max_len: int) -> PairBatch:
     """Best-vs-worst pairs of the episodes' groups; pairs with an episode that trained nothing are skipped."""
     by_id = {ep.episode_id: ep for ep in episodes}
@@ -57,7 +46,8 @@ def build_pair_batch(episodes: Sequence[Any], context: ContextConfig, *, model_m
     for chosen_id, rejected_id in candidates:
         for episode_id in (chosen_id, rejected_id):
             if episode_id not in cache:
-                cache[episode_id], _ = episode_samples(by_id[episode_id], context, model_max_len)
+                samples, _ = episode_samples(by_id[episode_id], context, model_max_len)
+                cache[episode_id] = [s for s in samples if any(s.loss_mask)]
         if not cache[chosen_id] or not cache[rejected_id]:
             skipped += 1
             continue

@@ -12,24 +12,19 @@ dropout off), at the cost of one extra forward without gradients.
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import torch
 
+from ajet.algorithms.dpo import dpo_loss
 from ajet.config.schema import AlgorithmConfig
+from ajet.context.pack import pack_samples
+from ajet.context.packed_forward import forward_packed
 from ajet.dpo.pairs import PairBatch, sequence_logps
-
-
-def _autocast(model: torch.nn.Module, bf16: bool) -> Any:
-    if not bf16:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=next(model.parameters()).device.type, dtype=torch.bfloat16)
+from ajet.training.step import OptimizerStep, autocast
 
 
 def pack_pairs(batch: PairBatch, micro_batch_tokens: int) -> list[Any]:
-    from ajet.context.pack import pack_samples
-
     ones = [[1.0 if m else 0.0 for m in s.loss_mask] for s in batch.samples]
     return pack_samples(batch.samples, ones, micro_batch_tokens)
 
@@ -38,13 +33,11 @@ def pack_pairs(batch: PairBatch, micro_batch_tokens: int) -> list[Any]:
 def packed_sequence_logps(model: torch.nn.Module, packed: list[Any], batch: PairBatch, *, bf16: bool = False,
                           logits_chunk: int = 0) -> torch.Tensor:
     """Sequence log-probs of every paired episode under `model`, without gradients."""
-    from ajet.context.packed_forward import forward_packed
-
     device = next(model.parameters()).device
     total = torch.zeros(len(batch.episode_ids), dtype=torch.float32, device=device)
     for seq in packed:
         if seq.entry_pos:
-            with _autocast(model, bf16):
+            with autocast(model, bf16):
                 logp, _ = forward_packed(model, seq, logits_chunk=logits_chunk)
             total += sequence_logps(logp.float(), _entry_seqs(seq, batch, device), len(batch.episode_ids))
     return total
@@ -57,8 +50,6 @@ def _entry_seqs(seq: Any, batch: PairBatch, device: torch.device) -> torch.Tenso
 def pair_loss(policy: torch.Tensor, ref: torch.Tensor | None, batch: PairBatch,
               algorithm: AlgorithmConfig) -> tuple[torch.Tensor, dict[str, float]]:
     """Mean DPO loss over the pairs from per-sequence log-probs, and its metrics."""
-    from ajet.algorithms.dpo import dpo_loss
-
     if algorithm.dpo_loss == "ipo":  # length-averaged log-likelihood (as TRL)
         tokens = torch.tensor(batch.seq_tokens, dtype=policy.dtype, device=policy.device).clamp(min=1)
         policy = policy / tokens
@@ -80,12 +71,10 @@ def pair_loss(policy: torch.Tensor, ref: torch.Tensor | None, batch: PairBatch,
     return loss, metrics
 
 
-def dpo_step(model: torch.nn.Module, reference: Any, batch: PairBatch, optimizer: Any, algorithm: AlgorithmConfig,
-             *, micro_batch_tokens: int, grad_clip: float, bf16: bool = False,
-             logits_chunk: int = 0) -> dict[str, float]:
+def dpo_step(optimizer_step: OptimizerStep, reference: Any, batch: PairBatch, algorithm: AlgorithmConfig,
+             *, micro_batch_tokens: int, logits_chunk: int = 0, step: int | None = None) -> dict[str, float]:
     """One optimizer step on the batch's pairs (see the module docstring)."""
-    from ajet.context.packed_forward import forward_packed
-
+    model, bf16 = optimizer_step.model, optimizer_step.bf16
     packed = pack_pairs(batch, micro_batch_tokens)
     ref = None
     if reference is not None and not algorithm.dpo_reference_free:
@@ -95,23 +84,13 @@ def dpo_step(model: torch.nn.Module, reference: Any, batch: PairBatch, optimizer
     loss, metrics = pair_loss(leaf, ref, batch, algorithm)
     (coef,) = torch.autograd.grad(loss, leaf)
     device = leaf.device
-    model.train()
-    try:
-        optimizer.zero_grad(set_to_none=True)
-        for seq in packed:
-            if not seq.entry_pos:
-                continue
-            with _autocast(model, bf16):
-                logp, _ = forward_packed(model, seq, logits_chunk=logits_chunk)
-            surrogate = (coef[_entry_seqs(seq, batch, device)] * logp.float()).sum()
-            surrogate.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], grad_clip)
-        optimizer.step()
-        # The gradients are spent: free them (as large as the weights) for what runs until the next
-        # backward (rollout, evaluation, checkpoints) instead of keeping them to be overwritten.
-        optimizer.zero_grad(set_to_none=True)
-    finally:
-        model.eval()
-    metrics["actor/grad_norm"] = float(grad_norm)
+
+    def seq_loss(seq: Any) -> tuple[torch.Tensor, dict[str, float]]:
+        logp, _ = forward_packed(model, seq, logits_chunk=logits_chunk)
+        # The surrogate whose gradient is the DPO loss's; its value is not the loss.
+        return (coef[_entry_seqs(seq, batch, device)] * logp.float()).sum(), {"dpo loss": metrics["dpo/loss"]}
+
+    result = optimizer_step.run(packed, seq_loss, step=step)
+    metrics["actor/grad_norm"] = result.grad_norm
     metrics["dpo/tokens_packed"] = float(sum(p.num_tokens for p in packed))
-    return metrics
+    return metrics | optimizer_step.metrics()

@@ -15,8 +15,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ajet.algorithms.reference import ReferencePolicy
 from ajet.config import AjetConfig
+from ajet.dpo.pairs import build_pair_batch
+from ajet.dpo.step import dpo_step
 from ajet.training.recipe import Closers, run_recipe
+from ajet.training.rollout_run import RolloutRun
+from ajet.training.step import OptimizerStep, updating_weights
+from ajet.training.validation import validate_on_rollout
 
 log = logging.getLogger(__name__)
 
@@ -33,44 +39,22 @@ class DpoRecipe:
         self.resume = resume
 
     def setup(self, closers: Closers) -> None:
-        from ajet.algorithms.reference import ReferencePolicy
-        from ajet.rollout.loader import load_or_wrap_workflow
-        from ajet.rollout.local import LocalRollout
-        from ajet.task_reader import build_reader
-        from ajet.training.loop import TrainingLoop
-        from ajet.training.model import load_trainable_model, model_window
-        from ajet.training.optim import build_optimizer
-        from ajet.training.run_dir import prepare_run_dir
-
         cfg = self.cfg
-        self.run_dir = prepare_run_dir(cfg, resume=self.resume)
-        self.workflow = load_or_wrap_workflow(self.workflow_arg, cfg.workflow.target)
-        self.reader = build_reader(cfg.task_reader, seed=cfg.project.seed)
-        self.loop = TrainingLoop(cfg, self.run_dir, closers, total_steps=cfg.trainer.total_steps,
-                                 resume=self.resume)
-        self.model, self.tokenizer = load_trainable_model(
-            cfg.model, seed=cfg.project.seed, gradient_checkpointing=cfg.trainer.gradient_checkpointing)
-        self.window = model_window(self.model, cfg.context.max_model_len)
+        run = RolloutRun.start(cfg, closers, resume=self.resume, workflow=self.workflow_arg)
+        self.run_dir, self.reader, self.loop, self.model = run.run_dir, run.reader, run.loop, run.model
+        self.window, self.rollout = run.window, run.rollout
         a = cfg.algorithm
-        # Built before any update: the stage's initial policy.
+        # Built before any update (and before a resumed run's weights load): the stage's initial policy.
         self.reference = None if a.dpo_reference_free else ReferencePolicy(self.model, a.dpo_reference.value)
-        self.rollout = LocalRollout(cfg, self.model, self.tokenizer, self.workflow, model_max_len=self.window)
-        closers.push(self.rollout.close, "rollout")
-        self.optimizer, scheduler = build_optimizer(self.model, cfg.trainer, seed=cfg.project.seed)
-        self.loop.attach(self.model, self.tokenizer, self.optimizer, scheduler,
-                         state=lambda: {"reader": self.reader.state_dict()})
-        if self.resume and (state := self.loop.restore()) is not None:
-            self.reader.load_state_dict(state["reader"])
-            self.rollout.engine.bump_version()
+        self.optimizer_step = OptimizerStep(self.model, run.optimizer, cfg.trainer)
+        if self.resume:
+            run.restore()
 
     def train(self) -> Path:
         self.loop.run(self.train_step, validate=self.validate)
         return self.run_dir
 
     def train_step(self, step: int) -> dict[str, float]:
-        from ajet.dpo.pairs import build_pair_batch
-        from ajet.dpo.step import dpo_step
-
         cfg = self.cfg
         start = time.monotonic()
         tasks = self.reader.next_batch(cfg.trainer.batch_size)
@@ -86,16 +70,12 @@ class DpoRecipe:
         else:
             self.loop.phase(f"step {step}: update on {batch.num_pairs} pairs")
             micro = cfg.trainer.micro_batch_tokens if cfg.context.tree_packing else 0
-            with self.rollout.engine.paused():
-                self.rollout.engine.drop_prefix_cache()  # invalid after the update: free it for the update
-                metrics.update(dpo_step(self.model, self.reference, batch, self.optimizer, cfg.algorithm,
-                                        micro_batch_tokens=micro, grad_clip=cfg.trainer.grad_clip,
-                                        bf16=cfg.trainer.bf16, logits_chunk=cfg.trainer.logits_chunk_tokens))
-                self.rollout.engine.bump_version()
+            with updating_weights(self.rollout.engine):
+                metrics.update(dpo_step(self.optimizer_step, self.reference, batch, cfg.algorithm,
+                                        micro_batch_tokens=micro, logits_chunk=cfg.trainer.logits_chunk_tokens,
+                                        step=step))
         metrics["perf/step_time_s"] = time.monotonic() - start
         return metrics
 
     def validate(self) -> dict[str, float]:
-        from ajet.training.validation import validate_on_rollout
-
         return validate_on_rollout(self.loop, self.reader, self.rollout.rollout, self.cfg.trainer.val_n)

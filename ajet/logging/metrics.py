@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -89,7 +88,8 @@ def truncate_metrics(path: Path, last_step: int) -> int:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """Numbers are logged, NaN and inf included: a diverged loss must show, not vanish."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _optional_sink(name: str, run_dir: Path, run_name: str, config_dict: dict[str, Any]) -> Any:

@@ -13,6 +13,8 @@ import logging
 from typing import Any
 
 from ajet.config.schema import AjetConfig, RolloutConfig
+from ajet.engine.local import LocalEngine
+from ajet.rollout.stack import RolloutStack
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +42,6 @@ class LocalRollout:
     def __init__(self, cfg: AjetConfig, model: Any, tokenizer: Any, workflow: Any, *,
                  model_max_len: int, rollout: RolloutConfig | None = None, judge: Any = None,
                  record: bool = False) -> None:
-        from ajet.engine.local import LocalEngine
-        from ajet.rollout.stack import RolloutStack
-
         rollout = rollout or cfg.rollout
         self.engine = LocalEngine(model, tokenizer, max_batch_size=max(1, rollout.max_concurrency),
                                   max_model_len=model_max_len, prefix_cache_tokens=rollout.prefix_cache_tokens,
@@ -54,9 +53,14 @@ class LocalRollout:
         except BaseException:
             self.engine.close()
             raise
+        self.chat = self.stack.chat
         self.factory = self.stack.factory
         self.manager = self.stack.manager
         self.loop = asyncio.new_event_loop()
+
+    def llm_client(self) -> Any:
+        """An OpenAI client on the policy for in-run services (LLM judges): never recorded or trained."""
+        return self.stack.local_llm_client()
 
     def rollout(self, tasks: list[Any], n: int, *, episode_prefix: str) -> Any:
         """`RolloutManager.rollout`, run to completion on this stack's event loop."""

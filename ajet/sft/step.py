@@ -8,68 +8,44 @@ micro-batch losses is exactly the batch loss.
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import torch
 
+from ajet.algorithms.losses import sft_loss
 from ajet.config.schema import LossAgg
+from ajet.context.pack import loss_weights, pack_samples
+from ajet.context.packed_forward import forward_packed
 from ajet.context.types import Sample
+from ajet.training.step import OptimizerStep, autocast
 
 
-def _autocast(model: torch.nn.Module, bf16: bool) -> Any:
-    if not bf16:
-        return contextlib.nullcontext()
-    device = next(model.parameters()).device
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-
-
-def sft_step(model: torch.nn.Module, samples: list[Sample], optimizer: Any, *, loss_agg: LossAgg | str,
-             micro_batch_tokens: int, grad_clip: float, bf16: bool = False,
-             logits_chunk: int = 0) -> dict[str, float]:
+def sft_step(optimizer_step: OptimizerStep, samples: list[Sample], *, loss_agg: LossAgg | str,
+             micro_batch_tokens: int, logits_chunk: int = 0, step: int | None = None) -> dict[str, float]:
     """Forward/backward every packed sequence of the batch, clip, step; return metrics."""
-    from ajet.algorithms.losses import sft_loss
-    from ajet.context.pack import loss_weights, pack_samples
-    from ajet.context.packed_forward import forward_packed
-
     weights = loss_weights(samples, loss_agg)
     packed = pack_samples(samples, weights, micro_batch_tokens)
+    model = optimizer_step.model
     device = next(model.parameters()).device
-    total = 0.0
-    model.train()
-    try:
-        optimizer.zero_grad(set_to_none=True)
-        for seq in packed:
-            if not seq.entry_pos:
-                continue
-            with _autocast(model, bf16):
-                logp, _ = forward_packed(model, seq, logits_chunk=logits_chunk)
-            loss = sft_loss(logp.float(), torch.tensor(seq.entry_weight, dtype=torch.float32, device=device))
-            loss.backward()
-            total += float(loss.detach())
-        grad_norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], grad_clip)
-        optimizer.step()
-        # The gradients are spent: free them (as large as the weights) for what runs until the next
-        # backward (rollout, evaluation, checkpoints) instead of keeping them to be overwritten.
-        optimizer.zero_grad(set_to_none=True)
-    finally:
-        model.eval()
+
+    def seq_loss(seq: Any) -> tuple[torch.Tensor, dict[str, float]]:
+        logp, _ = forward_packed(model, seq, logits_chunk=logits_chunk)
+        return sft_loss(logp.float(), torch.tensor(seq.entry_weight, dtype=torch.float32, device=device)), {}
+
+    result = optimizer_step.run(packed, seq_loss, step=step)
     return {
-        "sft/loss": total,
-        "actor/grad_norm": float(grad_norm),
+        "sft/loss": result.loss,
+        "actor/grad_norm": result.grad_norm,
         "sft/trained_tokens": float(sum(sum(s.loss_mask) for s in samples)),
         "sft/tokens_packed": float(sum(p.num_tokens for p in packed)),
         "sft/tokens": float(sum(len(s.input_ids) for s in samples)),
-    }
+    } | optimizer_step.metrics()
 
 
 @torch.no_grad()
 def sample_nll(model: torch.nn.Module, samples: list[Sample], *, micro_batch_tokens: int,
                bf16: bool = False, logits_chunk: int = 0) -> list[tuple[float, int]]:
     """Per sample: (summed NLL of its trained tokens, number of trained tokens)."""
-    from ajet.context.pack import pack_samples
-    from ajet.context.packed_forward import forward_packed
-
     ones = [[1.0 if m else 0.0 for m in s.loss_mask] for s in samples]
     nll = [0.0] * len(samples)
     count = [sum(s.loss_mask) for s in samples]
@@ -77,7 +53,7 @@ def sample_nll(model: torch.nn.Module, samples: list[Sample], *, micro_batch_tok
     for seq in pack_samples(samples, ones, micro_batch_tokens):
         if not seq.entry_pos:
             continue
-        with _autocast(model, bf16):
+        with autocast(model, bf16):
             logp, _ = forward_packed(model, seq, logits_chunk=logits_chunk)
         for index, value in zip(seq.entry_sample, logp.float().tolist(), strict=True):
             nll[index] -= value

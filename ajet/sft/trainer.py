@@ -19,6 +19,7 @@ from ajet.config import AjetConfig
 from ajet.context.types import Sample
 from ajet.sft.data import Dialog, DialogDataError, read_dialogs, split_dev
 from ajet.training.recipe import Closers, run_recipe
+from ajet.training.step import OptimizerStep
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,7 @@ class SftRecipe:
         trainer_cfg = dataclasses.replace(cfg.trainer, lr=cfg.sft.lr, total_steps=len(self.schedule))
         optimizer, scheduler = build_optimizer(self.model, trainer_cfg, seed=cfg.project.seed)
         self.optimizer = optimizer
+        self.optimizer_step = OptimizerStep(self.model, optimizer, trainer_cfg)
         self.loop = TrainingLoop(cfg, self.run_dir, closers, total_steps=len(self.schedule), resume=self.resume)
         self.loop.attach(self.model, self.tokenizer, optimizer, scheduler,
                          state=lambda: {"schedule_len": len(self.schedule)})
@@ -166,9 +168,9 @@ class SftRecipe:
         start = time.monotonic()
         batch = self.schedule[step - 1]
         samples = [s for i in batch.indices for s in self.samples[i]]
-        metrics = sft_step(self.model, samples, self.optimizer, loss_agg=self.cfg.context.loss_agg,
-                           micro_batch_tokens=self._pack_tokens(), grad_clip=self.cfg.trainer.grad_clip,
-                           bf16=self.cfg.trainer.bf16, logits_chunk=self.cfg.trainer.logits_chunk_tokens)
+        metrics = sft_step(self.optimizer_step, samples, loss_agg=self.cfg.context.loss_agg,
+                           micro_batch_tokens=self._pack_tokens(),
+                           logits_chunk=self.cfg.trainer.logits_chunk_tokens, step=step)
         metrics.update({
             "sft/dialogs": float(len(batch.indices)),
             "sft/round": float(batch.round),

@@ -14,6 +14,7 @@ starts from the model and optimizer state, not from the update's peak.
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -106,7 +107,11 @@ class TrainingLoop:
                 lr = self.scheduler.get_last_lr()[0]
                 metrics = train_step(self.step + 1)
                 release_memory()
-                self.scheduler.step()
+                with warnings.catch_warnings():
+                    # The schedule advances once per training step by design (ajet.training.optim),
+                    # also after a step without a learning signal, which skips optimizer.step().
+                    warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
+                    self.scheduler.step()
                 metrics["actor/lr"] = lr
                 self.step += 1
                 self.log(metrics)

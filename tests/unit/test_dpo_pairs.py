@@ -8,12 +8,15 @@ import copy
 import pytest
 import torch
 
-from ajet.config.schema import AlgorithmConfig, ContextConfig
+from ajet.config.schema import AlgorithmConfig, ContextConfig, TrainerConfig
 from ajet.context.types import Timeline
 from ajet.dpo.pairs import build_pair_batch, sequence_logps
 from ajet.dpo.step import dpo_step, packed_sequence_logps, pair_loss
 from ajet.rollout.episode import Episode
+from ajet.training.step import OptimizerStep
 from ajet.workflow import WorkflowTask
+
+NO_CLIP = TrainerConfig(grad_clip=1e9)  # the gradients as computed
 
 PROMPT = [1, 2, 3, 4]
 
@@ -141,7 +144,7 @@ def test_two_pass_update_has_the_one_batch_gradient(model, loss_type: str) -> No
 
     for budget in (4096, 12):  # one packed sequence, then several micro-batches
         capture = GradCapture(model)
-        metrics = dpo_step(model, reference, batch, capture, cfg, micro_batch_tokens=budget, grad_clip=1e9)
+        metrics = dpo_step(OptimizerStep(model, capture, NO_CLIP), reference, batch, cfg, micro_batch_tokens=budget)
         assert metrics["dpo/loss"] == pytest.approx(float(loss.detach()), rel=1e-4)
         for name, grad in expected.items():
             torch.testing.assert_close(capture.grads[name], grad, rtol=1e-3, atol=1e-6)

@@ -5,8 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ajet.config.schema import TrainerConfig
 from ajet.context.types import Sample
 from ajet.sft.step import mean_nll, sample_nll, sft_step
+from ajet.training.step import OptimizerStep
+
+NO_CLIP = TrainerConfig(grad_clip=1e9)  # the gradients as computed
 
 
 @pytest.fixture(scope="module")
@@ -76,12 +80,12 @@ def test_sft_step_loss_and_gradient_equal_unpacked(model, loss_agg: str) -> None
 
     for budget in (4096, 9, 0):  # one tree, cut into groups, unpacked
         capture = GradCapture(model)
-        metrics = sft_step(model, SAMPLES, capture, loss_agg=loss_agg, micro_batch_tokens=budget, grad_clip=1e9)
+        metrics = sft_step(OptimizerStep(model, capture, NO_CLIP), SAMPLES, loss_agg=loss_agg, micro_batch_tokens=budget)
         assert metrics["sft/loss"] == pytest.approx(float(loss.detach()), rel=1e-4)
         assert metrics["sft/trained_tokens"] == 7
         for name, grad in expected.items():
             torch.testing.assert_close(capture.grads[name], grad, rtol=1e-4, atol=1e-6)
     assert not model.training  # back in eval mode
     assert all(p.grad is None for p in model.parameters())  # spent after the step: freed
-    packed = sft_step(model, SAMPLES, GradCapture(model), loss_agg=loss_agg, micro_batch_tokens=4096, grad_clip=1e9)
+    packed = sft_step(OptimizerStep(model, GradCapture(model), NO_CLIP), SAMPLES, loss_agg=loss_agg, micro_batch_tokens=4096)
     assert packed["sft/tokens_packed"] == 7 + 4 + 4 < packed["sft/tokens"] == 19  # the shared prefix once

@@ -54,7 +54,7 @@ def test_run_recipe_closes_everything_started_in_reverse_order() -> None:
 def test_rl_setup_failure_after_the_gateway_started_closes_gateway_and_engine(
         two_calls_conf: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import ajet.rollout.local
-    import ajet.training.optim
+    import ajet.training.rollout_run
     from ajet.backbones.debug.trainer import train
 
     built: list[ajet.rollout.local.LocalRollout] = []
@@ -68,7 +68,7 @@ def test_rl_setup_failure_after_the_gateway_started_closes_gateway_and_engine(
         raise RuntimeError("optimizer could not be built")
 
     monkeypatch.setattr(ajet.rollout.local.LocalRollout, "__init__", recording_init)
-    monkeypatch.setattr(ajet.training.optim, "build_optimizer", failing_optimizer)
+    monkeypatch.setattr(ajet.training.rollout_run, "build_optimizer", failing_optimizer)
     cfg = load_config(two_calls_conf, [f"project.exp_dir={two_calls_conf.parent / 'exp'}", "logging.quiet=true"])
     with pytest.raises(RuntimeError, match="optimizer could not be built"):
         train(cfg)

@@ -6,13 +6,16 @@ micro-batch losses gives exactly the full-batch gradient (accumulation is exact)
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from typing import Any
 
 import torch
 
+from ajet.algorithms.losses import kl_penalty, policy_loss, tis_weights
+from ajet.algorithms.reference import build_reference
 from ajet.config.schema import AlgorithmConfig, TrainerConfig
+from ajet.context.packed_forward import forward_packed
+from ajet.training.step import OptimizerStep
 
 log = logging.getLogger(__name__)
 
@@ -28,88 +31,66 @@ class PolicyUpdater:
         self.trainer = trainer
         self.algorithm = algorithm
         self.temperature = temperature
-        from ajet.algorithms.reference import build_reference
-
+        self.step = OptimizerStep(model, optimizer, trainer)
         # Built before the first update: a frozen copy of the initial weights, or the base with LoRA off.
         self.reference = build_reference(model, algorithm)
 
-    def update(self, packed: list[Any]) -> dict[str, float]:
+    def update(self, packed: list[Any], *, step: int | None = None) -> dict[str, float]:
         """One optimizer step (per PPO epoch) over all packed sequences of the step."""
-        from ajet.algorithms.losses import kl_penalty, policy_loss, tis_weights
-        from ajet.context.packed_forward import forward_packed
-
         device = next(self.model.parameters()).device
-        autocast = (
-            torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-            if self.trainer.bf16 else contextlib.nullcontext()
-        )
         totals: dict[str, float] = {}
         # The trainer's logprobs of each sequence before the first optimizer step (the weights
         # the engine sampled with, in the trainer's precision); `old` holds the engine's.
         trainer_old: dict[int, torch.Tensor] = {}
         mismatch = _Mismatch()
         cap = self.algorithm.tis_cap
-        self.model.train()
-        try:
-            for _epoch in range(self.trainer.ppo_epochs):
-                self.optimizer.zero_grad(set_to_none=True)
-                for index, seq in enumerate(packed):
-                    if not seq.entry_pos:
-                        continue
-                    old = torch.tensor(seq.entry_old_logprob, dtype=torch.float32, device=device)
-                    adv = torch.tensor(seq.entry_advantage, dtype=torch.float32, device=device)
-                    weight = torch.tensor(seq.entry_weight, dtype=torch.float32, device=device)
-                    with autocast:
-                        new, entropy = forward_packed(self.model, seq, with_entropy=True,
-                                                      temperature=self.temperature,
-                                                      logits_chunk=self.trainer.logits_chunk_tokens)
-                    new = new.float()
-                    if index not in trainer_old:
-                        trainer_old[index] = new.detach()
-                        mismatch.add(trainer_old[index], old)
-                    is_weights = None
-                    if cap > 0:  # TIS: correct for the engine's numerics, ratio against the trainer's
-                        is_weights = tis_weights(trainer_old[index], old, cap)
-                        _add(totals, "actor/tis_weight", float((weight * is_weights).sum()))
-                        old = trainer_old[index]
-                    loss, metrics = policy_loss(
-                        new, old, adv, weight,
-                        clip_low=self.algorithm.clip_ratio_low, clip_high=self.algorithm.clip_ratio_high,
-                        is_weights=is_weights,
-                    )
-                    if self.algorithm.kl_coef > 0:
-                        ref = self._reference_logprobs(seq)
-                        kl = kl_penalty(new, ref, kind="k3")
-                        loss = loss + self.algorithm.kl_coef * (weight * kl).sum()
-                        _add(totals, "actor/kl", float((weight * kl).detach().sum()))
-                    if self.algorithm.entropy_coef and entropy is not None:
-                        loss = loss - self.algorithm.entropy_coef * (weight * entropy.float()).sum()
-                    loss.backward()
-                    _add(totals, "actor/loss", float(loss.detach()))
-                    if entropy is not None:
-                        _add(totals, "actor/entropy", float((weight * entropy.detach().float()).sum()))
-                    for key, value in metrics.items():
-                        if key == "n_entries":
-                            continue
-                        # entry means, weighted by the sequence's share of the step's loss weight
-                        _add(totals, f"actor/{key}", float(value) * float(weight.sum()))
-                grad_norm = torch.nn.utils.clip_grad_norm_(
-                    [p for p in self.model.parameters() if p.requires_grad], self.trainer.grad_clip
-                )
-                self.optimizer.step()
-                # The gradients are spent: free them (as large as the weights) for what runs until the next
-                # backward (rollout, evaluation, checkpoints) instead of keeping them to be overwritten.
-                self.optimizer.zero_grad(set_to_none=True)
-                totals["actor/grad_norm"] = float(grad_norm)
-        finally:
-            self.model.eval()
+        index_of = {id(seq): index for index, seq in enumerate(packed)}
+
+        def seq_loss(seq: Any) -> tuple[torch.Tensor, dict[str, float]]:
+            index = index_of[id(seq)]
+            old = torch.tensor(seq.entry_old_logprob, dtype=torch.float32, device=device)
+            adv = torch.tensor(seq.entry_advantage, dtype=torch.float32, device=device)
+            weight = torch.tensor(seq.entry_weight, dtype=torch.float32, device=device)
+            new, entropy = forward_packed(self.model, seq, with_entropy=True, temperature=self.temperature,
+                                          logits_chunk=self.trainer.logits_chunk_tokens)
+            new = new.float()
+            if index not in trainer_old:
+                trainer_old[index] = new.detach()
+                mismatch.add(trainer_old[index], old)
+            is_weights = None
+            if cap > 0:  # TIS: correct for the engine's numerics, ratio against the trainer's
+                is_weights = tis_weights(trainer_old[index], old, cap)
+                _add(totals, "actor/tis_weight", float((weight * is_weights).sum()))
+                old = trainer_old[index]
+            loss, metrics = policy_loss(
+                new, old, adv, weight,
+                clip_low=self.algorithm.clip_ratio_low, clip_high=self.algorithm.clip_ratio_high,
+                is_weights=is_weights,
+            )
+            terms: dict[str, float] = {}
+            if self.algorithm.kl_coef > 0:
+                kl = kl_penalty(new, self._reference_logprobs(seq), kind="k3")
+                terms["kl"] = float((weight * kl).detach().sum())
+                loss = loss + self.algorithm.kl_coef * (weight * kl).sum()
+                _add(totals, "actor/kl", terms["kl"])
+            if self.algorithm.entropy_coef and entropy is not None:
+                loss = loss - self.algorithm.entropy_coef * (weight * entropy.float()).sum()
+            _add(totals, "actor/loss", float(loss.detach()))
+            if entropy is not None:
+                _add(totals, "actor/entropy", float((weight * entropy.detach().float()).sum()))
+            for key, value in metrics.items():
+                if key != "n_entries":  # entry means, weighted by the sequence's share of the step's loss weight
+                    _add(totals, f"actor/{key}", float(value) * float(weight.sum()))
+            return loss, terms
+
+        for _epoch in range(self.trainer.ppo_epochs):
+            result = self.step.run(packed, seq_loss, step=step)
+            totals["actor/grad_norm"] = result.grad_norm
         epochs = self.trainer.ppo_epochs
         out = {k: (v / epochs if k != "actor/grad_norm" else v) for k, v in totals.items()}
-        return out | mismatch.metrics()
+        return out | mismatch.metrics() | self.step.metrics()
 
     def _reference_logprobs(self, seq: Any) -> torch.Tensor:
-        from ajet.context.packed_forward import forward_packed
-
         assert self.reference is not None
         ref, _ = self.reference.ref_logprobs(forward_packed, seq, with_entropy=False, temperature=self.temperature,
                                              logits_chunk=self.trainer.logits_chunk_tokens)

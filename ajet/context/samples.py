@@ -1,0 +1,24 @@
+"""One episode's timelines -> its trainable samples: merged, within the token budgets.
+
+Every backbone and recipe turns episodes into samples here (the debug backbone's RL step, the
+GPU backbones' workers, DPO's pairs); advantages are each algorithm's own business, filled in
+afterwards (`ajet.algorithms.advantages.assign_token_advantages`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ajet.config.schema import ContextConfig
+from ajet.context.budget import apply_budget
+from ajet.context.merge import merge_timelines, timelines_to_samples
+from ajet.context.types import Sample
+
+
+def episode_samples(episode: Any, context: ContextConfig, model_max_len: int) -> tuple[list[Sample], dict[str, int]]:
+    """An ok episode's samples (its timelines merged when `context.merge`) within the budgets,
+    and the budget's overflow counts. `episode` has `timelines`, `episode_id`, `group_id`, `reward`."""
+    timelines = merge_timelines(episode.timelines) if context.merge else list(episode.timelines)
+    samples = timelines_to_samples(timelines, episode_id=episode.episode_id, group_id=episode.group_id,
+                                   reward=float(episode.reward))
+    return apply_budget(samples, context, model_max_len)

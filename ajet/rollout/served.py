@@ -1,0 +1,76 @@
+"""The episode source of `ajet serve`: episodes that clients run elsewhere (docs/episode_api.md).
+
+An `EpisodeBroker` hands out the reader's tasks through the episode API on a public gateway;
+each episode's calls reach the local engine through the same gateway (per-episode keys), are
+recorded token by token, and the broker returns `trainer.batch_size` complete groups per step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ajet.config.schema import AjetConfig
+from ajet.rollout.manager import RolloutResult
+from ajet.rollout.remote import EpisodeBroker
+from ajet.rollout.sessions import LocalSessionFactory
+from ajet.tuner import Gateway
+from ajet.tuner.episode_api import attach_episode_api
+
+
+class ServedEpisodes:
+    """An `EpisodeBroker` and the public gateway that serves its episode API and the
+    per-episode model endpoint."""
+
+    def __init__(self, broker: EpisodeBroker, gateway: Gateway, token: str) -> None:
+        self.broker, self.gateway, self.token = broker, gateway, token
+
+    @classmethod
+    def start(cls, cfg: AjetConfig, *, engine: Any, chat: Any, reader: Any, judge: Any, model_max_len: int,
+              run_dir: Path, start_step: int, announce: Callable[[str], object]) -> ServedEpisodes:
+        """Start the gateway and the broker; `announce(text)` tells the user where the API is."""
+        gateway = Gateway(cfg.serve.host, cfg.serve.port).start()
+        try:
+            sessions = LocalSessionFactory(
+                engine=engine, chat=chat, gateway=gateway, rollout=cfg.rollout, context=cfg.context,
+                trainable_roles=list(cfg.workflow.trainable_targets) or None, model_max_len=model_max_len)
+            broker = EpisodeBroker(
+                reader, judge, sessions, cfg.rollout, batch_size=cfg.trainer.batch_size,
+                total_steps=cfg.trainer.total_steps, policy_version=lambda: engine.policy_version,
+                max_staleness=cfg.serve.max_staleness, start_step=start_step)
+            token = attach_episode_api(gateway, broker, cfg.serve.client_token)
+            served = cls(broker, gateway, token)
+            announce(served.write_info(run_dir, generated=not cfg.serve.client_token))
+        except BaseException:
+            gateway.stop()
+            raise
+        return served
+
+    def write_info(self, run_dir: Path, *, generated: bool) -> str:
+        """Write RUN/serve.json (owner-only: it holds the client token); return what to tell the user."""
+        root = self.gateway.base_url.removesuffix("/v1")
+        info = {"base_url": self.gateway.base_url, "episodes_url": f"{root}/v1/episodes",
+                "docs_url": f"{root}/docs", "client_token": self.token}
+        path, tmp = run_dir / "serve.json", run_dir / ".serve.json.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            json.dump(info, handle, indent=2)
+        os.replace(tmp, path)  # clients polling for the file never read half of it
+        shown = self.token if generated else "(serve.client_token)"
+        return (f"ajet serve: episode API on {info['episodes_url']} (docs: {info['docs_url']}); "
+                f"client token {shown}; all in {path}")
+
+    async def next_batch(self, step: int) -> RolloutResult:
+        return await self.broker.next_batch(step)
+
+    def record_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        self.broker.record_metrics(step, metrics)
+
+    def close(self) -> None:
+        try:
+            self.broker.close()
+        finally:
+            self.gateway.stop()

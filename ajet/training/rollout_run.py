@@ -1,0 +1,66 @@
+"""What a recipe that trains on its own rollouts (RL, online DPO) sets up, once.
+
+In order: the run directory; the user's workflow, tasks and judge (user code and data fail
+before the model loads); the step loop; the model; the in-process rollout on it (engine,
+gateway, runner, manager); the optimizer and schedule, handed to the loop for checkpoints.
+`restore()` is separate: a recipe first builds what must see the initial weights (a reference
+policy), then loads the checkpoint of a resumed run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ajet.config.schema import AjetConfig
+from ajet.judge import build_judge
+from ajet.rollout.loader import load_or_wrap_workflow
+from ajet.rollout.local import LocalRollout
+from ajet.task_reader import build_reader
+from ajet.training.loop import TrainingLoop
+from ajet.training.model import load_trainable_model, model_window
+from ajet.training.optim import build_optimizer
+from ajet.training.recipe import Closers
+from ajet.training.run_dir import prepare_run_dir
+
+
+@dataclass
+class RolloutRun:
+    run_dir: Path
+    workflow: Any
+    reader: Any
+    judge: Any
+    loop: TrainingLoop
+    model: Any
+    tokenizer: Any
+    window: int  # the model's context window for this run (tokens)
+    rollout: LocalRollout
+    optimizer: Any
+    scheduler: Any
+
+    @classmethod
+    def start(cls, cfg: AjetConfig, closers: Closers, *, resume: bool, workflow: Any = None) -> RolloutRun:
+        """Build everything in order; each thing that must be closed is pushed as it starts."""
+        run_dir = prepare_run_dir(cfg, resume=resume)
+        workflow = load_or_wrap_workflow(workflow, cfg.workflow.target)
+        reader = build_reader(cfg.task_reader, seed=cfg.project.seed)
+        rollout: list[LocalRollout] = []  # LLM judges call the policy through the rollout's gateway
+        judge = build_judge(cfg.judge, llm_client_factory=lambda: rollout[0].llm_client())
+        loop = TrainingLoop(cfg, run_dir, closers, total_steps=cfg.trainer.total_steps, resume=resume)
+        model, tokenizer = load_trainable_model(
+            cfg.model, seed=cfg.project.seed, gradient_checkpointing=cfg.trainer.gradient_checkpointing)
+        window = model_window(model, cfg.context.max_model_len)
+        rollout.append(LocalRollout(cfg, model, tokenizer, workflow, model_max_len=window, judge=judge))
+        closers.push(rollout[0].close, "rollout")
+        optimizer, scheduler = build_optimizer(model, cfg.trainer, seed=cfg.project.seed)
+        loop.attach(model, tokenizer, optimizer, scheduler, state=lambda: {"reader": reader.state_dict()})
+        return cls(run_dir, workflow, reader, judge, loop, model, tokenizer, window, rollout[0], optimizer,
+                   scheduler)
+
+    def restore(self) -> None:
+        """Continue a resumed run from its newest checkpoint: weights, optimizer, schedule, reader."""
+        state = self.loop.restore()
+        if state is not None:
+            self.reader.load_state_dict(state["reader"])
+            self.rollout.engine.bump_version()

@@ -1,0 +1,132 @@
+"""One optimizer step over packed sequences, the same for every recipe (RL, SFT, DPO).
+
+A recipe says what the loss of one packed sequence is (`seq_loss`); `OptimizerStep` does the
+rest: zero the gradients, forward/backward each sequence under the recipe's precision, clip,
+and step only when everything is finite. A step whose loss, a named loss term (KL, ...) or
+gradient norm is NaN or inf is skipped with the weights untouched, counted
+(`actor/nonfinite_steps`) and warned about; after `trainer.max_nonfinite_steps` such steps in
+a row the run stops (`DivergedError`, exit 2) instead of writing NaN weights that fail later
+with a misleading message.
+
+`updating_weights(engine)` is the sequence around every in-process weight update: pause the
+engine, drop its prefix cache (KV of the old weights), give freed memory back, update, bump the
+policy version, all before the engine serves the next request.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ajet.config.schema import TrainerConfig
+from ajet.errors import DivergedError
+from ajet.training.memory import release_memory
+
+log = logging.getLogger(__name__)
+
+# The loss of one packed sequence, and its named terms to check for NaN/inf (e.g. {"kl": ...}).
+SeqLoss = Callable[[Any], "tuple[torch.Tensor, dict[str, float]]"]
+
+
+def autocast(model: torch.nn.Module, bf16: bool) -> contextlib.AbstractContextManager:
+    """bf16 autocast on the model's device when `trainer.bf16`, else nothing."""
+    if not bf16:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=next(model.parameters()).device.type, dtype=torch.bfloat16)
+
+
+@dataclass
+class StepResult:
+    loss: float = 0.0  # summed over the packed sequences
+    grad_norm: float = 0.0
+    skipped: bool = False  # a non-finite term: the weights were not touched
+    nonfinite: list[str] = field(default_factory=list)  # the terms that were not finite
+
+
+class OptimizerStep:
+    """Accumulate gradients over packed sequences, clip, step; skip non-finite steps."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: Any, trainer: TrainerConfig) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.grad_clip = trainer.grad_clip
+        self.bf16 = trainer.bf16
+        self.max_nonfinite = trainer.max_nonfinite_steps
+        self.nonfinite_in_a_row = 0
+        self.nonfinite_total = 0
+
+    def run(self, packed: list[Any], seq_loss: SeqLoss, *, step: int | None = None) -> StepResult:
+        """One optimizer step over `packed` (sequences without trained entries are skipped)."""
+        result = StepResult()
+        bad: set[str] = set()
+        self.model.train()
+        try:
+            self.optimizer.zero_grad(set_to_none=True)
+            for seq in packed:
+                if not seq.entry_pos:
+                    continue
+                with autocast(self.model, self.bf16):
+                    loss, terms = seq_loss(seq)
+                value = float(loss.detach())
+                bad.update(name for name, term in terms.items() if not math.isfinite(term))
+                if not math.isfinite(value):
+                    bad.add("loss")
+                    continue  # its backward would only spread NaN into the gradients
+                loss.backward()
+                result.loss += value
+            params = [p for p in self.model.parameters() if p.requires_grad]
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.grad_clip))
+            result.grad_norm = grad_norm
+            if not math.isfinite(grad_norm):
+                bad.add("gradient norm")
+            if bad:
+                result.skipped, result.nonfinite = True, sorted(bad)
+            else:
+                self.optimizer.step()
+            # The gradients are spent (or poisoned): free them (as large as the weights) for what
+            # runs until the next backward (rollout, evaluation, checkpoints).
+            self.optimizer.zero_grad(set_to_none=True)
+        finally:
+            self.model.eval()
+        self._account(result, step)
+        return result
+
+    def _account(self, result: StepResult, step: int | None) -> None:
+        if not result.skipped:
+            self.nonfinite_in_a_row = 0
+            return
+        self.nonfinite_in_a_row += 1
+        self.nonfinite_total += 1
+        where = f"step {step}" if step is not None else "an update"
+        terms = ", ".join(result.nonfinite)
+        log.warning("%s: non-finite %s; the update was skipped and the weights are unchanged "
+                    "(%d in a row, limit trainer.max_nonfinite_steps=%d)",
+                    where, terms, self.nonfinite_in_a_row, self.max_nonfinite)
+        if self.nonfinite_in_a_row >= self.max_nonfinite:
+            raise DivergedError(
+                f"{where}: {self.nonfinite_in_a_row} updates in a row had a non-finite {terms}; the "
+                "training diverged. Nothing was written with NaN weights: the last checkpoint is intact. "
+                "Try a lower trainer.lr, a cap on the importance ratio (algorithm.tis_cap, e.g. 2), or a "
+                "tighter trainer.grad_clip, then --resume or start again.")
+
+    def metrics(self) -> dict[str, float]:
+        return {"actor/nonfinite_steps": float(self.nonfinite_total)}
+
+
+@contextlib.contextmanager
+def updating_weights(engine: Any) -> Iterator[None]:
+    """The engine paused around a weight update; on success its policy version is bumped (inside
+    the pause, so no request is prefilled between the update and the bump)."""
+    with engine.paused():
+        engine.drop_prefix_cache()  # KV of the old weights: invalid after the update, free it now
+        # What the rollout freed in small blocks (below trainer.malloc_mmap_threshold_kb) sits in
+        # the engine thread's malloc arena, where the update cannot reuse it: give it back first.
+        release_memory()
+        yield
+        engine.bump_version()
