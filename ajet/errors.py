@@ -40,6 +40,11 @@ class AllEpisodesFailedError(UserError):
     its environment is broken; nothing would be trained)."""
 
 
+class DivergedError(UserError):
+    """`trainer.max_nonfinite_steps` updates in a row had a non-finite loss, loss term or
+    gradient norm (the message suggests the settings to change)."""
+
+
 class SetupError(AjetError):
     """The environment cannot run this (no GPU, a missing optional extra, ...)."""
 

@@ -340,6 +340,9 @@ class TrainerConfig:
     # whether or not the step updated the weights.
     lr_schedule: LrSchedule = LrSchedule.constant
     grad_clip: float = bounded(1.0, Gt(0))
+    # An update whose loss, a loss term (KL) or gradient norm is NaN/inf is skipped (weights
+    # untouched, counted in actor/nonfinite_steps); this many such updates in a row stop the run.
+    max_nonfinite_steps: int = bounded(3, Ge(1))
     # AdamW's two moments (as much memory as two copies of the trainable weights): float32,
     # or bfloat16 for half of it (stochastic rounding, math in fp32; changes numerics slightly).
     optimizer_state_dtype: OptimizerStateDType = OptimizerStateDType.float32
