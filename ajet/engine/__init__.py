@@ -12,8 +12,8 @@ from ajet.engine.base import ChatRenderer, Completion, InferenceEngine, Sampling
 
 _LAZY = {
     "LocalEngine": "ajet.engine.local",
-    "PromptTooLongError": "ajet.engine.local",
-    "EngineClosedError": "ajet.engine.local",
+    "PromptTooLongError": "ajet.engine.requests",
+    "EngineClosedError": "ajet.engine.requests",
     "ChatFormat": "ajet.engine.chat",
     "ParsedReply": "ajet.engine.chat",
     "parse_completion": "ajet.engine.chat",

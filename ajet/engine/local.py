@@ -5,11 +5,12 @@ One engine thread owns the decode loop. Callers on any thread or event loop subm
 batch between two decode steps, and its result is handed back on the caller's own loop
 (`loop.call_soon_threadsafe`). Every decode step forwards all active sequences together.
 
-How a request runs:
-1. Prefill. With the prefix cache on (`prefix_cache_tokens`, ajet/engine/prefix_cache.py),
-   a prompt's longest cached prefix is reused and only the rest is forwarded; prefixes that
-   several requests admitted together share, and the cache lacks, are forwarded once first.
-   Requests admitted together are prefilled in one forward (ajet/engine/prefill.py),
+This module is the scheduling: the queue, admission while the batch has room, pause/resume
+around weight updates, the engine thread. How a request runs:
+1. Prefill (ajet/engine/prefill.py). With the prefix cache on (`prefix_cache_tokens`,
+   ajet/engine/prefix_cache.py), a prompt's longest cached prefix is reused and only the rest
+   is forwarded; prefixes that several requests admitted together share, and the cache lacks,
+   are forwarded once first. Requests admitted together are prefilled in one forward,
    left-padded, grouped by similar length (`prefill_groups`). The first token of each of
    its `n` completions is sampled from these logits, so the n completions share one
    prefill. The prompt's KV, and a finished completion's, go into the cache; the cache is
@@ -17,10 +18,8 @@ How a request runs:
 2. Its KV rows join the batch cache (`BatchKV`, ajet/engine/kv.py): left-padded to the
    batch's length, the pad columns masked out with an additive mask, each row keeping its
    own position ids; the cache is preallocated and written in place.
-3. Decode steps until EOS ("stop", the EOS token is kept in `token_ids`), a stop string
-   ("stop"; `token_ids` keep every sampled token up to and including the one that completed
-   the stop string, `text` ends before the stop string) or `max_tokens` / `max_model_len`
-   ("length"). `text` is decoded with special tokens skipped.
+3. Decode steps (ajet/engine/decode.py) until EOS, a stop string, `max_tokens` or
+   `max_model_len`.
 
 Failures stay local: a request whose prefill or sampling raises gets the exception, the
 others go on; a decode step that raises fails the sequences of that step; the engine thread
@@ -39,34 +38,25 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import torch
 
 from ajet.engine.base import Completion, SamplingParams
-from ajet.engine.requests import (  # noqa: F401 - the errors and prefill_groups are part of this module's API
+from ajet.engine.decode import DecodeBatch
+from ajet.engine.grammar import GrammarRuntime
+from ajet.engine.prefill import PrefixReuse, prefill_requests
+from ajet.engine.requests import (
     EngineClosedError,
     PromptTooLongError,
     Request,
-    RunningSequence,
     default_eos,
-    prefill_groups,
+    deliver,
 )
-from ajet.engine.sampling import (
-    TokenChoice,
-    choose_token,
-    choose_tokens,
-    find_stop,
-    make_generator,
-    stop_strings,
-    validate_params,
-)
-
-if TYPE_CHECKING:  # pragma: no cover
-    import torch
-
-    from ajet.engine.kv import BatchKV
+from ajet.engine.sampling import stop_strings, validate_params
+from ajet.engine.weights import ServingWeights
 
 log = logging.getLogger(__name__)
-
 
 
 class LocalEngine:
@@ -117,12 +107,9 @@ class LocalEngine:
         else:
             self.eos_token_ids = set(eos_token_ids)  # empty: never stop on EOS (benchmarks)
         self.policy_version = 0
-        from ajet.engine.prefill import PrefixReuse
-        from ajet.engine.weights import ServingWeights
-
         self._weights = ServingWeights(model, dtype)  # what prefill and decode forward
         self._reuse = PrefixReuse(self._weights.model, prefix_cache_tokens)
-        self._grammars: Any = None  # grammar.GrammarRuntime, built on the first grammar
+        self._grammars: GrammarRuntime | None = None  # built on the first grammar
         # Counters for metrics; "max_batch" is the most sequences one decode step has served.
         self.stats = {
             "requests": 0,
@@ -131,10 +118,10 @@ class LocalEngine:
             "decode_steps": 0,
             "max_batch": 0,
         }
+        self._batch = DecodeBatch(self._weights, tokenizer, self.eos_token_ids, self.max_model_len,
+                                  self._reuse, self.stats)
         self._cv = threading.Condition()
         self._pending: deque[Request] = deque()
-        self._active: list[RunningSequence] = []  # row i of the KV cache is self._active[i]
-        self._kv: BatchKV | None = None
         self._pause_depth = 0
         self._is_paused = False
         self._closed = False
@@ -251,7 +238,7 @@ class LocalEngine:
     @property
     def num_active(self) -> int:
         """Sequences in the running batch."""
-        return len(self._active)
+        return len(self._batch)
 
     @property
     def num_pending(self) -> int:
@@ -267,8 +254,6 @@ class LocalEngine:
 
     # ---------------------------------------------------------------- checks
     def _constraints(self, params: SamplingParams) -> list[Any]:
-        from ajet.engine.grammar import GrammarRuntime
-
         with self._cv:
             if self._grammars is None:
                 self._grammars = GrammarRuntime(self.tokenizer, self.vocab_size, self.eos_token_ids)
@@ -292,17 +277,15 @@ class LocalEngine:
 
     # ---------------------------------------------------------------- engine thread
     def _run(self) -> None:
-        import torch
-
         with torch.inference_mode():
             while self._wait_for_work():
                 try:
                     self._admit()
-                    if self._active:
-                        self._step()
+                    if self._batch.active:
+                        self._batch.step(self._sync_weights())
                 except Exception as exc:  # noqa: BLE001 - a failed step must not kill the engine
-                    log.exception("engine step failed; failing its %d sequences", len(self._active))
-                    self._fail_active(exc)
+                    log.exception("engine step failed; failing its %d sequences", len(self._batch))
+                    self._batch.fail(exc)
         self._fail_everything(EngineClosedError("the engine was closed"))
 
     def _wait_for_work(self) -> bool:
@@ -317,305 +300,38 @@ class LocalEngine:
                     self._cv.wait()
                     continue
                 self._is_paused = False
-                if self._pending or self._active:
+                if self._pending or self._batch.active:
                     return True
                 self._cv.wait()
 
     def _admit(self) -> None:
-        """Prefill waiting requests while there is room, then join them to the batch."""
+        """Take waiting requests while the batch has room; prefill them into the batch."""
         taken: list[Request] = []
         with self._cv:
-            room = self.max_batch_size - len(self._active)
+            room = self.max_batch_size - len(self._batch)
             while self._pending:
                 request = self._pending[0]
-                if request.params.n > room and (self._active or taken):
+                if request.params.n > room and (self._batch.active or taken):
                     break
                 self._pending.popleft()
                 if not request.cancelled:
                     taken.append(request)
                     room -= request.params.n
-        if not taken:
-            return
-        self._sync_weights()
-        try:
-            matches = self._reuse.match([r.prompt_ids for r in taken], self.policy_version)
-            for request, match in zip(taken, matches, strict=True):
-                request.cached = match
-            self._join(self._prefill_all(taken))
-        finally:
-            # The prefill copied the cached KV into the batch: the prefixes may be evicted again.
-            for request in taken:
-                if request.cached is not None:
-                    request.cached.release()
-                    request.cached = None
+        if taken:
+            prefill_requests(self._batch, taken, self._sync_weights())
 
-    def _prefill_all(self, taken: list[Request]) -> list[tuple[RunningSequence, list]]:
-        news = [len(r.prompt_ids) - (r.cached.length if r.cached else 0) for r in taken]
-        joining: list[tuple[RunningSequence, list]] = []
-        for group in prefill_groups(news, totals=[len(r.prompt_ids) for r in taken]):
-            requests = [taken[i] for i in group]
-            try:
-                prefilled = self._prefill(requests)
-            except Exception as exc:  # noqa: BLE001 - isolate the failing request
-                if len(requests) > 1:
-                    log.warning("batched prefill failed (%s); prefilling one by one", exc)
-                    prefilled = []
-                    for request in requests:
-                        try:
-                            prefilled.extend(self._prefill([request]))
-                        except Exception as one_exc:  # noqa: BLE001 - fail this request only
-                            self._fail_prefill(request, one_exc)
-                else:
-                    self._fail_prefill(requests[0], exc)
-                    continue
-            joining.extend(prefilled)
-        return joining
-
-    def _fail_prefill(self, request: Request, error: BaseException) -> None:
-        log.warning("request failed in prefill: %s: %s", type(error).__name__, error)
-        self._deliver(request, error=error)
-
-    def _prefill(self, requests: list[Request]) -> list[tuple[RunningSequence, list]]:
-        """One forward over the prompts' uncached tokens; sample each first token."""
-        from ajet.engine.prefill import PrefillGroup, PrefillRow
-
-        rows = []
-        for r in requests:
-            cached = r.cached
-            rows.append(PrefillRow(r.prompt_ids, cached.length, cached.segments) if cached else PrefillRow(r.prompt_ids))
-        group = PrefillGroup(self._weights.model, rows)
-        group.run()
-        self._reuse.prefilled(group)
-        joining = []
-        for index, (request, row) in enumerate(zip(requests, rows, strict=True)):
-            forwarded = len(row.ids) - row.past_len
-            self.stats["requests"] += 1
-            self.stats["prefill_tokens"] += forwarded
-            try:
-                joining.extend(self._start_sequences(request, group.logits[index], group.row_kv(index)))
-            except Exception as exc:  # noqa: BLE001 - fail this request only
-                self._fail_prefill(request, exc)
-        return joining
-
-    def _start_sequences(
-        self, request: Request, logits: Any, row_kv: list
-    ) -> list[tuple[RunningSequence, list]]:
-        """Sample the first token of each of the request's n completions from the prefill logits."""
-        params = request.params
-        request.policy_version = self.policy_version
-        prompt_len = len(request.prompt_ids)
-        budget = min(params.max_tokens, self.max_model_len - prompt_len)
-        joining = []
-        for index in range(params.n):
-            seq = RunningSequence(request, index, make_generator(params.seed, index), prompt_len, budget)
-            seq.constraint = request.constraints[index] if request.constraints else None
-            if seq.constraint is not None and seq.constraint.active:
-                self._accept(seq, seq.constraint.choose(logits, params, seq.generator))
-            else:
-                self._accept(seq, choose_token(logits, params, seq.generator))
-            if not seq.finished:
-                joining.append((seq, row_kv))
-        return joining
-
-    def _join(self, joining: list[tuple[RunningSequence, list]]) -> None:
-        from ajet.engine.kv import BatchKV
-
-        if not joining:
-            return
-        rows = [layers_kv for _, layers_kv in joining]
-        if self._kv is None or not self._active:
-            self._kv = BatchKV.from_rows(rows)
-        else:
-            self._kv.add_rows(rows)
-        self._active.extend(seq for seq, _ in joining)
-
-    def _step(self) -> None:
-        """One decode step over every active sequence."""
-        import torch
-
-        from ajet.engine.kv import cache_kwarg
-
-        kv = self._kv
-        assert kv is not None and kv.rows == len(self._active)
-        self._sync_weights()
-        tokens = [[seq.token_ids[-1]] for seq in self._active]
-        positions = [[seq.position] for seq in self._active]
-        input_ids = torch.tensor(tokens, dtype=torch.long, device=self._device)
-        position_ids = torch.tensor(positions, dtype=torch.long, device=self._device)
-        mask = kv.prepare_step(self._dtype)
-        out = self._weights.model(
-            input_ids=input_ids,
-            position_ids=position_ids,
-            attention_mask=mask,
-            **{cache_kwarg(self._weights.model): kv.cache},
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        kv.advance()
-        logits = out.logits[:, -1, :]
-        self.stats["decode_steps"] += 1
-        self.stats["max_batch"] = max(self.stats["max_batch"], kv.rows)
-        live = []
-        for row, seq in enumerate(self._active):
-            seq.position += 1
-            if not (seq.request.done or seq.request.cancelled):
-                live.append(row)
-        seqs = [self._active[row] for row in live]
-        choices = self._choose(logits[live] if len(live) < kv.rows else logits, seqs)
-        for seq, choice in zip(seqs, choices, strict=True):
-            if seq.request.done:  # a sibling completion failed earlier in this loop
-                continue
-            if isinstance(choice, Exception):
-                log.warning("sampling failed: %s: %s", type(choice).__name__, choice)
-                self._deliver(seq.request, error=choice)
-                continue
-            self._accept(seq, choice)
-        self._retire()
-
-    @staticmethod
-    def _choose(logits: Any, seqs: list[RunningSequence]) -> list[TokenChoice | Exception]:
-        """The next token of each row: grammar-constrained rows one by one, the rest batched."""
-        free = [row for row, seq in enumerate(seqs) if seq.constraint is None or not seq.constraint.active]
-        out: list[TokenChoice | Exception] = [ValueError("unset")] * len(seqs)
-        if free:
-            chosen = choose_tokens(logits[free] if len(free) < len(seqs) else logits,
-                                   [seqs[row].request.params for row in free], [seqs[row].generator for row in free])
-            for row, choice in zip(free, chosen, strict=True):
-                out[row] = choice
-        for row, seq in enumerate(seqs):
-            if seq.constraint is not None and seq.constraint.active:
-                try:
-                    out[row] = seq.constraint.choose(logits[row], seq.request.params, seq.generator)
-                except (FloatingPointError, ValueError, RuntimeError) as exc:  # as choose_tokens; GrammarError is a ValueError
-                    out[row] = exc
-        return out
-
-    def _accept(self, seq: RunningSequence, choice: TokenChoice) -> None:
-        """Append a sampled token; finish the sequence on EOS, a stop string or its budget."""
-        seq.token_ids.append(choice.token_id)
-        seq.logprobs.append(choice.logprob)
-        seq.forced.append(choice.forced)
-        self.stats["generated_tokens"] += 1
-        request = seq.request
-        if seq.constraint is not None and not seq.constraint.active:
-            seq.constraint.watch(self._decode(seq.token_ids))  # a trigger: free text until then
-        elif seq.constraint is not None:
-            from ajet.engine.grammar import GrammarError
-
-            try:
-                seq.constraint.accept(choice.token_id)
-            except GrammarError as exc:
-                log.warning("grammar-constrained request failed: %s", exc)
-                self._deliver(request, error=exc)
-                return
-        if request.on_token is not None:
-            try:  # FIFO on the caller's loop: every token arrives before the result
-                request.loop.call_soon_threadsafe(request.on_token, choice.token_id)
-            except RuntimeError:  # the caller's event loop is closed: nobody is listening
-                request.on_token = None
-        if choice.token_id in self.eos_token_ids:
-            self._finish(seq, "stop", self._decode(seq.token_ids[:-1]))
-            return
-        if request.stops:
-            text = self._decode(seq.token_ids)
-            at = find_stop(text, request.stops)
-            if at >= 0:
-                self._finish(seq, "stop", text[:at])
-                return
-        if len(seq.token_ids) >= seq.budget:
-            self._finish(seq, "length", self._decode(seq.token_ids))
-
-    def _finish(self, seq: RunningSequence, reason: str, text: str) -> None:
-        seq.finished = True
-        request = seq.request
-        request.results[seq.index] = Completion(
-            token_ids=list(seq.token_ids),
-            logprobs=list(seq.logprobs),
-            finish_reason=reason,
-            policy_version=request.policy_version,
-            text=text,
-            forced=list(seq.forced) if any(seq.forced) else [],
-        )
-        if all(result is not None for result in request.results):
-            self._deliver(request, result=list(request.results))
-
-    def _retire(self) -> None:
-        """Drop finished, failed and cancelled sequences from the batch."""
-        keep = [
-            row
-            for row, seq in enumerate(self._active)
-            if not (seq.finished or seq.request.done or seq.request.cancelled)
-        ]
-        if len(keep) == len(self._active):
-            return
-        if self._reuse.cache is not None and self._kv is not None:
-            self._cache_finished(set(keep))
-        if not keep or self._kv is None:
-            self._active, self._kv = [self._active[row] for row in keep], None
-            return
-        order = self._kv.keep_rows(keep)
-        self._active = [self._active[row] for row in order]
-
-    def _cache_finished(self, keep: set[int]) -> None:
-        """Cache the KV of completions that finished (prompt + completion but its last token,
-        which was never forwarded): the next turn of an agent extends exactly this."""
-        kv = self._kv
-        assert kv is not None
-        for row, seq in enumerate(self._active):
-            if row in keep or not seq.finished or seq.request.policy_version != self.policy_version:
-                continue  # failed, cancelled, or computed (in part) by older weights
-            self._reuse.finished(seq.request.prompt_ids + seq.token_ids[:-1],
-                                 lambda a, b, r=row: kv.row_range(r, a, b), self.policy_version)
-
-    def _deliver(
-        self, request: Request, result: Any = None, error: BaseException | None = None
-    ) -> None:
-        if request.done:
-            return
-        request.done = True
-        future = request.future
-
-        def settle() -> None:
-            if future.done():  # the caller cancelled
-                return
-            if error is not None:
-                future.set_exception(error)
-            else:
-                future.set_result(result)
-
-        try:
-            request.loop.call_soon_threadsafe(settle)
-        except RuntimeError:  # the caller's event loop is closed: nobody is waiting
-            log.debug("dropping a result for a closed event loop")
-
-    def _fail_active(self, error: BaseException) -> None:
-        for seq in self._active:
-            self._deliver(seq.request, error=error)
-        self._active = []
-        self._kv = None
+    def _sync_weights(self) -> int:
+        """Refresh the engine's copy of the weights if the trainer bumped the version (engine
+        thread, no forward in flight): a request is never served by stale weights. Returns the
+        version the next forward runs under."""
+        version = self.policy_version
+        if self._weights.refresh(version):
+            log.debug("engine %s weights refreshed for policy version %d", self._weights.dtype, version)
+        return version
 
     def _fail_everything(self, error: BaseException) -> None:
-        self._fail_active(error)
+        self._batch.fail(error)
         with self._cv:
             pending, self._pending = list(self._pending), deque()
         for request in pending:
-            self._deliver(request, error=error)
-
-    def _decode(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
-
-    def _sync_weights(self) -> None:
-        """Refresh the engine's copy of the weights if the trainer bumped the version (engine
-        thread, no forward in flight): a request is never served by stale weights."""
-        if self._weights.refresh(self.policy_version):
-            log.debug("engine %s weights refreshed for policy version %d", self._weights.dtype,
-                      self.policy_version)
-
-    @property
-    def _device(self) -> torch.device:
-        return self._weights.model.get_input_embeddings().weight.device
-
-    @property
-    def _dtype(self) -> torch.dtype:
-        """The activations' dtype (the additive masks must match it)."""
-        return self._weights.model.get_input_embeddings().weight.dtype
+            deliver(request, error=error)

@@ -9,21 +9,33 @@ tokens' keys/values to their row's columns (pad inputs are computed and dropped)
 additive 4-D mask lets query t of row i see columns `[start_i, its own column]`. Each row
 carries its own position ids, so a row computes what it would compute alone, and its KV ends
 up contiguous: `[start_i, T)`, which is what `BatchKV` and the prefix cache take.
+
+`prefill_requests` is the engine's use of it: requests admitted together are matched against
+the prefix cache (`PrefixReuse`, which first prefills once what several of them share),
+grouped by similar length, prefilled one forward per group, and each of a request's n
+completions samples its first token from the same logits (n completions, one prefill) before
+joining the decode batch (ajet/engine/decode.py).
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import torch
+from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from ajet.engine.kv import cache_kwarg
+from ajet.engine.kv import RowKV, cache_kwarg
+from ajet.engine.prefix_cache import PrefixCache, shared_prefixes
+from ajet.engine.requests import Request, deliver, prefill_groups
 
 if TYPE_CHECKING:  # pragma: no cover
-    import torch
+    from ajet.engine.decode import DecodeBatch, Joining
 
-    from ajet.engine.kv import RowKV
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -70,9 +82,6 @@ class PrefillGroup:
         self.logits: torch.Tensor | None = None
 
     def run(self) -> None:
-        import torch
-        from transformers import DynamicCache
-
         model, rows, T, W = self.model, self.rows, self.width, self.inputs
         device = model.get_input_embeddings().weight.device
         dtype = model.get_input_embeddings().weight.dtype
@@ -116,8 +125,6 @@ class PrefillGroup:
         self.logits = out.logits[:, -1, :]
 
     def _buffer(self, device: Any, dtype: Any) -> torch.Tensor:
-        import torch
-
         config = self.model.config
         layers = config.num_hidden_layers
         heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
@@ -145,9 +152,6 @@ def warm_shared_prefixes(model: Any, cache: Any, prompts: list[list[int]], min_t
     would otherwise each prefill the shared part, since none is in the cache before the
     group's forward.
     """
-    from ajet.engine.prefix_cache import shared_prefixes
-    from ajet.engine.requests import prefill_groups
-
     forwarded = 0
     for layer in shared_prefixes(prompts, min_tokens):
         matches = [cache.match(ids) for ids in layer]
@@ -174,10 +178,6 @@ class PrefixReuse:
     completions, and count prompt / prefilled / cached tokens for `take_metrics`."""
 
     def __init__(self, model: Any, budget_tokens: int, min_shared: int = 16) -> None:
-        import threading
-
-        from ajet.engine.prefix_cache import PrefixCache
-
         self.model = model
         self.cache = PrefixCache(budget_tokens) if budget_tokens > 0 else None
         self.min_shared = min_shared  # shorter shared prefixes are not worth a forward of their own
@@ -186,8 +186,6 @@ class PrefixReuse:
 
     def match(self, prompts: list[list[int]], version: int) -> list[Any]:
         """Each prompt's cached prefix (a locked `Match`, or None with the cache off)."""
-        import logging
-
         cache = self.cache
         if cache is None:
             return [None] * len(prompts)
@@ -196,8 +194,7 @@ class PrefixReuse:
             try:
                 self.count(prefilled=warm_shared_prefixes(self.model, cache, prompts, self.min_shared))
             except RuntimeError as exc:  # e.g. out of memory: the requests prefill in full
-                logging.getLogger(__name__).warning(
-                    "prefilling shared prefixes failed (%s); going on without them", exc)
+                log.warning("prefilling shared prefixes failed (%s); going on without them", exc)
         # Keep the last token to forward: its logits give the first completion token.
         return [cache.match(ids, len(ids) - 1) for ids in prompts]
 
@@ -232,3 +229,71 @@ class PrefixReuse:
             "engine/prefilled_tokens": float(m["prefilled"]),
             "engine/cache_hit_rate": m["cached"] / m["prompt"] if m["prompt"] else 0.0,
         }
+
+
+def prefill_requests(batch: DecodeBatch, requests: list[Request], version: int) -> None:
+    """Start requests admitted together: find each prompt's cached prefix, prefill the rest in
+    groups of similar length (`prefill_groups`), sample each completion's first token and join
+    the batch. A request whose prefill or first token fails gets the error; the others go on."""
+    reuse = batch.reuse
+    try:
+        matches = reuse.match([r.prompt_ids for r in requests], version)
+        for request, match in zip(requests, matches, strict=True):
+            request.cached = match
+        batch.join(_prefill_groups(batch, requests, version))
+    except BaseException as exc:
+        for request in requests:  # none may wait forever; those delivered already are skipped
+            deliver(request, error=exc)
+        raise
+    finally:
+        # The prefill copied the cached KV into the batch: the prefixes may be evicted again.
+        for request in requests:
+            if request.cached is not None:
+                request.cached.release()
+                request.cached = None
+
+
+def _prefill_groups(batch: DecodeBatch, requests: list[Request], version: int) -> list[Joining]:
+    news = [len(r.prompt_ids) - (r.cached.length if r.cached else 0) for r in requests]
+    joining: list[Joining] = []
+    for group in prefill_groups(news, totals=[len(r.prompt_ids) for r in requests]):
+        members = [requests[i] for i in group]
+        try:
+            prefilled = _prefill(batch, members, version)
+        except Exception as exc:  # noqa: BLE001 - isolate the failing request
+            if len(members) > 1:
+                log.warning("batched prefill failed (%s); prefilling one by one", exc)
+                prefilled = []
+                for request in members:
+                    try:
+                        prefilled.extend(_prefill(batch, [request], version))
+                    except Exception as one_exc:  # noqa: BLE001 - fail this request only
+                        _fail(request, one_exc)
+            else:
+                _fail(members[0], exc)
+                continue
+        joining.extend(prefilled)
+    return joining
+
+
+def _prefill(batch: DecodeBatch, requests: list[Request], version: int) -> list[Joining]:
+    """One forward over the prompts' uncached tokens; sample each first token."""
+    rows = [PrefillRow(r.prompt_ids, r.cached.length, r.cached.segments) if r.cached else PrefillRow(r.prompt_ids)
+            for r in requests]
+    group = PrefillGroup(batch.weights.model, rows)
+    group.run()
+    batch.reuse.prefilled(group)
+    joining = []
+    for index, (request, row) in enumerate(zip(requests, rows, strict=True)):
+        batch.stats["requests"] += 1
+        batch.stats["prefill_tokens"] += len(row.ids) - row.past_len
+        try:
+            joining.extend(batch.start(request, group.logits[index], group.row_kv(index), version))
+        except Exception as exc:  # noqa: BLE001 - fail this request only
+            _fail(request, exc)
+    return joining
+
+
+def _fail(request: Request, error: BaseException) -> None:
+    log.warning("request failed in prefill: %s: %s", type(error).__name__, error)
+    deliver(request, error=error)

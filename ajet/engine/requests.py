@@ -1,14 +1,18 @@
 """What the local engine schedules: requests, the running sequences of their completions, how
-requests are grouped for a batched prefill, and the engine's errors (see ajet/engine/local.py)."""
+requests are grouped for a batched prefill, how a result is handed back to its caller, and
+the engine's errors (see ajet/engine/local.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ajet.engine.base import Completion, SamplingParams
+
+log = logging.getLogger(__name__)
 
 
 class PromptTooLongError(ValueError):
@@ -96,3 +100,25 @@ def default_eos(model: Any, tokenizer: Any) -> set[int]:
         elif isinstance(value, (list, tuple)):
             ids.update(int(v) for v in value)
     return ids
+
+
+def deliver(request: Request, result: Any = None, error: BaseException | None = None) -> None:
+    """Hand the request's result (or error) to its caller, on the caller's event loop; a
+    request is delivered once, what comes after is dropped."""
+    if request.done:
+        return
+    request.done = True
+    future = request.future
+
+    def settle() -> None:
+        if future.done():  # the caller cancelled
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    try:
+        request.loop.call_soon_threadsafe(settle)
+    except RuntimeError:  # the caller's event loop is closed: nobody is waiting
+        log.debug("dropping a result for a closed event loop")

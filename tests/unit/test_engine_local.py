@@ -231,7 +231,8 @@ def test_default_eos_comes_from_tokenizer(engine, peaky):
 
 
 def test_max_tokens_and_max_model_len(peaky):
-    from ajet.engine.local import LocalEngine, PromptTooLongError
+    from ajet.engine.local import LocalEngine
+    from ajet.engine.requests import PromptTooLongError
 
     model, tokenizer = peaky
     prompt = prompts(tokenizer, 1)[0]
@@ -249,10 +250,10 @@ def test_max_tokens_and_max_model_len(peaky):
 
 
 def test_failed_request_does_not_kill_others(engine, peaky, monkeypatch):
-    import ajet.engine.local as local
+    import ajet.engine.decode as decode
 
     _, tokenizer = peaky
-    real, real_rows = local.choose_token, local.choose_tokens
+    real, real_rows = decode.choose_token, decode.choose_tokens
 
     calls = {"bad": 0}
 
@@ -270,8 +271,8 @@ def test_failed_request_does_not_kill_others(engine, peaky, monkeypatch):
                     choices[i] = FloatingPointError("boom")
         return choices
 
-    monkeypatch.setattr(local, "choose_token", flaky)
-    monkeypatch.setattr(local, "choose_tokens", flaky_rows)
+    monkeypatch.setattr(decode, "choose_token", flaky)
+    monkeypatch.setattr(decode, "choose_tokens", flaky_rows)
     ps = prompts(tokenizer, 3)
     good = [(p, SamplingParams(temperature=0, max_tokens=6)) for p in ps]
     bad = [(ps[0], SamplingParams(temperature=0.5, max_tokens=6, seed=s)) for s in (665, 666)]
@@ -326,7 +327,7 @@ def test_failed_batched_prefill_falls_back_to_one_by_one(engine, peaky, monkeypa
 
 
 def test_prefill_groups_bound_padding_and_size():
-    from ajet.engine.local import prefill_groups
+    from ajet.engine.requests import prefill_groups
 
     lengths = [40, 38, 400, 41, 39, 3000, 410]
     groups = prefill_groups(lengths, max_padding=0.25, max_tokens=2048)
@@ -403,7 +404,8 @@ def test_cancelled_request_leaves_the_batch(engine, peaky):
 
 
 def test_close_fails_waiting_requests(peaky):
-    from ajet.engine.local import EngineClosedError, LocalEngine
+    from ajet.engine.local import LocalEngine
+    from ajet.engine.requests import EngineClosedError
 
     model, tokenizer = peaky
     eng = LocalEngine(model, tokenizer)
