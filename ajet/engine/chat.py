@@ -18,12 +18,15 @@ deterministic and, for ChatML templates, prefix-preserving: the rendering of `me
 is a textual prefix of the rendering of `messages[:k+1]` (both without generation prompt).
 
 `parse_completion` reads hermes `<tool_call>{json}</tool_call>` blocks out of a reply. A
-malformed block (bad JSON, no name) stays in the content as text, the reply is flagged
-`malformed_tool_call` and a WARNING is logged; parsing never raises.
+malformed block (bad JSON, no name) stays in the content as text and the reply is flagged
+`malformed_tool_call`; parsing never raises. A small model writes many malformed calls while
+it learns, and the metric `agent/valid_tool_call_rate` counts them, so each is logged at DEBUG
+level; only the first one in the process is also a WARNING, which says so.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import re
@@ -32,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 log = logging.getLogger(__name__)
+_malformed_seen = itertools.count()  # malformed tool calls logged so far in this process
 
 _TOOLS_PREAMBLE = (
     "# Tools\n\n"
@@ -149,7 +153,7 @@ def parse_completion(text: str) -> ParsedReply:
         call, problem = _parse_tool_call(match.group(1))
         if call is None:
             malformed = True
-            log.warning("malformed tool call (%s): %.200r", problem, match.group(0))
+            _log_malformed("malformed tool call (%s): %.200r", problem, match.group(0))
             kept.append(match.group(0))
         else:
             tool_calls.append(call)
@@ -159,11 +163,19 @@ def parse_completion(text: str) -> ParsedReply:
     rest = text[cursor:]
     if "<tool_call>" in rest:
         malformed = True
-        log.warning("unclosed <tool_call> in the reply: %.200r", rest[rest.index("<tool_call>") :])
+        _log_malformed("unclosed <tool_call> in the reply: %.200r", rest[rest.index("<tool_call>") :])
     kept.append(rest)
     content = "".join(kept).strip() if tool_calls else "".join(kept)
     return ParsedReply(content=content, tool_calls=tool_calls, malformed_tool_call=malformed,
                        repaired=repaired)
+
+
+def _log_malformed(message: str, *args: Any) -> None:
+    """A malformed tool call at DEBUG level; the first one in the process also as a WARNING."""
+    if next(_malformed_seen) == 0:  # atomic under the GIL: one WARNING even across threads
+        log.warning(message + "; malformed tool calls are counted in the metric "
+                    "agent/valid_tool_call_rate, further ones are logged at DEBUG level", *args)
+    log.debug(message, *args)
 
 
 def to_openai_message(parsed: ParsedReply) -> dict[str, Any]:

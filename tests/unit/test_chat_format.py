@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import logging
 
 import pytest
 
+from ajet.engine import chat as chat_module
 from ajet.engine.chat import ChatFormat, ParsedReply, parse_completion, to_openai_message
 
 ADD_TOOL = {
@@ -200,15 +202,27 @@ def test_only_tool_calls_gives_content_none():
         '<tool_call>{"name": "add", "arguments": {"a": 1}}',  # never closed
     ],
 )
-def test_malformed_tool_call_stays_in_content_and_warns(block, caplog):
+def test_malformed_tool_call_stays_in_content(block):
     text = f"Trying.\n{block}"
-    with caplog.at_level(logging.WARNING, logger="ajet.engine.chat"):
-        parsed = parse_completion(text)
+    parsed = parse_completion(text)
     assert parsed.malformed_tool_call is True
     assert parsed.tool_calls == []
     assert parsed.content == text
-    assert any(r.levelno == logging.WARNING for r in caplog.records)
     assert "tool_calls" not in to_openai_message(parsed)
+
+
+def test_malformed_tool_calls_log_one_warning_then_debug(caplog, monkeypatch):
+    """They are counted in agent/valid_tool_call_rate: one WARNING per process says so, each
+    one is logged at DEBUG level."""
+    monkeypatch.setattr(chat_module, "_malformed_seen", itertools.count())  # a fresh process
+    with caplog.at_level(logging.DEBUG, logger="ajet.engine.chat"):
+        for block in ("<tool_call>{not json}</tool_call>", "<tool_call>[1]</tool_call>", "<tool_call>{"):
+            assert parse_completion(f"Trying.\n{block}").malformed_tool_call
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    debugs = [r for r in caplog.records if r.levelno == logging.DEBUG]
+    assert len(warnings) == 1 and "agent/valid_tool_call_rate" in warnings[0].getMessage()
+    assert "{not json}" in warnings[0].getMessage()
+    assert len(debugs) == 3 and "unclosed <tool_call>" in debugs[2].getMessage()
 
 
 def test_malformed_next_to_valid_call_keeps_the_valid_one():
