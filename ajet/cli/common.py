@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -15,6 +17,24 @@ from rich.text import Text
 from ajet.errors import AjetError
 
 err_console = Console(stderr=True, highlight=False)
+
+# The options every command that runs a config shares.
+Conf = Annotated[Path, typer.Option("--conf", "-c", help="The run's YAML config.")]
+Overrides = Annotated[list[str] | None, typer.Argument(help="Dotted overrides, KEY=VALUE.", show_default=False)]
+ExpDir = Annotated[Path | None, typer.Option("--exp-dir", help="Experiment root (overrides project.exp_dir).")]
+Resume = Annotated[bool, typer.Option("--resume", help="Continue from the run's last checkpoint.")]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Plain log lines, no live display.")]
+
+
+def config_overrides(overrides: list[str] | None, **options: object) -> list[str]:
+    """The user's KEY=VALUE arguments, then one per command option that was given: options are
+    dotted keys with `__` for `.` (`project__exp_dir=...`); None or False means not given."""
+    extra = list(overrides or [])
+    for key, value in options.items():
+        if value is None or value is False:
+            continue
+        extra.append(f"{key.replace('__', '.')}={'true' if value is True else value}")
+    return extra
 
 
 @contextmanager

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from ajet.cli.common import user_errors
+from ajet.cli.common import Conf, ExpDir, Overrides, config_overrides, user_errors
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)
 
@@ -21,30 +21,22 @@ app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 def eval_(
-    conf: Annotated[Path, typer.Option("--conf", "-c", help="The run's YAML config (workflow, tasks, judge).")],
-    overrides: Annotated[
-        list[str] | None, typer.Argument(help="Dotted overrides, KEY=VALUE.", show_default=False)
-    ] = None,
+    conf: Conf,
+    overrides: Overrides = None,
     model: Annotated[
         str | None, typer.Option("--model", "-m", help="Checkpoint dir to evaluate [default: model.path].")
     ] = None,
     split: Annotated[str | None, typer.Option("--split", help="val or train [default: eval.split].")] = None,
     n: Annotated[int | None, typer.Option("--n", help="Episodes per task; pass@n [default: eval.n].")] = None,
     name: Annotated[str | None, typer.Option("--name", help="Report name: RUN/eval/eval_<name>.json.")] = None,
-    exp_dir: Annotated[
-        Path | None, typer.Option("--exp-dir", help="Experiment root (overrides project.exp_dir).")
-    ] = None,
+    exp_dir: ExpDir = None,
 ) -> None:
     from ajet.config import load_config
 
     with user_errors():
-        extra = list(overrides or [])
-        if model is not None:
-            path = Path(model).expanduser()
-            extra.append(f"model.path={path.resolve() if path.exists() else model}")
-        for key, value in (("eval.split", split), ("eval.n", n), ("eval.name", name), ("project.exp_dir", exp_dir)):
-            if value is not None:
-                extra.append(f"{key}={value}")
+        path = None if model is None else Path(model).expanduser()
+        extra = config_overrides(overrides, model__path=path.resolve() if path and path.exists() else model,
+                                 eval__split=split, eval__n=n, eval__name=name, project__exp_dir=exp_dir)
         cfg = load_config(conf, extra, require_workflow=False)
         from rich.console import Console
 

@@ -9,12 +9,11 @@ public gateway) is the trainer's episode source.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from ajet.cli.common import user_errors
+from ajet.cli.common import Conf, ExpDir, Overrides, Quiet, Resume, config_overrides, user_errors
 from ajet.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -31,29 +30,19 @@ app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 def serve(
-    conf: Annotated[Path, typer.Option("--conf", "-c", help="The run's YAML config (model, tasks, judge).")],
-    overrides: Annotated[
-        list[str] | None, typer.Argument(help="Dotted overrides, KEY=VALUE.", show_default=False)
-    ] = None,
+    conf: Conf,
+    overrides: Overrides = None,
     host: Annotated[str | None, typer.Option("--host", help="Listen address [default: serve.host].")] = None,
     port: Annotated[int | None, typer.Option("--port", help="Port; 0 = a free one [default: serve.port].")] = None,
-    exp_dir: Annotated[
-        Path | None, typer.Option("--exp-dir", help="Experiment root (overrides project.exp_dir).")
-    ] = None,
-    resume: Annotated[
-        bool, typer.Option("--resume", help="Continue from the experiment's last checkpoint.")
-    ] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Plain log lines, no live display.")] = False,
+    exp_dir: ExpDir = None,
+    resume: Resume = False,
+    quiet: Quiet = False,
 ) -> None:
     from ajet.config import load_config
 
     with user_errors():
-        extra = list(overrides or [])
-        for key, value in (("serve.host", host), ("serve.port", port), ("project.exp_dir", exp_dir)):
-            if value is not None:
-                extra.append(f"{key}={value}")
-        if quiet:
-            extra.append("logging.quiet=true")
+        extra = config_overrides(overrides, serve__host=host, serve__port=port, project__exp_dir=exp_dir,
+                                 logging__quiet=quiet)
         cfg = load_config(conf, extra, require_workflow=False)
         _check(cfg)
         from ajet.backbones.debug.trainer import train

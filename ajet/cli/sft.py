@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated
-
 import typer
 
-from ajet.cli.common import user_errors
+from ajet.cli.common import Conf, ExpDir, Overrides, Quiet, Resume, config_overrides, user_errors
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)
 
@@ -20,25 +17,12 @@ app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions
     ),
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-def sft(
-    conf: Annotated[Path, typer.Option("--conf", "-c", help="The run's YAML config.")],
-    overrides: Annotated[
-        list[str] | None, typer.Argument(help="Dotted overrides, KEY=VALUE.", show_default=False)
-    ] = None,
-    exp_dir: Annotated[
-        Path | None, typer.Option("--exp-dir", help="Experiment root (overrides project.exp_dir).")
-    ] = None,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue from the run's last checkpoint.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Plain log lines.")] = False,
-) -> None:
+def sft(conf: Conf, overrides: Overrides = None, exp_dir: ExpDir = None, resume: Resume = False,
+        quiet: Quiet = False) -> None:
     from ajet.config import load_config
 
     with user_errors():
-        extra = list(overrides or [])
-        if exp_dir is not None:
-            extra.append(f"project.exp_dir={exp_dir}")
-        if quiet:
-            extra.append("logging.quiet=true")
+        extra = config_overrides(overrides, project__exp_dir=exp_dir, logging__quiet=quiet)
         cfg = load_config(conf, extra, require_workflow=False)
         from ajet.logging.setup import configure_logging
         from ajet.pipeline import single_stage_config

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ajet.cli.common import user_errors
+from ajet.cli.common import Conf, ExpDir, Overrides, Quiet, Resume, config_overrides, user_errors
 from ajet.cli.main import commands_epilog
 from ajet.config.choices import Backbone
 
@@ -27,11 +27,8 @@ app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 def train(
-    conf: Annotated[Path, typer.Option("--conf", "-c", help="The run's YAML config.")],
-    overrides: Annotated[
-        list[str] | None,
-        typer.Argument(help="Dotted overrides, KEY=VALUE.", show_default=False),
-    ] = None,
+    conf: Conf,
+    overrides: Overrides = None,
     backbone: Annotated[
         Backbone,
         typer.Option(help="debug: one process, CPU or one GPU. trinity / verl: GPU clusters."),
@@ -51,28 +48,19 @@ def train(
         list[str] | None,
         typer.Option("--with-vllm", metavar="NAME", help="Start vllm_servers.NAME (vLLM on free GPUs) before training, stop it after (repeatable)."),
     ] = None,
-    exp_dir: Annotated[
-        Path | None, typer.Option("--exp-dir", help="Experiment root (overrides project.exp_dir).")
-    ] = None,
+    exp_dir: ExpDir = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Load and validate the config, import the workflow and judge, find the model; print the resolved config and exit.")
     ] = False,
-    resume: Annotated[
-        bool, typer.Option("--resume", help="Continue from the experiment's last checkpoint.")
-    ] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Plain log lines, no live display.")] = False,
+    resume: Resume = False,
+    quiet: Quiet = False,
 ) -> None:
     from ajet.config import load_config, to_yaml
 
     with user_errors():
-        extra = list(overrides or [])
-        if exp_dir is not None:
-            extra.append(f"project.exp_dir={exp_dir}")
-        if quiet:
-            extra.append("logging.quiet=true")
-        if with_ray_cluster:
-            extra.append(f"ray.address={with_ray_cluster}")
-            with_ray = True
+        extra = config_overrides(overrides, project__exp_dir=exp_dir, logging__quiet=quiet,
+                                 ray__address=with_ray_cluster)
+        with_ray = with_ray or bool(with_ray_cluster)
         cfg = load_config(conf, extra)
         from ajet.logging.setup import configure_logging
 

@@ -60,7 +60,7 @@ def evaluate(cfg: AjetConfig, *, workflow: Any = None, name: str | None = None,
     tasks = reader.val_tasks() if e.split == "val" else reader.train_tasks()
     if not tasks:
         raise EvalError(
-            f"the {e.split} split has no tasks; set task_reader.jsonl.val_path (or task_reader.val_fraction), "
+            f"the {e.split.value} split has no tasks; set task_reader.jsonl.val_path (or task_reader.val_fraction), "
             "or evaluate --split train")
     if e.max_tasks:
         tasks = tasks[: e.max_tasks]
@@ -74,7 +74,7 @@ def evaluate(cfg: AjetConfig, *, workflow: Any = None, name: str | None = None,
                          rollout=rollout, record=True)
     start = time.monotonic()
     try:
-        log.info("eval %s: %d %s tasks x %d on %s (temperature %g)", name, len(tasks), e.split, e.n,
+        log.info("eval %s: %d %s tasks x %d on %s (temperature %g)", name, len(tasks), e.split.value, e.n,
                  model_path, temperature)
         result = stack.rollout(tasks, e.n, episode_prefix="eval-")
         results = [episode_result(ep, stack.factory.calls(ep.episode_id)) for ep in result.episodes]

@@ -7,13 +7,12 @@ recorded token by token, and the broker returns `trainer.batch_size` complete gr
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ajet.config.schema import AjetConfig
+from ajet.files import write_json_atomic
 from ajet.rollout.manager import RolloutResult
 from ajet.rollout.remote import EpisodeBroker
 from ajet.rollout.sessions import LocalSessionFactory
@@ -55,11 +54,8 @@ class ServedEpisodes:
         root = self.gateway.base_url.removesuffix("/v1")
         info = {"base_url": self.gateway.base_url, "episodes_url": f"{root}/v1/episodes",
                 "docs_url": f"{root}/docs", "client_token": self.token}
-        path, tmp = run_dir / "serve.json", run_dir / ".serve.json.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            json.dump(info, handle, indent=2)
-        os.replace(tmp, path)  # clients polling for the file never read half of it
+        path = run_dir / "serve.json"
+        write_json_atomic(path, info, permissions=0o600)  # clients polling for it never read half of it
         shown = self.token if generated else "(serve.client_token)"
         return (f"ajet serve: episode API on {info['episodes_url']} (docs: {info['docs_url']}); "
                 f"client token {shown}; all in {path}")

@@ -139,6 +139,7 @@ def test_sft_then_eval_commands(tmp_path: Path, tiny_model_dir: Path) -> None:
                "--name", "after_sft")
     assert out.returncode == 0, out.stderr[-4000:]
     assert "pass@1" in out.stdout and "after_sft" in out.stdout
+    assert ": 6 train tasks x 1 on" in out.stderr and "EvalSplit" not in out.stderr  # the split's name
     report = json.loads((run / "eval" / "eval_after_sft.json").read_text())
     assert report["model"] == str(model) and report["split"] == "train" and report["metrics"]["episodes"] == 6
 
