@@ -20,8 +20,10 @@ def run_dir_of(cfg: AjetConfig) -> Path:
     return Path(cfg.project.exp_dir).expanduser() / cfg.project.name
 
 
-def prepare_run_dir(cfg: AjetConfig, *, resume: bool) -> Path:
-    """Check the resume rules, write config.yaml; return the run directory."""
+def prepare_run_dir(cfg: AjetConfig, *, resume: bool, backbone_checkpoints: str = "") -> Path:
+    """Check the resume rules, write config.yaml; return the run directory. `backbone_checkpoints`:
+    a glob under the run directory where a GPU backbone keeps its own checkpoints (they count as
+    an earlier run's, like ajet's `checkpoints/`)."""
     from ajet.config import to_yaml
     from ajet.training.checkpoint import cleanup_partial, latest_checkpoint
 
@@ -33,7 +35,8 @@ def prepare_run_dir(cfg: AjetConfig, *, resume: bool) -> Path:
             f"--resume: {run_dir} does not exist, so there is no run to continue. Check project.name / "
             "--exp-dir, or drop --resume to start a new run.")
     metrics = run_dir / "metrics.jsonl"
-    has_checkpoint = latest_checkpoint(ckpt_root) is not None
+    has_checkpoint = latest_checkpoint(ckpt_root) is not None or (
+        bool(backbone_checkpoints) and any(p.is_dir() for p in run_dir.glob(backbone_checkpoints)))
     if not resume and (has_checkpoint or (metrics.is_file() and metrics.stat().st_size)):
         what = "checkpoints" if has_checkpoint else "metrics (metrics.jsonl)"
         raise UserError(

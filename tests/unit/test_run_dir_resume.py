@@ -4,6 +4,7 @@ is written atomically."""
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 
@@ -106,3 +107,18 @@ def test_final_model_is_written_atomically(tmp_path: Path) -> None:
         save_final_model(FakeModel(), FailingTokenizer(), out, lora=False)
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"]
     assert [p.name for p in (tmp_path / "run").iterdir()] == ["final_model"]
+
+
+@pytest.mark.parametrize(("backbone", "checkpoints"), [("trinity", "trinity/global_step_3"),
+                                                       ("verl", "verl/checkpoints/global_step_3")])
+def test_the_gpu_backbones_keep_the_same_run_directory_rules(cfg, monkeypatch, backbone, checkpoints) -> None:
+    """trinity and verl prepare their runs with `prepare_run_dir`: --resume of a missing directory
+    is refused, and their own checkpoints count as an earlier run's."""
+    driver = importlib.import_module(f"ajet.backbones.{backbone}.driver")
+    monkeypatch.setattr(driver, "model_path_for", lambda cfg: ("/models/x", True))
+    with pytest.raises(UserError, match="does not exist, so there is no run to continue"):
+        driver.prepare(cfg, resume=True)
+    assert not run_dir_of(cfg).exists()
+    (run_dir_of(cfg) / checkpoints).mkdir(parents=True)
+    with pytest.raises(UserError, match=r"already holds checkpoints .*--resume"):
+        driver.prepare(cfg, resume=False)

@@ -18,26 +18,20 @@ from pathlib import Path
 from ajet.backbones.gpu import dump_yaml, model_path_for, run_dir
 from ajet.backbones.trinity.convert import write_taskset
 from ajet.backbones.trinity.translate import to_trinity_config
-from ajet.config import AjetConfig, to_yaml
+from ajet.config import AjetConfig
 from ajet.errors import SetupError, UserError
+from ajet.task_reader import build_reader
+from ajet.training.run_dir import prepare_run_dir
 
 log = logging.getLogger(__name__)
 
 
 def prepare(cfg: AjetConfig, *, resume: bool) -> Path:
     """Write everything Trinity reads; return the path of its config (no GPU needed)."""
-    from ajet.task_reader import build_reader
-
-    run = run_dir(cfg)
-    trinity = run / "trinity"
-    if not resume and any(p.is_dir() for p in trinity.glob("global_step_*")):
-        raise UserError(f"{trinity} already holds checkpoints of an earlier trinity run. Pass --resume "
-                        "to continue it, or choose another project.name / --exp-dir.")
     model_path, found = model_path_for(cfg)
     if not found:
         raise UserError(f"model.path={cfg.model.path} is not a local checkpoint on this machine")
-    run.mkdir(parents=True, exist_ok=True)
-    (run / "config.yaml").write_text(to_yaml(cfg))
+    run = prepare_run_dir(cfg, resume=resume, backbone_checkpoints="trinity/global_step_*").resolve()
     reader = build_reader(cfg.task_reader, seed=cfg.project.seed)
     train, val = reader.train_tasks(), reader.val_tasks()
     write_taskset(run / "tasks", train, val if cfg.trainer.val_every else [])

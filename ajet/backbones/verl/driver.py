@@ -22,27 +22,21 @@ from ajet.backbones.verl.translate import (
     to_verl_config,
     verl_dir,
 )
-from ajet.config import AjetConfig, to_yaml
+from ajet.config import AjetConfig
 from ajet.errors import SetupError, UserError
+from ajet.task_reader import build_reader
+from ajet.training.run_dir import prepare_run_dir
 
 log = logging.getLogger(__name__)
 
 
 def prepare(cfg: AjetConfig, *, resume: bool) -> list[str]:
     """Write everything verl reads; return the Hydra overrides (no GPU needed)."""
-    from ajet.task_reader import build_reader
-
-    run, out = run_dir(cfg), Path(verl_dir(cfg))
-    ckpts = out / "checkpoints"
-    if not resume and ckpts.is_dir() and any(ckpts.glob("global_step_*")):
-        raise UserError(f"{ckpts} already holds checkpoints of an earlier verl run. Pass --resume to "
-                        "continue it, or choose another project.name / --exp-dir.")
     model_path, found = model_path_for(cfg)
     if not found:
         raise UserError(f"model.path={cfg.model.path} is not a local checkpoint on this machine")
-    run.mkdir(parents=True, exist_ok=True)
-    config_path = str(run / "config.yaml")
-    Path(config_path).write_text(to_yaml(cfg))
+    run = prepare_run_dir(cfg, resume=resume, backbone_checkpoints="verl/checkpoints/global_step_*").resolve()
+    out, config_path = Path(verl_dir(cfg)), str(run / "config.yaml")
     reader = build_reader(cfg.task_reader, seed=cfg.project.seed)
     train, val = reader.train_tasks(), reader.val_tasks() or reader.train_tasks()[:8]
     for name, tasks in (("train", train), ("val", val)):
