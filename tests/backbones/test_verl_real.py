@@ -115,13 +115,17 @@ def test_agent_loop_runs_an_episode_into_verl_outputs(prepared: tuple[Any, Path]
         sampling = {"temperature": rollout.temperature, "top_p": rollout.top_p, "top_k": rollout.top_k,
                     "repetition_penalty": 1.0, "logprobs": rollout.calculate_log_probs}
         kwargs = {k: v for k, v in row.items() if not isinstance(v, torch.Tensor)}
-        output = asyncio.run(loop.run(sampling, **kwargs))
+        outputs = asyncio.run(loop.run(sampling, **kwargs))
+        chat_prompt = loop.chat_prompt_ids(row["raw_prompt"])  # an untrained stand-in's prompt
     finally:
         for runtime in EpisodeRuntime._instances.values():
             runtime.close()
         EpisodeRuntime._instances.clear()
         engine.close()
 
+    [output] = outputs  # an ok episode: one output (a failed one returns none)
+    assert chat_prompt and all(isinstance(t, int) for t in chat_prompt)
+    assert tokenizer.decode(chat_prompt).rstrip().endswith("assistant")  # ends with the generation prompt
     assert isinstance(output, AgentLoopOutput)
     assert len(server.calls) == 2 and server.calls[0]["sampling_params"]["max_tokens"] == 6
     assert output.prompt_ids == server.calls[0]["prompt_ids"]  # the prompt ends where training starts
@@ -133,7 +137,7 @@ def test_agent_loop_runs_an_episode_into_verl_outputs(prepared: tuple[Any, Path]
     assert len(mask) == len(output.response_ids) == len(output.response_logprobs)
     assert all(lp < 0 for lp, m in zip(output.response_logprobs, mask, strict=True) if m)
     assert output.reward_score == 0.25 and output.num_turns == 4
-    assert output.extra_fields["ajet_failed"] == 0 and output.extra_fields["ajet/workflow/turns"] == 2.0
+    assert output.extra_fields["ajet_stand_in"] == 0 and output.extra_fields["ajet/workflow/turns"] == 2.0
     assert len(output.prompt_ids) <= rollout.prompt_length and len(mask) <= rollout.response_length
 
     as_dict = output.as_dict()  # verl's own tensor conversion of the loop output

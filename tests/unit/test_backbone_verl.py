@@ -126,6 +126,7 @@ def test_translation_uses_verl_keys_and_values(tmp_path: Path) -> None:
     assert flat["actor_rollout_ref.model.target_modules"] == ["q_proj", "k_proj", "v_proj", "o_proj"]
     assert flat["trainer.default_local_dir"] == str(run / "verl" / "checkpoints")
     assert flat["trainer.resume_mode"] == "auto"
+    assert flat["trainer.use_v1"] is True  # its agent loops may return no output (a failed episode)
     assert flat["actor_rollout_ref.rollout.agent.default_agent_loop"] == AGENT_NAME
     assert flat["actor_rollout_ref.rollout.agent.agent_loop_config_path"] == str(run / "verl" / "agent_loops.yaml")
     assert agent_loop_registry() == [{"name": AGENT_NAME, "_target_": AGENT_LOOP_TARGET}]

@@ -44,7 +44,10 @@ def episode_experience_fields(samples: list[Sample], metrics: dict[str, float] |
                               ) -> list[dict[str, Any]]:
     """All trainable samples of one episode, as experience fields numbered as steps (pure).
 
-    The episode's scalar metrics (reward, workflow log metrics) ride on every step.
+    The episode's scalar metrics (reward, workflow log metrics) ride on every step. A failed
+    episode has no samples (`EpisodeRuntime.run`), hence no experience; Trinity's GRPO groups
+    the runs of a task that returned experiences, so the failed run stays out of its group's
+    mean and std, as on the debug backbone.
     """
     out = []
     for sample in samples:

@@ -4,7 +4,8 @@ Trinity imports this module (by the dotted name in `default_workflow_type`) insi
 workflow-runner actors, so it may import trinity at the top. Each runner process builds
 one `EpisodeRuntime` (user workflow, judge, tracker, gateway) on first use, against an
 `OpenAICompletionsEngine` on Trinity's vLLM OpenAI endpoint; every run then returns the
-episode's merged samples as Trinity `Experience`s (steps of the run).
+episode's merged samples as Trinity `Experience`s (steps of the run); a failed episode
+returns none, which keeps it out of its group's advantage statistics.
 """
 
 from __future__ import annotations

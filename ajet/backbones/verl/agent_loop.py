@@ -5,7 +5,9 @@ worker actors, so it may import verl at the top. Each worker process builds one
 `EpisodeRuntime` (user workflow, judge, tracker, gateway) on first use, against a
 `VerlServerEngine` on verl's own vLLM servers; every `run` returns the episode's merged
 sample as an `AgentLoopOutput`, which verl pads, scores (rm_scores = our reward on the
-last token) and trains with its GRPO/RLOO/REINFORCE++ estimator.
+last token) and trains with its GRPO/RLOO/REINFORCE++ estimator. A failed episode returns
+no output, so it is not part of its group's advantage statistics (verl's v1 trainer,
+`trainer.use_v1`, which the translation pins; see `convert.episode_outputs`).
 """
 
 from __future__ import annotations
@@ -16,11 +18,7 @@ from typing import Any
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
 
 from ajet.backbones.gpu import EpisodeRuntime
-from ajet.backbones.verl.convert import (
-    pick_episode_sample,
-    sample_to_agent_loop_fields,
-    task_from_extra_info,
-)
+from ajet.backbones.verl.convert import episode_outputs, task_from_extra_info
 from ajet.backbones.verl.engine import VerlServerEngine
 
 log = logging.getLogger(__name__)
@@ -37,24 +35,26 @@ class AjetAgentLoop(AgentLoopBase):
         eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
         return VerlServerEngine(self.server_manager, eos_token_ids=eos_ids)
 
-    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+    def chat_prompt_ids(self, raw_prompt: Any) -> list[int]:
+        """The row's chat prompt as token ids (the stand-in of an ok episode that trained nothing)."""
+        # return_dict=False: transformers 5 returns a dict by default.
+        return list(self.tokenizer.apply_chat_template(list(raw_prompt), add_generation_prompt=True, tokenize=True,
+                                                       return_dict=False))
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> list[AgentLoopOutput]:
+        """The episode's output, or none for a failed episode (verl's v1 worker takes a list:
+        an empty one puts nothing for this session)."""
         task, config_path = task_from_extra_info(kwargs["extra_info"])
         runtime = EpisodeRuntime.shared(config_path, self._engine, self.tokenizer)
         trajectory = kwargs.get("index", "")
         episode_id = f"{task.task_id}-{trajectory}-{id(self):x}"
-        _, samples, metrics = await runtime.run(task, episode_id, group_id=task.task_id)
-        sample, left_out = pick_episode_sample(samples)
-        extra = {"turn_scores": [], "tool_rewards": [], "ajet_samples_left_out": left_out,
-                 **{k: v for k, v in metrics.items()}}
-        if sample is None:
-            # verl needs one output per trajectory: an untrained stand-in with reward 0.
-            prompt_ids = self.tokenizer.apply_chat_template(
-                list(kwargs["raw_prompt"]), add_generation_prompt=True, tokenize=True)
-            eos = self.tokenizer.eos_token_id
-            return AgentLoopOutput(prompt_ids=list(prompt_ids)[-self.prompt_length:], response_ids=[eos],
-                                   response_mask=[0], response_logprobs=[0.0], reward_score=0.0,
-                                   num_turns=0, metrics=AgentLoopMetrics(),
-                                   extra_fields={**extra, "ajet_failed": 1})
-        fields = sample_to_agent_loop_fields(sample, max_prompt_length=self.prompt_length,
-                                             max_response_length=self.response_length)
-        return AgentLoopOutput(**fields, metrics=AgentLoopMetrics(), extra_fields={**extra, "ajet_failed": 0})
+        episode, samples, metrics = await runtime.run(task, episode_id, group_id=task.task_id)
+        outputs = episode_outputs(episode, samples, max_prompt_length=self.prompt_length,
+                                  max_response_length=self.response_length,
+                                  stand_in_prompt=lambda: self.chat_prompt_ids(kwargs["raw_prompt"]),
+                                  eos_token_id=self.tokenizer.eos_token_id)
+        returned = []
+        for fields in outputs:
+            extra = {"turn_scores": [], "tool_rewards": [], **metrics, **fields.pop("extra_fields")}
+            returned.append(AgentLoopOutput(**fields, metrics=AgentLoopMetrics(), extra_fields=extra))
+        return returned

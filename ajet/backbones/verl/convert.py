@@ -9,7 +9,8 @@ sits on the last response token of `token_level_scores` (verl's `rm_scores` conv
 
 Two levels:
 - `sample_to_agent_loop_fields`: one unpadded sample, the fields of verl's
-  `AgentLoopOutput` (what our agent loop returns; verl pads it).
+  `AgentLoopOutput` (what our agent loop returns; verl pads it); `episode_outputs`: what
+  the agent loop returns for one episode (nothing for a failed one: it leaves its GRPO group).
 - `samples_to_batch`: a padded batch as torch tensors with verl's `DataProto` batch keys
   (`input_ids`, `attention_mask`, `position_ids`, `prompts`, `responses`,
   `response_mask`, `old_log_probs`, `token_level_scores`), for driving verl's trainer
@@ -18,6 +19,7 @@ Two levels:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +74,36 @@ def pick_episode_sample(samples: list[Sample]) -> tuple[Sample | None, int]:
         return None, 0
     best = max(trained, key=lambda s: (sum(1 for m in s.loss_mask if m), -trained.index(s)))
     return best, len(trained) - 1
+
+
+def episode_outputs(episode: Any, samples: list[Sample], *, max_prompt_length: int, max_response_length: int,
+                    stand_in_prompt: Callable[[], list[int]], eos_token_id: int) -> list[dict[str, Any]]:
+    """What the agent loop returns for one episode, as `AgentLoopOutput` fields (pure).
+
+    - A failed episode: nothing. verl's (v1) trainer forms each GRPO group from the outputs
+      its prompt's sessions returned (keys `{uid}_{session}_{index}`, grouped by uid); a
+      session that returned none is not in its group, so the failed episode stays out of the
+      group's mean and std, as on the debug backbone, which trains on ok episodes only. (A
+      reward-0 stand-in would count as a zero reward in both.)
+    - An ok episode: its sample with the most trained tokens (`pick_episode_sample`).
+    - An ok episode without a trained token (only untrained roles called, or the budget cut
+      every sample): an untrained stand-in, the chat prompt (`stand_in_prompt()`) and one eos
+      with mask 0, carrying the episode's reward: it counts in its group, as on debug, and
+      trains nothing.
+    Each carries `extra_fields` for verl's logs: `ajet_samples_left_out`, `ajet_stand_in`.
+    """
+    if not episode.ok:
+        return []
+    sample, left_out = pick_episode_sample(samples)
+    if sample is None:
+        fields = {"prompt_ids": list(stand_in_prompt())[-max_prompt_length:], "response_ids": [eos_token_id],
+                  "response_mask": [0], "response_logprobs": [0.0], "reward_score": float(episode.reward),
+                  "num_turns": 0}
+    else:
+        fields = sample_to_agent_loop_fields(sample, max_prompt_length=max_prompt_length,
+                                             max_response_length=max_response_length)
+    fields["extra_fields"] = {"ajet_samples_left_out": left_out, "ajet_stand_in": int(sample is None)}
+    return [fields]
 
 
 def samples_to_batch(samples: list[Sample], *, pad_token_id: int, max_prompt_length: int,

@@ -9,7 +9,8 @@ What runs where: verl's agent-loop workers run our `AjetAgentLoop` (registered t
 `actor_rollout_ref.rollout.agent.agent_loop_config_path`) once per (task, repeat); it runs
 one ajet episode through our TaskRunner, tracker and merge against verl's vLLM servers and
 returns the merged sample (prompt = tokens before the first trained token, response = the
-rest, response_mask = our loss mask). verl's PPO trainer computes advantages and updates.
+rest, response_mask = our loss mask); a failed episode returns none, so it is not in its
+group's advantage statistics. verl's PPO trainer computes advantages and updates.
 """
 
 from __future__ import annotations
@@ -145,6 +146,10 @@ def to_verl_config(cfg: AjetConfig, *, model_path: str, resume: bool = False) ->
             "default_local_dir": f"{out_dir}/checkpoints",
             "max_actor_ckpt_to_keep": tr.keep_checkpoints or None,
             "resume_mode": "auto" if resume else "disable",
+            # verl's v1 trainer (its default since 0.9): an agent loop may return no output, so a
+            # failed episode leaves its GRPO group (convert.episode_outputs); the legacy trainer
+            # needs one output per trajectory.
+            "use_v1": True,
         },
     }
 
