@@ -1,11 +1,17 @@
-"""Shared fixtures: the bundled model and a tiny random model with the same tokenizer."""
+"""Shared fixtures (the bundled model, a tiny random model with the same tokenizer, run YAMLs),
+and the CI skip check: with CI=true a skipped test fails the session unless
+tests/skip_allowlist.txt allows it."""
 
 from __future__ import annotations
 
 import os
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 import pytest
+
+# The `pytester` fixture: tests/unit/test_skip_allowlist.py runs small suites with the check.
+pytest_plugins = ["pytester"]
 
 # Tests run with the library's defaults but never touch the user's real cache.
 os.environ.setdefault("AJET_CACHE_DIR", str(Path.home() / ".cache" / "ajet"))
@@ -98,3 +104,73 @@ def stub_run_conf(tmp_path: Path):
         return path
 
     return write
+
+
+# --- CI: a skip is a failure unless the allow-list names it ----------------------------------
+# A required dependency that does not import must fail the run, not turn its tests into skips.
+# Only what is truly optional on a CI machine may skip (a GPU, a backbone's own environment, a
+# browser, npm's registry): tests/skip_allowlist.txt lists those tests, each with its reason.
+
+SKIP_ALLOWLIST = Path(__file__).with_name("skip_allowlist.txt")
+
+
+def read_skip_allowlist(path: Path) -> list[str]:
+    """The nodeid patterns (fnmatch) of `path`, one `PATTERN  # reason` a line; blank lines and
+    lines starting with `#` are comments. A pattern without its reason is a usage error."""
+    patterns = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        pattern, _, reason = line.partition("#")
+        if not pattern.strip():
+            continue
+        if not reason.strip():
+            raise pytest.UsageError(f"{path}:{number}: {pattern.strip()!r} has no reason: "
+                                    "write `PATTERN  # why this test may skip`")
+        patterns.append(pattern.strip())
+    return patterns
+
+
+class SkipGuard:
+    """Collects the skips whose nodeid no allow-list pattern matches and fails the session."""
+
+    def __init__(self, patterns: list[str], allowlist: str) -> None:
+        self.patterns = patterns
+        self.allowlist = allowlist
+        self.offending: list[tuple[str, str]] = []
+
+    def check(self, report: pytest.CollectReport | pytest.TestReport) -> None:
+        if not report.skipped or hasattr(report, "wasxfail"):  # an xfail is not a skip
+            return
+        if not any(fnmatchcase(report.nodeid, pattern) for pattern in self.patterns):
+            longrepr = report.longrepr
+            reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+            self.offending.append((report.nodeid, reason.removeprefix("Skipped: ")))
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:  # a module-level skip
+        self.check(report)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.check(report)
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        passed = (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED)
+        if self.offending and session.exitstatus in passed:  # a run that failed keeps its status
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        if not self.offending:
+            return
+        title = f"CI=true: {len(self.offending)} skipped test(s) not in {self.allowlist}"
+        terminalreporter.write_sep("=", title, red=True, bold=True)
+        for nodeid, reason in self.offending:
+            terminalreporter.write_line(f"{nodeid}: {reason}")
+        terminalreporter.write_line(
+            "A skip hides a test that did not run. Make it run (a required dependency is imported, not "
+            "importorskip'd), or, if what it needs is truly optional on this machine (a GPU, a backbone's "
+            f"environment, a browser, the network), add `NODEID-PATTERN  # reason` to {self.allowlist}.")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get("CI", "").lower() == "true":
+        shown = os.path.relpath(SKIP_ALLOWLIST, config.rootpath)
+        guard = SkipGuard(read_skip_allowlist(SKIP_ALLOWLIST), shown)
+        config.pluginmanager.register(guard, "ajet-skip-guard")

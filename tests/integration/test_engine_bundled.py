@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import torch
 
 from ajet.engine.base import SamplingParams
 
 pytestmark = pytest.mark.integration
-torch = pytest.importorskip("torch")
 
 
 @pytest.fixture(scope="module")

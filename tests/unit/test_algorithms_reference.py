@@ -46,7 +46,7 @@ def test_frozen_reference_keeps_initial_policy():
 
 
 def test_lora_base_disables_adapter_and_restores_it():
-    peft = pytest.importorskip("peft")
+    import peft  # a required dependency, imported where it is used (it is heavy)
     model = TinyLM().eval()
     with torch.no_grad():
         base_out = token_logprobs(model, X, LABELS)

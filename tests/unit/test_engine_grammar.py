@@ -7,14 +7,13 @@ import asyncio
 import json
 
 import pytest
+import torch
 from tiny_models import load_peaky
 
 from ajet.context.merge import per_call_samples
 from ajet.context.types import LLMCall
 from ajet.engine.base import SamplingParams
 from ajet.engine.grammar import GrammarError, json_grammar, tool_call_grammar
-
-torch = pytest.importorskip("torch")
 
 CALC = {
     "type": "function",

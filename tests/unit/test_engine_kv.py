@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-from ajet.engine.kv import BatchKV  # noqa: E402
+from ajet.engine.kv import BatchKV
 
 LAYERS, HEADS, DIM = 2, 2, 4
 

@@ -7,11 +7,10 @@ import threading
 import time
 
 import pytest
+import torch
 from tiny_models import load_peaky
 
 from ajet.engine.base import SamplingParams
-
-torch = pytest.importorskip("torch")
 
 
 @pytest.fixture(scope="module")

@@ -8,12 +8,11 @@ import threading
 import time
 
 import pytest
+import torch
 from tiny_models import load_peaky
 
 from ajet.engine.base import SamplingParams
-
-torch = pytest.importorskip("torch")
-from ajet.engine.prefix_cache import PrefixCache, shared_prefixes  # noqa: E402
+from ajet.engine.prefix_cache import PrefixCache, shared_prefixes
 
 LAYERS, HEADS, DIM = 2, 1, 2
 

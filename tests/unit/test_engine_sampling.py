@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 from ajet.engine.base import SamplingParams
 from ajet.engine.sampling import (
@@ -15,8 +16,6 @@ from ajet.engine.sampling import (
     stop_strings,
     validate_params,
 )
-
-torch = pytest.importorskip("torch")
 
 
 @pytest.mark.parametrize(

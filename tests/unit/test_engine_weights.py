@@ -6,11 +6,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import torch
 from tiny_models import load_peaky
 
 from ajet.engine.base import SamplingParams
-
-torch = pytest.importorskip("torch")
 
 LOW = ("bfloat16", "float16")
 # How far the engine's logprobs may be from a plain forward of the same low-precision copy. The

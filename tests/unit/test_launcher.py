@@ -181,7 +181,8 @@ def test_cli_with_env_unknown_name_exits_2(tmp_path: Path) -> None:
 
 @pytest.mark.integration  # two real CLI processes (torch import): slow on a loaded machine
 def test_real_cli_without_gpu_has_no_traceback(stub_run_conf: Callable[..., Path]) -> None:
-    torch = pytest.importorskip("torch")
+    import torch
+
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     conf = stub_run_conf()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import datasets
 import pytest
 
 from ajet.config.schema import HfDatasetReaderConfig, ReaderType, TaskReaderConfig
@@ -17,14 +18,9 @@ def reader_cfg(path: Path, **kw) -> TaskReaderConfig:
                             hf_dataset=HfDatasetReaderConfig(path=str(path), **kw))
 
 
-@pytest.fixture(scope="module")
-def datasets_mod():
-    return pytest.importorskip("datasets")
-
-
-def test_parquet_file_rows_become_tasks(tmp_path: Path, datasets_mod) -> None:
+def test_parquet_file_rows_become_tasks(tmp_path: Path) -> None:
     path = tmp_path / "gsm.parquet"
-    datasets_mod.Dataset.from_list(ROWS).to_parquet(str(path))
+    datasets.Dataset.from_list(ROWS).to_parquet(str(path))
     reader = build_reader(reader_cfg(path), seed=0)
     tasks = reader.train_tasks()
     assert [t.main_query for t in tasks] == [r["question"] for r in ROWS]
@@ -33,9 +29,9 @@ def test_parquet_file_rows_become_tasks(tmp_path: Path, datasets_mod) -> None:
     assert reader.val_tasks() == []
 
 
-def test_split_directory_with_val(tmp_path: Path, datasets_mod) -> None:
-    datasets_mod.Dataset.from_list(ROWS[:4]).to_json(str(tmp_path / "train.jsonl"))
-    datasets_mod.Dataset.from_list(
+def test_split_directory_with_val(tmp_path: Path) -> None:
+    datasets.Dataset.from_list(ROWS[:4]).to_json(str(tmp_path / "train.jsonl"))
+    datasets.Dataset.from_list(
         [{"id": "v-1", "question": "val q", "answer": "x"}]
     ).to_json(str(tmp_path / "test.jsonl"))
     reader = build_reader(reader_cfg(tmp_path, val_split="test"), seed=0)
@@ -44,10 +40,10 @@ def test_split_directory_with_val(tmp_path: Path, datasets_mod) -> None:
     assert val.task_id == "v-1" and val.main_query == "val q" and val.metadata["answer"] == "x"
 
 
-def test_save_to_disk_dataset_dict(tmp_path: Path, datasets_mod) -> None:
-    dd = datasets_mod.DatasetDict({
-        "train": datasets_mod.Dataset.from_list(ROWS),
-        "validation": datasets_mod.Dataset.from_list(ROWS[:2]),
+def test_save_to_disk_dataset_dict(tmp_path: Path) -> None:
+    dd = datasets.DatasetDict({
+        "train": datasets.Dataset.from_list(ROWS),
+        "validation": datasets.Dataset.from_list(ROWS[:2]),
     })
     dd.save_to_disk(str(tmp_path / "saved"))
     reader = build_reader(reader_cfg(tmp_path / "saved", val_split="validation"), seed=0)
@@ -56,9 +52,9 @@ def test_save_to_disk_dataset_dict(tmp_path: Path, datasets_mod) -> None:
         build_reader(reader_cfg(tmp_path / "saved", val_split="dev"), seed=0)
 
 
-def test_missing_query_column_names_columns(tmp_path: Path, datasets_mod) -> None:
+def test_missing_query_column_names_columns(tmp_path: Path) -> None:
     path = tmp_path / "d.parquet"
-    datasets_mod.Dataset.from_list(ROWS).to_parquet(str(path))
+    datasets.Dataset.from_list(ROWS).to_parquet(str(path))
     with pytest.raises(TaskReaderError, match=r"column 'problem' not in the dataset.*'question'"):
         build_reader(reader_cfg(path, query_column="problem"), seed=0)
 
@@ -72,7 +68,7 @@ def test_missing_path_and_bad_suffix(tmp_path: Path) -> None:
         build_reader(reader_cfg(bad), seed=0)
 
 
-def test_unreadable_file_is_a_reader_error(tmp_path: Path, datasets_mod) -> None:
+def test_unreadable_file_is_a_reader_error(tmp_path: Path) -> None:
     path = tmp_path / "broken.jsonl"
     path.write_text('{"question": "a"}\n{oops\n')
     with pytest.raises(TaskReaderError, match=r"cannot read split 'train'.*broken.jsonl.*as json"):

@@ -5,12 +5,11 @@ and checkpoints that resume in bf16."""
 from __future__ import annotations
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from ajet.config.schema import OptimizerStateDType, TrainerConfig  # noqa: E402
-from ajet.training.adamw import BF16StateAdamW, stochastic_round_bf16  # noqa: E402
-from ajet.training.optim import build_optimizer  # noqa: E402
+from ajet.config.schema import OptimizerStateDType, TrainerConfig
+from ajet.training.adamw import BF16StateAdamW, stochastic_round_bf16
+from ajet.training.optim import build_optimizer
 
 
 def tiny_llama():
