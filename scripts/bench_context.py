@@ -15,7 +15,7 @@ own forward, logits only at trained positions) and for the packed sequences.
 The table gives the token ratio (tokens 1/call over tokens packed) beside the speed-up
 (wall and CPU time of this process) and their quotient: issue 15 asks for a speed-up of at
 least 0.85x the token ratio. The packed sequence is one forward whose attention is cut
-into segments (`ajet.context.cascade`); `--mask` also times it under one 4-D tree mask.
+into segments (`ajet.forward.cascade`); `--mask` also times it under one 4-D tree mask.
 CPU time is the figure to compare on a shared machine; `--threads 1` steadies it further.
 
     python scripts/bench_context.py [--json FILE] [--repeats N] [--no-time] [--only NAME ...]
@@ -38,13 +38,13 @@ import torch
 
 from ajet.algorithms.losses import policy_loss
 from ajet.config.schema import ContextConfig, LossAgg
+from ajet.context.loss_weights import loss_weights
 from ajet.context.merge import merge_timelines, per_call_samples, timelines_to_samples
 from ajet.context.pack import pack_samples, pack_stats
-from ajet.context.packed_forward import forward_packed, forward_plan
 from ajet.context.tracker import ContextTracker
-from ajet.context.tree_attention import tree_layout
 from ajet.context.types import LLMCall, Sample
-from ajet.context.weights import loss_weights
+from ajet.forward.packed import forward_packed, forward_plan
+from ajet.forward.tree_attention import tree_layout
 
 WORDS = (
     "the model calls a tool to read the file and then checks each value before it writes "

@@ -32,7 +32,7 @@ def ours_update(model, samples, micro_batch_tokens: int) -> float:
     from ajet.algorithms.losses import policy_loss
     from ajet.config.schema import LossAgg
     from ajet.context.pack import loss_weights, pack_samples
-    from ajet.context.packed_forward import forward_packed
+    from ajet.forward.packed import forward_packed
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
     start = time.perf_counter()

@@ -1,4 +1,4 @@
-"""Measure the cost model of `ajet.context.cascade` on this machine: ATTENTION_PAIR, SEGMENT.
+"""Measure the cost model of `ajet.forward.cascade` on this machine: ATTENTION_PAIR, SEGMENT.
 
 A packed tree of T tokens (a shared prompt and k equal branches; 4 trained tokens per
 branch, so the LM head is a small constant) is trained (fwd + bwd) twice for several k:
@@ -28,10 +28,10 @@ import torch
 
 from ajet.algorithms.losses import policy_loss
 from ajet.config.schema import LossAgg
+from ajet.context.loss_weights import loss_weights
 from ajet.context.pack import pack_samples
-from ajet.context.packed_forward import forward_packed, forward_plan
 from ajet.context.types import Sample
-from ajet.context.weights import loss_weights
+from ajet.forward.packed import forward_packed, forward_plan
 
 
 def tree(tokens: int, branches: int, prompt: int, vocab: int, seed: int = 0):
@@ -64,7 +64,7 @@ def cpu_seconds(model, packed, split: str, repeats: int) -> float:
 
 def pairs_and_segments(packed, split: str) -> tuple[float, int]:
     """Attention pairs SDPA computes for the plan (causal kernel: half), and segments."""
-    from ajet.context.tree_attention import tree_layout
+    from ajet.forward.tree_attention import tree_layout
 
     layout = tree_layout(forward_plan(packed, split=split), packed.parents, "cpu")
     pairs = 0.0

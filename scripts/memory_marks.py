@@ -91,9 +91,9 @@ def install() -> None:
 
     import ajet.backbones.debug.trainer as rl
     import ajet.backbones.debug.update as update
-    import ajet.context.packed_forward as packed_forward
     import ajet.engine.local as engine
     import ajet.eval.runner as eval_runner
+    import ajet.forward.packed as packed_forward
     import ajet.models.load as load
     import ajet.rollout.local as rollout
     import ajet.sft.step as sft_step

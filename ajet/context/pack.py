@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ajet.context.loss_weights import loss_weights
 from ajet.context.types import Sample
-from ajet.context.weights import loss_weights
 
 __all__ = ["PackedSequence", "pack_samples", "pack_stats", "loss_weights"]
 

@@ -19,8 +19,8 @@ import torch
 from ajet.algorithms.dpo import dpo_loss
 from ajet.config.schema import AlgorithmConfig
 from ajet.context.pack import pack_samples
-from ajet.context.packed_forward import forward_packed
 from ajet.dpo.pairs import PairBatch, sequence_logps
+from ajet.forward.packed import forward_packed
 from ajet.training.step import OptimizerStep, autocast
 
 

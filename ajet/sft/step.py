@@ -15,8 +15,8 @@ import torch
 from ajet.algorithms.losses import sft_loss
 from ajet.config.schema import LossAgg
 from ajet.context.pack import loss_weights, pack_samples
-from ajet.context.packed_forward import forward_packed
 from ajet.context.types import Sample
+from ajet.forward.packed import forward_packed
 from ajet.training.step import OptimizerStep, autocast
 
 

@@ -13,18 +13,18 @@ import json
 from typing import Any
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from ajet.algorithms.losses import policy_loss  # noqa: E402
-from ajet.config.schema import ContextConfig, LossAgg  # noqa: E402
-from ajet.context.diagnostics import check_prefix_preserving  # noqa: E402
-from ajet.context.merge import merge_timelines, per_call_samples, timelines_to_samples  # noqa: E402
-from ajet.context.pack import pack_samples, pack_stats  # noqa: E402
-from ajet.context.packed_forward import forward_packed  # noqa: E402
-from ajet.context.tracker import ContextTracker  # noqa: E402
-from ajet.context.types import LLMCall  # noqa: E402
-from ajet.context.weights import loss_weights  # noqa: E402
+from ajet.algorithms.losses import policy_loss
+from ajet.config.schema import ContextConfig, LossAgg
+from ajet.context.diagnostics import check_prefix_preserving
+from ajet.context.loss_weights import loss_weights
+from ajet.context.merge import merge_timelines, per_call_samples, timelines_to_samples
+from ajet.context.pack import pack_samples, pack_stats
+from ajet.context.tracker import ContextTracker
+from ajet.context.types import LLMCall
+from ajet.engine.chat import ChatFormat
+from ajet.forward.packed import forward_packed
 
 pytestmark = pytest.mark.integration
 
@@ -316,10 +316,9 @@ def test_loss_and_gradient_equal_on_the_bundled_model(renderer, bundled_model_di
 
 
 def test_with_the_engine_chat_format_and_tool_calls(bundled_model_dir):
-    chat = pytest.importorskip("ajet.engine.chat")
     from transformers import AutoTokenizer
 
-    fmt = chat.ChatFormat(AutoTokenizer.from_pretrained(bundled_model_dir))
+    fmt = ChatFormat(AutoTokenizer.from_pretrained(bundled_model_dir))
     assert check_prefix_preserving(fmt)
     tools = [
         {

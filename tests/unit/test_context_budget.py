@@ -6,9 +6,9 @@ import pytest
 
 from ajet.config.schema import ContextConfig, LossAgg, OverflowPolicy
 from ajet.context.budget import apply_budget, call_budget
+from ajet.context.loss_weights import loss_weights
 from ajet.context.pack import pack_samples
 from ajet.context.types import Sample
-from ajet.context.weights import loss_weights
 
 
 def cfg(**kw) -> ContextConfig:

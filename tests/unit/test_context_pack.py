@@ -8,10 +8,10 @@ import pytest
 from test_context_fakes import make_tracker
 
 from ajet.config.schema import LossAgg
+from ajet.context.loss_weights import loss_weights
 from ajet.context.merge import merge_timelines, per_call_samples, timelines_to_samples
 from ajet.context.pack import pack_samples, pack_stats
 from ajet.context.types import Sample
-from ajet.context.weights import loss_weights
 
 SYS = {"role": "system", "content": "Solve it."}
 

@@ -7,15 +7,14 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from ajet.config.schema import LossAgg  # noqa: E402
-from ajet.context.logprobs import token_logprobs  # noqa: E402
-from ajet.context.pack import pack_samples  # noqa: E402
-from ajet.context.packed_forward import forward_packed  # noqa: E402
-from ajet.context.types import Sample  # noqa: E402
-from ajet.context.weights import loss_weights  # noqa: E402
+from ajet.config.schema import LossAgg
+from ajet.context.loss_weights import loss_weights
+from ajet.context.pack import pack_samples
+from ajet.context.types import Sample
+from ajet.forward.logprobs import token_logprobs
+from ajet.forward.packed import forward_packed
 
 
 def tiny_llama(tie: bool = True):

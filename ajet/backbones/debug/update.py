@@ -14,7 +14,7 @@ import torch
 from ajet.algorithms.losses import kl_penalty, policy_loss, tis_weights
 from ajet.algorithms.reference import build_reference
 from ajet.config.schema import AlgorithmConfig, TrainerConfig
-from ajet.context.packed_forward import forward_packed
+from ajet.forward.packed import forward_packed
 from ajet.training.step import OptimizerStep
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """How the attention of a tree-packed sequence is cut (the shared-prefix / cascade plan).
 
 The packed sequence is forwarded once; only its attention is cut into *segments*
-(`ajet.context.tree_attention` computes them). One segment for the whole sequence
+(`ajet.forward.tree_attention` computes them). One segment for the whole sequence
 under a 4-D tree mask computes attention for every (query, key) pair, T x T, and masks
 most of it away: the SDPA kernels do not skip masked blocks. Three 550-token branches
 under a 5-token trunk then cost 1638^2 pairs, where cutting costs about 3 x 550^2. So:

@@ -10,7 +10,7 @@ fwd+bwd each (docs/benchmarks.md), which lost 2-5x on GRPO-style trees.
 
 Here the sequence is forwarded once (the linear layers see every distinct token once, in
 one matmul each) and only attention is cut: the attention implementation registered below
-runs SDPA per *segment* (a piece of `ajet.context.cascade`'s plan), with the segment's
+runs SDPA per *segment* (a piece of `ajet.forward.cascade`'s plan), with the segment's
 queries against the keys and values of its ancestors' segments plus its own. A chain uses
 SDPA's causal kernel (which skips the upper triangle), under ancestors with their queries
 recomputed and dropped where that is cheaper (`cascade.causal_is_cheaper`); any other
@@ -31,7 +31,8 @@ from functools import partial
 
 import torch
 
-from ajet.context.cascade import Piece, causal_is_cheaper
+from ajet.forward.cascade import Piece, causal_is_cheaper
+from ajet.forward.tree_mask import ancestor_mask
 
 __all__ = ["Segment", "TreeLayout", "tree_layout", "install_tree_attention", "base_attention"]
 
@@ -64,9 +65,7 @@ class TreeLayout:
 
 
 def tree_layout(pieces: list[Piece], parents: list[int], device: torch.device | str) -> TreeLayout:
-    """The segments of a plan (`ajet.context.cascade.plan_pieces`) for a pre-order sequence."""
-    from ajet.context.packed_forward import _ancestor_mask
-
+    """The segments of a plan (`ajet.forward.cascade.plan_pieces`) for a pre-order sequence."""
     segments: list[Segment] = []
     stack: list[tuple[Piece, tuple[tuple[int, int], ...]]] = [(p, ()) for p in reversed(pieces)]
     while stack:
@@ -78,7 +77,7 @@ def tree_layout(pieces: list[Piece], parents: list[int], device: torch.device | 
         past = sum(hi - lo for lo, hi in above)
         mask = None
         if not (chain and (not past or causal_is_cheaper(b - a, past))):
-            allowed = _ancestor_mask(local, device)
+            allowed = ancestor_mask(local, device)
             if past:
                 seen = torch.ones(b - a, past, dtype=torch.bool, device=allowed.device)
                 allowed = torch.cat([seen, allowed], dim=1)

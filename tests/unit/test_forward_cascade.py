@@ -5,17 +5,16 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
+from tiny_models import tiny_llama
 
-torch = pytest.importorskip("torch")
-
-from tiny_models import tiny_llama  # noqa: E402
-
-from ajet.config.schema import LossAgg  # noqa: E402
-from ajet.context.cascade import Piece, plan_pieces  # noqa: E402
-from ajet.context.pack import pack_samples  # noqa: E402
-from ajet.context.packed_forward import _subtree_ends, forward_packed  # noqa: E402
-from ajet.context.types import Sample  # noqa: E402
-from ajet.context.weights import loss_weights  # noqa: E402
+from ajet.config.schema import LossAgg
+from ajet.context.loss_weights import loss_weights
+from ajet.context.pack import pack_samples
+from ajet.context.types import Sample
+from ajet.forward.cascade import Piece, plan_pieces
+from ajet.forward.packed import forward_packed
+from ajet.forward.tree_mask import subtree_ends
 
 
 def tree_samples(seed: int = 0) -> list[Sample]:
@@ -57,7 +56,7 @@ def packed_one():
 def test_plan_cuts_at_branch_points_and_separates_trees():
     # 0-1-2 trunk, then children 3 (-4) and 5; a second tree 6-7.
     parents = [-1, 0, 1, 2, 3, 2, -1, 6]
-    ends = _subtree_ends(parents)
+    ends = subtree_ends(parents)
     assert plan_pieces(parents, ends, split="always") == [
         Piece(0, 3, (Piece(3, 5), Piece(5, 6))),
         Piece(6, 8),
@@ -70,11 +69,11 @@ def test_cost_model_splits_long_branches_and_keeps_tiny_trees_whole():
     parents = [-1, 0, 1, 2, 3]
     for _ in range(3):
         parents += [4] + [len(parents) + k for k in range(499)]
-    pieces = plan_pieces(parents, _subtree_ends(parents))
+    pieces = plan_pieces(parents, subtree_ends(parents))
     assert len(pieces) == 1 and len(pieces[0].children) == 3
     # Forty 3-token trees: one forward beats forty.
     parents = [p for k in range(40) for p in (-1, 3 * k, 3 * k + 1)]
-    assert plan_pieces(parents, _subtree_ends(parents)) == [Piece(0, 120)]
+    assert plan_pieces(parents, subtree_ends(parents)) == [Piece(0, 120)]
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
@@ -151,12 +150,12 @@ def test_cascade_with_chunked_logits_equals_the_plain_masked_forward(split):
 
 
 def test_layout_picks_causal_recompute_or_mask_by_the_past():
-    from ajet.context.tree_attention import tree_layout
+    from ajet.forward.tree_attention import tree_layout
 
     # Trunk 0-3 (4 tokens); a 10-token branch (past 4 < 10: causal over trunk + branch,
     # one merged key range) and a 2-token branch (past 4 >= 2: masked against the trunk).
     parents = [-1, 0, 1, 2, 3] + list(range(4, 13)) + [3, 14]
-    pieces = plan_pieces(parents, _subtree_ends(parents), split="always")
+    pieces = plan_pieces(parents, subtree_ends(parents), split="always")
     trunk, long_branch, short_branch = tree_layout(pieces, parents, "cpu").segments
     assert (trunk.start, trunk.stop, trunk.keys, trunk.mask) == (0, 4, ((0, 4),), None)
     assert (long_branch.keys, long_branch.mask) == (((0, 14),), None)

@@ -1,7 +1,7 @@
 """Token log-probs from final hidden states and the LM head, optionally a chunk of rows at a
 time with recomputation in backward (the memory lever `trainer.logits_chunk_tokens`).
 
-In the context layer because the packed forward (ajet/context/packed_forward.py) uses it and
+In the context layer because the packed forward (ajet/forward/packed.py) uses it and
 the layers only point down (the algorithms import the context, not the reverse).
 """
 

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import pytest
+import torch
+from tiny_models import tiny_llama
 
-torch = pytest.importorskip("torch")
-
-from tiny_models import tiny_llama  # noqa: E402
-
-from ajet.config.schema import LossAgg  # noqa: E402
-from ajet.context.pack import PackedSequence, pack_samples  # noqa: E402
-from ajet.context.packed_forward import forward_packed, tree_attention_mask  # noqa: E402
-from ajet.context.types import Sample  # noqa: E402
-from ajet.context.weights import loss_weights  # noqa: E402
+from ajet.config.schema import LossAgg
+from ajet.context.loss_weights import loss_weights
+from ajet.context.pack import PackedSequence, pack_samples
+from ajet.context.types import Sample
+from ajet.forward.packed import forward_packed, tree_attention_mask
 
 
 def test_mask_is_ancestors_and_self():

@@ -9,80 +9,35 @@ eager and SDPA attention implementations; a flash-attention varlen path is not
 implemented (it cannot express a tree mask without splitting into chains).
 
 The sequence is always one forward. Its attention is either the model's own under that
-mask (one segment), or cut into the segments `ajet.context.cascade` plans (each tree on its
+mask (one segment), or cut into the segments `ajet.forward.cascade` plans (each tree on its
 own, a shared trunk once, each branch against its trunk's keys and values) and computed by
-`ajet.context.tree_attention`, which skips the masked-away pairs. Every plan gives the same
-logits (tests/unit/test_context_cascade.py).
+`ajet.forward.tree_attention`, which skips the masked-away pairs. Every plan gives the same
+logits (tests/unit/test_forward_cascade.py).
 
 Logits are computed only at loss-entry positions (`logits_to_keep` with indices),
 so memory is O(entries x vocab), not O(tokens x vocab); with `logits_chunk > 0` (and a
 model whose logits are a plain LM head over its decoder's output) they are computed that
-many entries at a time by `ajet.context.logprobs.token_logprobs`, O(chunk x vocab).
+many entries at a time by `ajet.forward.logprobs.token_logprobs`, O(chunk x vocab).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ajet.context.cascade import Piece, plan_pieces
 from ajet.context.pack import PackedSequence
-from ajet.context.tree_attention import base_attention, install_tree_attention, tree_layout
+from ajet.forward.cascade import Piece, plan_pieces
+from ajet.forward.logprobs import token_logprobs
+from ajet.forward.tree_attention import base_attention, install_tree_attention, tree_layout
+from ajet.forward.tree_mask import ancestor_mask, subtree_ends
 
 __all__ = ["tree_attention_mask", "forward_packed", "forward_plan"]
-
-
-def _ancestor_mask(parents: list[int], device: torch.device | str | None) -> torch.Tensor:
-    """Bool [T, T]: row i is True at i and at every ancestor of i."""
-    n = len(parents)
-    end = _subtree_ends(parents)
-    if end is not None:
-        # Pre-order layout: the subtree of j is the contiguous range [j, end[j]).
-        idx = torch.arange(n, device=device)
-        ends = torch.tensor(end, device=device)
-        return (idx[None, :] <= idx[:, None]) & (idx[:, None] < ends[None, :])
-    mask = torch.zeros(n, n, dtype=torch.bool)
-    for i in _topological(parents):
-        if parents[i] >= 0:
-            mask[i] = mask[parents[i]]
-        mask[i, i] = True
-    return mask.to(device)
-
-
-def _subtree_ends(parents: list[int]) -> list[int] | None:
-    """End (exclusive) of each node's subtree if the layout is depth-first pre-order, else None."""
-    path: list[int] = []  # the root-to-node path of the previous node
-    for i, p in enumerate(parents):
-        while path and path[-1] != p:
-            path.pop()
-        if p >= 0 and not path:
-            return None  # the parent is not on the current path: subtrees interleave
-        path.append(i)
-    end = list(range(1, len(parents) + 1))
-    for i in range(len(parents) - 1, -1, -1):
-        if parents[i] >= 0:
-            end[parents[i]] = max(end[parents[i]], end[i])
-    return end
-
-
-def _topological(parents: list[int]) -> list[int]:
-    order, seen = [], [False] * len(parents)
-    for start in range(len(parents)):
-        chain = []
-        node = start
-        while node >= 0 and not seen[node]:
-            chain.append(node)
-            node = parents[node]
-        for node in reversed(chain):
-            seen[node] = True
-            order.append(node)
-    return order
 
 
 def tree_attention_mask(
     parents: list[int], dtype: torch.dtype = torch.float32, device: torch.device | str | None = None
 ) -> torch.Tensor:
     """Additive float mask [1, 1, T, T]: 0 where token i may attend (itself, its ancestors)."""
-    allowed = _ancestor_mask(parents, device)
+    allowed = ancestor_mask(parents, device)
     mask = torch.full(allowed.shape, torch.finfo(dtype).min, dtype=dtype, device=allowed.device)
     mask.masked_fill_(allowed, 0.0)
     return mask[None, None]
@@ -100,7 +55,7 @@ def forward_packed(
     """Log-probs (and entropies) of the entry tokens under `model`.
 
     `temperature` divides the logits first, matching how the rollout sampled.
-    `split` picks the attention segments (`ajet.context.cascade`): "cost" by the cost
+    `split` picks the attention segments (`ajet.forward.cascade`): "cost" by the cost
     model, "never" the model's own attention under the 4-D tree mask, "always" a segment
     per trunk and per branch.
     `logits_chunk > 0`: the LM head runs on that many entries at a time (see the module doc).
@@ -116,8 +71,6 @@ def forward_packed(
     head_split = _decoder_and_head(model) if logits_chunk > 0 else None
     rows = _entry_rows(model, packed, split, device, head_split)  # [E, H] or [E, V], entry order
     if head_split is not None:
-        from ajet.context.logprobs import token_logprobs
-
         return token_logprobs(rows, head_split[1], tokens, temperature=temperature,
                               chunk_size=logits_chunk, with_entropy=with_entropy)
     logits = rows.float()
@@ -191,8 +144,8 @@ def _entry_rows(
 
 
 def forward_plan(packed: PackedSequence, *, split: str = "cost") -> list[Piece]:
-    """The attention segments `forward_packed` uses for `packed` (see `ajet.context.cascade`)."""
-    ends = _subtree_ends(packed.parents)
+    """The attention segments `forward_packed` uses for `packed` (see `ajet.forward.cascade`)."""
+    ends = subtree_ends(packed.parents)
     if ends is None:  # not pre-order: only the whole-sequence mask can express it
         return [Piece(0, packed.num_tokens)]
     return plan_pieces(packed.parents, ends, split=split)
@@ -215,7 +168,7 @@ def _model_mask(model: torch.nn.Module, parents: list[int], device: torch.device
     """The 4-D mask [1, 1, T, T] in the form the model's attention takes: every token sees
     itself and its ancestors among `parents`."""
     impl = _attention_impl(model)
-    allowed = _ancestor_mask(parents, device)
+    allowed = ancestor_mask(parents, device)
     if impl == "sdpa":
         # A bool mask keeps working under bf16 autocast (SDPA wants bool or the query's dtype).
         return allowed[None, None]
