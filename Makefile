@@ -73,10 +73,10 @@ env-verl: .venv-verl/.installed
 
 # The tests that need the real packages, each in its environment.
 test-trinity: env-trinity
-	.venv-trinity/bin/python -m pytest tests/backbones/test_trinity_real.py tests/unit/test_backbone_trinity.py $(PYTEST_ARGS)
+	.venv-trinity/bin/python -m pytest tests/backbones/test_trinity_real.py tests/unit/test_backbone_trinity.py tests/unit/test_failed_episode_groups.py $(PYTEST_ARGS)
 
 test-verl: env-verl
-	.venv-verl/bin/python -m pytest tests/backbones/test_verl_real.py tests/unit/test_backbone_verl.py $(PYTEST_ARGS)
+	.venv-verl/bin/python -m pytest tests/backbones/test_verl_real.py tests/unit/test_backbone_verl.py tests/unit/test_failed_episode_groups.py $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .venv-trinity .venv-verl .pytest_cache experiments
