@@ -100,3 +100,18 @@ def test_ajet_script_entry_point_runs(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr
     assert "lr: 0.5" in out.stdout
+
+
+def test_dry_run_imports_neither_torch_nor_transformers(tmp_path: Path) -> None:
+    """`--dry-run` checks the config, the workflow, the judge and the model path without loading a model."""
+    conf = _conf(tmp_path, "")
+    code = (
+        "import sys, json\n"
+        "from ajet.cli.main import main\n"
+        f"try:\n    main(['--conf', {str(conf)!r}, '--dry-run'])\nexcept SystemExit as e:\n    assert e.code in (0, None), e.code\n"
+        f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "# checked: workflow" in out.stdout
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
