@@ -33,6 +33,19 @@ PATH_KEYS = (
 )
 PATH_LIST_KEYS = ("task_reader.generate.documents",)
 
+# Keys that were removed because another key does their job: a config that still sets one
+# fails with what to write instead (rather than "unknown key").
+REMOVED_KEYS = {
+    "rollout.forced_call_schema_key": (
+        "use rollout.tool_call_grammar instead: 'forced' (the default) decodes a forced call "
+        "under the tool's JSON schema, its keys included"
+    ),
+    "sft.lr": (
+        "use trainer.lr instead: the SFT stage trains with it; in a staged run, give the SFT "
+        "stage its own with pipeline.overrides.sft.trainer.lr"
+    ),
+}
+
 
 def load_config(
     conf_path: str | Path | None = None,
@@ -168,6 +181,8 @@ def _merge(base: DictConfig, update: DictConfig, source: str) -> DictConfig:
 
 def _unknown_key_message(exc: ConfigKeyError, source: str) -> str:
     full_key = exc.full_key or str(getattr(exc, "key", "?"))
+    if full_key in REMOVED_KEYS:
+        return f"{source}: '{full_key}' was removed; {REMOVED_KEYS[full_key]}."
     parent, _, leaf = full_key.rpartition(".")
     valid = _valid_keys(parent)
     hint = ""

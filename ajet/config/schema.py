@@ -188,16 +188,12 @@ class RolloutConfig:
     # start the reply with a tool call (the model picks the tool); a function name = call that
     # tool. The forced start is context, not trained (see EpisodeSession.chat).
     first_call_tool_choice: str = ""
-    # A forced call (tool_choice naming a function) to a tool whose JSON schema has exactly one
-    # required string parameter also forces that key and the opening quote, as a JSON-schema
-    # grammar would: the model writes only the value. Forced tokens are context, not trained.
-    forced_call_schema_key: bool = False
     # Tool calls decoded under the tool's JSON schema, so that they always parse (engines that
     # support grammars: the local engine; ajet/engine/grammar.py): "forced" = calls that
     # tool_choice forces (from the workflow or first_call_tool_choice); "all" = also the calls
     # the model starts itself, from its `<tool_call>` on (one call per reply); "off".
     # Tokens the grammar forces (markup, keys, braces) are context, not trained; sampled
-    # tokens keep exact model logprobs. Supersedes forced_call_schema_key.
+    # tokens keep exact model logprobs.
     tool_call_grammar: ToolCallGrammar = ToolCallGrammar.forced
     # Local engine: tokens of prompt KV kept for reuse across calls (prefix cache, LRU); 0 = off.
     # Bundled 135M model in fp32: ~46 KB a token, so 16384 tokens hold at most ~0.75 GB.
@@ -290,9 +286,9 @@ class SftConfig:
     # Fraction of train dialogs held out as the dev set when no dev_path is given (0 = none).
     dev_fraction: float = bounded(0.0, Interval(ge=0, lt=1))
     epochs: int = bounded(1, Ge(1))
-    # Dialogs per optimizer step.
+    # Dialogs per optimizer step. The learning rate is trainer.lr (a staged run sets the SFT
+    # stage's own with pipeline.overrides.sft.trainer.lr).
     batch_size: int = bounded(8, Ge(1))
-    lr: float = bounded(1.0e-5, Gt(0))
     # Dev loss every N optimizer steps; 0 = after every epoch.
     eval_every: int = bounded(0, Ge(0))
     # Mixture weight per task_type: each epoch sees a type's dialogs `weight` times

@@ -281,17 +281,14 @@ def _hermes_message(message: dict[str, Any]) -> dict[str, str]:
     return {"role": role, "content": content}
 
 
-def tool_choice_prefix(tool_choice: Any, tools: list[dict[str, Any]] | None, *, schema_key: bool = False) -> str:
+def tool_choice_prefix(tool_choice: Any, tools: list[dict[str, Any]] | None) -> str:
     """The start of the reply that enforces `tool_choice`, in hermes tool-call markup (pure).
 
     "" for None / "auto" / "none"; `<tool_call>\n{"name": "` for "required" / "any" (the model
     picks the function); `<tool_call>\n{"name": "NAME", "arguments": {` for a function name or
     `{"type": "function", "function": {"name": NAME}}`. It is written exactly as an assistant's
     tool call renders (`_hermes_message`), so the reply continues a prefix of its own rendering.
-    With `schema_key`, a named function whose JSON schema has exactly one required string
-    parameter also gets that key and the string's opening quote (`..., "arguments": {"KEY": "`):
-    the tokens a JSON-schema grammar would force there, so they are context like the rest of the
-    forced start; the model writes only the value.
+    (`rollout.tool_call_grammar` forces more: the whole call follows the tool's JSON schema.)
     Raises ValueError for a choice that names no offered tool, or requires one with none offered.
     """
     if tool_choice in (None, "auto", "none"):
@@ -304,9 +301,7 @@ def tool_choice_prefix(tool_choice: Any, tools: list[dict[str, Any]] | None, *, 
     name = chosen_function(tool_choice)
     if not isinstance(name, str) or name not in names:
         raise ValueError(f"tool_choice={tool_choice!r} names no offered tool; the tools are {names}")
-    prefix = '<tool_call>\n{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": {'
-    key = single_string_key(tools[names.index(name)]) if schema_key and tools else None
-    return prefix if key is None else prefix + json.dumps(key, ensure_ascii=False) + ': "'
+    return '<tool_call>\n{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": {'
 
 
 def chosen_function(tool_choice: Any) -> Any:
@@ -315,17 +310,6 @@ def chosen_function(tool_choice: Any) -> Any:
     if isinstance(tool_choice, dict):
         return (tool_choice.get("function") or {}).get("name")
     return tool_choice
-
-
-def single_string_key(tool: dict[str, Any]) -> str | None:
-    """The one required parameter of a tool's JSON schema when it is a string, else None."""
-    function = tool.get("function", tool)
-    params = function.get("parameters") or {}
-    props = params.get("properties") or {}
-    required = params.get("required") or list(props)
-    if len(required) == 1 and (props.get(required[0]) or {}).get("type") == "string":
-        return required[0]
-    return None
 
 
 def _native_message(message: dict[str, Any]) -> dict[str, Any]:

@@ -54,7 +54,7 @@ class SftRecipe:
         self.selected, self.setup_metrics = self._select()
         self.setup_metrics.update(budget)
         self.schedule = self._plan()
-        trainer_cfg = dataclasses.replace(cfg.trainer, lr=cfg.sft.lr, total_steps=len(self.schedule))
+        trainer_cfg = dataclasses.replace(cfg.trainer, total_steps=len(self.schedule))
         optimizer, scheduler = build_optimizer(self.model, trainer_cfg, seed=cfg.project.seed)
         self.optimizer = optimizer
         self.optimizer_step = OptimizerStep(self.model, optimizer, trainer_cfg)

@@ -256,7 +256,7 @@ class EpisodeSession:
         from ajet.engine.chat import tool_choice_prefix
 
         try:
-            prefix = tool_choice_prefix(tool_choice, tools, schema_key=self.rollout.forced_call_schema_key)
+            prefix = tool_choice_prefix(tool_choice, tools)
             params.grammar = self._grammar(tool_choice, tools, response_format)
         except ValueError as err:
             raise InvalidRequestError(str(err)) from None

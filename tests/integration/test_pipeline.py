@@ -48,7 +48,7 @@ model: {{path: {model_dir}}}
 workflow: {{target: agent.py:vowels}}
 task_reader: {{jsonl: {{train_path: train.jsonl, val_path: val.jsonl}}}}
 rollout: {{n: 2, max_tokens: 8, temperature: 1.0}}
-sft: {{train_path: dialogs.jsonl, dev_fraction: 0.2, epochs: 2, batch_size: 2, lr: 0.01,
+sft: {{train_path: dialogs.jsonl, dev_fraction: 0.2, epochs: 2, batch_size: 2,
        task_weights: {{even: 1.0, odd: 0.5}}}}
 algorithm: {{dpo_beta: 0.5}}
 trainer: {{total_steps: 2, batch_size: 2, lr: 0.01}}
@@ -147,8 +147,7 @@ def test_sft_then_eval_commands(tmp_path: Path, tiny_model_dir: Path) -> None:
 def test_lora_sft_then_dpo_against_the_lora_base(tmp_path: Path, tiny_model_dir: Path) -> None:
     conf = make_run(tmp_path, tiny_model_dir)
     result = ajet("--conf", str(conf), "pipeline.stages=[sft,dpo]", "model.lora.enabled=true",
-                  "model.lora.r=4", "algorithm.dpo_reference=lora_base", "sft.epochs=1", "sft.lr=0.05",
-                  "trainer.lr=0.05")
+                  "model.lora.r=4", "algorithm.dpo_reference=lora_base", "sft.epochs=1", "trainer.lr=0.05")
     assert result.returncode == 0, result.stderr[-4000:]
     run = tmp_path / "exp" / "pipe"
     sft_dir, dpo_dir = run / "stages" / "01_sft", run / "stages" / "02_dpo"

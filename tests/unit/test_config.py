@@ -67,6 +67,18 @@ def test_unknown_key_names_path_file_and_valid_keys(tmp_path: Path) -> None:
     assert "max_concurrency" in msg  # lists the valid keys
 
 
+@pytest.mark.parametrize(("section", "key", "replacement"), [
+    ("rollout", "forced_call_schema_key", "rollout.tool_call_grammar"),
+    ("sft", "lr", "trainer.lr"),
+])
+def test_a_removed_key_names_its_replacement(tmp_path: Path, section: str, key: str, replacement: str) -> None:
+    conf = minimal(tmp_path, f"{section}:\n  {key}: true\n")
+    with pytest.raises(ConfigError, match=rf"{conf}: '{section}.{key}' was removed; use {replacement} instead"):
+        load_config(conf)
+    with pytest.raises(ConfigError, match=rf"overrides: '{section}.{key}' was removed; use {replacement} instead"):
+        load_config(minimal(tmp_path), [f"{section}.{key}=1"])
+
+
 def test_unknown_top_level_section(tmp_path: Path) -> None:
     conf = minimal(tmp_path, "trainr:\n  lr: 1\n")
     with pytest.raises(ConfigError, match="unknown key 'trainr'.*trainer"):

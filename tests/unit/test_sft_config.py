@@ -105,7 +105,7 @@ def test_cli_sft_and_eval_report_bad_input_without_traceback(tmp_path: Path) -> 
     from ajet.cli import sft as sft_cmd
 
     runner = CliRunner()
-    conf = write(tmp_path, "sft:\n  lr: 0.1\n", workflow=False)
+    conf = write(tmp_path, "sft:\n  epochs: 1\n", workflow=False)
     result = runner.invoke(sft_cmd.app, ["--conf", str(conf)])
     assert result.exit_code == 2 and "sft.train_path" in result.output and "Traceback" not in result.output
     result = runner.invoke(eval_cmd.app, ["--conf", str(conf), "--split", "test"])

@@ -281,35 +281,31 @@ def test_first_call_tool_choice_forces_only_each_roles_first_call_with_tools() -
     assert engine.seen[4][0] == chat.encode(chat.render(USER, TOOLS))
 
 
-def test_forced_call_schema_key_forces_the_single_string_argument_key() -> None:
-    from ajet.engine.chat import single_string_key, tool_choice_prefix
+def test_a_forced_call_starts_as_the_call_renders() -> None:
+    from ajet.engine.chat import tool_choice_prefix
 
     calc = {"type": "function", "function": {"name": "calculate", "parameters": {
         "type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}
     two = {"type": "function", "function": {"name": "add", "parameters": {
         "type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}}}
-    assert single_string_key(calc) == "expression" and single_string_key(two) is None
     base = '<tool_call>\n{"name": "calculate", "arguments": {'
     assert tool_choice_prefix("calculate", [calc, two]) == base
-    assert tool_choice_prefix("calculate", [calc, two], schema_key=True) == base + '"expression": "'
-    assert tool_choice_prefix("add", [calc, two], schema_key=True).endswith('"arguments": {')
+    assert tool_choice_prefix("required", [calc, two]) == '<tool_call>\n{"name": "'
     # what an assistant's call renders as starts with the forced text: the reply continues it
     import json
 
     rendered = '<tool_call>\n' + json.dumps({"name": "calculate", "arguments": {"expression": "2 * 3"}})
-    assert rendered.startswith(base + '"expression": "')
+    assert rendered.startswith(base)
 
 
-def test_a_forced_key_call_the_model_leaves_open_is_closed() -> None:
+def test_a_forced_call_the_model_leaves_open_in_a_string_is_closed() -> None:
     import json
-
-    from ajet.config.schema import RolloutConfig
 
     tools = [{"type": "function", "function": {"name": "calc", "parameters": {
         "type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}]
-    session, engine, tracker, chat = make_session(["12 * 3"], rollout=RolloutConfig(forced_call_schema_key=True))
+    session, engine, tracker, chat = make_session(['"expression": "12 * 3'])
     result = asyncio.run(session.chat("default", USER, tools, tool_choice="calc"))
     (call,) = tracker.calls
-    assert chat.decode(call.prompt_ids).endswith('"arguments": {"expression": "')
+    assert chat.decode(call.prompt_ids).endswith('"arguments": {')
     assert [json.loads(c["function"]["arguments"]) for c in result.message["tool_calls"]] == [{"expression": "12 * 3"}]
     assert not result.malformed_tool_call
