@@ -1,11 +1,32 @@
 """ajet's errors, in one hierarchy. The CLI only formats them (`ajet.cli.common.user_errors`).
 
-- `UserError` (exit 2): bad input the user can fix (config, data, workflow, model path). The
-  message names the place and the fix; it is printed without a traceback.
-  - `ConfigError`: a bad config key or value.
-- `SetupError` (exit 1): this machine cannot run what was asked (no GPU, a missing extra).
-- `InfrastructureError`: the engine, gateway or session failed, not the workflow.
+- `AjetError`: ends a command with one message and an exit code, no traceback.
+  - `UserError` (exit 2): bad input the user can fix; the message names the place and the fix.
+    `ConfigError` (a config key or value) · `WorkflowLoadError` > `WorkflowSignatureError` ·
+    `TaskReaderError` > `EnvServiceError` · `CurriculumError` · `JudgeError` · `EvalError` ·
+    `DialogDataError` (SFT data) · `ModelNotFoundError` · `RunDataError` (a run directory the
+    report / viewer reads) · `AllEpisodesFailedError` · `DivergedError`
+  - `SetupError` (exit 1): this machine cannot run what was asked (no GPU, a missing extra).
+    `LaunchError`: a service, cluster or GPU the run needs is not there.
+- `InfrastructureError`: the engine, gateway or session failed, not the workflow (the rollout
+  runner retries the episode).
 - `BadOutputError`: a workflow returned something that is not a reward or a `WorkflowOutput`.
+
+What lives here: every `AjetError` (what the CLI reports), and the classifications the rollout
+runner acts on across modules (`InfrastructureError`, `BadOutputError`). An exception class
+stays in the module that raises it when it is
+- private control flow, raised and caught inside that module or its component
+  (`config.loader._DuplicateKey`, `tuner.gateway._RequestError`, `task_reader.jsonl.MalformedRow`,
+  `judge.countdown.MalformedExpression`, `backbones.verl.convert.SampleTooLongError`); or
+- one component's protocol with its callers, translated at the component's boundary: it
+  subclasses the builtin a caller catches (ValueError, KeyError, RuntimeError) and the
+  component's package exports it. The engine's `PromptTooLongError` / `GrammarError`
+  (ValueErrors: the session reports a bad request) and `EngineClosedError` (the session raises
+  `InfrastructureError` for it); the session's `SessionError` family (the gateway answers the
+  matching OpenAI error); the episode API's `EpisodeRequestError` family (one HTTP status
+  each); `GatewayError`; `RoleNotRegisteredError` (a KeyError of `ModelTuner.get_model`); and
+  `ajet.client.EpisodeAPIError`, kept with the client because the client imports nothing of
+  ajet.
 """
 
 from __future__ import annotations
@@ -45,10 +66,58 @@ class DivergedError(UserError):
     gradient norm (the message suggests the settings to change)."""
 
 
+class WorkflowLoadError(UserError):
+    """The workflow could not be loaded; the message says what failed and the expected form."""
+
+
+class WorkflowSignatureError(WorkflowLoadError):
+    """A workflow function does not have the signature `async def fn(task: dict, model) -> float:`."""
+
+
+class TaskReaderError(UserError):
+    """A problem with the tasks or their source; the message says where and how to fix it."""
+
+
+class EnvServiceError(TaskReaderError):
+    """The env service could not be reached (`status_code` None) or refused a request."""
+
+    def __init__(self, message: str, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+class CurriculumError(UserError):
+    """A task without a usable difficulty; the message names the task and the key."""
+
+
+class JudgeError(UserError):
+    """A judge is misconfigured or cannot score; the message says what to fix."""
+
+
+class EvalError(UserError):
+    """Nothing to evaluate (empty split) or a bad eval setting."""
+
+
+class DialogDataError(UserError):
+    """A dialog file or line is malformed; the message names file:line and the fix."""
+
+
+class ModelNotFoundError(UserError):
+    """The configured model is not available on this machine."""
+
+
+class RunDataError(UserError):
+    """A run directory lacks the files the viewer or report reads, or holds malformed data."""
+
+
 class SetupError(AjetError):
     """The environment cannot run this (no GPU, a missing optional extra, ...)."""
 
     exit_code = EXIT_SETUP
+
+
+class LaunchError(SetupError):
+    """A service, cluster or GPU the run needs is not there (exit code 1, no traceback)."""
 
 
 class InfrastructureError(Exception):

@@ -39,13 +39,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ajet.errors import SetupError
+from ajet.errors import LaunchError
 
 log = logging.getLogger(__name__)
-
-
-class LaunchError(SetupError):
-    """A service, cluster or GPU the run needs is not there (exit code 1, no traceback)."""
 
 
 @dataclass

@@ -15,15 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from ajet.config.schema import AjetConfig
-from ajet.errors import UserError
+from ajet.errors import EvalError
 from ajet.eval.metrics import EpisodeResult
 from ajet.training.run_dir import run_dir_of
 
 log = logging.getLogger(__name__)
-
-
-class EvalError(UserError):
-    """Nothing to evaluate (empty split) or a bad eval setting."""
 
 
 @dataclass

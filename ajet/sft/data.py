@@ -23,13 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ajet.errors import UserError
+from ajet.errors import DialogDataError
 
 ROLES = ("system", "user", "assistant", "tool")
-
-
-class DialogDataError(UserError):
-    """A dialog file or line is malformed; the message names file:line and the fix."""
 
 
 @dataclass

@@ -13,15 +13,11 @@ import logging
 import random
 from collections.abc import Sequence
 
-from ajet.errors import UserError
+from ajet.errors import TaskReaderError
 from ajet.task_reader.curriculum import Curriculum
 from ajet.workflow import WorkflowTask
 
 logger = logging.getLogger(__name__)
-
-
-class TaskReaderError(UserError):
-    """A problem with the tasks or their source; the message says where and how to fix it."""
 
 
 def holdout_split(

@@ -19,12 +19,8 @@ import math
 import random
 from collections.abc import Sequence
 
-from ajet.errors import UserError
+from ajet.errors import CurriculumError
 from ajet.workflow import WorkflowTask
-
-
-class CurriculumError(UserError):
-    """A task without a usable difficulty; the message names the task and the key."""
 
 
 class Curriculum:

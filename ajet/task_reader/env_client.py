@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from ajet.task_reader.base import TaskReaderError
+from ajet.errors import EnvServiceError
 
 logger = logging.getLogger(__name__)
 
@@ -20,14 +20,6 @@ START_HINT = (
     "The env service must be running; start the reference server with "
     "`python -m ajet.task_reader.env_server --port 8765` (or set task_reader.env_service.base_url)"
 )
-
-
-class EnvServiceError(TaskReaderError):
-    """The env service could not be reached (`status_code` None) or refused a request."""
-
-    def __init__(self, message: str, status_code: int | None = None) -> None:
-        super().__init__(message)
-        self.status_code = status_code
 
 
 def _unreachable(url: str, exc: Exception) -> EnvServiceError:
