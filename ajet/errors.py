@@ -17,7 +17,9 @@ runner acts on across modules (`InfrastructureError`, `BadOutputError`). An exce
 stays in the module that raises it when it is
 - private control flow, raised and caught inside that module or its component
   (`config.loader._DuplicateKey`, `tuner.gateway._RequestError`, `task_reader.jsonl.MalformedRow`,
-  `judge.countdown.MalformedExpression`, `backbones.verl.convert.SampleTooLongError`); or
+  `judge.countdown.MalformedExpression`), or a backbone adapter's error raised into the
+  framework that drives it (`backbones.verl.convert.SampleTooLongError`, a ValueError verl
+  reports); or
 - one component's protocol with its callers, translated at the component's boundary: it
   subclasses the builtin a caller catches (ValueError, KeyError, RuntimeError) and the
   component's package exports it. The engine's `PromptTooLongError` / `GrammarError`
