@@ -19,7 +19,8 @@ import httpx
 
 
 class EpisodeAPIError(RuntimeError):
-    """The server answered an error: `status` (HTTP) and `code` (e.g. "episode_ended")."""
+    """The episode API answered an error: `status` (HTTP) and `code` (e.g. "episode_ended").
+    (The server raises `ajet.tuner.episode_api.EpisodeRequestError` for it.)"""
 
     def __init__(self, status: int, code: str, message: str) -> None:
         super().__init__(f"{status} {code}: {message}")

@@ -33,34 +33,35 @@ log = logging.getLogger(__name__)
 
 
 # ----------------------------------------------------------------------------- errors
-class EpisodeAPIError(Exception):
-    """An error the episode source reports to the client, with its HTTP status."""
+class EpisodeRequestError(Exception):
+    """A request the episode API refuses (server side), with its HTTP status and code; the
+    client raises `ajet.client.EpisodeAPIError` for it."""
 
     status: int = 400
     code: str = "episode_error"
     retry_after_s: int | None = None
 
 
-class EpisodeNotFoundError(EpisodeAPIError, KeyError):
+class EpisodeNotFoundError(EpisodeRequestError, KeyError):
     status, code = 404, "episode_not_found"
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
 
 
-class EpisodeEndedError(EpisodeAPIError):
+class EpisodeEndedError(EpisodeRequestError):
     """finish/abort of an episode that already ended (finished, aborted or timed out)."""
 
     status, code = 409, "episode_ended"
 
 
-class NoEpisodeAvailableError(EpisodeAPIError):
+class NoEpisodeAvailableError(EpisodeRequestError):
     """Enough groups are open for the trainer's next steps; ask again shortly."""
 
     status, code, retry_after_s = 503, "no_episode_available", 1
 
 
-class RunEndedError(EpisodeAPIError):
+class RunEndedError(EpisodeRequestError):
     """The run is over (or shutting down): no more episodes."""
 
     status, code = 410, "run_ended"
@@ -188,7 +189,7 @@ def episode_router(source: EpisodeSource, token: str, *, max_body_bytes: int) ->
 async def _guard(call: Any) -> Any:
     try:
         return await call
-    except EpisodeAPIError as err:
+    except EpisodeRequestError as err:
         headers = {"Retry-After": str(err.retry_after_s)} if err.retry_after_s else None
         raise _http(err.status, str(err), err.code, headers) from err
 
