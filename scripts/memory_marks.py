@@ -40,7 +40,7 @@ def _status() -> tuple[int, int]:
 def _engine_bytes() -> tuple[int, int]:
     kv = cache = 0
     for engine in list(_engines):
-        batch = engine._kv
+        batch = engine._batch.kv
         if batch is not None:
             kv += sum(t.nbytes for t in batch.keys) + sum(t.nbytes for t in batch.values)
         if engine._reuse.cache is not None:
