@@ -3,7 +3,8 @@
 import-linter's layer contracts keep imports pointing down between packages; inside one
 package two modules could still import each other. This builds the import graph with grimp
 (import-linter's own graph library; imports inside functions count too) and prints every
-circle of modules it finds.
+circle of modules it finds. Imports only for type checking (`if TYPE_CHECKING:`) do not count, as
+for import-linter.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import grimp
 
 def import_cycles(package: str = "ajet") -> list[list[str]]:
     """The strongly connected components of more than one module (Tarjan's algorithm)."""
-    graph = grimp.build_graph(package)
+    graph = grimp.build_graph(package, exclude_type_checking_imports=True)  # as import-linter (pyproject)
     modules = sorted(graph.modules)
     edges = {m: sorted(graph.find_modules_directly_imported_by(m)) for m in modules}
     index: dict[str, int] = {}
