@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ajet.errors import LaunchError
+from ajet.errors import ConfigError, LaunchError
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +70,6 @@ def configured_entry(configured: Mapping[str, Any], name: str, option: str, sect
                      required: str, hint: str) -> Any:
     """`section.name` from the config, which `option NAME` asked for, with its `required`
     field set (pure); ConfigError otherwise."""
-    from ajet.config import ConfigError
-
     if name not in configured:
         known = ", ".join(sorted(configured)) or "none"
         raise ConfigError(f"{option} {name}: the config has no {section}.{name} "
@@ -99,8 +97,6 @@ def vllm_service_specs(configured: Mapping[str, Any], names: Sequence[str],
     """The `vllm_servers` entries named by `--with-vllm`, as services on GPUs taken in order
     from `free` (pure). Each runs vLLM's OpenAI server under `CUDA_VISIBLE_DEVICES` and is
     healthy when `/health` answers."""
-    from ajet.config import ConfigError
-
     specs: dict[str, ServiceSpec] = {}
     left = list(free)
     for name in names:

@@ -13,6 +13,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from ajet.config.schema import Algorithm
+
 if TYPE_CHECKING:
     from ajet.config.schema import AlgorithmConfig
     from ajet.context.types import Sample
@@ -165,8 +167,6 @@ def compute_advantages(
 
     PPO without a critic uses the GRPO group baseline. SFT and DPO have no advantages.
     """
-    from ajet.config.schema import Algorithm
-
     if len(episode_ids) != len(rewards):
         raise ValueError(f"episode_ids ({len(episode_ids)}) and rewards ({len(rewards)}) differ")
     _check_finite(episode_ids, rewards, step_rewards)

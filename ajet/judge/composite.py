@@ -39,7 +39,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ajet.config.schema import JudgeConfig
 from ajet.judge.base import JudgeError, answer_text, ascore, run_sync
+from ajet.judge.build import build_judge
 from ajet.workflow import WorkflowOutput, WorkflowTask
 
 METRICS = ("task_completion", "tool_selection_f1", "step_efficiency", "format_compliance")
@@ -137,9 +139,6 @@ def _build_component(name: str, spec: dict, factory: Callable[[], Any] | None) -
 
 
 def _sub_judge(where: str, spec: Any, factory: Callable[[], Any] | None) -> Any:
-    from ajet.config.schema import JudgeConfig
-    from ajet.judge.build import build_judge
-
     if not isinstance(spec, dict) or "type" not in spec:
         raise JudgeError(f"{where}: a sub-judge is {{type: <judge type>, params: {{...}}}}, got {spec!r}")
     judge = build_judge(JudgeConfig(type=spec["type"], params=dict(spec.get("params") or {})),

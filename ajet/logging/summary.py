@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ajet.logging.metrics import read_metrics
 from ajet.logging.report import RunDataError
 
 # (label, key in an eval report / a val row without its "val/" prefix)
@@ -78,8 +79,6 @@ def summarize_run(run_dir: Path, *, wall_s: float | None = None) -> RunSummary:
 
 
 def _training_summary(run_dir: Path) -> RunSummary:
-    from ajet.logging.metrics import read_metrics
-
     rows = read_metrics(run_dir / "metrics.jsonl")
     val = [r for r in rows if r.get("split") == "val"]
     train = [r for r in rows if r.get("split", "train") == "train"]

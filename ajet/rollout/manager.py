@@ -18,6 +18,7 @@ from ajet.rollout.agent_metrics import agent_metrics
 from ajet.rollout.episode import FAILED, OK, TIMEOUT, Episode
 from ajet.rollout.runner import TaskRunner
 from ajet.rollout.sync_threads import use_daemon_default_executor
+from ajet.rollout.watchdog import LoopWatchdog
 from ajet.workflow import WorkflowTask
 
 logger = logging.getLogger(__name__)
@@ -164,8 +165,6 @@ class RolloutManager:
         ]
         watchdog = None
         if self.config.blocked_loop_warn_s > 0:
-            from ajet.rollout.watchdog import LoopWatchdog
-
             watchdog = LoopWatchdog(asyncio.get_running_loop(), threshold_s=self.config.blocked_loop_warn_s)
             watchdog.start()
         try:

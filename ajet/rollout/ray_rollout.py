@@ -31,7 +31,13 @@ from typing import Any
 from pydantic import PrivateAttr
 
 from ajet.config.schema import RayConfig, RolloutConfig
-from ajet.errors import BadOutputError, InfrastructureError
+from ajet.errors import BadOutputError, InfrastructureError, WorkflowLoadError
+from ajet.launcher import Launcher
+from ajet.rollout.loader import load_workflow
+from ajet.rollout.manager import RolloutManager
+from ajet.rollout.runner import TaskRunner, _is_infrastructure
+from ajet.rollout.sync_threads import run_in_daemon_thread
+from ajet.tuner.openai_compat import MODEL_NAME
 from ajet.workflow import Workflow, WorkflowOutput, WorkflowTask
 
 log = logging.getLogger(__name__)
@@ -42,8 +48,6 @@ def make_tuner_proxy(base_url: str, keys: dict[str, str], trainable_targets: lis
                      timeout_s: float, role: str = "default", _shared: dict | None = None) -> Any:
     """A drop-in for ModelTuner inside an actor: AgentScope model + OpenAI-protocol helpers."""
     from agentscope.model import OpenAIChatModel
-
-    from ajet.tuner.openai_compat import MODEL_NAME
 
     shared = _shared if _shared is not None else {"models": {}}
     targets = set(trainable_targets or []) or None
@@ -105,8 +109,6 @@ class EpisodeWorker:
 
     def __init__(self, workflow_spec: Any) -> None:
         if isinstance(workflow_spec, str):
-            from ajet.rollout.loader import load_workflow
-
             self.workflow = load_workflow(workflow_spec)
         else:
             import cloudpickle
@@ -124,8 +126,6 @@ class EpisodeWorker:
         try:
             task_obj = WorkflowTask.model_validate(task)
             if self._sync:  # a daemon thread: a hung sync execute cannot hold the actor at exit
-                from ajet.rollout.sync_threads import run_in_daemon_thread
-
                 out = await run_in_daemon_thread(self.workflow.execute, task_obj, tuner)
             else:
                 out = await self.workflow.execute(task_obj, tuner)
@@ -138,8 +138,6 @@ class EpisodeWorker:
 
 def pack_exception(exc: BaseException) -> dict[str, Any]:
     """An exception as data that survives the trip to the driver (pure)."""
-    from ajet.rollout.runner import _is_infrastructure
-
     packed: dict[str, Any] = {
         "type": type(exc).__name__,
         "message": str(exc),
@@ -241,8 +239,6 @@ def start_workers(spec: Any, count: int, max_concurrency: int) -> list:
     try:
         ray.get([w.ready.remote() for w in workers])
     except ray.exceptions.RayActorError as exc:
-        from ajet.rollout.loader import WorkflowLoadError
-
         raise WorkflowLoadError(f"--with-ray: the rollout workers could not load the workflow: {exc}") from exc
     return workers
 
@@ -252,10 +248,6 @@ def build_ray_manager(ray_cfg: RayConfig, rollout: RolloutConfig, spec: Any, *,
     """A `RolloutManager` whose episodes run in Ray actors (the engine, the sessions and the
     tracker stay in this process); returns it with the closer that stops the workers."""
     import ray
-
-    from ajet.launcher import Launcher
-    from ajet.rollout.manager import RolloutManager
-    from ajet.rollout.runner import TaskRunner
 
     workers_n = max(1, ray_cfg.num_rollout_workers)
     launcher = None

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ajet.config.schema import ContextConfig, RolloutConfig
+from ajet.context.tracker import ContextTracker
+from ajet.tuner import EpisodeSession, ModelTuner
 from ajet.workflow import WorkflowTask
 
 
@@ -39,9 +41,6 @@ class LocalSessionFactory:
         self.model_max_len = model_max_len
 
     def open_episode(self, episode_id: str, task: WorkflowTask) -> EpisodeHandle:
-        from ajet.context.tracker import ContextTracker
-        from ajet.tuner import EpisodeSession, ModelTuner
-
         roles = set(self.trainable_roles) if self.trainable_roles else None
         tracker = ContextTracker(self.chat, roles, self.context)
         session = EpisodeSession(
@@ -75,8 +74,6 @@ class StatelessTracker:
 
 def service_api_key(factory: LocalSessionFactory, name: str = "service") -> str:
     """A gateway key for in-run services (judges) on the policy model; never recorded or trained."""
-    from ajet.tuner import EpisodeSession
-
     session = EpisodeSession(
         name, factory.engine, factory.chat, StatelessTracker(factory.chat), factory.rollout,
         factory.context, set(), factory.model_max_len,

@@ -14,6 +14,12 @@ from collections.abc import Callable
 from typing import Any
 
 from ajet.config.schema import AjetConfig, RolloutConfig
+from ajet.engine.chat import ChatFormat
+from ajet.judge import build_judge
+from ajet.rollout.manager import RolloutManager
+from ajet.rollout.runner import TaskRunner
+from ajet.rollout.sessions import LocalSessionFactory, service_api_key
+from ajet.tuner import Gateway
 
 log = logging.getLogger(__name__)
 
@@ -25,13 +31,6 @@ class RolloutStack:
         """`judge`: a judge built beforehand (None: built from `cfg.judge`, with LLM judges on
         the policy model through the gateway). `wrap_factory` wraps the session factory (e.g.
         to keep each episode's tracker)."""
-        from ajet.engine.chat import ChatFormat
-        from ajet.judge import build_judge
-        from ajet.rollout.manager import RolloutManager
-        from ajet.rollout.runner import TaskRunner
-        from ajet.rollout.sessions import LocalSessionFactory
-        from ajet.tuner import Gateway
-
         rollout = rollout or cfg.rollout
         self.engine = engine
         self.chat = ChatFormat(tokenizer)
@@ -55,8 +54,6 @@ class RolloutStack:
         """An OpenAI client on the gateway for in-run services (LLM judges) on the policy model:
         its calls are never recorded or trained."""
         import openai
-
-        from ajet.rollout.sessions import service_api_key
 
         return openai.AsyncOpenAI(base_url=self.gateway.base_url, api_key=service_api_key(self.sessions))
 

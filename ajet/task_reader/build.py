@@ -7,7 +7,10 @@ import logging
 from ajet.config.schema import OnError, ReaderType, TaskReaderConfig
 from ajet.task_reader.base import TaskReader, TaskReaderError, holdout_split
 from ajet.task_reader.curriculum import Curriculum
+from ajet.task_reader.env_reader import load_env_tasks
 from ajet.task_reader.generate import LLM, aload_generated_tasks, run_sync
+from ajet.task_reader.hf_dataset import load_hf_tasks
+from ajet.task_reader.jsonl import read_jsonl_tasks
 from ajet.workflow import WorkflowTask
 
 logger = logging.getLogger(__name__)
@@ -28,8 +31,6 @@ async def abuild_reader(cfg: TaskReaderConfig, *, seed: int, llm: LLM | None = N
     skipped = 0
     val: list[WorkflowTask] = []
     if reader_type == ReaderType.jsonl:
-        from ajet.task_reader.jsonl import read_jsonl_tasks
-
         if not cfg.jsonl.train_path:
             raise TaskReaderError("task_reader.jsonl.train_path is empty; point it at a JSONL file")
         on_error = OnError(cfg.jsonl.on_error)
@@ -39,13 +40,9 @@ async def abuild_reader(cfg: TaskReaderConfig, *, seed: int, llm: LLM | None = N
             skipped += val_skipped
         source = cfg.jsonl.train_path
     elif reader_type == ReaderType.hf_dataset:
-        from ajet.task_reader.hf_dataset import load_hf_tasks
-
         train, val, skipped = load_hf_tasks(cfg.hf_dataset)
         source = cfg.hf_dataset.path
     elif reader_type == ReaderType.env_service:
-        from ajet.task_reader.env_reader import load_env_tasks
-
         train, val = load_env_tasks(cfg.env_service)
         source = f"{cfg.env_service.base_url} ({cfg.env_service.env_type})"
     elif reader_type == ReaderType.generate:

@@ -3,7 +3,8 @@
 Layout: RUN/checkpoints/step_{N:06d}/{weights.pt, optimizer.pt, state.pt, .complete} and a
 `latest` file naming the newest complete one. A checkpoint is written into a hidden temp
 dir and renamed into place, so a run killed at any moment (even SIGKILL) leaves either
-the previous checkpoint or the new one, never a half-written one.
+the previous checkpoint or the new one, never a half-written one. Finding the newest complete
+one (no torch) is `ajet.training.checkpoint_dir`.
 """
 
 from __future__ import annotations
@@ -19,10 +20,9 @@ from typing import Any
 import torch
 
 from ajet.files import fsync_dir, write_text_atomic
+from ajet.training.checkpoint_dir import _COMPLETE
 
 log = logging.getLogger(__name__)
-
-_COMPLETE = ".complete"
 
 
 def trainable_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -59,24 +59,6 @@ def save_checkpoint(ckpt_root: Path, step: int, *, model: torch.nn.Module, optim
     return final
 
 
-def checkpoint_step(ckpt: Path) -> int:
-    """The training step a checkpoint directory (`step_{N:06d}`) holds."""
-    return int(ckpt.name.removeprefix("step_"))
-
-
-def latest_checkpoint(ckpt_root: Path) -> Path | None:
-    """The newest complete checkpoint, or None. Half-written temp dirs are ignored."""
-    if not ckpt_root.is_dir():
-        return None
-    pointer = ckpt_root / "latest"
-    if pointer.is_file():
-        candidate = ckpt_root / pointer.read_text().strip()
-        if (candidate / _COMPLETE).is_file():
-            return candidate
-    complete = sorted(p for p in ckpt_root.glob("step_*") if (p / _COMPLETE).is_file())
-    return complete[-1] if complete else None
-
-
 def load_checkpoint(path: Path, *, model: torch.nn.Module, optimizer: Any, scheduler: Any) -> dict[str, Any]:
     """Restore weights, optimizer, scheduler and RNG; return the saved state (step, reader, ...)."""
     weights = torch.load(path / "weights.pt", map_location="cpu", weights_only=True)
@@ -98,15 +80,6 @@ def load_checkpoint(path: Path, *, model: torch.nn.Module, optimizer: Any, sched
     torch.set_rng_state(state["rng"]["torch"])
     log.info("resumed from %s (step %d)", path, state["step"])
     return state
-
-
-def cleanup_partial(ckpt_root: Path) -> None:
-    """Remove the temp dirs (and `latest` temp files) left by a run killed mid-save."""
-    if ckpt_root.is_dir():
-        for tmp in ckpt_root.glob(".tmp-step_*"):
-            shutil.rmtree(tmp, ignore_errors=True)
-        for tmp in ckpt_root.glob(".latest.*.tmp"):
-            tmp.unlink(missing_ok=True)
 
 
 def _save(path: Path, obj: Any) -> None:

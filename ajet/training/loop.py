@@ -19,7 +19,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ajet.config import to_yaml
 from ajet.config.schema import AjetConfig
+from ajet.logging.metrics import MetricsLogger
+from ajet.logging.progress import TrainingProgress
+from ajet.logging.records import drop_records_after
+from ajet.training.checkpoint import load_checkpoint, save_checkpoint
+from ajet.training.checkpoint_dir import checkpoint_step, latest_checkpoint
+from ajet.training.memory import limit_heap_retention, release_memory
+from ajet.training.model import save_final_model
 from ajet.training.recipe import Closers
 
 log = logging.getLogger(__name__)
@@ -28,11 +36,6 @@ log = logging.getLogger(__name__)
 class TrainingLoop:
     def __init__(self, cfg: AjetConfig, run_dir: Path, closers: Closers, *, total_steps: int,
                  resume: bool = False) -> None:
-        from ajet.config import to_yaml
-        from ajet.logging.metrics import MetricsLogger
-        from ajet.logging.records import drop_records_after
-        from ajet.training.memory import limit_heap_retention
-
         limit_heap_retention(cfg.trainer.malloc_mmap_threshold_kb * 1024)  # before the run allocates
         self.cfg = cfg
         self.run_dir = run_dir
@@ -62,15 +65,11 @@ class TrainingLoop:
 
     def resume_step(self) -> int:
         """The step of the newest complete checkpoint (0 when there is none)."""
-        from ajet.training.checkpoint import checkpoint_step, latest_checkpoint
-
         ckpt = latest_checkpoint(self.run_dir / "checkpoints")
         return 0 if ckpt is None else checkpoint_step(ckpt)
 
     def restore(self) -> dict[str, Any] | None:
         """Load the newest checkpoint (weights, optimizer, schedule, RNG); its saved state, or None."""
-        from ajet.training.checkpoint import latest_checkpoint, load_checkpoint
-
         ckpt = latest_checkpoint(self.run_dir / "checkpoints")
         if ckpt is None:
             log.warning("--resume: no checkpoint under %s; starting from step 0", self.run_dir / "checkpoints")
@@ -93,9 +92,6 @@ class TrainingLoop:
         """Train steps `self.step + 1 .. total_steps`. `validate_at(step)` (default: every
         `trainer.val_every` steps, and before the first) says when to call `validate()`.
         `after_step(step)` runs once the step is logged (it may stop the run by raising)."""
-        from ajet.logging.progress import TrainingProgress
-        from ajet.training.memory import release_memory
-
         t = self.cfg.trainer
         if validate_at is None:
             validate_at = lambda step: bool(t.val_every) and step % t.val_every == 0  # noqa: E731
@@ -134,13 +130,9 @@ class TrainingLoop:
             self.progress.close()
 
     def save_checkpoint(self) -> None:
-        from ajet.training.checkpoint import save_checkpoint
-
         save_checkpoint(self.run_dir / "checkpoints", self.step, model=self._model, optimizer=self.optimizer,
                         scheduler=self.scheduler, extra=self._state(), keep_last=self.cfg.trainer.keep_checkpoints)
 
     def save_final_model(self) -> None:
-        from ajet.training.model import save_final_model
-
         save_final_model(self._model, self._tokenizer, self.run_dir / "final_model",
                          lora=self.cfg.model.lora.enabled)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ajet.config.schema import ModelConfig
+from ajet.models.load import load_model_and_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -19,8 +20,6 @@ log = logging.getLogger(__name__)
 def load_trainable_model(cfg: ModelConfig, *, seed: int, gradient_checkpointing: bool = False) -> tuple[Any, Any]:
     """(model in eval mode, tokenizer); a peft model when `cfg.lora.enabled`."""
     import torch
-
-    from ajet.models.load import load_model_and_tokenizer
 
     torch.manual_seed(seed)
     model, tokenizer = load_model_and_tokenizer(cfg)

@@ -17,6 +17,7 @@ import math
 from typing import Any
 
 from ajet.config.schema import LrSchedule, OptimizerStateDType, TrainerConfig
+from ajet.training.adamw import BF16StateAdamW
 
 
 def lr_factor(step: int, cfg: TrainerConfig) -> float:
@@ -41,8 +42,6 @@ def build_optimizer(model: Any, cfg: TrainerConfig, *, seed: int = 0) -> tuple[A
     if not params:
         raise RuntimeError("the model has no trainable parameters (LoRA target_modules matched nothing?)")
     if cfg.optimizer_state_dtype == OptimizerStateDType.bfloat16:
-        from ajet.training.adamw import BF16StateAdamW
-
         optimizer = BF16StateAdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, seed=seed)
     else:
         optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from ajet.training.memory import release_memory
+
 log = logging.getLogger(__name__)
 
 
@@ -47,8 +49,6 @@ class Recipe(Protocol):
 
 def run_recipe(recipe: Recipe) -> Path:
     """setup -> train -> cleanup; cleanup always runs, even when setup fails halfway."""
-    from ajet.training.memory import release_memory
-
     release_memory()
     closers = Closers()
     try:

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ajet.config import to_yaml
 from ajet.config.schema import AjetConfig
 from ajet.errors import UserError
 from ajet.files import write_text_atomic
+from ajet.training.checkpoint_dir import cleanup_partial, latest_checkpoint
 
 
 def run_dir_of(cfg: AjetConfig) -> Path:
@@ -24,9 +26,6 @@ def prepare_run_dir(cfg: AjetConfig, *, resume: bool, backbone_checkpoints: str 
     """Check the resume rules, write config.yaml; return the run directory. `backbone_checkpoints`:
     a glob under the run directory where a GPU backbone keeps its own checkpoints (they count as
     an earlier run's, like ajet's `checkpoints/`)."""
-    from ajet.config import to_yaml
-    from ajet.training.checkpoint import cleanup_partial, latest_checkpoint
-
     run_dir = run_dir_of(cfg)
     ckpt_root = run_dir / "checkpoints"
     cleanup_partial(ckpt_root)

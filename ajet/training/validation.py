@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from ajet.rollout.agent_metrics import agent_metrics
+
 log = logging.getLogger(__name__)
 
 
@@ -13,8 +15,6 @@ def validation_metrics(episodes: list[Any], k: int) -> dict[str, float]:
     metrics (tool use; `ajet.rollout.agent_metrics`) under `val/agent/...`.
 
     A failed episode counts as reward 0 and not successful (it is in the denominator)."""
-    from ajet.rollout.agent_metrics import agent_metrics
-
     ok = [ep for ep in episodes if ep.status == "ok"]
     by_task: dict[str, list[bool]] = {}
     for ep in episodes:

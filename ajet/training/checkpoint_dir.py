@@ -1,0 +1,40 @@
+"""The checkpoints directory without torch: which checkpoints are complete, which is newest.
+
+`prepare_run_dir` checks these on the `--dry-run` path of the GPU backbones, which must not
+import torch; writing and loading a checkpoint (torch) is `ajet.training.checkpoint`.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+# A checkpoint directory is complete once this marker is in it (written last).
+_COMPLETE = ".complete"
+
+
+def checkpoint_step(ckpt: Path) -> int:
+    """The training step a checkpoint directory (`step_{N:06d}`) holds."""
+    return int(ckpt.name.removeprefix("step_"))
+
+
+def latest_checkpoint(ckpt_root: Path) -> Path | None:
+    """The newest complete checkpoint, or None. Half-written temp dirs are ignored."""
+    if not ckpt_root.is_dir():
+        return None
+    pointer = ckpt_root / "latest"
+    if pointer.is_file():
+        candidate = ckpt_root / pointer.read_text().strip()
+        if (candidate / _COMPLETE).is_file():
+            return candidate
+    complete = sorted(p for p in ckpt_root.glob("step_*") if (p / _COMPLETE).is_file())
+    return complete[-1] if complete else None
+
+
+def cleanup_partial(ckpt_root: Path) -> None:
+    """Remove the temp dirs (and `latest` temp files) left by a run killed mid-save."""
+    if ckpt_root.is_dir():
+        for tmp in ckpt_root.glob(".tmp-step_*"):
+            shutil.rmtree(tmp, ignore_errors=True)
+        for tmp in ckpt_root.glob(".latest.*.tmp"):
+            tmp.unlink(missing_ok=True)
