@@ -14,6 +14,7 @@ alike. Two pure steps:
 | `agent/valid_tool_call_rate` | valid calls / attempted calls (absent without attempts) |
 | `agent/calls_per_episode` | LLM calls per episode |
 | `agent/success_with_tool` | successful episodes with >= 1 valid call / successful episodes (absent without successes) |
+| `agent/tool_offer_rate` | episodes with >= 1 call that offered tools / episodes (absent when none did: not a tool task) |
 
 An attempt is a call the engine parsed (`response_message.tool_calls`) or a tool-call block it
 could not parse (the chat format keeps a malformed `<tool_call>` block verbatim in the
@@ -52,8 +53,8 @@ def count_tool_calls(calls: Sequence[Any]) -> tuple[int, int]:
 def agent_metrics(episodes: Iterable[Any]) -> dict[str, float]:
     """The `agent/*` metrics of a step (see the module docstring); {} without episodes.
 
-    Reads `num_calls`, `tool_calls`, `valid_tool_calls` and `is_success` of each `Episode`
-    (the runner fills the counts from `count_tool_calls`)."""
+    Reads `num_calls`, `tool_calls`, `valid_tool_calls`, `offered_tools` and `is_success` of
+    each `Episode` (the runner fills the counts from `count_tool_calls`)."""
     episodes = list(episodes)
     if not episodes:
         return {}
@@ -68,6 +69,9 @@ def agent_metrics(episodes: Iterable[Any]) -> dict[str, float]:
     successes = [e for e in episodes if e.is_success]
     if successes:
         out["agent/success_with_tool"] = sum(e.valid_tool_calls > 0 for e in successes) / len(successes)
+    offered = sum(bool(e.offered_tools) for e in episodes)
+    if offered:
+        out["agent/tool_offer_rate"] = offered / n
     return out
 
 

@@ -46,6 +46,10 @@ class Episode:
     # Tool calls the model attempted / made validly (`ajet.rollout.agent_metrics.count_tool_calls`).
     tool_calls: int = 0
     valid_tool_calls: int = 0
+    # Whether any of its calls offered tools, and whether its last call was cut at its token
+    # limit (finish_reason "length"): `agent/tool_offer_rate`, `rollout/truncated_rate`.
+    offered_tools: bool = False
+    truncated: bool = False
     # The policy versions that produced the episode's completions (several when its calls
     # spanned a weight update; see `ajet.rollout.remote`).
     policy_versions: list[int] = field(default_factory=list)

@@ -50,6 +50,9 @@ class RolloutResult:
 
         `rollout/failed` counts every episode that is not ok (timeouts included);
         `rollout/failed/<reason>` breaks it down (a timeout's reason is "timeout").
+        `rollout/truncated_rate`: episodes whose last call was cut at its token limit / episodes.
+        `reward/zero_std_frac`: groups whose ok episodes all got the same reward / groups (before
+        dropping groups; such a group has zero advantages).
         `reward/*`, `success/rate`, `workflow/*` and `judge/*` average over the ok episodes
         (before dropping groups) and are absent when there are none. `agent/*` (tool use,
         `ajet.rollout.agent_metrics`) counts every episode, a failed one as no success.
@@ -71,10 +74,12 @@ class RolloutResult:
             out[f"rollout/failed/{reason}"] = float(count)
         if episodes:
             out["rollout/episode_time_s"] = statistics.fmean(e.duration_s for e in episodes)
+            out["rollout/truncated_rate"] = statistics.fmean(float(e.truncated) for e in episodes)
         if ok:
             rewards = [e.reward for e in ok]
             out["reward/mean"] = statistics.fmean(rewards)
             out["reward/std"] = statistics.pstdev(rewards)
+            out["reward/zero_std_frac"] = zero_std_frac(ok)
             out["success/rate"] = statistics.fmean(float(e.is_success) for e in ok)
             out["rollout/calls_per_episode"] = statistics.fmean(e.num_calls for e in ok)
             out.update(_mean_log_metrics(ok, self.warned_keys))
@@ -110,6 +115,15 @@ def _mean_log_metrics(episodes: list[Episode], warned: set[str]) -> dict[str, fl
     out = {name: statistics.fmean(v) for name, v in values.items()}
     out["rollout/dropped_log_metrics"] = float(dropped)
     return out
+
+
+def zero_std_frac(episodes: list[Episode]) -> float:
+    """The share of groups (of these episodes) whose rewards are all equal: no GRPO signal."""
+    by_group: dict[str, list[float]] = defaultdict(list)
+    for e in episodes:
+        by_group[e.group_id].append(e.reward)
+    equal = sum(max(r) - min(r) <= EQUAL_REWARD_TOL for r in by_group.values())
+    return equal / len(by_group) if by_group else 0.0
 
 
 def drop_equal_reward_groups(episodes: list[Episode]) -> tuple[list[Episode], list[str]]:

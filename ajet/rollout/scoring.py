@@ -133,6 +133,8 @@ def collect_tracker(episode: Episode, tracker: Any) -> None:
         calls = list(tracker.calls)
         episode.num_calls = len(calls)
         episode.tool_calls, episode.valid_tool_calls = count_tool_calls(calls)
+        episode.offered_tools = any(getattr(c, "tools", None) for c in calls)
+        episode.truncated = bool(calls) and getattr(calls[-1], "finish_reason", "") == "length"
         episode.policy_versions = sorted({int(c.policy_version) for c in calls
                                           if getattr(c, "policy_version", None) is not None})
         stats = tracker.stats()
