@@ -10,6 +10,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 log = logging.getLogger("ajet.progress")
@@ -66,10 +67,14 @@ class TrainingProgress:
         if self._progress is not None:
             self._progress.update(self._task, stats=text)
 
-    def step_done(self, step: int, metrics: dict[str, float]) -> None:
+    def step_done(self, step: int, metrics: dict[str, float], *, signs: Sequence[str] = ()) -> None:
+        """Show the step's line; `signs` names the signs of not learning that hold at this step
+        (`ajet.logging.learning_signs`), after the failures."""
         shown = [f"{label} {metrics[key]:{fmt}}" for key, label, fmt in SHOWN if key in metrics]
         if "rollout/failed" in metrics:  # failures by reason, last: a run failing says why
             shown.append(f"failed {failed_counts(metrics)}")
+        if signs:
+            shown.append(f"not learning? {', '.join(signs)}")
         line = "  ".join([f"step {step}/{self.total}", *shown])
         done = step - self._start_step
         if done > 0:

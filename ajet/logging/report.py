@@ -4,7 +4,9 @@ Reading and summarising are pure functions over the rows of `metrics.jsonl` (see
 docs/outputs.md); only `write_report` touches matplotlib, imported there with the Agg backend
 so `ajet --help` and headless machines never need a display. A metric a run did not log is
 skipped with a note in the report, never a crash: a debug run has no `actor/kl`, a run without
-validation has no `val/*`.
+validation has no `val/*`. The signs that a run was not learning (`ajet.logging.learning_signs`,
+the same function the training loop warns with) follow the summary table and are in
+`summary.json`.
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ import html
 import json
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ajet.errors import RunDataError
 from ajet.files import atomic_open, write_json_atomic, write_text_atomic
+from ajet.logging.learning_signs import find_learning_signs
 
 logger = logging.getLogger(__name__)
 
@@ -179,7 +182,8 @@ def expand_keys(rows: list[dict], keys: tuple[str, ...]) -> list[str]:
 
 
 def summarize(run: Run) -> dict:
-    """First/last/best value (and its step) of each summary metric the run logged."""
+    """First/last/best value (and its step) of each summary metric the run logged, and the
+    signs that the run was not learning (`learning_signs`)."""
     metrics: dict[str, dict] = {}
     for key, direction in SUMMARY_KEYS.items():
         steps, values = series(run.rows, key)
@@ -200,6 +204,7 @@ def summarize(run: Run) -> dict:
         "steps": split_steps("train"),
         "val_steps": split_steps("val"),
         "metrics": metrics,
+        "learning_signs": [asdict(sign) for sign in find_learning_signs(run.rows)],
     }
 
 
@@ -339,10 +344,28 @@ th{{background:#f4f5f7}}small{{color:#888}}figure{{display:inline-block;vertical
 .notes{{color:#777;font-size:12px}}</style></head><body>
 <h1>{html.escape(title)}</h1>
 <table id="summary">{head}{"".join(rows)}</table>
+{_signs_html(runs)}
 {imgs}
 <details class="notes"><summary>{len(summary["notes"])} notes (metrics not logged)</summary><ul>{notes}</ul></details>
 </body></html>
 """
+
+
+def _signs_html(runs: list[dict]) -> str:
+    """The signs each run was not learning, with their evidence and lever; a line when none."""
+    rows = [
+        f"<tr><td>{html.escape(r['name'])}</td><td><code>{html.escape(s['name'])}</code></td>"
+        f"<td>{s['step']}–{s['last_step']}</td>{_left(s['evidence'])}{_left(s['lever'])}</tr>"
+        for r in runs for s in r["learning_signs"]
+    ]
+    if not rows:
+        return '<p id="learning-signs">No sign that a run was not learning.</p>'
+    return ('<h2>Signs that the run was not learning</h2><table id="learning-signs"><tr><th>run</th>'
+            "<th>sign</th><th>steps</th><th>evidence</th><th>try</th></tr>" + "".join(rows) + "</table>")
+
+
+def _left(text: str) -> str:
+    return f'<td style="text-align:left">{html.escape(text)}</td>'
 
 
 def _summary_cells(m: dict | None) -> str:

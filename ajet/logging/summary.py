@@ -11,6 +11,9 @@ prints it with rich. Two kinds of run directory:
   one; the agent metrics come from the same reports, and the commands point at the last
   training stage that wrote token records.
 
+Both list the signs that training was not learning (`ajet.logging.learning_signs`, recomputed
+from each metrics.jsonl, so they match the run's warnings).
+
 `ajet summary RUN_DIR` prints it for any finished run; the trainer prints it at the end.
 """
 
@@ -22,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ajet.logging.learning_signs import LearningSign, find_learning_signs
 from ajet.logging.metrics import read_metrics
 from ajet.logging.report import RunDataError
 
@@ -52,6 +56,9 @@ class RunSummary:
     wall_s: float | None = None
     view_dir: Path | None = None  # the run dir holding token records (None: none were written)
     report_dirs: list[Path] = field(default_factory=list)  # run dirs holding metrics.jsonl
+    # Signs that training was not learning (`ajet.logging.learning_signs`), recomputed from each
+    # metrics.jsonl: (the stage's dir name in a pipeline, "" for a single run, sign).
+    signs: list[tuple[str, LearningSign]] = field(default_factory=list)
 
     def commands(self) -> list[str]:
         out = []
@@ -82,7 +89,8 @@ def _training_summary(run_dir: Path) -> RunSummary:
     rows = read_metrics(run_dir / "metrics.jsonl")
     val = [r for r in rows if r.get("split") == "val"]
     train = [r for r in rows if r.get("split", "train") == "train"]
-    summary = RunSummary(run_dir=run_dir, report_dirs=[run_dir], view_dir=_records_dir([run_dir]))
+    summary = RunSummary(run_dir=run_dir, report_dirs=[run_dir], view_dir=_records_dir([run_dir]),
+                         signs=[("", sign) for sign in find_learning_signs(rows)])
     times = [r["time"] for r in rows if isinstance(r.get("time"), (int, float))]
     if len(times) > 1:
         summary.wall_s = max(times) - min(times)  # first to last record (set-up not included)
@@ -105,6 +113,9 @@ def _pipeline_summary(run_dir: Path) -> RunSummary:
     trained = [Path(s["run_dir"]) for s in stages if s.get("run_dir")]
     with_metrics = [d for d in trained if (d / "metrics.jsonl").is_file()]
     summary = RunSummary(run_dir=run_dir, report_dirs=with_metrics, view_dir=_records_dir(trained))
+    for stage_dir in with_metrics:
+        signs = find_learning_signs(read_metrics(stage_dir / "metrics.jsonl"))
+        summary.signs += [(stage_dir.name, sign) for sign in signs]
     if evals:
         first, last = _read_json(Path(evals[0]["eval"])), _read_json(Path(evals[-1]["eval"]))
         summary.before_label, summary.after_label = str(first.get("name")), str(last.get("name"))
@@ -152,6 +163,10 @@ def render_summary(summary: RunSummary, console: Any = None) -> None:
         change = f"{after - before:+.3f}" if before is not None and after is not None else ""
         table.add_row(label, _fmt(before), _fmt(after), change)
     console.print(table)
+    if summary.signs:
+        console.print("signs that the run was not learning:")
+        for label, sign in summary.signs:
+            console.print(f"  {f'[{label}] ' if label else ''}{sign.describe()}", markup=False, highlight=False)
     if summary.wall_s is not None:
         console.print(f"wall time: {summary.wall_s / 60:.1f} min ({summary.wall_s:.0f} s)")
     commands = summary.commands()

@@ -3,10 +3,12 @@
 A recipe builds its model, optimizer and schedule, hands them over with `attach`, then calls
 `run(train_step, validate=..., validate_at=...)`. Per step the loop: trains the step, advances
 the LR schedule once (the documented event: one training step, see `ajet.training.optim`),
-logs the metrics, updates the progress display, validates when asked and checkpoints every
-`trainer.save_every` steps. At the end: a last checkpoint and `RUN/final_model`. Ctrl-C saves a
-checkpoint of the last finished step first, so `--resume` continues from it. Memory freed goes
-back to the OS (`ajet.training.memory`): large tensors as they are freed (from the loop's start,
+logs the metrics, watches them for signs that the run is not learning
+(`ajet.logging.learning_signs`: a warning the first time each holds), updates the progress
+display, validates when asked and checkpoints every `trainer.save_every` steps. At the end: a
+last checkpoint and `RUN/final_model`. Ctrl-C saves a checkpoint of the last finished step
+first, so `--resume` continues from it. Memory freed goes back to the OS
+(`ajet.training.memory`): large tensors as they are freed (from the loop's start,
 `trainer.malloc_mmap_threshold_kb`), the rest after each step, so the rollout that follows
 starts from the model and optimizer state, not from the update's peak.
 """
@@ -21,7 +23,8 @@ from typing import Any
 
 from ajet.config import to_yaml
 from ajet.config.schema import AjetConfig
-from ajet.logging.metrics import MetricsLogger
+from ajet.logging.learning_signs import LearningSignsMonitor
+from ajet.logging.metrics import MetricsLogger, read_metrics
 from ajet.logging.progress import TrainingProgress
 from ajet.logging.records import drop_records_after
 from ajet.training.checkpoint import load_checkpoint, save_checkpoint
@@ -50,6 +53,8 @@ class TrainingLoop:
         self.metrics = MetricsLogger(run_dir, cfg.logging, run_name=cfg.project.name,
                                      config_dict={"yaml": to_yaml(cfg)}, resume_step=resume_step)
         closers.push(self.metrics.close, "metrics")
+        # Signs that the run is not learning, warned once each; a resumed run keeps its earlier steps.
+        self.signs = LearningSignsMonitor(read_metrics(self.metrics.path) if resume_step is not None else ())
         self.progress: Any = None
         self._model: Any = None
         self._tokenizer: Any = None
@@ -111,7 +116,8 @@ class TrainingLoop:
                 metrics["actor/lr"] = lr
                 self.step += 1
                 self.log(metrics)
-                self.progress.step_done(self.step, metrics)
+                self.signs.observe(self.step, metrics)
+                self.progress.step_done(self.step, metrics, signs=self.signs.active)
                 if after_step is not None:
                     after_step(self.step)
                 if validate is not None and validate_at(self.step):
