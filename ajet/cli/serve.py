@@ -13,8 +13,12 @@ from typing import Annotated, Any
 
 import typer
 
+from ajet.backbones.registry import checked_backbone
 from ajet.cli.common import Conf, ExpDir, Overrides, Quiet, Resume, config_overrides, user_errors
+from ajet.config import load_config
+from ajet.config.schema import RL_ALGORITHMS
 from ajet.errors import UserError
+from ajet.logging.setup import configure_logging
 
 log = logging.getLogger(__name__)
 
@@ -38,16 +42,13 @@ def serve(
     resume: Resume = False,
     quiet: Quiet = False,
 ) -> None:
-    from ajet.config import load_config
-
     with user_errors():
         extra = config_overrides(overrides, serve__host=host, serve__port=port, project__exp_dir=exp_dir,
                                  logging__quiet=quiet)
         cfg = load_config(conf, extra, require_workflow=False)
         _check(cfg)
+        # torch (the trainer) and agentscope (the episode API): not for `ajet serve --help`
         from ajet.backbones.debug.trainer import train
-        from ajet.backbones.registry import checked_backbone
-        from ajet.logging.setup import configure_logging
         from ajet.rollout.remote import RemoteWorkflow
 
         checked_backbone("debug", cfg, str(conf))
@@ -68,11 +69,13 @@ def served_episodes(recipe: Any) -> Any:
 
 
 def _check(cfg: Any) -> None:
-    from ajet.config.schema import RL_ALGORITHMS
-
     if cfg.algorithm.name not in RL_ALGORITHMS or cfg.pipeline.stages:
         raise UserError(f"ajet serve trains with RL (grpo, rloo, reinforce_pp, ppo); "
                         f"algorithm.name={cfg.algorithm.name.value} / pipeline.stages are for `ajet train`.", 2)
+    if cfg.judge.type == "group_rank":
+        raise UserError("judge.type=group_rank scores a group once all its episodes have ended, but the "
+                        "episode API gives each episode its reward when it finishes; with `ajet serve`, "
+                        "finish episodes with a reward or use a per-episode judge (e.g. judge.type=llm).", 2)
     if cfg.trainer.val_every:
         raise UserError("trainer.val_every: validation runs a workflow in-process, and `ajet serve` has none; "
                         "set trainer.val_every=0 (evaluate checkpoints with `ajet eval`).", 2)

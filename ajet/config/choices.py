@@ -94,7 +94,7 @@ class EvalSplit(str, Enum):
 
 
 # judge.type: one of these, or "package.module:ClassName" / "file.py:ClassName".
-BUILTIN_JUDGES = ("none", "math", "exact_match", "countdown", "llm", "composite")
+BUILTIN_JUDGES = ("none", "math", "exact_match", "countdown", "llm", "composite", "group_rank")
 
 
 class LossAgg(str, Enum):

@@ -145,12 +145,37 @@ class TaskReaderConfig:
 
 
 @dataclass
+class GroupRankConfig:
+    # judge.type=group_rank (ajet/judge/group_rank.py): an LLM judge sees the rollout.n episodes of
+    # a task together and scores each in [0, 1] by this rubric, comparing them with each other.
+    rubric: str = (
+        "A better trajectory solves the task correctly and completely, with a clear final answer; "
+        "among correct ones, prefer those that use fewer and well-formed tool calls."
+    )
+    # What the judge sees of each episode: its final answer and (include_tool_calls) its tool
+    # calls with their results, cut to this many characters (half at least for the answer).
+    max_chars_per_trajectory: int = bounded(2000, Ge(100))
+    include_tool_calls: bool = True
+    # The judge model: "" = the policy on the local engine (its calls are never recorded or
+    # trained); else an OpenAI-compatible endpoint, with model and the env var of its API key.
+    base_url: str = ""
+    model: str = ""
+    api_key_env: str = "OPENAI_API_KEY"
+    temperature: float = bounded(0.0, Ge(0))
+    max_tokens: int = bounded(512, Ge(16))
+    # An episode counts as a success when its score is at least this.
+    success_threshold: float = bounded(0.7, Interval(ge=0, le=1))
+
+
+@dataclass
 class JudgeConfig:
     # One of BUILTIN_JUDGES (none: the workflow returns the reward), or
     # "package.module:ClassName" / "file.py:ClassName" for a custom judge.
     type: str = "none"
     # Judge-specific keyword arguments (e.g. tolerance, rubric, components).
     params: dict = field(default_factory=dict)
+    # The settings of judge.type=group_rank (read by no other judge).
+    group_rank: GroupRankConfig = field(default_factory=GroupRankConfig)
 
 
 @dataclass

@@ -52,6 +52,8 @@ def validate(cfg: AjetConfig, *, require_workflow: bool = True) -> list[tuple[st
         "judge.type",
         f"'{judge}' is not one of {BUILTIN_JUDGES} nor 'module:ClassName'",
     )
+    if judge == "group_rank":
+        problems.extend(group_rank_problems(cfg))
 
     r = cfg.rollout
     need(
@@ -99,4 +101,23 @@ def validate(cfg: AjetConfig, *, require_workflow: bool = True) -> list[tuple[st
         need(bool(tr.generate.documents), "task_reader.generate.documents", "list at least one text file")
         for doc in tr.generate.documents:
             need(Path(doc).is_file(), "task_reader.generate.documents", f"file not found: {doc}")
+    return problems
+
+
+def group_rank_problems(cfg: AjetConfig) -> list[tuple[str, str]]:
+    """judge.type=group_rank: a group to compare, its own settings, a reply that fits the engine."""
+    problems: list[tuple[str, str]] = []
+    g = cfg.judge.group_rank
+    if cfg.rollout.n < 2:
+        problems.append(("rollout.n", f"is {cfg.rollout.n}, but judge.type=group_rank scores the rollout.n "
+                                      "episodes of a task against each other; set rollout.n >= 2 (e.g. 4)"))
+    if cfg.judge.params:
+        problems.append(("judge.params", f"{sorted(cfg.judge.params)} is not read by judge.type=group_rank; "
+                                         "set judge.group_rank.<key> instead"))
+    if g.base_url and not g.model:
+        problems.append(("judge.group_rank.model", f"required with judge.group_rank.base_url={g.base_url}"))
+    if not g.base_url and g.max_tokens > cfg.context.max_call_tokens:
+        problems.append(("judge.group_rank.max_tokens", f"{g.max_tokens} exceeds context.max_call_tokens="
+                                                        f"{cfg.context.max_call_tokens} (the policy judges); "
+                                                        "lower it or raise context.max_call_tokens"))
     return problems

@@ -22,6 +22,7 @@ REGISTRY: dict[str, str] = {
     "countdown": "ajet.judge.countdown:CountdownJudge",
     "llm": "ajet.judge.llm_judge:LLMJudge",
     "composite": "ajet.judge.composite:CompositeJudge",
+    "group_rank": "ajet.judge.group_rank:GroupRankJudge",  # scores whole groups (see below)
 }
 assert set(REGISTRY) == set(BUILTIN_JUDGES) - {"none"}, "ajet.config.schema.BUILTIN_JUDGES and REGISTRY differ"
 BUILTINS = tuple(REGISTRY)
@@ -36,10 +37,17 @@ def build_judge(cfg: JudgeConfig, *, llm_client_factory: Callable[[], Any] | Non
     """The configured judge, instantiated with `cfg.params`; None for `type: none`.
 
     `llm_client_factory() -> openai.AsyncOpenAI`-like client (from the backbone) is passed to
-    judges whose constructor accepts it (`llm`, `composite`, custom judges that ask for it).
+    judges whose constructor accepts it (`llm`, `composite`, `group_rank`, custom judges that
+    ask for it). `group_rank` is built from `cfg.group_rank` and scores groups, not episodes
+    (`ajet.judge.group_rank`).
     """
     if cfg.type == "none":
         return None
+    if cfg.type == "group_rank":  # configured by judge.group_rank; no per-episode compute_reward
+        if cfg.params:
+            raise JudgeError(f"judge.params {sorted(cfg.params)} is not read by judge.type=group_rank; "
+                             "set judge.group_rank.<key> instead")
+        return _builtin("group_rank")(cfg.group_rank, llm_client_factory=llm_client_factory)
     if cfg.type in BUILTINS:
         cls: Any = _builtin(cfg.type)
     elif ":" in cfg.type:

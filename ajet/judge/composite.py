@@ -141,6 +141,9 @@ def _build_component(name: str, spec: dict, factory: Callable[[], Any] | None) -
 def _sub_judge(where: str, spec: Any, factory: Callable[[], Any] | None) -> Any:
     if not isinstance(spec, dict) or "type" not in spec:
         raise JudgeError(f"{where}: a sub-judge is {{type: <judge type>, params: {{...}}}}, got {spec!r}")
+    if spec["type"] == "group_rank":
+        raise JudgeError(f"{where}: group_rank scores a whole group, not one episode; it cannot be "
+                         "a component (use it as judge.type=group_rank, or type: llm here)")
     judge = build_judge(JudgeConfig(type=spec["type"], params=dict(spec.get("params") or {})),
                         llm_client_factory=factory)
     if judge is None:

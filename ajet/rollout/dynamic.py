@@ -47,8 +47,9 @@ async def sample_with_signal(
     """Roll out until `batch_size` groups have unequal rewards, or the cap is reached.
 
     Returns the result (all episodes of every round in `episodes`; the kept groups' ok
-    episodes in `ok_episodes`, in the order their groups were kept) and the `dynamic/*`
-    metrics.
+    episodes in `ok_episodes`, in the order their groups were kept; the rounds' own
+    `extra_metrics`, such as the group judge's `judge/group_*` counts, summed) and the
+    `dynamic/*` metrics.
     """
     if batch_size < 1 or max_rounds < 1:
         raise ValueError(f"batch_size and max_rounds must be >= 1, got {batch_size} and {max_rounds}")
@@ -57,12 +58,15 @@ async def sample_with_signal(
     kept: dict[str, list[Episode]] = {}  # group id -> its ok episodes, in keep order
     dropped: list[str] = []
     surplus = sampled = rounds = max_in_flight = 0
+    summed: dict[str, float] = {}  # the rounds' own metrics (e.g. the group judge's cost), summed
     request = batch_size
     while request > 0:
         tasks = next_tasks(request)
         if not tasks:
             break
-        round_episodes, in_flight = _episodes_of(await rollout(tasks, rounds))
+        round_episodes, in_flight, round_metrics = _episodes_of(await rollout(tasks, rounds))
+        for key, value in round_metrics.items():
+            summed[key] = summed.get(key, 0.0) + value
         rounds += 1
         sampled += len(tasks)
         max_in_flight = max(max_in_flight, in_flight)
@@ -80,7 +84,7 @@ async def sample_with_signal(
                     len(kept), batch_size, sampled, budget)
     result = RolloutResult(
         episodes=episodes, ok_episodes=[e for group in kept.values() for e in group],
-        dropped_groups=dropped, max_in_flight=max_in_flight,
+        dropped_groups=dropped, max_in_flight=max_in_flight, extra_metrics=summed,
     )
     metrics = {
         "dynamic/rounds": float(rounds),
@@ -102,10 +106,10 @@ def _next_request(missing: int, kept: int, sampled: int, left: int, batch_size: 
     return min(wanted, batch_size, left)
 
 
-def _episodes_of(result: Any) -> tuple[list[Episode], int]:
+def _episodes_of(result: Any) -> tuple[list[Episode], int, dict[str, float]]:
     if isinstance(result, RolloutResult):
-        return list(result.episodes), result.max_in_flight
-    return list(result), 0
+        return list(result.episodes), result.max_in_flight, dict(result.extra_metrics)
+    return list(result), 0, {}
 
 
 def _split_groups(episodes: Sequence[Episode]) -> tuple[dict[str, list[Episode]], list[str]]:

@@ -11,11 +11,14 @@ from typing import Any, Literal
 
 from ajet.workflow import WorkflowOutput, WorkflowTask
 
-EpisodeStatus = Literal["ok", "failed", "timeout"]
+EpisodeStatus = Literal["ok", "failed", "timeout", "pending"]
 
 OK = "ok"
 FAILED = "failed"
 TIMEOUT = "timeout"
+# Ended, waiting for its group's judge (judge.type=group_rank; `ajet.rollout.group_judging`):
+# never trained on unless that judge scores it, which makes it "ok".
+PENDING = "pending"
 
 
 @dataclass
@@ -27,7 +30,8 @@ class Episode:
     `bad_output` (not a WorkflowOutput, a field of the wrong type, a NaN/inf reward), `no_reward`,
     `judge_error:<ExceptionType>` (also `:bad_return`, `:non_finite_reward`), `judge_timeout`,
     `infrastructure:<ExceptionType>` (retries exhausted), `session_error:<ExceptionType>`,
-    `tracker_error:<ExceptionType>`. `error_message` holds the human-readable detail
+    `tracker_error:<ExceptionType>`, `group_judge:<unreadable|call_error|timeout>` (the group
+    judge failed; its whole group is dropped). `error_message` holds the human-readable detail
     (the traceback for exceptions).
     """
 
@@ -55,6 +59,9 @@ class Episode:
     policy_versions: list[int] = field(default_factory=list)
     duration_s: float = 0.0
     retries: int = 0
+    # What a group judge sees of the episode (`ajet.judge.group_rank.Trajectory`); only set
+    # while the episode is pending.
+    trajectory: Any = None
 
     @property
     def ok(self) -> bool:

@@ -11,11 +11,14 @@ import logging
 import math
 import statistics
 from collections import Counter, defaultdict
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 
 from ajet.config.schema import RolloutConfig
+from ajet.judge.group_rank import GroupRankJudge
 from ajet.rollout.agent_metrics import agent_metrics
 from ajet.rollout.episode import FAILED, OK, TIMEOUT, Episode
+from ajet.rollout.group_judging import GroupJudging
 from ajet.rollout.runner import TaskRunner
 from ajet.rollout.sync_threads import use_daemon_default_executor
 from ajet.rollout.watchdog import LoopWatchdog
@@ -152,7 +155,8 @@ class RolloutManager:
 
         Episode ids are `f"{episode_prefix}{task_id}-e{i}"` (e.g. prefix "s3-" for step 3);
         a task id repeated in `tasks` continues the numbering, so ids stay unique. The group
-        id is the task id.
+        id is the task id. With a group judge (judge.type=group_rank) each group is scored as
+        soon as its episodes have ended; a group it fails to score is dropped.
         """
         n = self.config.n if n is None else n
         if n < 1:
@@ -175,21 +179,24 @@ class RolloutManager:
                     in_flight -= 1
 
         jobs = [
-            one(task, episode_id) for task, episode_id in _episode_ids(tasks, n, episode_prefix)
+            (task.task_id, one(task, episode_id)) for task, episode_id in _episode_ids(tasks, n, episode_prefix)
         ]
+        judge = getattr(self.runner, "judge", None)
+        judging = GroupJudging(judge, self.config.episode_timeout_s) if isinstance(judge, GroupRankJudge) else None
         watchdog = None
         if self.config.blocked_loop_warn_s > 0:
             watchdog = LoopWatchdog(asyncio.get_running_loop(), threshold_s=self.config.blocked_loop_warn_s)
             watchdog.start()
         try:
-            episodes = list(await asyncio.gather(*jobs))
+            episodes = await _run_groups(jobs, judging)
         finally:
             if watchdog is not None:
                 watchdog.stop()
         ok = [e for e in episodes if e.status == OK]
-        dropped: list[str] = []
+        dropped: list[str] = list(judging.failed_groups) if judging else []
         if self.config.drop_equal_reward_groups:
-            ok, dropped = drop_equal_reward_groups(ok)
+            ok, no_signal = drop_equal_reward_groups(ok)
+            dropped += no_signal
         failed = sum(e.status == FAILED for e in episodes)
         timeouts = sum(e.status == TIMEOUT for e in episodes)
         if failed or timeouts:
@@ -199,7 +206,24 @@ class RolloutManager:
         return RolloutResult(
             episodes=episodes, ok_episodes=ok, dropped_groups=dropped,
             max_in_flight=max_in_flight, warned_keys=self._warned_keys,
+            extra_metrics=judging.metrics() if judging else {},
         )
+
+
+async def _run_groups(jobs: list[tuple[str, Awaitable[Episode]]], judging: GroupJudging | None) -> list[Episode]:
+    """Run (group id, episode) jobs; the episodes in job order. With `judging`, each group is
+    scored as soon as its own episodes have ended, while the others still run."""
+    futures = [asyncio.ensure_future(job) for _, job in jobs]  # started in job order either way
+    if judging is not None:
+        groups: dict[str, list[asyncio.Future[Episode]]] = defaultdict(list)
+        for (group_id, _), future in zip(jobs, futures, strict=True):
+            groups[group_id].append(future)
+
+        async def judged(members: list[asyncio.Future[Episode]]) -> None:
+            await judging.score(list(await asyncio.gather(*members)))
+
+        await asyncio.gather(*(judged(members) for members in groups.values()))
+    return list(await asyncio.gather(*futures))
 
 
 def _episode_ids(tasks: list[WorkflowTask], n: int, prefix: str) -> list[tuple[WorkflowTask, str]]:

@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ajet.config.schema import RolloutConfig
+from ajet.judge.base import JudgeError
+from ajet.judge.group_rank import GroupRankJudge
 from ajet.judge.private_keys import private_metadata_keys as judge_private_keys
 from ajet.rollout.episode import FAILED, OK, TIMEOUT, Episode
 from ajet.rollout.manager import RolloutResult, drop_equal_reward_groups
@@ -104,6 +106,9 @@ class EpisodeBroker:
         """`reader`: the task reader (`next_batch(1)`); `sessions`: opens a tracked session per
         episode (its tuner mints the episode key); `policy_version`: the engine's current version;
         `private_metadata_keys`: task metadata kept from clients (None: what `judge` compares with)."""
+        if isinstance(judge, GroupRankJudge):  # `finish` answers with the episode's reward
+            raise JudgeError("judge.type=group_rank cannot score episodes of the episode API (each gets its "
+                             "reward when it finishes); use a per-episode judge, e.g. judge.type=llm")
         self.reader, self.judge, self.sessions, self.rollout = reader, judge, sessions, rollout
         self.batch_size, self.total_steps = batch_size, total_steps
         self.max_staleness, self.role = max_staleness, role

@@ -18,8 +18,10 @@ import numbers
 import traceback
 from typing import Any
 
+from ajet.judge.base import answer_text
+from ajet.judge.group_rank import GroupRankJudge, Trajectory
 from ajet.rollout.agent_metrics import count_tool_calls
-from ajet.rollout.episode import FAILED, OK, TIMEOUT, Episode
+from ajet.rollout.episode import FAILED, OK, PENDING, TIMEOUT, Episode
 from ajet.workflow import WorkflowOutput
 
 logger = logging.getLogger(__name__)
@@ -31,8 +33,9 @@ async def score_episode(
     """Set `episode`'s output, reward, success and status from what the workflow returned.
 
     A `WorkflowOutput` with a finite reward keeps it; with `reward=None` the judge scores it
-    (and the judge's verdict is written back into the output). Anything else, a NaN/inf
-    reward included, fails the episode (`workflow` names the workflow in the message).
+    (and the judge's verdict is written back into the output), or, for a group judge, the
+    episode is left pending for its group's verdict (`ajet.rollout.group_judging`). Anything
+    else, a NaN/inf reward included, fails the episode (`workflow` names the workflow in the message).
     """
     if not isinstance(output, WorkflowOutput):
         bad_output(episode, (
@@ -54,6 +57,9 @@ async def score_episode(
             "WorkflowOutput(reward=...) or set judge.type (e.g. judge.type=math)"
         )
         log_failure(episode, None)
+        return
+    elif isinstance(judge, GroupRankJudge):
+        episode.status = PENDING  # scored with its group once every episode of it has ended
         return
     else:
         judged = await _judge(episode, output, judge, timeout_s)
@@ -126,7 +132,8 @@ def bad_output(episode: Episode, what: str, *, workflow: str = "") -> None:
 
 def collect_tracker(episode: Episode, tracker: Any) -> None:
     """Copy the tracker's call count, tool-call counts, stats and policy versions into `episode`, and its timelines
-    when the episode is ok (a failed episode is never trained on)."""
+    when the episode is ok or pending (a failed episode is never trained on); for a pending one,
+    also what its group judge will see."""
     if tracker is None:
         return
     try:
@@ -141,10 +148,12 @@ def collect_tracker(episode: Episode, tracker: Any) -> None:
         episode.tracker_stats = (
             dataclasses.asdict(stats) if dataclasses.is_dataclass(stats) else dict(stats)
         )
-        if episode.status == OK:
+        if episode.status in (OK, PENDING):
             episode.timelines = list(tracker.timelines())
+        if episode.status == PENDING:
+            episode.trajectory = Trajectory.from_calls(calls, answer_text(episode.output) if episode.output else "")
     except Exception as exc:  # noqa: BLE001 - a broken tracker fails this episode only
-        if episode.status == OK:
+        if episode.status in (OK, PENDING):
             fail(episode, f"tracker_error:{type(exc).__name__}", exc)
             log_failure(episode, exc)
         else:

@@ -34,7 +34,7 @@ def test_none_and_builtins() -> None:
         judge = build_judge(JudgeConfig(type=name))
         assert isinstance(judge, Judge)
     assert build_judge(JudgeConfig(type="math", params={"tol": 0.5})).tol == 0.5
-    assert set(BUILTINS) == {"math", "exact_match", "countdown", "llm", "composite"}
+    assert set(BUILTINS) == {"math", "exact_match", "countdown", "llm", "composite", "group_rank"}
 
 
 def test_unknown_param_lists_accepted() -> None:
