@@ -121,13 +121,13 @@ def common_refusals(cfg: AjetConfig, backbone: str) -> list[tuple[str, str]]:
                                              "generate them with --backbone=debug first, then "
                                              "point task_reader.jsonl at the result"))
     if cfg.task_reader.curriculum.key:
+        problems.append(("task_reader.curriculum.key", f"is applied by the debug backbone's task "
+                                                       f"reader; {backbone} reads the train tasks in "
+                                                       "its own order: set it to '' (off)"))
     if cfg.judge.type == "group_rank":
         problems.append(("judge.type", f"=group_rank scores a group's episodes together, and {backbone} "
                                        "runs each episode on its own (its worker sees no group); use "
                                        "--backbone=debug, or a per-episode judge (e.g. judge.type=llm)"))
-        problems.append(("task_reader.curriculum.key", f"is applied by the debug backbone's task "
-                                                       f"reader; {backbone} reads the train tasks in "
-                                                       "its own order: set it to '' (off)"))
     return problems
 
 
