@@ -18,10 +18,17 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ajet.config.schema import AjetConfig, Algorithm, Stage
+from ajet.backbones.debug.trainer import train as train_rl
+from ajet.config.schema import AjetConfig, Algorithm, PipelineConfig, Stage
 from ajet.config.stages import apply_override
+from ajet.config.validate import validate
+from ajet.dpo.trainer import train_dpo
 from ajet.errors import ConfigError, UserError
+from ajet.eval.runner import evaluate, metrics_table
 from ajet.files import write_json_atomic
+from ajet.sft.trainer import train_sft
+from ajet.training.memory import release_memory
+from ajet.training.run_dir import run_dir_of
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +38,6 @@ log = logging.getLogger(__name__)
 def single_stage_config(cfg: AjetConfig, stage: str, *, where: str = "") -> AjetConfig:
     """`cfg` as one stage runs it: its `pipeline.overrides` merged in, its algorithm set, validated."""
     import dataclasses
-
-    from ajet.config.schema import PipelineConfig
-    from ajet.config.validate import validate
 
     if stage not in {s.value for s in Stage}:
         raise ConfigError(f"{where}unknown stage '{stage}'; use one of {[s.value for s in Stage]}")
@@ -81,24 +85,14 @@ def run(cfg: AjetConfig, runner: Any, *, backbone: str, with_ray: bool = False, 
 def run_stage(cfg: AjetConfig, stage: str, *, workflow: Any = None, resume: bool = False) -> Path:
     """Run one training stage; return its run directory (the model is in RUN/final_model)."""
     if stage == "sft":
-        from ajet.sft.trainer import train_sft
-
         return train_sft(cfg, resume=resume)
     if stage == "dpo":
-        from ajet.dpo.trainer import train_dpo
-
         return train_dpo(cfg, resume=resume, workflow=workflow)
-    from ajet.backbones.debug.trainer import train
-
-    return train(cfg, resume=resume, workflow=workflow)
+    return train_rl(cfg, resume=resume, workflow=workflow)
 
 
 def run_pipeline(cfg: AjetConfig, *, workflow: Any = None, resume: bool = False) -> Path:
     """Run every stage in order; return the pipeline's run directory."""
-    from ajet.eval.runner import evaluate
-    from ajet.training.memory import release_memory
-    from ajet.training.run_dir import run_dir_of
-
     run_dir = run_dir_of(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     model_path, label = cfg.model.path, "base"
@@ -137,8 +131,6 @@ def _table_text(reports: list[dict[str, Any]]) -> str:
     import io
 
     from rich.console import Console
-
-    from ajet.eval.runner import metrics_table
 
     buffer = io.StringIO()
     Console(file=buffer, width=120, color_system=None).print(metrics_table(reports))

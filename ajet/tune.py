@@ -24,6 +24,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ajet.backbones.registry import checked_backbone
+from ajet.config import load_config
+from ajet.logging.setup import configure_logging
 from ajet.rollout.loader import as_workflow
 from ajet.workflow import Workflow
 
@@ -47,22 +50,15 @@ def tune(
     `ajet.config.ConfigError` for a bad config, before anything heavy starts.
     """
     wf = as_workflow(workflow)  # pure checks: nothing heavy imported yet
-    from ajet.backbones.registry import checked_backbone
-    from ajet.config import load_config
-
     cfg = load_config(config_path, list(overrides), require_workflow=False)
     if cfg.workflow.target:
         logger.info(
             "ajet.tune: using the workflow passed in, not workflow.target=%s", cfg.workflow.target
         )
     runner = checked_backbone(backbone, cfg, str(config_path))
-    import logging as _logging
-
-    if not _logging.getLogger().handlers:  # a script, not an app with its own logging setup
-        from ajet.logging.setup import configure_logging
-
+    if not logging.getLogger().handlers:  # a script, not an app with its own logging setup
         configure_logging(cfg.logging.level, quiet=cfg.logging.quiet)
-    from ajet.pipeline import run
+    from ajet.pipeline import run  # imports torch: ajet.tune stays light until a run starts
 
     run(cfg, runner, backbone=backbone, with_ray=with_ray, resume=resume, workflow=wf)
 

@@ -84,7 +84,7 @@ def main() -> None:
     try:
         rows["grammar"] = asyncio.run(run_mode(engine, chat, rollout, context, args.episodes))
         rows["forced"] = asyncio.run(run_mode(engine, chat, prefix_only, context, args.episodes))
-        with mock.patch("ajet.engine.chat.tool_choice_prefix", lambda *args, **kwargs: ""):
+        with mock.patch("ajet.tuner.session.tool_choice_prefix", lambda *args, **kwargs: ""):
             rows["unforced"] = asyncio.run(run_mode(engine, chat, prefix_only, context, args.episodes))
     finally:
         engine.close()

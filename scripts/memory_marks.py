@@ -21,6 +21,7 @@ import re
 import sys
 import threading
 import time
+import types
 import weakref
 from typing import Any
 
@@ -71,6 +72,8 @@ def _watch_engines() -> None:
 
 
 def _wrap(owner: Any, name: str, label: str, *, enter: bool = True) -> None:
+    """Replace `owner.name` with a marked wrapper; for a module function, also in every loaded
+    ajet module that imported it (`from ajet.x import fn` binds the function at the top)."""
     fn = getattr(owner, name)
 
     @functools.wraps(fn)
@@ -83,6 +86,10 @@ def _wrap(owner: Any, name: str, label: str, *, enter: bool = True) -> None:
             mark(f"< {label}")
 
     setattr(owner, name, marked)
+    if isinstance(owner, types.ModuleType):
+        for module in list(sys.modules.values()):
+            if module is not None and module.__name__.startswith("ajet") and getattr(module, name, None) is fn:
+                setattr(module, name, marked)
 
 
 def install() -> None:
@@ -95,6 +102,7 @@ def install() -> None:
     import ajet.eval.runner as eval_runner
     import ajet.forward.packed as packed_forward
     import ajet.models.load as load
+    import ajet.pipeline  # noqa: F401 - loads the modules that import the wrapped functions
     import ajet.rollout.local as rollout
     import ajet.sft.step as sft_step
     import ajet.training.loop as loop

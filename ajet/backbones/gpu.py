@@ -14,9 +14,14 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from ajet.config import load_config
 from ajet.config.schema import AjetConfig, Algorithm, ReaderType, TrinityConfig, VerlConfig
 from ajet.context.samples import episode_samples
 from ajet.errors import SetupError
+from ajet.launcher import visible_gpus
+from ajet.models.resolve import ModelNotFoundError, resolve_model_path
+from ajet.rollout.loader import as_workflow, load_workflow, target_of
+from ajet.training.run_dir import run_dir_of
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +37,6 @@ VERL_ESTIMATORS = {
 def require_gpus(backbone: str, extra: str, module: str) -> None:
     """Fail with a clear message when the backbone cannot run on this machine."""
     import importlib.util
-
-    from ajet.launcher import visible_gpus
 
     if not visible_gpus():
         raise SetupError(
@@ -57,24 +60,18 @@ def with_workflow(cfg: AjetConfig, workflow: Any) -> AjetConfig:
         return cfg
     import dataclasses
 
-    from ajet.rollout.loader import as_workflow, target_of
-
     target = target_of(as_workflow(workflow))
     return dataclasses.replace(cfg, workflow=dataclasses.replace(cfg.workflow, target=target))
 
 
 def run_dir(cfg: AjetConfig) -> Path:
     """The run directory (absolute): every output of the run goes under it."""
-    from ajet.training.run_dir import run_dir_of
-
     return run_dir_of(cfg).resolve()
 
 
 def model_path_for(cfg: AjetConfig) -> tuple[str, bool]:
     """(local checkpoint path, found): the resolved model directory, or the configured
     string when it cannot be resolved on this machine (dry-run on a laptop)."""
-    from ajet.models.resolve import ModelNotFoundError, resolve_model_path
-
     try:
         return str(resolve_model_path(cfg.model.path, cfg.model.cache_dir)), True
     except ModelNotFoundError as exc:
@@ -199,7 +196,7 @@ class EpisodeRuntime:
     _instances: dict[str, EpisodeRuntime] = {}
 
     def __init__(self, cfg: AjetConfig, engine: Any, tokenizer: Any) -> None:
-        from ajet.rollout.loader import load_workflow
+        # imports agentscope and ray (ajet.tuner): gpu.py is on the path of ajet --dry-run
         from ajet.rollout.stack import RolloutStack
 
         self.cfg = cfg
@@ -215,11 +212,9 @@ class EpisodeRuntime:
         """The process-wide runtime for `config_path`, built on first use with
         `engine_factory(tokenizer)`; `tokenizer` is a tokenizer or a path to load one from."""
         if config_path not in cls._instances:
-            from ajet.config import load_config
-
             cfg = load_config(config_path)
             if isinstance(tokenizer, str):
-                from transformers import AutoTokenizer
+                from transformers import AutoTokenizer  # heavy: gpu.py is on the path of --dry-run
 
                 tokenizer = AutoTokenizer.from_pretrained(tokenizer)
             cls._instances[config_path] = cls(cfg, engine_factory(tokenizer), tokenizer)

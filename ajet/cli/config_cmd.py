@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from ajet.cli.common import user_errors
+from ajet.config import defaults_yaml, load_config, to_yaml
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)
 
@@ -18,8 +19,6 @@ def config(
     conf: Annotated[Path | None, typer.Option("--conf", "-c", help="A run's YAML.")] = None,
     overrides: Annotated[list[str] | None, typer.Argument(help="KEY=VALUE overrides.")] = None,
 ) -> None:
-    from ajet.config import defaults_yaml, load_config, to_yaml
-
     with user_errors():
         if defaults or conf is None:
             typer.echo(defaults_yaml(), nl=False)

@@ -8,6 +8,8 @@ from typing import Annotated
 import typer
 
 from ajet.cli.common import Conf, ExpDir, Overrides, config_overrides, user_errors
+from ajet.config import load_config
+from ajet.logging.setup import configure_logging
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)
 
@@ -31,8 +33,6 @@ def eval_(
     name: Annotated[str | None, typer.Option("--name", help="Report name: RUN/eval/eval_<name>.json.")] = None,
     exp_dir: ExpDir = None,
 ) -> None:
-    from ajet.config import load_config
-
     with user_errors():
         path = None if model is None else Path(model).expanduser()
         extra = config_overrides(overrides, model__path=path.resolve() if path and path.exists() else model,
@@ -40,8 +40,8 @@ def eval_(
         cfg = load_config(conf, extra, require_workflow=False)
         from rich.console import Console
 
+        # both import torch: not for `ajet eval --help`
         from ajet.eval.runner import evaluate, metrics_table
-        from ajet.logging.setup import configure_logging
         from ajet.pipeline import single_stage_config
 
         cfg = single_stage_config(cfg, "eval")

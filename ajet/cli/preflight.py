@@ -6,6 +6,10 @@ imports, and `model.path` resolves. Nothing heavy is loaded: no model, no engine
 from __future__ import annotations
 
 from ajet.config.schema import AjetConfig
+from ajet.config.stages import needs_workflow
+from ajet.judge.build import BUILTINS, load_target
+from ajet.models.resolve import check_model_path
+from ajet.rollout.loader import load_workflow
 
 
 def preflight(cfg: AjetConfig) -> list[str]:
@@ -13,11 +17,6 @@ def preflight(cfg: AjetConfig) -> list[str]:
 
     Raises the same user error the real run would (workflow, judge or model not found).
     """
-    from ajet.config.stages import needs_workflow
-    from ajet.judge.build import BUILTINS, load_target
-    from ajet.models.resolve import check_model_path
-    from ajet.rollout.loader import load_workflow
-
     done = []
     if cfg.workflow.target and needs_workflow(cfg):
         workflow = load_workflow(cfg.workflow.target)

@@ -9,6 +9,7 @@ import typer
 
 from ajet.cli.common import user_errors
 from ajet.errors import UserError
+from ajet.logging.report import write_report
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)
 
@@ -21,8 +22,6 @@ def report(
         typer.Option("--out", "-o", help="Output folder [default: RUN_DIR/report, or RUN_DIR/report_compare for several runs]."),
     ] = None,
 ) -> None:
-    from ajet.logging.report import write_report
-
     with user_errors():
         for run_dir in run_dirs:
             if not run_dir.is_dir():

@@ -13,8 +13,12 @@ from typing import Annotated, Any
 
 import typer
 
+from ajet.backbones.registry import checked_backbone
 from ajet.cli.common import Conf, ExpDir, Overrides, Quiet, Resume, config_overrides, user_errors
+from ajet.config import load_config
+from ajet.config.schema import RL_ALGORITHMS
 from ajet.errors import UserError
+from ajet.logging.setup import configure_logging
 
 log = logging.getLogger(__name__)
 
@@ -38,16 +42,13 @@ def serve(
     resume: Resume = False,
     quiet: Quiet = False,
 ) -> None:
-    from ajet.config import load_config
-
     with user_errors():
         extra = config_overrides(overrides, serve__host=host, serve__port=port, project__exp_dir=exp_dir,
                                  logging__quiet=quiet)
         cfg = load_config(conf, extra, require_workflow=False)
         _check(cfg)
+        # torch (the trainer) and agentscope (the episode API): not for `ajet serve --help`
         from ajet.backbones.debug.trainer import train
-        from ajet.backbones.registry import checked_backbone
-        from ajet.logging.setup import configure_logging
         from ajet.rollout.remote import RemoteWorkflow
 
         checked_backbone("debug", cfg, str(conf))
@@ -57,9 +58,8 @@ def serve(
 
 def served_episodes(recipe: Any) -> Any:
     """The RL recipe's episode source under `ajet serve`, built at the end of its setup."""
-    from ajet.rollout.served import (
-        ServedEpisodes,  # imports agentscope: not for `ajet serve --help`
-    )
+    # imports agentscope: not for `ajet serve --help`
+    from ajet.rollout.served import ServedEpisodes
 
     return ServedEpisodes.start(
         recipe.cfg, engine=recipe.rollout.engine, chat=recipe.rollout.chat, reader=recipe.reader,
@@ -68,8 +68,6 @@ def served_episodes(recipe: Any) -> Any:
 
 
 def _check(cfg: Any) -> None:
-    from ajet.config.schema import RL_ALGORITHMS
-
     if cfg.algorithm.name not in RL_ALGORITHMS or cfg.pipeline.stages:
         raise UserError(f"ajet serve trains with RL (grpo, rloo, reinforce_pp, ppo); "
                         f"algorithm.name={cfg.algorithm.name.value} / pipeline.stages are for `ajet train`.", 2)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import typer
 
 from ajet.cli.common import Conf, ExpDir, Overrides, Quiet, Resume, config_overrides, user_errors
+from ajet.config import load_config
+from ajet.logging.setup import configure_logging
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)
 
@@ -19,12 +21,10 @@ app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions
 )
 def sft(conf: Conf, overrides: Overrides = None, exp_dir: ExpDir = None, resume: Resume = False,
         quiet: Quiet = False) -> None:
-    from ajet.config import load_config
-
     with user_errors():
         extra = config_overrides(overrides, project__exp_dir=exp_dir, logging__quiet=quiet)
         cfg = load_config(conf, extra, require_workflow=False)
-        from ajet.logging.setup import configure_logging
+        # both import torch: not for `ajet sft --help`
         from ajet.pipeline import single_stage_config
         from ajet.sft.trainer import train_sft
 

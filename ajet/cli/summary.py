@@ -9,6 +9,7 @@ import typer
 
 from ajet.cli.common import user_errors
 from ajet.errors import UserError
+from ajet.logging.summary import render_summary, summarize_run
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)
 
@@ -22,8 +23,6 @@ def summary(
         float | None, typer.Option("--wall-s", help="Wall time to show [default: from the run's records].")
     ] = None,
 ) -> None:
-    from ajet.logging.summary import render_summary, summarize_run
-
     with user_errors():
         if not run_dir.is_dir():
             raise UserError(f"{run_dir} is not a directory; pass a run directory")

@@ -9,6 +9,7 @@ import typer
 
 from ajet.cli.common import user_errors
 from ajet.errors import SetupError, UserError
+from ajet.logging.viewer import make_server, write_viewer
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)
 
@@ -22,8 +23,6 @@ def view(
     serve: Annotated[bool, typer.Option("--serve", help="Also serve it on 127.0.0.1 until Ctrl-C.")] = False,
     port: Annotated[int, typer.Option("--port", help="Port for --serve (0 picks a free one).")] = 8000,
 ) -> None:
-    from ajet.logging.viewer import make_server, write_viewer
-
     with user_errors():
         if not run_dir.is_dir():
             raise UserError(f"{run_dir} is not a directory; pass a run directory")

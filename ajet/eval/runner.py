@@ -16,7 +16,15 @@ from typing import Any
 
 from ajet.config.schema import AjetConfig
 from ajet.errors import EvalError
-from ajet.eval.metrics import EpisodeResult
+from ajet.eval.metrics import EpisodeResult, episode_result, summarize, write_report
+from ajet.models.load import load_model_and_tokenizer
+from ajet.models.resolve import resolve_model_path
+from ajet.rollout.agent_metrics import agent_metrics
+from ajet.rollout.loader import as_workflow, load_workflow
+from ajet.rollout.local import LocalRollout
+from ajet.task_reader import build_reader
+from ajet.training.memory import limit_heap_retention
+from ajet.training.model import model_window
 from ajet.training.run_dir import run_dir_of
 
 log = logging.getLogger(__name__)
@@ -40,16 +48,6 @@ def default_name(model_path: str) -> str:
 def evaluate(cfg: AjetConfig, *, workflow: Any = None, name: str | None = None,
              out_dir: Path | None = None) -> EvalReport:
     """Run `eval.n` episodes of each task of `eval.split` with `model.path`; write and return the report."""
-    from ajet.eval.metrics import episode_result, summarize, write_report
-    from ajet.models.load import load_model_and_tokenizer
-    from ajet.models.resolve import resolve_model_path
-    from ajet.rollout.agent_metrics import agent_metrics
-    from ajet.rollout.loader import as_workflow, load_workflow
-    from ajet.rollout.local import LocalRollout
-    from ajet.task_reader import build_reader
-    from ajet.training.memory import limit_heap_retention
-    from ajet.training.model import model_window
-
     e = cfg.eval
     wf = as_workflow(workflow) if workflow is not None else load_workflow(cfg.workflow.target)
     reader = build_reader(cfg.task_reader, seed=cfg.project.seed)

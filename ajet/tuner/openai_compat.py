@@ -13,6 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ajet.tuner.streaming import rest
+
 MODEL_NAME = "ajet-policy"
 
 
@@ -130,8 +132,6 @@ def stream_chunks(
     With `usage` (stream_options.include_usage), a last chunk with empty choices
     carries it, as OpenAI does.
     """
-    from ajet.tuner.streaming import rest
-
     created = int(time.time()) if created is None else created
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:

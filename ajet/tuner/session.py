@@ -17,9 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ajet.config.schema import ContextConfig, RolloutConfig
+from ajet.context.budget import call_budget, model_window
 from ajet.context.types import LLMCall
 from ajet.engine.base import Completion, InferenceEngine, SamplingParams
+from ajet.engine.chat import chosen_function, tool_choice_prefix
+from ajet.engine.grammar import json_grammar, tool_call_grammar
 from ajet.engine.sampling import policy_temperature
+from ajet.errors import InfrastructureError
 from ajet.tuner.streaming import TextStream, completion_text
 
 log = logging.getLogger(__name__)
@@ -253,7 +257,6 @@ class EpisodeSession:
         params = resolve_sampling(self.rollout, sampling_overrides)
         tools = tools or None
         tool_choice = self._first_call_tool_choice(role, tools, tool_choice)
-        from ajet.engine.chat import tool_choice_prefix
 
         try:
             prefix = tool_choice_prefix(tool_choice, tools)
@@ -280,8 +283,6 @@ class EpisodeSession:
             self._count_failure()
             raise
         except Exception as err:  # noqa: BLE001 - re-raised as an infrastructure failure
-            from ajet.errors import InfrastructureError
-
             self._count_failure()
             raise InfrastructureError(
                 f"episode {self.episode_id}: the inference engine failed: {type(err).__name__}: {err}"
@@ -294,9 +295,6 @@ class EpisodeSession:
     def _grammar(self, tool_choice: str | dict | None, tools: list[dict] | None,
                  response_format: dict | None) -> Any:
         """The grammar a call decodes under, or None (see `chat`)."""
-        from ajet.engine.chat import chosen_function
-        from ajet.engine.grammar import json_grammar, tool_call_grammar
-
         kind = (response_format or {}).get("type") if isinstance(response_format, dict) else None
         if response_format is not None and kind not in ("json_schema", "json_object", "text"):
             raise InvalidRequestError(
@@ -374,8 +372,6 @@ class EpisodeSession:
         characters, before it is rendered or tokenised (a 10 MB question took 74 s to
         tokenise). Assistant turns are not counted: some templates drop parts of them
         (e.g. earlier reasoning), and the count must stay a lower bound on the prompt."""
-        from ajet.context.budget import model_window
-
         window = model_window(self.context, self.model_max_len)
         if not window:
             return
@@ -395,8 +391,6 @@ class EpisodeSession:
             )
 
     def _budget(self, prompt_len: int, requested: int) -> int:
-        from ajet.context.budget import call_budget
-
         allowed = call_budget(prompt_len, requested, self.context, self.model_max_len)
         if allowed <= 0:
             self._count_failure()

@@ -125,14 +125,12 @@ def test_help_lists_the_new_commands() -> None:
 
 def test_debug_backbone_dispatches_sft_dpo_and_pipelines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import ajet.backbones.debug as backbone
-    import ajet.dpo.trainer
     import ajet.pipeline
-    import ajet.sft.trainer
     from ajet.errors import UserError
 
     calls: list[tuple[str, object]] = []
-    monkeypatch.setattr(ajet.sft.trainer, "train_sft", lambda cfg, resume=False: calls.append(("sft", cfg)))
-    monkeypatch.setattr(ajet.dpo.trainer, "train_dpo",
+    monkeypatch.setattr(ajet.pipeline, "train_sft", lambda cfg, resume=False: calls.append(("sft", cfg)))
+    monkeypatch.setattr(ajet.pipeline, "train_dpo",
                         lambda cfg, resume=False, workflow=None: calls.append(("dpo", cfg)))
     monkeypatch.setattr(ajet.pipeline, "run_pipeline",
                         lambda cfg, workflow=None, resume=False: calls.append(("pipeline", cfg)))

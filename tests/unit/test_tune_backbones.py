@@ -60,12 +60,11 @@ def test_tune_on_a_gpu_backbone_passes_the_workflow_as_its_target(
     import importlib
 
     import ajet
-    import ajet.backbones.gpu
 
-    monkeypatch.setattr(ajet.backbones.gpu, "require_gpus", lambda *args: None)
+    package = importlib.import_module(f"ajet.backbones.{backbone}")
+    monkeypatch.setattr(package, "require_gpus", lambda *args: None)
     seen = []
-    drivers = importlib.import_module(f"ajet.backbones.{backbone}.driver")
-    monkeypatch.setattr(drivers, driver, lambda cfg, resume=False: seen.append(cfg))
+    monkeypatch.setattr(package, driver, lambda cfg, resume=False: seen.append(cfg))
     ajet.tune(ModuleLevel, stub_run_conf(), backbone=backbone)
     (cfg,) = seen
     assert cfg.workflow.target == f"{__name__}:ModuleLevel"

@@ -20,6 +20,7 @@ from ajet.backbones.trinity.convert import write_taskset
 from ajet.backbones.trinity.translate import to_trinity_config
 from ajet.config import AjetConfig
 from ajet.errors import SetupError, UserError
+from ajet.launcher import Launcher, require_free_gpus
 from ajet.task_reader import build_reader
 from ajet.training.run_dir import prepare_run_dir
 
@@ -42,8 +43,6 @@ def prepare(cfg: AjetConfig, *, resume: bool) -> Path:
 
 
 def run_trinity(cfg: AjetConfig, *, resume: bool) -> None:
-    from ajet.launcher import Launcher, require_free_gpus
-
     t = cfg.trinity
     gpus = t.explorer_gpus + t.trainer_gpus
     require_free_gpus(gpus, "trinity")

@@ -24,6 +24,7 @@ from ajet.backbones.verl.translate import (
 )
 from ajet.config import AjetConfig
 from ajet.errors import SetupError, UserError
+from ajet.launcher import Launcher, require_free_gpus
 from ajet.task_reader import build_reader
 from ajet.training.run_dir import prepare_run_dir
 
@@ -50,8 +51,6 @@ def prepare(cfg: AjetConfig, *, resume: bool) -> list[str]:
 
 
 def run_verl(cfg: AjetConfig, *, resume: bool) -> None:
-    from ajet.launcher import Launcher, require_free_gpus
-
     if cfg.verl.nnodes == 1:
         require_free_gpus(cfg.verl.n_gpus_per_node, "verl")
     argv = [sys.executable, "-m", "verl.trainer.main_ppo", *prepare(cfg, resume=resume)]

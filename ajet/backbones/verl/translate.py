@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ajet.backbones.gpu import VERL_ESTIMATORS, common_refusals, run_dir
+from ajet.backbones.gpu import VERL_ESTIMATORS, common_refusals, flatten, run_dir
 from ajet.config.schema import AjetConfig, LossAgg
 
 AGENT_NAME = "ajet_agent"
@@ -162,8 +162,6 @@ def agent_loop_registry() -> list[dict[str, str]]:
 def hydra_overrides(overrides: dict[str, Any]) -> list[str]:
     """`key=value` command-line overrides for `python -m verl.trainer.main_ppo` (pure)."""
     import json
-
-    from ajet.backbones.gpu import flatten
 
     def render(value: Any) -> str:
         if value is None:
