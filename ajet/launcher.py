@@ -177,7 +177,7 @@ class Launcher:
         """Stop everything this launcher started (idempotent)."""
         try:
             if self._ray_initialized_here:
-                import ray
+                import ray  # heavy, and launcher.py is on the --dry-run path
 
                 ray.shutdown()
                 self._ray_initialized_here = False
@@ -241,7 +241,7 @@ class Launcher:
 
     # ------------------------------------------------------------------ ray
     def _ray_init(self) -> None:
-        import ray
+        import ray  # heavy, and launcher.py is on the --dry-run path
 
         if ray.is_initialized():
             log.info("ray: already initialised in this process; using it")

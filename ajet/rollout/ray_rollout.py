@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 def make_tuner_proxy(base_url: str, keys: dict[str, str], trainable_targets: list[str] | None,
                      timeout_s: float, role: str = "default", _shared: dict | None = None) -> Any:
     """A drop-in for ModelTuner inside an actor: AgentScope model + OpenAI-protocol helpers."""
-    from agentscope.model import OpenAIChatModel
+    from agentscope.model import OpenAIChatModel  # the actor side only
 
     shared = _shared if _shared is not None else {"models": {}}
     targets = set(trainable_targets or []) or None
@@ -190,7 +190,7 @@ class RayWorkflow(Workflow):
         return self
 
     async def execute(self, task: WorkflowTask, tuner: Any) -> Any:
-        import ray
+        import ray  # --with-ray only
 
         base_url = tuner.base_url_and_key("default")[0]
         keys = {role: tuner.base_url_and_key(role)[1] for role in self._roles}
@@ -232,7 +232,7 @@ def workflow_spec(workflow: Any, target: str | None) -> Any:
 
 
 def start_workers(spec: Any, count: int, max_concurrency: int) -> list:
-    import ray
+    import ray  # --with-ray only
 
     remote_cls = ray.remote(num_cpus=1, max_concurrency=max(1, max_concurrency))(EpisodeWorker)
     workers = [remote_cls.remote(spec) for _ in range(max(1, count))]
@@ -247,7 +247,7 @@ def build_ray_manager(ray_cfg: RayConfig, rollout: RolloutConfig, spec: Any, *,
                       trainable_targets: list[str] | None, judge: Any, sessions: Any) -> tuple[Any, Any]:
     """A `RolloutManager` whose episodes run in Ray actors (the engine, the sessions and the
     tracker stay in this process); returns it with the closer that stops the workers."""
-    import ray
+    import ray  # --with-ray only
 
     workers_n = max(1, ray_cfg.num_rollout_workers)
     launcher = None

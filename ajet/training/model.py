@@ -24,7 +24,7 @@ def load_trainable_model(cfg: ModelConfig, *, seed: int, gradient_checkpointing:
     torch.manual_seed(seed)
     model, tokenizer = load_model_and_tokenizer(cfg)
     if cfg.lora.enabled:
-        from peft import LoraConfig, get_peft_model
+        from peft import LoraConfig, get_peft_model  # LoRA runs only
 
         lora = cfg.lora
         model = get_peft_model(model, LoraConfig(

@@ -173,6 +173,7 @@ class ModelTuner(ChatModelBase):
         if not isinstance(messages, list):
             raise ValueError(f"messages must be a list of dicts, got {type(messages).__name__}")
         if structured_model is not None:
+            # a private agentscope helper, for structured_model calls only
             from agentscope._utils._common import _create_tool_from_base_model
 
             if tools or tool_choice:

@@ -61,6 +61,7 @@ def episode_experience_fields(samples: list[Sample], metrics: dict[str, float] |
 
 def to_experiences(fields: list[dict[str, Any]]) -> list[Any]:
     """The real Trinity objects (GPU path only: imports trinity)."""
+    # the trinity extra: only Trinity's workers call this; the functions above are pure
     from trinity.common.experience import EID, Experience
 
     out = []

@@ -153,7 +153,7 @@ def batch_meta(samples: list[Sample]) -> dict[str, list[Any]]:
 def to_dataproto(batch: dict[str, Any], meta: dict[str, list[Any]]) -> Any:
     """The real verl object (GPU path only: imports verl)."""
     import numpy as np
-    from verl.protocol import DataProto
+    from verl.protocol import DataProto  # the verl extra: only verl's workers call this
 
     non_tensors = {k: np.array(v, dtype=object) for k, v in meta.items()}
     return DataProto.from_dict(tensors=batch, non_tensors=non_tensors)
