@@ -379,7 +379,7 @@ class TrainerConfig:
     gradient_checkpointing: bool = False
     # The LM head's logits of trained tokens are computed this many tokens at a time and
     # recomputed in backward, so a micro-batch never holds its full [tokens x vocab] logits
-    # (0 = all at once). Exact either way; see ajet.context.logprobs.token_logprobs.
+    # (0 = all at once). Exact either way; see ajet.forward.logprobs.token_logprobs.
     logits_chunk_tokens: int = bounded(256, Ge(0))
     # Allocations of at least this many KB get their own memory mapping, returned to the OS as
     # soon as they are freed (glibc's M_MMAP_THRESHOLD; ajet.training.memory). Without it glibc

@@ -55,8 +55,9 @@ _INDEX_KEYS = ("trajectory", "id", "index")
 _LINE = re.compile(r"trajectory\s*#?\s*(\d+)\b[^\d\n]*?(-?\d+(?:\.\d+)?)", re.IGNORECASE)
 
 
-class UnreadableScores(JudgeError):
-    """The judge's reply does not give every trajectory one score in [0, 1]."""
+class UnreadableScores(ValueError):
+    """The judge's reply does not give every trajectory one score in [0, 1] (control flow inside
+    the group judge: the caller retries once, then drops the group)."""
 
 
 @dataclass
