@@ -5,7 +5,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from dataclasses import field
 from typing import Any
+
+from annotated_types import Ge, Gt, Interval
+
+
+def bounded(default: Any, constraint: Ge | Gt | Interval) -> Any:
+    """A field whose allowed range is declared here, with pydantic's constraint types
+    (`Field(ge=0)` builds `Ge(0)`). `range_problems` checks every declared range, and that
+    every float setting is finite, at load time."""
+    return field(default=default, metadata={"range": constraint})
 
 
 def range_problems(node: Any, prefix: str = "") -> list[tuple[str, str]]:

@@ -1,0 +1,86 @@
+"""The schema's sections about where a run's parts live: Ray, `ajet serve`, helper services
+(environments, vLLM servers) and the GPU backbones (trinity, verl). Part of the one schema
+(`ajet.config.schema` re-exports them; defaults live here and nowhere else)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from annotated_types import Ge, Gt, Interval
+
+from ajet.config.ranges import bounded
+
+
+@dataclass
+class RayConfig:
+    # Address of an existing cluster to join; "" starts a local one with --with-ray.
+    address: str = ""
+    num_rollout_workers: int = bounded(2, Ge(1))
+
+
+@dataclass
+class ServeConfig:
+    # `ajet serve`: episodes come from clients through the episode API (docs/episode_api.md).
+    # Where the gateway (episode API + OpenAI-compatible model endpoint) listens; port 0 = a free port.
+    host: str = "127.0.0.1"
+    port: int = bounded(0, Interval(ge=0, le=65535))
+    # The token clients send as `Authorization: Bearer <token>`; "" = a random one, printed at start.
+    client_token: str = ""
+    # Policy versions an episode may lag behind the weights it is trained on: 0 = fully on-policy
+    # (clients wait while the trainer updates); more lets clients start the next step's groups
+    # during an update. Older episodes are dropped and counted (rollout/failed/stale).
+    max_staleness: int = bounded(1, Ge(0))
+    # Task metadata keys kept from clients: tickets carry the task without them, while the judge
+    # still scores on the server with the full task. None = the keys the configured judge
+    # compares with (`answer` for math / exact_match / llm and custom judges; composite adds
+    # target_tools / optimal_steps; none for countdown or judge.type=none; see
+    # ajet/judge/private_keys.py); a list replaces that ([] = send the whole metadata).
+    private_metadata_keys: list[str] | None = None
+
+
+@dataclass
+class EnvServiceConfig:
+    # An environment service the launcher starts with `--with-env NAME` and stops on exit.
+    # Command line (no shell); a leading `python` means the interpreter running ajet.
+    command: str = ""
+    # Polled until it answers HTTP 2xx; "" = only check the process stays up.
+    health_url: str = ""
+    startup_timeout_s: float = bounded(60.0, Gt(0))
+    # Working directory ("" = the current one) and extra environment variables.
+    cwd: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class VllmServerConfig:
+    # A vLLM OpenAI server the launcher starts with `--with-vllm NAME` (GPU machines) and stops
+    # on exit: e.g. the model of an LLM judge or of a multi-agent workflow's untrained roles.
+    # Clients use base_url http://127.0.0.1:{port}/v1 and model NAME.
+    model: str = ""  # a local checkpoint directory (or what vLLM can load offline)
+    port: int = bounded(8001, Interval(ge=0, le=65535))
+    gpus: int = bounded(1, Ge(1))  # free GPUs it takes (tensor parallel size)
+    gpu_memory_utilization: float = bounded(0.9, Interval(gt=0, le=1))
+    max_model_len: int = bounded(0, Ge(0))  # 0 = vLLM's default (the model's)
+    # More `vllm serve` options, e.g. ["--dtype", "bfloat16"].
+    extra_args: list[str] = field(default_factory=list)
+    startup_timeout_s: float = bounded(900.0, Gt(0))
+
+
+@dataclass
+class TrinityConfig:
+    # Trinity-RFT specific; translated into its Config by the trinity backbone.
+    explorer_gpus: int = bounded(1, Ge(1))
+    trainer_gpus: int = bounded(1, Ge(1))
+    sync_interval: int = bounded(1, Ge(1))
+    sync_method: str = "nccl"
+    algorithm_type: str = "multi_step_grpo"
+
+
+@dataclass
+class VerlConfig:
+    # verl specific; translated into its Hydra config by the verl backbone.
+    n_gpus_per_node: int = bounded(1, Ge(1))
+    nnodes: int = bounded(1, Ge(1))
+    strategy: str = "fsdp"
+    gpu_memory_utilization: float = bounded(0.5, Interval(gt=0, le=1))
+    tensor_model_parallel_size: int = bounded(1, Ge(1))
