@@ -1,4 +1,5 @@
-"""The one config schema: every setting and its default lives here.
+"""The one config schema: every setting and its default lives here (the deployment sections in
+`ajet.config.deploy`, re-exported here).
 
 A user's YAML is merged over these defaults and dotted CLI overrides over that
 (OmegaConf structured configs), so an unknown key or a wrong type fails at load
