@@ -40,9 +40,8 @@ def eval_(
         cfg = load_config(conf, extra, require_workflow=False)
         from rich.console import Console
 
-        # both import torch: not for `ajet eval --help`
-        from ajet.eval.runner import evaluate, metrics_table
-        from ajet.pipeline import single_stage_config
+        from ajet.eval.runner import evaluate, metrics_table  # imports torch: not for --help
+        from ajet.pipeline import single_stage_config  # imports torch: not for --help
 
         cfg = single_stage_config(cfg, "eval")
         configure_logging(cfg.logging.level, quiet=True)

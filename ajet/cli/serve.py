@@ -47,9 +47,8 @@ def serve(
                                  logging__quiet=quiet)
         cfg = load_config(conf, extra, require_workflow=False)
         _check(cfg)
-        # torch (the trainer) and agentscope (the episode API): not for `ajet serve --help`
-        from ajet.backbones.debug.trainer import train
-        from ajet.rollout.remote import RemoteWorkflow
+        from ajet.backbones.debug.trainer import train  # imports torch: not for --help
+        from ajet.rollout.remote import RemoteWorkflow  # imports agentscope: not for --help
 
         checked_backbone("debug", cfg, str(conf))
         configure_logging(cfg.logging.level, quiet=cfg.logging.quiet)

@@ -24,9 +24,8 @@ def sft(conf: Conf, overrides: Overrides = None, exp_dir: ExpDir = None, resume:
     with user_errors():
         extra = config_overrides(overrides, project__exp_dir=exp_dir, logging__quiet=quiet)
         cfg = load_config(conf, extra, require_workflow=False)
-        # both import torch: not for `ajet sft --help`
-        from ajet.pipeline import single_stage_config
-        from ajet.sft.trainer import train_sft
+        from ajet.pipeline import single_stage_config  # imports torch: not for --help
+        from ajet.sft.trainer import train_sft  # imports torch: not for --help
 
         cfg = single_stage_config(cfg, "sft")
         configure_logging(cfg.logging.level, quiet=cfg.logging.quiet)
