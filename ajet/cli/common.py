@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from ajet.errors import AjetError
+from ajet.errors import AjetError, ConfigError
 
 err_console = Console(stderr=True, highlight=False)
 
@@ -40,8 +40,6 @@ def config_overrides(overrides: list[str] | None, **options: object) -> list[str
 @contextmanager
 def user_errors() -> Iterator[None]:
     """Turn ajet's errors into a red message and their exit code, no traceback."""
-    from ajet.config import ConfigError
-
     try:
         yield
     except ConfigError as exc:

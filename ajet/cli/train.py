@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from ajet.backbones.registry import checked_backbone
 from ajet.cli.common import Conf, ExpDir, Overrides, Quiet, Resume, config_overrides, user_errors
 from ajet.cli.main import commands_epilog
+from ajet.cli.preflight import preflight
+from ajet.config import load_config, to_yaml
 from ajet.config.choices import Backbone
+from ajet.launcher import Launcher, LaunchError, env_service_specs, free_gpus, vllm_service_specs
+from ajet.logging.setup import configure_logging
+from ajet.logging.summary import render_summary, summarize_run
+from ajet.training.run_dir import run_dir_of
 
 if TYPE_CHECKING:  # pragma: no cover
     from ajet.config.schema import AjetConfig
@@ -55,28 +64,18 @@ def train(
     resume: Resume = False,
     quiet: Quiet = False,
 ) -> None:
-    from ajet.config import load_config, to_yaml
-
     with user_errors():
         extra = config_overrides(overrides, project__exp_dir=exp_dir, logging__quiet=quiet,
                                  ray__address=with_ray_cluster)
         with_ray = with_ray or bool(with_ray_cluster)
         cfg = load_config(conf, extra)
-        from ajet.logging.setup import configure_logging
-
         if not dry_run:
             configure_logging(cfg.logging.level, quiet=cfg.logging.quiet)
-        from ajet.backbones.registry import checked_backbone
-
         runner = checked_backbone(backbone.value, cfg, str(conf))
-        from ajet.launcher import Launcher, env_service_specs
-
         services = env_service_specs(cfg.env_services, with_env or [])
         if with_vllm and not dry_run:
             services.update(vllm_services(cfg, with_vllm))
         if dry_run:
-            from ajet.cli.preflight import preflight
-
             checked = preflight(cfg)
             typer.echo("# resolved ajet config")
             typer.echo(to_yaml(cfg))
@@ -86,11 +85,7 @@ def train(
                 typer.echo(translated)
             typer.echo("".join(f"# checked: {line}\n" for line in checked), nl=False)
             return
-        import contextlib
-        import time
-
-        from ajet.pipeline import run
-        from ajet.training.run_dir import run_dir_of
+        from ajet.pipeline import run  # imports torch: not for --help / --dry-run
 
         start = time.monotonic()
         launched = (Launcher(env_services=services, log_dir=run_dir_of(cfg) / "services") if services
@@ -106,8 +101,6 @@ def print_summary(run_dir: Path, wall_s: float) -> None:
     the GPU backbones, print none)."""
     if not ((run_dir / "metrics.jsonl").is_file() or (run_dir / "pipeline.json").is_file()):
         return
-    from ajet.logging.summary import render_summary, summarize_run
-
     render_summary(summarize_run(run_dir, wall_s=wall_s))
 
 
@@ -115,7 +108,6 @@ def vllm_services(cfg: AjetConfig, names: list[str]) -> dict[str, ServiceSpec]:
     """`--with-vllm`: specs for the named vLLM servers on this machine's free GPUs."""
     import importlib.util
 
-    from ajet.launcher import LaunchError, free_gpus, vllm_service_specs
 
     if importlib.util.find_spec("vllm") is None:
         raise LaunchError("--with-vllm needs the vllm package in this environment: pip install vllm "

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ajet.errors import DialogDataError
+from ajet.task_reader.jsonl import decode_utf8_line
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -76,8 +77,6 @@ def read_dialogs(path: str | Path) -> list[Dialog]:
         raise DialogDataError(f"dialog file not found: {path} (set sft.train_path / sft.dev_path)")
     dialogs: list[Dialog] = []
     seen: dict[str, int] = {}
-    from ajet.task_reader.jsonl import decode_utf8_line
-
     with path.open("rb") as handle:  # bytes: a line that is not UTF-8 is reported like any bad line
         for lineno, raw in enumerate(handle, start=1):
             try:

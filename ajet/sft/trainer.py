@@ -16,9 +16,20 @@ from pathlib import Path
 from typing import Any
 
 from ajet.config import AjetConfig
+from ajet.context.budget import apply_budget
+from ajet.context.diagnostics import probe_template
 from ajet.context.types import Sample
+from ajet.engine.chat import ChatFormat
+from ajet.sft.coreset import dialog_stats, fill_losses, select_coreset, selection_summary
 from ajet.sft.data import Dialog, DialogDataError, read_dialogs, split_dev
+from ajet.sft.masks import dialog_samples
+from ajet.sft.schedule import plan_batches
+from ajet.sft.step import mean_nll, sample_nll, sft_step
+from ajet.training.loop import TrainingLoop
+from ajet.training.model import load_trainable_model, model_window
+from ajet.training.optim import build_optimizer
 from ajet.training.recipe import Closers, run_recipe
+from ajet.training.run_dir import prepare_run_dir
 from ajet.training.step import OptimizerStep
 
 log = logging.getLogger(__name__)
@@ -36,12 +47,6 @@ class SftRecipe:
 
     # ------------------------------------------------------------------ setup
     def setup(self, closers: Closers) -> None:
-        from ajet.engine.chat import ChatFormat
-        from ajet.training.loop import TrainingLoop
-        from ajet.training.model import load_trainable_model, model_window
-        from ajet.training.optim import build_optimizer
-        from ajet.training.run_dir import prepare_run_dir
-
         cfg = self.cfg
         self.run_dir = prepare_run_dir(cfg, resume=self.resume)
         train_dialogs, dev_dialogs = self._read_dialogs()
@@ -80,9 +85,6 @@ class SftRecipe:
 
     def _render(self, dialogs: list[Dialog]) -> tuple[list[Dialog], list[list[Sample]], dict[str, float]]:
         """Samples per dialog within the token budget; dialogs left with nothing to train are dropped."""
-        from ajet.context.budget import apply_budget
-        from ajet.context.diagnostics import probe_template
-        from ajet.sft.masks import dialog_samples
 
         probe = probe_template(self.chat)
         kept_dialogs, kept_samples = [], []
@@ -103,8 +105,6 @@ class SftRecipe:
         return kept_dialogs, kept_samples, totals
 
     def _select(self) -> tuple[list[int], dict[str, float]]:
-        from ajet.sft.coreset import dialog_stats, fill_losses, select_coreset, selection_summary
-
         coreset = self.cfg.sft.coreset
         losses: list[float | None] = [d.loss for d in self.dialogs]
         if coreset.strategy.value in ("loss_topk", "hybrid"):
@@ -117,7 +117,6 @@ class SftRecipe:
 
     def _model_losses(self, indices: list[int]) -> list[float]:
         """The model's mean loss per trained token of each of these dialogs."""
-        from ajet.sft.step import sample_nll
 
         flat = [(i, s) for i in indices for s in self.samples[i]]
         nll = sample_nll(self.model, [s for _, s in flat], micro_batch_tokens=self._pack_tokens(),
@@ -129,8 +128,6 @@ class SftRecipe:
         return [total / count if count else 0.0 for total, count in (sums[i] for i in indices)]
 
     def _plan(self) -> list[Any]:
-        from ajet.sft.schedule import plan_batches
-
         sft = self.cfg.sft
         batches = plan_batches(
             self.selected, [d.task_type for d in self.dialogs], rounds=sft.rounds, epochs=sft.epochs,
@@ -163,8 +160,6 @@ class SftRecipe:
         return (nxt.round, nxt.epoch) != (batch.round, batch.epoch)
 
     def train_step(self, step: int) -> dict[str, float]:
-        from ajet.sft.step import sft_step
-
         start = time.monotonic()
         batch = self.schedule[step - 1]
         samples = [s for i in batch.indices for s in self.samples[i]]
@@ -180,8 +175,6 @@ class SftRecipe:
         return metrics
 
     def dev_loss(self) -> float | None:
-        from ajet.sft.step import mean_nll, sample_nll
-
         if not self.dev_samples:
             return None
         flat = [s for samples in self.dev_samples for s in samples]
