@@ -116,14 +116,14 @@ def in_process(parts: dict[str, Any], args: argparse.Namespace) -> dict[str, flo
 def through_api(parts: dict[str, Any], args: argparse.Namespace, client: str) -> dict[str, float]:
     from ajet.engine.chat import ChatFormat
     from ajet.rollout.remote import EpisodeBroker
-    from ajet.rollout.sessions import LocalSessionFactory
+    from ajet.rollout.session_factory import LocalSessionFactory
     from ajet.tuner import Gateway
     from ajet.tuner.episode_api import attach_episode_api
 
     cfg, engine = parts["cfg"], parts["engine"]
     gateway = Gateway().start()
     sessions = LocalSessionFactory(engine=engine, chat=ChatFormat(parts["tokenizer"]), gateway=gateway,
-                                   rollout=cfg.rollout, context=cfg.context, trainable_roles=None,
+                                   rollout=cfg.rollout, context=cfg.context, trainable_targets=None,
                                    model_max_len=parts["max_len"])
     broker = EpisodeBroker(parts["reader"], parts["judge"], sessions, cfg.rollout, batch_size=args.groups,
                            total_steps=args.rounds + 1, policy_version=lambda: engine.policy_version,

@@ -96,7 +96,7 @@ def install() -> None:
     import torch
     import torch.optim.optimizer  # noqa: F401 - the module, for its global step hooks
 
-    import ajet.backbones.debug.trainer as rl
+    import ajet.backbones.debug.recipe as rl
     import ajet.backbones.debug.update as update
     import ajet.engine.local as engine
     import ajet.eval.runner as eval_runner

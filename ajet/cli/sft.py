@@ -25,7 +25,7 @@ def sft(conf: Conf, overrides: Overrides = None, exp_dir: ExpDir = None, resume:
         extra = config_overrides(overrides, project__exp_dir=exp_dir, logging__quiet=quiet)
         cfg = load_config(conf, extra, require_workflow=False)
         from ajet.pipeline import single_stage_config  # imports torch: not for --help
-        from ajet.sft.trainer import train_sft  # imports torch: not for --help
+        from ajet.sft.recipe import train_sft  # imports torch: not for --help
 
         cfg = single_stage_config(cfg, "sft")
         configure_logging(cfg.logging.level, quiet=cfg.logging.quiet)

@@ -71,11 +71,11 @@ class ContextTracker:
     """Builds prompts for one episode's calls and records them as timelines. Thread-safe."""
 
     def __init__(
-        self, renderer: ChatRenderer, trainable_roles: set[str] | None, config: ContextConfig
+        self, renderer: ChatRenderer, trainable_targets: set[str] | None, config: ContextConfig
     ) -> None:
         self.renderer = renderer
         # None or empty: every role is trained (DESIGN.md, `trainable_targets`).
-        self.trainable_roles = set(trainable_roles) if trainable_roles else None
+        self.trainable_targets = set(trainable_targets) if trainable_targets else None
         self.config = config
         self.calls: list[LLMCall] = []
         self._nodes: list[_Node] = []
@@ -228,7 +228,7 @@ class ContextTracker:
         with self._lock:
             call.call_index = len(self.calls)
             call.trainable = bool(call.trainable) and (
-                self.trainable_roles is None or call.role in self.trainable_roles
+                self.trainable_targets is None or call.role in self.trainable_targets
             )
             built = self._built.get((call.role, tuple(call.prompt_ids)))
             if built is not None:

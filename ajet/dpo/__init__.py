@@ -1,6 +1,6 @@
 """Online DPO on agent rollouts: best-vs-worst pairs per task, exact micro-batched updates.
 
-Light to import; torch loads in `ajet.dpo.step` / the trainer.
+Light to import; torch loads in `ajet.dpo.step` / the recipe.
 """
 
 from __future__ import annotations

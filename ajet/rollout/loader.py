@@ -304,6 +304,12 @@ def target_of(workflow: Workflow) -> str:
     return f"{module.__name__}:{qualname}"
 
 
+def trainable_targets_of(configured: list[str], workflow: Any) -> list[str] | None:
+    """The roles a run trains: `workflow.trainable_targets` of the config, else the workflow
+    class's own `trainable_targets`; None when neither names any (every role is trained)."""
+    return list(configured) or list(getattr(workflow, "trainable_targets", None) or []) or None
+
+
 def load_or_wrap_workflow(obj: Any, target: str) -> Workflow:
     """The workflow a recipe runs: `obj` when given (from `ajet.tune(workflow=...)`), else the
     config's `workflow.target` loaded."""

@@ -13,9 +13,10 @@ from typing import Any
 
 from ajet.config.schema import AjetConfig
 from ajet.files import write_json_atomic
+from ajet.rollout.loader import trainable_targets_of
 from ajet.rollout.manager import RolloutResult
 from ajet.rollout.remote import EpisodeBroker
-from ajet.rollout.sessions import LocalSessionFactory
+from ajet.rollout.session_factory import LocalSessionFactory
 from ajet.tuner import Gateway
 from ajet.tuner.episode_api import attach_episode_api
 
@@ -35,7 +36,8 @@ class ServedEpisodes:
         try:
             sessions = LocalSessionFactory(
                 engine=engine, chat=chat, gateway=gateway, rollout=cfg.rollout, context=cfg.context,
-                trainable_roles=list(cfg.workflow.trainable_targets) or None, model_max_len=model_max_len)
+                trainable_targets=trainable_targets_of(cfg.workflow.trainable_targets, None),
+                model_max_len=model_max_len)
             broker = EpisodeBroker(
                 reader, judge, sessions, cfg.rollout, batch_size=cfg.trainer.batch_size,
                 total_steps=cfg.trainer.total_steps, policy_version=lambda: engine.policy_version,

@@ -16,9 +16,10 @@ from typing import Any
 from ajet.config.schema import AjetConfig, RolloutConfig
 from ajet.engine.chat import ChatFormat
 from ajet.judge import build_judge
+from ajet.rollout.loader import trainable_targets_of
 from ajet.rollout.manager import RolloutManager
 from ajet.rollout.runner import TaskRunner
-from ajet.rollout.sessions import LocalSessionFactory, service_api_key
+from ajet.rollout.session_factory import LocalSessionFactory, service_api_key
 from ajet.tuner import Gateway
 
 log = logging.getLogger(__name__)
@@ -37,10 +38,10 @@ class RolloutStack:
         self.gateway = Gateway().start()
         self.runner: Any = None
         try:
-            roles = list(cfg.workflow.trainable_targets) or list(getattr(workflow, "trainable_targets", None) or [])
             self.sessions = LocalSessionFactory(
                 engine=engine, chat=self.chat, gateway=self.gateway, rollout=rollout, context=cfg.context,
-                trainable_roles=roles or None, model_max_len=model_max_len,
+                trainable_targets=trainable_targets_of(cfg.workflow.trainable_targets, workflow),
+                model_max_len=model_max_len,
             )
             self.factory = wrap_factory(self.sessions) if wrap_factory else self.sessions
             self.judge = judge if judge is not None else build_judge(cfg.judge, llm_client_factory=self.local_llm_client)

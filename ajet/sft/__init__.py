@@ -1,6 +1,6 @@
-"""Supervised fine-tuning on agent dialogs: data, loss masks, coreset, replay, schedule, trainer.
+"""Supervised fine-tuning on agent dialogs: data, loss masks, coreset, replay, schedule, recipe.
 
-Importing this package is light; torch is loaded by `ajet.sft.step` / the trainer on use.
+Importing this package is light; torch is loaded by `ajet.sft.step` / the recipe on use.
 """
 
 from __future__ import annotations

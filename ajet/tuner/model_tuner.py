@@ -245,10 +245,10 @@ def _targets(session: EpisodeSession, trainable_targets: list[str] | None) -> se
     """The trainable roles: the tuner's targets must agree with the session's."""
     targets = set(trainable_targets) if trainable_targets else None
     if trainable_targets is None:
-        return session.trainable_roles
-    if targets != session.trainable_roles:
+        return session.trainable_targets
+    if targets != session.trainable_targets:
         raise ValueError(
             f"trainable_targets {sorted(targets or [])} disagree with the session's trainable roles "
-            f"{sorted(session.trainable_roles or [])} (empty = all); build both from the same list"
+            f"{sorted(session.trainable_targets or [])} (empty = all); build both from the same list"
         )
     return targets

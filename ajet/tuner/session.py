@@ -176,7 +176,7 @@ class EpisodeSession:
         tracker: TrackerLike,
         rollout: RolloutConfig,
         context: ContextConfig,
-        trainable_roles: set[str] | None,
+        trainable_targets: set[str] | None,
         model_max_len: int,
     ) -> None:
         self.episode_id = episode_id
@@ -186,7 +186,7 @@ class EpisodeSession:
         self.rollout = rollout
         self.context = context
         # None or empty = every role is trainable.
-        self.trainable_roles = set(trainable_roles) if trainable_roles else None
+        self.trainable_targets = set(trainable_targets) if trainable_targets else None
         self.model_max_len = model_max_len
         self.counters = SessionCounters()
         self._lock = threading.Lock()
@@ -203,7 +203,7 @@ class EpisodeSession:
             self._closed = True
 
     def is_trainable(self, role: str) -> bool:
-        return self.trainable_roles is None or role in self.trainable_roles
+        return self.trainable_targets is None or role in self.trainable_targets
 
     def stats(self) -> dict[str, float]:
         with self._lock:

@@ -128,7 +128,7 @@ def test_streaming_tool_calls(gateway: Gateway) -> None:
 
 
 def test_raw_http_per_role_keys_record_roles(gateway: Gateway) -> None:
-    session, _, tracker, _ = make_session(["a", "b"], trainable_roles={"solver"})
+    session, _, tracker, _ = make_session(["a", "b"], trainable_targets={"solver"})
     tuner = ModelTuner(session, gateway=gateway, trainable_targets=["solver"])
     for role in ("solver", "critic"):
         base_url, key = tuner.base_url_and_key(role)

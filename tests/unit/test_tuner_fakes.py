@@ -206,7 +206,7 @@ def make_session(
     script: list[str] | Callable[[str], str] = (),
     *,
     episode_id: str = "t0-e0",
-    trainable_roles: set[str] | None = None,
+    trainable_targets: set[str] | None = None,
     rollout: RolloutConfig | None = None,
     context: ContextConfig | None = None,
     model_max_len: int = 4096,
@@ -226,7 +226,7 @@ def make_session(
         tracker,
         rollout or RolloutConfig(temperature=0.7, top_p=0.9, top_k=5, max_tokens=200),
         context or ContextConfig(),
-        trainable_roles,
+        trainable_targets,
         model_max_len,
     )
     return session, engine, tracker, chat

@@ -105,7 +105,7 @@ def test_structured_model_closes_an_unclosed_forced_call() -> None:
 
 
 def test_roles_route_to_tuners_or_default_models() -> None:
-    session, _, tracker, _ = make_session(["s", "c"], trainable_roles={"solver"})
+    session, _, tracker, _ = make_session(["s", "c"], trainable_targets={"solver"})
     tuner = ModelTuner(session, trainable_targets=["solver"])
     sentinel = object()
     solver = tuner.register_model("solver", default_model=sentinel)
@@ -134,7 +134,7 @@ def test_all_roles_trainable_without_targets() -> None:
 
 
 def test_targets_must_match_the_session() -> None:
-    session, _, _, _ = make_session([], trainable_roles={"a"})
+    session, _, _, _ = make_session([], trainable_targets={"a"})
     with pytest.raises(ValueError, match="disagree"):
         ModelTuner(session, trainable_targets=["b"])
 

@@ -137,7 +137,7 @@ def test_prompt_too_long_raises_a_clear_error_and_records_nothing() -> None:
 
 
 def test_trainable_follows_the_roles() -> None:
-    session, _, tracker, _ = make_session(["a", "b"], trainable_roles={"solver"})
+    session, _, tracker, _ = make_session(["a", "b"], trainable_targets={"solver"})
     asyncio.run(session.chat("solver", USER))
     asyncio.run(session.chat("critic", USER))
     assert [(c.role, c.trainable) for c in tracker.calls] == [("solver", True), ("critic", False)]

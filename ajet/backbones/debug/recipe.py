@@ -23,6 +23,7 @@ from ajet.engine.sampling import policy_temperature
 from ajet.errors import UserError
 from ajet.logging.records import write_step_records
 from ajet.rollout.failed_steps import FailedSteps
+from ajet.rollout.loader import trainable_targets_of
 from ajet.rollout.ray_rollout import build_ray_manager, workflow_spec
 from ajet.rollout.source import EpisodeSource, managed_episodes
 from ajet.training.recipe import Closers, run_recipe
@@ -82,8 +83,8 @@ class RLRecipe:
         """Episodes run in Ray actors; the engine, tracker and trainer stay in this process."""
         cfg = self.cfg
         spec = workflow_spec(self.workflow, None if self.workflow_arg is not None else cfg.workflow.target)
-        targets = list(cfg.workflow.trainable_targets) or list(getattr(self.workflow, "trainable_targets", None) or [])
-        manager, close = build_ray_manager(cfg.ray, cfg.rollout, spec, trainable_targets=targets or None,
+        targets = trainable_targets_of(cfg.workflow.trainable_targets, self.workflow)
+        manager, close = build_ray_manager(cfg.ray, cfg.rollout, spec, trainable_targets=targets,
                                            judge=self.judge, sessions=self.rollout.factory)
         closers.push(close, "ray workers")
         return manager

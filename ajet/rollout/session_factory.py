@@ -31,22 +31,22 @@ class LocalSessionFactory:
     """Opens episodes against the in-process engine (and the gateway, for HTTP agents)."""
 
     def __init__(self, *, engine: Any, chat: Any, gateway: Any, rollout: RolloutConfig,
-                 context: ContextConfig, trainable_roles: list[str] | None, model_max_len: int) -> None:
+                 context: ContextConfig, trainable_targets: list[str] | None, model_max_len: int) -> None:
         self.engine = engine
         self.chat = chat
         self.gateway = gateway
         self.rollout = rollout
         self.context = context
-        self.trainable_roles = list(trainable_roles) if trainable_roles else None
+        self.trainable_targets = list(trainable_targets) if trainable_targets else None
         self.model_max_len = model_max_len
 
     def open_episode(self, episode_id: str, task: WorkflowTask) -> EpisodeHandle:
-        roles = set(self.trainable_roles) if self.trainable_roles else None
+        roles = set(self.trainable_targets) if self.trainable_targets else None
         tracker = ContextTracker(self.chat, roles, self.context)
         session = EpisodeSession(
             episode_id, self.engine, self.chat, tracker, self.rollout, self.context, roles, self.model_max_len
         )
-        tuner = ModelTuner(session, gateway=self.gateway, trainable_targets=self.trainable_roles)
+        tuner = ModelTuner(session, gateway=self.gateway, trainable_targets=self.trainable_targets)
         return EpisodeHandle(tuner=tuner, tracker=tracker, session=session)
 
 
