@@ -1,4 +1,4 @@
-"""`ajet eval --conf X.yaml [--model PATH] [--split val|train] [--n K] [KEY=VALUE ...]`."""
+"""`ajet eval --conf X.yaml [--model PATH] [--split val|test|train] [--n K] [KEY=VALUE ...]`."""
 
 from __future__ import annotations
 
@@ -28,7 +28,9 @@ def eval_(
     model: Annotated[
         str | None, typer.Option("--model", "-m", help="Checkpoint dir to evaluate [default: model.path].")
     ] = None,
-    split: Annotated[str | None, typer.Option("--split", help="val or train [default: eval.split].")] = None,
+    split: Annotated[str | None, typer.Option(
+        "--split", help="val, test or train [default: eval.split]. test (task_reader.jsonl.test_path) is "
+                        "for reporting, never for choosing settings.")] = None,
     n: Annotated[int | None, typer.Option("--n", help="Episodes per task; pass@n [default: eval.n].")] = None,
     name: Annotated[str | None, typer.Option("--name", help="Report name: RUN/eval/eval_<name>.json.")] = None,
     exp_dir: ExpDir = None,

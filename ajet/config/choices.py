@@ -91,6 +91,7 @@ class DpoLoss(str, Enum):
 class EvalSplit(str, Enum):
     val = "val"
     train = "train"
+    test = "test"  # reported on, never used to choose settings (task_reader.jsonl.test_path)
 
 
 # judge.type: one of these, or "package.module:ClassName" / "file.py:ClassName".

@@ -26,6 +26,7 @@ from ajet.errors import ConfigError
 PATH_KEYS = (
     "task_reader.jsonl.train_path",
     "task_reader.jsonl.val_path",
+    "task_reader.jsonl.test_path",
     "task_reader.hf_dataset.path",
     "task_reader.generate.cache_path",
     "sft.train_path",

@@ -91,6 +91,8 @@ class WorkflowConfig:
 class JsonlReaderConfig:
     train_path: str = ""
     val_path: str = ""
+    # Held-out tasks to report on (`eval.split: test`), never to tune on; "" = none.
+    test_path: str = ""
     # What a malformed line does: skip (warn, count) or fail (error naming file:line).
     on_error: OnError = OnError.fail
 

@@ -89,6 +89,7 @@ def validate(cfg: AjetConfig, *, require_workflow: bool = True) -> list[tuple[st
     for key, value in (
         ("task_reader.jsonl.train_path", tr.jsonl.train_path),
         ("task_reader.jsonl.val_path", tr.jsonl.val_path),
+        ("task_reader.jsonl.test_path", tr.jsonl.test_path),
     ):
         if tr.type == ReaderType.jsonl and value:
             need(Path(value).is_file(), key, f"file not found: {value}")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ajet.config.schema import AjetConfig
+from ajet.config.schema import AjetConfig, EvalSplit
 from ajet.errors import EvalError
 from ajet.eval.metrics import EpisodeResult, episode_result, summarize, write_report
 from ajet.models.load import load_model_and_tokenizer
@@ -22,10 +22,11 @@ from ajet.models.resolve import resolve_model_path
 from ajet.rollout.agent_metrics import agent_metrics
 from ajet.rollout.loader import as_workflow, load_workflow
 from ajet.rollout.local import LocalRollout
-from ajet.task_reader import build_reader
+from ajet.task_reader import TaskReader, build_reader
 from ajet.training.memory import limit_heap_retention
 from ajet.training.model import model_window
 from ajet.training.run_dir import run_dir_of
+from ajet.workflow import WorkflowTask
 
 log = logging.getLogger(__name__)
 
@@ -45,17 +46,23 @@ def default_name(model_path: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.+-]+", "-", "-".join(parts)) or "model"
 
 
+def split_tasks(reader: TaskReader, split: EvalSplit) -> list[WorkflowTask]:
+    """The tasks of `split`; an `EvalError` saying which key to set when it has none."""
+    tasks = {EvalSplit.train: reader.train_tasks, EvalSplit.val: reader.val_tasks,
+             EvalSplit.test: reader.test_tasks}[split]()
+    if not tasks:
+        where = {EvalSplit.val: "task_reader.jsonl.val_path (or task_reader.val_fraction)",
+                 EvalSplit.test: "task_reader.jsonl.test_path"}.get(split, "task_reader.jsonl.train_path")
+        raise EvalError(f"the {split.value} split has no tasks; set {where}, or evaluate another --split")
+    return tasks
+
+
 def evaluate(cfg: AjetConfig, *, workflow: Any = None, name: str | None = None,
              out_dir: Path | None = None) -> EvalReport:
     """Run `eval.n` episodes of each task of `eval.split` with `model.path`; write and return the report."""
     e = cfg.eval
     wf = as_workflow(workflow) if workflow is not None else load_workflow(cfg.workflow.target)
-    reader = build_reader(cfg.task_reader, seed=cfg.project.seed)
-    tasks = reader.val_tasks() if e.split == "val" else reader.train_tasks()
-    if not tasks:
-        raise EvalError(
-            f"the {e.split.value} split has no tasks; set task_reader.jsonl.val_path (or task_reader.val_fraction), "
-            "or evaluate --split train")
+    tasks = split_tasks(build_reader(cfg.task_reader, seed=cfg.project.seed), EvalSplit(e.split))
     if e.max_tasks:
         tasks = tasks[: e.max_tasks]
     temperature = cfg.rollout.temperature if e.temperature is None else e.temperature

@@ -1,5 +1,6 @@
-"""The end-of-run summary: val success before -> after, the agent metrics, the wall time, and
-the exact commands that open the token viewer and the report on this run.
+"""The end-of-run summary: val success before -> after (a pipeline's: its eval stages' split,
+e.g. test), the agent metrics, the wall time, and the exact commands that open the token
+viewer and the report on this run.
 
 `summarize_run(run_dir)` reads what the run left on disk (pure, no model); `render_summary`
 prints it with rich. Two kinds of run directory:
@@ -119,8 +120,9 @@ def _pipeline_summary(run_dir: Path) -> RunSummary:
     if evals:
         first, last = _read_json(Path(evals[0]["eval"])), _read_json(Path(evals[-1]["eval"]))
         summary.before_label, summary.after_label = str(first.get("name")), str(last.get("name"))
+        split = str(last.get("split") or "val")  # the eval stages' split: "test success" on eval.split=test
         summary.rows = [
-            (label, first["metrics"].get(key), last["metrics"].get(key))
+            (f"{split} {label.removeprefix('val ')}", first["metrics"].get(key), last["metrics"].get(key))
             for label, key in VAL_ROWS
             if key in first["metrics"] or key in last["metrics"]
         ]

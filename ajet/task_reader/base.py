@@ -1,9 +1,11 @@
-"""`TaskReader`: the train/val task lists plus an endless, resumable batch iterator.
+"""`TaskReader`: the train/val/test task lists plus an endless, resumable batch iterator.
 
-Every reader type (jsonl, hf_dataset, env_service, generate) only produces two lists of
-`WorkflowTask`; this class owns what they share: the deterministic validation hold-out,
-epoch shuffling by `seed + epoch`, and a `state_dict` so a resumed run continues with
-exactly the batches an uninterrupted run would have drawn.
+Every reader type (jsonl, hf_dataset, env_service, generate) produces lists of
+`WorkflowTask`: train, val, and (jsonl's `test_path`) test. Val is the split settings are
+tuned on and training validates on; test is only reported on (`eval.split: test`). This
+class owns what they share: the deterministic validation hold-out, epoch shuffling by
+`seed + epoch`, and a `state_dict` so a resumed run continues with exactly the batches an
+uninterrupted run would have drawn.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ def _fingerprint(tasks: Sequence[WorkflowTask]) -> str:
 
 
 class TaskReader:
-    """Train and val tasks; `next_batch` walks endless epochs over the train tasks.
+    """Train, val and test tasks; `next_batch` walks endless epochs over the train tasks.
 
     `skipped` counts source records that were dropped (malformed lines, unparsable
     generations) so the caller can log it.
@@ -70,11 +72,13 @@ class TaskReader:
         skipped: int = 0,
         source: str = "",
         curriculum: Curriculum | None = None,
+        test: Sequence[WorkflowTask] = (),
     ) -> None:
         if not train:
             raise TaskReaderError(f"no train tasks from {source or 'the task source'}; check the data")
         self._train = list(train)
         self._val = list(val)
+        self._test = list(test)
         self.seed = seed
         self.shuffle = shuffle
         self.skipped = skipped
@@ -88,7 +92,7 @@ class TaskReader:
 
     def __repr__(self) -> str:
         return (
-            f"TaskReader({self.source!r}, train={len(self._train)}, val={len(self._val)}, "
+            f"TaskReader({self.source!r}, train={len(self._train)}, val={len(self._val)}, test={len(self._test)}, "
             f"skipped={self.skipped}, epoch={self._epoch}, position={self._position})"
         )
 
@@ -102,6 +106,9 @@ class TaskReader:
 
     def val_tasks(self) -> list[WorkflowTask]:
         return list(self._val)
+
+    def test_tasks(self) -> list[WorkflowTask]:
+        return list(self._test)
 
     def next_batch(self, batch_size: int, *, step: int = 1) -> list[WorkflowTask]:
         """The next `batch_size` train tasks; a batch may run across an epoch boundary.

@@ -30,6 +30,7 @@ async def abuild_reader(cfg: TaskReaderConfig, *, seed: int, llm: LLM | None = N
     reader_type = ReaderType(cfg.type)
     skipped = 0
     val: list[WorkflowTask] = []
+    test: list[WorkflowTask] = []
     if reader_type == ReaderType.jsonl:
         if not cfg.jsonl.train_path:
             raise TaskReaderError("task_reader.jsonl.train_path is empty; point it at a JSONL file")
@@ -38,6 +39,9 @@ async def abuild_reader(cfg: TaskReaderConfig, *, seed: int, llm: LLM | None = N
         if cfg.jsonl.val_path:
             val, val_skipped = read_jsonl_tasks(cfg.jsonl.val_path, on_error)
             skipped += val_skipped
+        if cfg.jsonl.test_path:
+            test, test_skipped = read_jsonl_tasks(cfg.jsonl.test_path, on_error)
+            skipped += test_skipped
         source = cfg.jsonl.train_path
     elif reader_type == ReaderType.hf_dataset:
         train, val, skipped = load_hf_tasks(cfg.hf_dataset)
@@ -63,6 +67,6 @@ async def abuild_reader(cfg: TaskReaderConfig, *, seed: int, llm: LLM | None = N
         c = cfg.curriculum
         curriculum = Curriculum(train, key=c.key, start=c.start, ramp_steps=c.ramp_steps, seed=seed)
     reader = TaskReader(train, val, seed=seed, shuffle=cfg.shuffle, skipped=skipped, source=source,
-                        curriculum=curriculum)
+                        curriculum=curriculum, test=test)
     logger.info("%r", reader)
     return reader

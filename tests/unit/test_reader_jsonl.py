@@ -144,3 +144,21 @@ def test_val_fraction_holds_out_deterministically(tmp_path: Path) -> None:
     assert len(a.val_tasks()) == 2 and len(a.train_tasks()) == 8
     assert a.val_tasks() == b.val_tasks()
     assert not {t.task_id for t in a.val_tasks()} & {t.task_id for t in a.train_tasks()}
+
+
+def test_explicit_test_file(tmp_path: Path) -> None:
+    """task_reader.jsonl.test_path: a third split, apart from train and val (reported on only)."""
+    train = write_lines(tmp_path / "train.jsonl", [json.dumps({"question": f"t{i}"}) for i in range(3)])
+    val = write_lines(tmp_path / "val.jsonl", [json.dumps({"question": "v"})])
+    test = write_lines(tmp_path / "test.jsonl", [json.dumps({"question": "x1"}), "not json",
+                                                  json.dumps({"question": "x2"})])
+    cfg = TaskReaderConfig(jsonl=JsonlReaderConfig(train_path=str(train), val_path=str(val),
+                                                   test_path=str(test), on_error=OnError.skip))
+    reader = build_reader(cfg, seed=0)
+    assert [t.main_query for t in reader.test_tasks()] == ["x1", "x2"]
+    assert [t.main_query for t in reader.val_tasks()] == ["v"] and len(reader.train_tasks()) == 3
+    assert reader.skipped == 1  # the test file's malformed line is counted like any other
+    assert "test=2" in repr(reader)
+    # without test_path there is no test split (nothing is carved out of train or val)
+    plain = build_reader(TaskReaderConfig(jsonl=JsonlReaderConfig(train_path=str(train), val_path=str(val))), seed=0)
+    assert plain.test_tasks() == [] and len(plain.train_tasks()) == 3

@@ -88,6 +88,18 @@ def test_pipeline_summary_compares_the_first_and_last_eval(tmp_path: Path) -> No
     assert "wall time: 1.5 min (90 s)" in out
 
 
+def test_pipeline_summary_names_the_eval_split(tmp_path: Path) -> None:
+    """Eval stages on `eval.split: test` (the math agent's demo): the rows say test, not val."""
+    run = tmp_path / "pipe"
+    for name, rate in (("01_base", 0.0), ("03_grpo", 0.75)):
+        write_rows(run / "eval" / f"eval_{name}.json",
+                   [{"name": name, "split": "test", "metrics": {"success/rate": rate}}])
+    stages = [{"stage": "eval", "index": i, "model": "m", "eval": str(run / "eval" / f"eval_{name}.json")}
+              for i, name in ((1, "01_base"), (3, "03_grpo"))]
+    (run / "pipeline.json").write_text(json.dumps({"stages": stages}))
+    assert summarize_run(run).rows == [("test success", 0.0, 0.75)]
+
+
 def test_not_a_run_dir_is_a_user_error(tmp_path: Path) -> None:
     result = runner.invoke(app, [str(tmp_path)])
     assert result.exit_code != 0
