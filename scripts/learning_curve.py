@@ -1,5 +1,5 @@
-"""The math agent's learning curve: val success, tool-call rate and LLM calls per episode
-against wall-clock minutes, one table per seed (the tables of docs/learning_curve.md).
+"""The math agent's learning curve: success, tool-call rate and LLM calls per episode against
+wall-clock minutes, one table per seed (the tables of docs/learning_curve.md).
 
     .venv/bin/python scripts/learning_curve.py --seeds 0,1            # train, then print the tables
     .venv/bin/python scripts/learning_curve.py --table RUN_DIR ...     # tables of finished runs
@@ -7,8 +7,9 @@ against wall-clock minutes, one table per seed (the tables of docs/learning_curv
 Each seed runs `ajet --conf CONF --backbone=debug project.seed=S project.name=NAME_seedS`
 (plus any KEY=VALUE given after `--`) and records its launch time in RUN/launch.json, so
 minutes count from the launch (model loading and every stage included). Points: every eval
-stage of a pipeline (the time its report was written) and every validation of a training
-stage (its metrics.jsonl row). Columns a point did not measure show "—" (a validation row
+stage of a pipeline (the time its report was written; on its report's split, e.g. test) and
+every validation of a training stage (its metrics.jsonl row; on val). Each point says its
+split (`split`, and in the label). Columns a point did not measure show "—" (a validation row
 holds `val/agent/*` only when the trainer logs them).
 
 The machine may be shared: the minutes are what this run took here, not a benchmark.
@@ -27,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 CONF = REPO / "tutorial" / "example_math_agent" / "math_agent.yaml"
 COLUMNS = (  # (header, key in an eval report / a val row without "val/")
-    ("val success", "success/rate"),
+    ("success", "success/rate"),
     ("tool-call rate", "agent/tool_call_rate"),
     ("calls / episode", "agent/calls_per_episode"),
     ("successes using the tool", "agent/success_with_tool"),
@@ -70,8 +71,10 @@ def points(run_dir: Path) -> list[dict]:
     for stage in stages:
         if stage.get("eval"):
             report = Path(stage["eval"])
-            metrics = json.loads(report.read_text())["metrics"]
-            out.append({"time": report.stat().st_mtime, "label": f"eval {report.stem[5:]}", "metrics": metrics})
+            data = json.loads(report.read_text())
+            split = str(data.get("split") or "val")
+            out.append({"time": report.stat().st_mtime, "label": f"eval {report.stem[5:]} ({split})",
+                        "split": split, "metrics": data["metrics"]})
         elif stage.get("run_dir") and (Path(stage["run_dir"]) / "metrics.jsonl").is_file():
             out += _val_points(Path(stage["run_dir"]), stage.get("stage", "train"))
     out.sort(key=lambda p: p["time"])
@@ -84,7 +87,7 @@ def points(run_dir: Path) -> list[dict]:
 def _val_points(stage_dir: Path, stage: str) -> list[dict]:
     rows = [json.loads(line) for line in (stage_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     return [
-        {"time": r["time"], "label": f"{stage} step {r['step']} (val)",
+        {"time": r["time"], "label": f"{stage} step {r['step']} (val)", "split": "val",
          "metrics": {k[4:]: v for k, v in r.items() if k.startswith("val/")}}
         for r in rows if r.get("split") == "val" and "val/success/rate" in r
     ]

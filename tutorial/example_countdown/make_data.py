@@ -1,9 +1,11 @@
-"""Regenerate train.jsonl / val.jsonl: countdown puzzles (deterministic).
+"""Regenerate train.jsonl / val.jsonl / test.jsonl: countdown puzzles (deterministic).
 
     python tutorial/example_countdown/make_data.py
 
 Each puzzle is built backwards from a random expression over 3 or 4 of the numbers, so
-it always has a solution (the `solution` field; the judge does not read it).
+it always has a solution (the `solution` field; the judge does not read it). Val is the split
+to tune settings on and to validate on during training; test is only reported on
+(`eval.split: test`) and holds no puzzle of train or val.
 """
 
 from __future__ import annotations
@@ -32,14 +34,19 @@ def puzzle(rng: random.Random) -> tuple[list[int], int, str]:
 
 def main() -> None:
     here = Path(__file__).parent
-    for split, count, seed in (("train", 200, 0), ("val", 20, 1)):
+    taken: set[str] = set()
+    for split, count, seed in (("train", 200, 0), ("val", 20, 1), ("test", 20, 2)):
         rng = random.Random(seed)
         rows = []
-        for i in range(count):
+        while len(rows) < count:
             numbers, target, solution = puzzle(rng)
+            question = f"Using the numbers {numbers}, make {target}."
+            if split == "test" and question in taken:
+                continue  # (train and val were drawn before test existed: kept as they are)
+            taken.add(question)
             rows.append({
-                "task_id": f"{split}-{i}",
-                "question": f"Using the numbers {numbers}, make {target}.",
+                "task_id": f"{split}-{len(rows)}",
+                "question": question,
                 "numbers": numbers,
                 "target": target,
                 "solution": solution,

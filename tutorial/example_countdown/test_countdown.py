@@ -24,7 +24,7 @@ def test_one_step(one_step) -> None:
     assert all(r["reward"] in (0.0, 0.1, 1.0) for r in records)
 
 
-@pytest.mark.parametrize("split", ["train", "val"])
+@pytest.mark.parametrize("split", ["train", "val", "test"])
 def test_shipped_puzzles_are_solvable(split: str) -> None:
     from ajet.judge.countdown import CountdownJudge
     from ajet.task_reader.jsonl import read_jsonl_tasks

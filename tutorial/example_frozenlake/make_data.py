@@ -1,6 +1,11 @@
-"""Regenerate train.jsonl / val.jsonl: FrozenLake maps (deterministic, each with a safe path).
+"""Regenerate train.jsonl / val.jsonl / test.jsonl: FrozenLake maps (deterministic, each with
+a safe path).
 
     python tutorial/example_frozenlake/make_data.py
+
+Each split's maps come from its own range of seeds; a test map that is already in train,
+val or test is redrawn. Val is the split to tune settings on and to validate on during
+training; test is only reported on (`eval.split: test`, `scripts/bench_learning.py`).
 """
 
 from __future__ import annotations
@@ -15,14 +20,23 @@ QUERY = "Reach the goal G from the start S."
 
 def main() -> None:
     here = Path(__file__).parent
-    for split, count, offset in (("train", 64, 0), ("val", 16, 10_000)):
+    taken: set[str] = set()
+    for split, count, offset in (("train", 64, 0), ("val", 16, 10_000), ("test", 16, 20_000)):
         rows = []
-        for i in range(count):
+        seed = offset
+        while len(rows) < count:
+            i = len(rows)
             size = 4 if i % 4 else 5  # mostly 4x4, every 4th map 5x5
+            grid = generate_map(size, seed=seed)
+            seed += 1
+            key = "/".join(grid)
+            if split == "test" and key in taken:
+                continue  # a test map is in no other split, nor twice in test (train and val: as first drawn)
+            taken.add(key)
             rows.append({
                 "task_id": f"{split}-{i}",
                 "question": QUERY,
-                "map": generate_map(size, seed=offset + i),
+                "map": grid,
                 # Enough for the shortest path (2 * (size - 1) moves) plus a few mistakes.
                 "max_steps": 2 * (size - 1) + 2,
             })

@@ -77,3 +77,16 @@ def test_rules(env_module) -> None:
     slow.step("wait")
     result = slow.step("wait")
     assert result.done and result.reward == 0.0 and "Out of steps" in result.observation
+
+
+def test_test_maps_are_held_out_and_solvable(env_module) -> None:
+    """test.jsonl (only reported on, never tuned on): no map of train or val, each solvable."""
+    import json
+
+    def maps(split: str) -> list[tuple[str, ...]]:
+        return [tuple(json.loads(line)["map"]) for line in (HERE / f"{split}.jsonl").read_text().splitlines()]
+
+    test = maps("test")
+    assert len(test) == len(set(test)) == 16
+    assert not set(test) & (set(maps("train")) | set(maps("val")))
+    assert all(env_module.has_path(list(m)) for m in test)

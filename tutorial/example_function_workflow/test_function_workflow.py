@@ -46,3 +46,13 @@ def test_score(adder_module) -> None:
     assert score("13, or maybe 12", "13") == 0.0
     assert score("113", "13") == 0.0
     assert score("twelve", "13") == 0.0
+
+
+def test_splits_are_disjoint_and_test_holds_the_pairs_with_a_zero() -> None:
+    def questions(split: str) -> set[str]:
+        return {json.loads(line)["question"] for line in (HERE / f"{split}.jsonl").read_text().splitlines()}
+
+    train, val, test = questions("train"), questions("val"), questions("test")
+    assert len(train) + len(val) == 81 and not train & val
+    assert len(test) == 19 and not test & (train | val)
+    assert all(" 0 " in f" {q[8:-1]} " for q in test)  # "What is 0 + 7?": a 0 on one side at least

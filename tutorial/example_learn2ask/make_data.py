@@ -1,10 +1,12 @@
-"""Regenerate train.jsonl / val.jsonl: patients with hidden profiles (deterministic).
+"""Regenerate train.jsonl / val.jsonl / test.jsonl: patients with hidden profiles (deterministic).
 
     python tutorial/example_learn2ask/make_data.py
 
 Each row: the patient's vague opening line (`question`), the hidden `facts` the simulated
 patient answers from, and `answer`: the facts as one text, which the LLM judge sees as the
-reference ("Reference answer") when it grades the consultation.
+reference ("Reference answer") when it grades the consultation. Val is the split to tune
+settings on and to validate on during training; test (its own seed) is only reported on
+(`eval.split: test`).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ def patient(rng: random.Random) -> tuple[str, dict[str, str]]:
 
 def main() -> None:
     here = Path(__file__).parent
-    for split, count, seed in (("train", 64, 0), ("val", 16, 1)):
+    for split, count, seed in (("train", 64, 0), ("val", 16, 1), ("test", 16, 2)):
         rng = random.Random(seed)
         rows = []
         for i in range(count):

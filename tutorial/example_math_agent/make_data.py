@@ -1,81 +1,195 @@
-"""Regenerate train.jsonl / val.jsonl (arithmetic word problems that need the calculator) and
-demos.jsonl (the scripted agent's demonstrations on train, `make_demos.py`).
+"""Regenerate train.jsonl / val.jsonl / test.jsonl (arithmetic word problems that need the
+calculator) and demos.jsonl (the scripted agent's demonstrations on train, `make_demos.py`).
 
     python tutorial/example_math_agent/make_data.py
 
-Every problem multiplies two two-digit numbers, and most add a second step (a sum, a
-difference, a second product): a 135M model cannot do that in its head, so an episode
-succeeds by calling `calculate` with the right expression and copying its result into
-`\\boxed{}`. Each task keeps the expression that solves it (`expression`), which the scripted
-agent of `make_demos.py` uses to write demonstrations for the SFT warm-up, and its number of
-operations (`difficulty`, 1-3), which a curriculum can order the tasks by.
+Train and val draw from the same templates (`TRAIN_KINDS`): products of two two-digit
+numbers, sums and differences of three-digit numbers ("started with 734 and used 286"),
+prices ("one lamp costs 37 dollars") and two-step problems (a product and a sum or a
+difference, change from a payment, gains then losses). Many templates, so what the agent has
+to learn is to read a problem into an expression, not to fill in one template. A 135M model
+cannot do this arithmetic in its head: an episode succeeds by calling `calculate` with the
+right expression and copying its result into `\\boxed{}`.
 
-The splits are disjoint by construction: train and val draw their numbers from different
-seeds and every val question that also occurs in train is redrawn, so the 32 val tasks stay
-held out. Deterministic: the same files every time.
+Test draws from other templates (`TEST_KINDS`): phrasings train never shows (shelves,
+machines per hour, "how many more than") and operations it never needs (a division, a sum
+in parentheses times a number, four operations). Val is the split to tune settings on and to
+validate on during training; test is only reported on (`eval.split: test`), never used to
+choose anything.
+
+Each task keeps its template (`kind`), the expression that solves it (`expression`; the
+scripted agent of `make_demos.py` uses it to write demonstrations for the SFT warm-up) and
+its number of operations (`difficulty`, 1-4), which the curriculum orders tasks by.
+
+The splits are disjoint by construction: each draws its numbers from its own seed and a
+question that occurred in an earlier split is redrawn. Deterministic: the same files every
+time.
 """
 
 from __future__ import annotations
 
+import ast
 import json
+import operator
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 NAMES = ["Tom", "Ana", "Li", "Sara", "Omar", "Mia", "Ken", "Zoe"]
 ITEMS = ["apples", "pens", "books", "coins", "cards", "stamps", "shells", "marbles"]
-KINDS = ("mul", "mul_sub", "mul_add", "two_mul")
-SPLITS = (("train", 256, 0), ("val", 32, 1))
+GOODS = [("pen", "pens"), ("book", "books"), ("ticket", "tickets"), ("lamp", "lamps"), ("plate", "plates")]
+
+Problem = tuple[str, str]  # (question, expression)
 
 
-def problem(rng: random.Random) -> tuple[str, str]:
-    """(question, expression) of one problem."""
-    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+def _mul(rng: random.Random, name: str, item: str) -> Problem:
     a, b = rng.randint(11, 99), rng.randint(11, 99)
-    kind = rng.choice(KINDS)
-    if kind == "mul":
-        return (f"{name} buys {a} boxes with {b} {item} in each box. "
-                f"How many {item} is that in total?", f"{a} * {b}")
-    if kind == "mul_sub":
-        c = rng.randint(11, a * b - 1)
-        return (f"{name} buys {a} boxes with {b} {item} in each box and gives away {c} {item}. "
-                f"How many {item} are left?", f"{a} * {b} - {c}")
-    if kind == "mul_add":
-        c = rng.randint(11, 99)
-        return (f"{name} has {c} {item} and buys {a} boxes with {b} {item} in each box. "
-                f"How many {item} does {name} have now?", f"{c} + {a} * {b}")
-    c, d = rng.randint(11, 99), rng.randint(11, 99)
+    return (f"{name} buys {a} boxes with {b} {item} in each box. How many {item} is that in total?",
+            f"{a} * {b}")
+
+
+def _mul_sub(rng: random.Random, name: str, item: str) -> Problem:
+    a, b = rng.randint(11, 99), rng.randint(11, 99)
+    c = rng.randint(11, a * b - 1)
+    return (f"{name} buys {a} boxes with {b} {item} in each box and gives away {c} {item}. "
+            f"How many {item} are left?", f"{a} * {b} - {c}")
+
+
+def _mul_add(rng: random.Random, name: str, item: str) -> Problem:
+    a, b, c = rng.randint(11, 99), rng.randint(11, 99), rng.randint(11, 99)
+    return (f"{name} has {c} {item} and buys {a} boxes with {b} {item} in each box. "
+            f"How many {item} does {name} have now?", f"{c} + {a} * {b}")
+
+
+def _two_mul(rng: random.Random, name: str, item: str) -> Problem:
+    a, b, c, d = (rng.randint(11, 99) for _ in range(4))
     return (f"{name} buys {a} boxes with {b} {item} each and {c} bags with {d} {item} each. "
             f"How many {item} is that in total?", f"{a} * {b} + {c} * {d}")
 
 
+def _add(rng: random.Random, name: str, item: str) -> Problem:
+    x, y = rng.randint(100, 999), rng.randint(100, 999)
+    return (f"{name} has {x} {item} and gets {y} more. How many {item} does {name} have now?", f"{x} + {y}")
+
+
+def _used(rng: random.Random, name: str, item: str) -> Problem:
+    x = rng.randint(300, 999)
+    y = rng.randint(100, x - 11)
+    return (f"{name} started with {x} {item} and used {y} of them. How many {item} are left?", f"{x} - {y}")
+
+
+def _price(rng: random.Random, name: str, item: str) -> Problem:
+    one, many = rng.choice(GOODS)
+    p, q = rng.randint(11, 99), rng.randint(11, 99)
+    return f"One {one} costs {p} dollars. How much do {q} {many} cost, in dollars?", f"{q} * {p}"
+
+
+def _change(rng: random.Random, name: str, item: str) -> Problem:
+    one, many = rng.choice(GOODS)
+    p, q = rng.randint(11, 99), rng.randint(11, 99)
+    paid = (q * p // 100 + rng.randint(1, 9)) * 100
+    return (f"{name} buys {q} {many} at {p} dollars each and pays with {paid} dollars. "
+            f"How much change does {name} get, in dollars?", f"{paid} - {q} * {p}")
+
+
+def _gain_loss(rng: random.Random, name: str, item: str) -> Problem:
+    x, y = rng.randint(100, 999), rng.randint(100, 999)
+    z = rng.randint(100, x + y - 11)
+    return (f"{name} has {x} {item}, gets {y} more and then gives away {z}. How many {item} are left?",
+            f"{x} + {y} - {z}")
+
+
+# ---- test only: phrasings and operations that train never shows
+
+
+def _shelves(rng: random.Random, name: str, item: str) -> Problem:
+    a, b = rng.randint(11, 99), rng.randint(11, 99)
+    return f"A shelf holds {b} {item}. How many {item} fit on {a} shelves?", f"{a} * {b}"
+
+
+def _per_hour(rng: random.Random, name: str, item: str) -> Problem:
+    r, h = rng.randint(11, 99), rng.randint(11, 99)
+    return (f"A machine makes {r} {item} every hour. How many {item} does it make in {h} hours?",
+            f"{h} * {r}")
+
+
+def _more_than(rng: random.Random, name: str, item: str) -> Problem:
+    other = rng.choice([n for n in NAMES if n != name])
+    x = rng.randint(300, 999)
+    y = rng.randint(100, x - 11)
+    return (f"{name} has {x} {item} and {other} has {y}. How many more {item} does {name} have than {other}?",
+            f"{x} - {y}")
+
+
+def _share(rng: random.Random, name: str, item: str) -> Problem:
+    k, m = rng.randint(11, 29), rng.randint(11, 49)
+    return (f"{name} shares {k * m} {item} equally among {k} friends. How many {item} does each friend get?",
+            f"{k * m} / {k}")
+
+
+def _grouped(rng: random.Random, name: str, item: str) -> Problem:
+    a, b, c = rng.randint(11, 49), rng.randint(11, 49), rng.randint(11, 49)
+    return (f"{name} packs {a} red boxes and {b} blue boxes, and every box holds {c} {item}. "
+            f"How many {item} are packed?", f"({a} + {b}) * {c}")
+
+
+def _broken(rng: random.Random, name: str, item: str) -> Problem:
+    a, b, c, d = (rng.randint(11, 59) for _ in range(4))
+    z = rng.randint(11, 99)
+    return (f"A school orders {a} packs of {b} {item} and {c} packs of {d} {item}; {z} of them arrive "
+            f"broken. How many usable {item} does the school get?", f"{a} * {b} + {c} * {d} - {z}")
+
+
+TRAIN_KINDS: dict[str, Callable[[random.Random, str, str], Problem]] = {
+    "mul": _mul, "mul_sub": _mul_sub, "mul_add": _mul_add, "two_mul": _two_mul,
+    "add": _add, "used": _used, "price": _price, "change": _change, "gain_loss": _gain_loss,
+}
+TEST_KINDS: dict[str, Callable[[random.Random, str, str], Problem]] = {
+    "shelves": _shelves, "per_hour": _per_hour, "more_than": _more_than,
+    "share": _share, "grouped": _grouped, "broken": _broken,
+}
+# (split, count, seed, templates)
+SPLITS = (("train", 256, 0, TRAIN_KINDS), ("val", 32, 1, TRAIN_KINDS), ("test", 32, 2, TEST_KINDS))
+
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+
+
 def evaluate(expression: str) -> int:
-    """The value of one of `problem`'s expressions (integers, + - * only)."""
-    total = 0
-    for term in expression.replace(" - ", " + -").split(" + "):
-        value = 1
-        for factor in term.split(" * "):
-            value *= int(factor)
-        total += value
-    return total
+    """The value of one of the templates' expressions (integers, + - * / and parentheses);
+    every template is built so that it is a whole number."""
+
+    def value(node: ast.AST) -> float:
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, ast.BinOp):
+            return _OPS[type(node.op)](value(node.left), value(node.right))
+        raise ValueError(f"unexpected {ast.dump(node)} in {expression!r}")
+
+    result = value(ast.parse(expression, mode="eval").body)
+    if result != int(result) or result <= 0:
+        raise ValueError(f"{expression!r} = {result}: the templates make positive whole numbers")
+    return int(result)
 
 
 def difficulty(expression: str) -> int:
-    """Operations in the expression: 1 (one product) to 3 (two products and a sum). The
-    curriculum (task_reader.curriculum.key: difficulty) starts GRPO on the one-step tasks."""
-    return sum(expression.count(op) for op in ("*", "+", " - "))
+    """Operations in the expression: 1 (one product, sum or difference) to 4. The curriculum
+    (task_reader.curriculum.key: difficulty) starts GRPO on the one-operation tasks."""
+    return sum(expression.count(op) for op in (" * ", " + ", " - ", " / "))
 
 
-def split_tasks(split: str, count: int, seed: int, taken: set[str]) -> list[dict]:
+def split_tasks(split: str, count: int, seed: int, kinds: dict, taken: set[str]) -> list[dict]:
     rng = random.Random(seed)
     tasks: list[dict] = []
     while len(tasks) < count:
-        question, expression = problem(rng)
+        name, item = rng.choice(NAMES), rng.choice(ITEMS)
+        kind = rng.choice(sorted(kinds))
+        question, expression = kinds[kind](rng, name, item)
         if question in taken:
-            continue  # never the same question twice, nor in both splits
+            continue  # never the same question twice, nor in two splits
         taken.add(question)
         tasks.append({"task_id": f"{split}-{len(tasks)}", "question": question,
                       "answer": str(evaluate(expression)), "expression": expression,
-                      "difficulty": difficulty(expression)})
+                      "difficulty": difficulty(expression), "kind": kind})
     return tasks
 
 
@@ -83,9 +197,9 @@ def main(out_dir: Path | None = None) -> list[Path]:
     out_dir = out_dir or Path(__file__).parent
     taken: set[str] = set()
     paths = []
-    for split, count, seed in SPLITS:
+    for split, count, seed, kinds in SPLITS:
         path = out_dir / f"{split}.jsonl"
-        path.write_text("".join(json.dumps(t) + "\n" for t in split_tasks(split, count, seed, taken)))
+        path.write_text("".join(json.dumps(t) + "\n" for t in split_tasks(split, count, seed, kinds, taken)))
         paths.append(path)
     from make_demos import main as make_demos  # this directory is on sys.path (script or test)
 

@@ -82,22 +82,40 @@ def _load(name: str) -> Any:
 def test_data_and_demos_regenerate_identically(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(HERE))  # make_demos runs math_agent.py's MathAgent
     paths = _load("make_data").main(tmp_path)
-    assert [p.name for p in paths] == ["train.jsonl", "val.jsonl", "demos.jsonl"]
+    assert [p.name for p in paths] == ["train.jsonl", "val.jsonl", "test.jsonl", "demos.jsonl"]
     for path in paths:
         assert path.read_text() == (HERE / path.name).read_text()
 
 
-def test_val_is_held_out_and_needs_the_calculator() -> None:
-    def read(name: str) -> list[dict]:
-        return [json.loads(line) for line in (HERE / name).read_text().splitlines()]
+def read(name: str) -> list[dict]:
+    return [json.loads(line) for line in (HERE / name).read_text().splitlines()]
 
-    train, val = read("train.jsonl"), read("val.jsonl")
+
+def test_val_and_test_are_held_out_and_need_the_calculator() -> None:
+    train, val, test = read("train.jsonl"), read("val.jsonl"), read("test.jsonl")
     assert len(val) == 32 and not {t["question"] for t in val} & QUESTIONS
-    for task in train + val:
-        assert re.search(r"\b\d\d \* \d\d\b", task["expression"])  # a two-digit product at least
+    assert len(test) == 32 and not {t["question"] for t in test} & (QUESTIONS | {t["question"] for t in val})
+    make_data = _load("make_data")
+    for task in train + val + test:
+        # an operation on two-digit numbers at least, or one on three-digit numbers: not mental arithmetic
+        assert re.search(r"\b\d\d\)? \* \d\d\b|\d{3}", task["expression"]), task
+        assert task["answer"] == str(make_data.evaluate(task["expression"]))
+        assert task["difficulty"] == make_data.difficulty(task["expression"]) >= 1  # what the curriculum orders by
     demos = read("demos.jsonl")
     asked = {m["content"][0]["text"] for d in demos for m in d["messages"] if m["role"] == "user"}
     assert asked <= QUESTIONS  # demonstrations come from the train split only
+
+
+def test_train_has_many_templates_and_test_others() -> None:
+    """Train mixes products, sums, differences, prices and two-step problems; test asks in
+    phrasings train never shows and needs operations train never needs (/ and parentheses)."""
+    train, test = read("train.jsonl"), read("test.jsonl")
+    train_kinds = {t["kind"] for t in train}
+    assert {"mul", "add", "used", "price", "change", "gain_loss"} <= train_kinds
+    assert not train_kinds & {t["kind"] for t in test}
+    assert {1, 2, 3} <= {t["difficulty"] for t in train}
+    assert not any(op in t["expression"] for t in train for op in ("/", "("))
+    assert any("/" in t["expression"] for t in test) and any("(" in t["expression"] for t in test)
 
 
 def test_demos_call_the_tool_then_copy_its_result() -> None:
@@ -124,11 +142,13 @@ def test_the_demo_pipeline_and_its_summary(one_step) -> None:
     assert grpo["rollout/failed"] == 0 and grpo["agent/calls_per_episode"] >= 1.0  # the AgentScope agent ran
     for stage in (stages[0], stages[3]):
         report = json.loads(Path(stage["eval"]).read_text())
+        assert report["split"] == "test" and {e["task_id"] for e in report["episodes"]} <= {f"test-{i}" for i in range(4)}
         assert report["metrics"]["episodes"] == 4 and "agent/tool_call_rate" in report["metrics"]
     summary = subprocess.run([sys.executable, "-m", "ajet.cli.main", "summary", str(run.run_dir)],
                              capture_output=True, text=True, timeout=120, cwd=REPO,
                              env={**os.environ, "COLUMNS": "200"})
     assert summary.returncode == 0, summary.stderr
-    assert "01_base" in summary.stdout and "04_grpo" in summary.stdout and "val success" in summary.stdout
+    # the eval stages run on the test split (eval.split: test): the summary reports test
+    assert "01_base" in summary.stdout and "04_grpo" in summary.stdout and "test success" in summary.stdout
     assert f"ajet view {stages[2]['run_dir']} --serve" in summary.stdout
     assert "wall time:" in summary.stdout
