@@ -18,10 +18,16 @@ Decode (`--workloads decode`): for each concurrency c, c chat requests each gene
 - hf_sequential: `model.generate` once per request, one request after the other
 - hf_batched:    one `model.generate` call over a static, left-padded batch of c
 
+Adapters (`--workloads adapters`, not run by default: it wraps a copy of the model in peft):
+--adapter-requests concurrent requests (16), each generating --new-tokens tokens (greedy, EOS
+ignored), on a model with --adapters LoRA adapters (4, r=8 on q/k/v/o, as `model.lora.per_role`
+gives each role): "single", every request on one adapter, against "mixed", request i on adapter
+i mod 4 in the same batch (peft's mixed-batch forward, ajet/engine/served.py). Same prompts.
+
 Usage:
-    .venv/bin/python scripts/bench_engine.py [--json FILE] [--workloads agent,decode]
+    .venv/bin/python scripts/bench_engine.py [--json FILE] [--workloads agent,decode,adapters]
         [--new-tokens 128] [--concurrency 1,4,16] [--episodes 16] [--turns 8]
-        [--engine-dtypes float32,float16,bfloat16] [--repeats 2]
+        [--engine-dtypes float32,float16,bfloat16] [--repeats 2] [--adapters 4]
 
 A benchmark measures; it asserts nothing about speed. The machine may be shared: repeat
 runs and compare like with like.
@@ -95,6 +101,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--cache-tokens", type=int, default=16384, help="agent: prefix cache budget of the 'on' run"
     )
+    parser.add_argument("--adapters", type=int, default=4, help="adapters: LoRA adapters in the mixed batch")
+    parser.add_argument("--adapter-requests", type=int, default=16, help="adapters: concurrent requests")
     return parser.parse_args(argv)
 
 
@@ -224,13 +232,16 @@ def chat_prompts(tokenizer, count: int) -> list[list[int]]:
     return [chat.encode(chat.render([{"role": "user", "content": q}])) for q in questions]
 
 
-def bench_ours(engine, prompts: list[list[int]], new_tokens: int) -> float:
+def bench_ours(engine, prompts: list[list[int]], new_tokens: int, models: list | None = None) -> float:
+    """Aggregate tokens/s of the prompts generated concurrently (`models[i]`: the engine's
+    `model=` of request i; None: the policy)."""
     from ajet.engine.base import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens)
+    models = models or [None] * len(prompts)
 
     async def run():
-        return await asyncio.gather(*(engine.generate(p, params) for p in prompts))
+        return await asyncio.gather(*(engine.generate(p, params, model=m) for p, m in zip(prompts, models, strict=True)))
 
     start = time.perf_counter()
     results = asyncio.run(run())
@@ -337,6 +348,47 @@ def run_decode(model, tokenizer, args) -> dict[str, dict[str, float]]:
     return {"tok_s": results, "runs": runs, "logprob_mismatch": mismatch}
 
 
+def run_adapters(model, tokenizer, args) -> dict[str, dict[str, float]]:
+    """--adapter-requests requests on one LoRA adapter, then spread over --adapters adapters in
+    one batch; alternated --repeats times on one engine, best of each reported."""
+    import copy
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from ajet.engine.local import LocalEngine
+
+    names = [f"role{i}" for i in range(args.adapters)]
+    config = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+                        task_type="CAUSAL_LM")
+    peft = get_peft_model(copy.deepcopy(model), config, adapter_name=names[0])  # the others keep the plain model
+    for name in names[1:]:
+        peft.add_adapter(name, copy.deepcopy(config))
+    with torch.no_grad():  # adapters that differ, as after training (peft starts lora_B at zero)
+        for name, param in peft.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.01)
+    peft.eval()
+    n = args.adapter_requests
+    prompts = chat_prompts(tokenizer, n)
+    plans = {"single": [None] * n, "mixed": [names[i % len(names)] for i in range(n)]}
+    runs: dict[str, list[float]] = {name: [] for name in plans}
+    with LocalEngine(peft, tokenizer, max_batch_size=max(32, n), eos_token_ids=[]) as engine:
+        for models in plans.values():
+            bench_ours(engine, prompts, 8, models)  # warm-up (thread pools)
+        for _ in range(args.repeats):
+            for name, models in plans.items():
+                rate = bench_ours(engine, prompts, args.new_tokens, models)
+                runs[name].append(round(rate, 2))
+                print(f"  {name:<7} {rate:8.1f} tok/s", flush=True)
+    best = {name: max(rates) for name, rates in runs.items()}
+    print(f"\nadapters: {n} concurrent requests, {args.new_tokens} new tokens each (best of {args.repeats})")
+    print(f"  one adapter          {best['single']:8.1f} tok/s")
+    print(f"  {len(names)} adapters mixed     {best['mixed']:8.1f} tok/s")
+    print(f"  mixed / single: {best['mixed'] / best['single']:.2f}x")
+    return {"tok_s": best, "runs": runs, "ratio": best["mixed"] / best["single"]}
+
+
 def logprob_mismatch(engine, model, prompts: list[list[int]], new_tokens: int) -> dict[str, float]:
     """Sample one completion per prompt (temperature 1) with `engine`, then recompute each
     token's logprob with `model`'s fp32 weights, as the RL update does
@@ -377,9 +429,9 @@ def main(argv: list[str]) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     workloads = [w for w in args.workloads.split(",") if w]
-    unknown = set(workloads) - {"agent", "decode"}
+    unknown = set(workloads) - {"agent", "decode", "adapters"}
     if unknown:
-        raise SystemExit(f"unknown workloads {sorted(unknown)}; choose from agent, decode")
+        raise SystemExit(f"unknown workloads {sorted(unknown)}; choose from agent, decode, adapters")
     path = resolve_model_path(args.model)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -389,6 +441,8 @@ def main(argv: list[str]) -> int:
         payload["agent"] = run_agent(model, tokenizer, args)
     if "decode" in workloads:
         payload["decode"] = run_decode(model, tokenizer, args) | {"new_tokens": args.new_tokens}
+    if "adapters" in workloads:
+        payload["adapters"] = run_adapters(model, tokenizer, args) | {"new_tokens": args.new_tokens}
     payload["peak_rss_gb"] = round(peak_rss_gb(), 2)
     print(f"\npeak RSS of this benchmark process: {payload['peak_rss_gb']:.2f} GB")
     if args.json:

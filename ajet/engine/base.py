@@ -9,6 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+# `generate(..., model=INITIAL_MODEL)`: the frozen initial weights (LoRA: the base with no
+# adapter; full fine-tuning: a frozen copy). Served by the local engine (ajet/engine/served.py).
+INITIAL_MODEL = "initial"
+
 
 @dataclass
 class SamplingParams:
@@ -45,7 +49,11 @@ class InferenceEngine(Protocol):
     policy_version: int
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> list[Completion]:
-        """Return `params.n` completions of `prompt_ids`."""
+        """Return `params.n` completions of `prompt_ids`.
+
+        An engine with `supports_models = True` (the local engine) also takes `model=`: None
+        (the policy), a LoRA adapter's name, `INITIAL_MODEL` or a local checkpoint directory;
+        callers pass it only when it is not None, so other engines keep this signature."""
 
     def bump_version(self) -> int:
         """The shared weights changed (in-process trainer): increment and return the version."""

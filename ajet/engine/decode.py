@@ -1,7 +1,8 @@
 """The running batch of the local engine and its decode step (engine thread only).
 
-`DecodeBatch` holds the sequences being decoded; row i of its KV cache (`BatchKV`,
-ajet/engine/kv.py) is `active[i]`. A request's completions join it after their prefill
+`DecodeBatch` holds the sequences being decoded by one module (the engine keeps one per
+module it serves, ajet/engine/served.py); row i of its KV cache (`BatchKV`,
+ajet/engine/kv.py) is `active[i]`, and runs its request's LoRA adapter. A request's completions join it after their prefill
 (ajet/engine/prefill.py): `start` samples each completion's first token from the prefill
 logits, `join` adds the rows. `step` forwards the last token of every active sequence at
 once, samples the next tokens (grammar-constrained rows one by one, the rest batched), and
@@ -26,6 +27,7 @@ from ajet.engine.grammar import GrammarError
 from ajet.engine.kv import BatchKV, RowKV, cache_kwarg
 from ajet.engine.requests import Request, RunningSequence, deliver
 from ajet.engine.sampling import TokenChoice, choose_token, choose_tokens, find_stop, make_generator
+from ajet.engine.served import row_adapters
 
 if TYPE_CHECKING:  # pragma: no cover
     from ajet.engine.prefill import PrefixReuse
@@ -96,14 +98,15 @@ class DecodeBatch:
         input_ids = torch.tensor([[seq.token_ids[-1]] for seq in self.active], dtype=torch.long, device=weight.device)
         position_ids = torch.tensor([[seq.position] for seq in self.active], dtype=torch.long, device=weight.device)
         mask = kv.prepare_step(weight.dtype)  # the additive mask must match the activations' dtype
-        out = model(
-            input_ids=input_ids,
-            position_ids=position_ids,
-            attention_mask=mask,
-            **{cache_kwarg(model): kv.cache},
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        with row_adapters(model, [seq.request.target.adapter for seq in self.active]):
+            out = model(
+                input_ids=input_ids,
+                position_ids=position_ids,
+                attention_mask=mask,
+                **{cache_kwarg(model): kv.cache},
+                use_cache=True,
+                logits_to_keep=1,
+            )
         kv.advance()
         logits = out.logits[:, -1, :]
         self.stats["decode_steps"] += 1
@@ -223,7 +226,7 @@ class DecodeBatch:
             if row in keep or not seq.finished or seq.request.policy_version != version:
                 continue  # failed, cancelled, or computed (in part) by older weights
             self.reuse.finished(seq.request.prompt_ids + seq.token_ids[:-1],
-                                lambda a, b, r=row: kv.row_range(r, a, b), version)
+                                lambda a, b, r=row: kv.row_range(r, a, b), version, seq.request.target)
 
     def _decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)

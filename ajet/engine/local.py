@@ -21,6 +21,11 @@ around weight updates, the engine thread. How a request runs:
 3. Decode steps (ajet/engine/decode.py) until EOS, a stop string, `max_tokens` or
    `max_model_len`.
 
+Which model serves a request (`generate(..., model=...)`: the policy, one of its LoRA
+adapters, the frozen initial weights or a local checkpoint) is resolved by `ServedModels`
+(ajet/engine/served.py). Requests of the policy's adapters share one batch (a mixed-adapter
+forward); a frozen model has its own decode batch, stepped after the policy's.
+
 Failures stay local: a request whose prefill or sampling raises gets the exception, the
 others go on; a decode step that raises fails the sequences of that step; the engine thread
 keeps serving. Throughput: scripts/bench_engine.py.
@@ -47,6 +52,7 @@ from ajet.engine.decode import DecodeBatch
 from ajet.engine.grammar import GrammarRuntime
 from ajet.engine.prefill import PrefixReuse, prefill_requests
 from ajet.engine.requests import (
+    POLICY,
     EngineClosedError,
     PromptTooLongError,
     Request,
@@ -54,6 +60,7 @@ from ajet.engine.requests import (
     deliver,
 )
 from ajet.engine.sampling import stop_strings, validate_params
+from ajet.engine.served import ServedModels
 from ajet.engine.weights import ServingWeights
 
 log = logging.getLogger(__name__)
@@ -108,7 +115,8 @@ class LocalEngine:
             self.eos_token_ids = set(eos_token_ids)  # empty: never stop on EOS (benchmarks)
         self.policy_version = 0
         self._weights = ServingWeights(model, dtype)  # what prefill and decode forward
-        self._reuse = PrefixReuse(self._weights.model, prefix_cache_tokens)
+        self._reuse = PrefixReuse(prefix_cache_tokens)
+        self._served = ServedModels(self._weights)  # the policy's adapters, frozen default models
         self._grammars: GrammarRuntime | None = None  # built on the first grammar
         # Counters for metrics; "max_batch" is the most sequences one decode step has served.
         self.stats = {
@@ -119,7 +127,8 @@ class LocalEngine:
             "max_batch": 0,
         }
         self._batch = DecodeBatch(self._weights, tokenizer, self.eos_token_ids, self.max_model_len,
-                                  self._reuse, self.stats)
+                                  self._reuse, self.stats)  # the policy's (all its adapters)
+        self._frozen: dict[str, DecodeBatch] = {}  # one per frozen model served (engine thread)
         self._cv = threading.Condition()
         self._pending: deque[Request] = deque()
         self._pause_depth = 0
@@ -131,20 +140,28 @@ class LocalEngine:
     # ---------------------------------------------------------------- public API
     supports_streaming = True  # generate() takes on_token
     supports_grammar = True  # SamplingParams.grammar (ajet/engine/grammar.py)
+    supports_models = True  # generate() takes model= (ajet/engine/served.py)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, *,
-                       on_token: Callable[[int], None] | None = None) -> list[Completion]:
+                       on_token: Callable[[int], None] | None = None,
+                       model: str | None = None) -> list[Completion]:
         """Return `params.n` completions of `prompt_ids` (waits while the engine is paused).
 
         `on_token` (n=1 only) is called on the caller's event loop with each token id as it is
-        sampled, before the result is delivered.
+        sampled, before the result is delivered. `model`: None = the policy; a LoRA adapter's
+        name (`adapters`); `INITIAL_MODEL` = the frozen initial weights; a local checkpoint
+        directory = that model, loaded on first use (off the engine thread) and frozen.
         """
         validate_params(params)
         if on_token is not None and params.n != 1:
             raise ValueError(f"on_token streams one completion; n={params.n}")
         ids = self._check_prompt(prompt_ids)
+        target = self._served.target(model)
+        if self._served.needs_load(target, self.policy_version):
+            await asyncio.to_thread(self._served.load, target)
         loop = asyncio.get_running_loop()
-        request = Request(ids, params, stop_strings(params), loop, loop.create_future(), on_token=on_token)
+        request = Request(ids, params, stop_strings(params), loop, loop.create_future(), on_token=on_token,
+                          target=target)
         request.results = [None] * params.n
         if params.grammar is not None:  # compiled here: a bad grammar fails this call only
             request.constraints = await asyncio.to_thread(self._constraints, params)
@@ -158,6 +175,17 @@ class LocalEngine:
         except asyncio.CancelledError:
             request.cancelled = True  # the engine drops its sequences at the next step
             raise
+
+    @property
+    def adapters(self) -> tuple[str, ...]:
+        """The policy's LoRA adapters (with `model.lora.per_role`, one per trainable role)."""
+        return self._served.adapters
+
+    def check_model(self, model: str | None) -> None:
+        """Raise ValueError (saying what would be served) if `generate(model=model)` could not
+        be: an unknown adapter, a missing directory, a checkpoint of another vocabulary, a peft
+        adapter of another base. Reads config files only; weights load on first use."""
+        self._served.check(model)
 
     def take_metrics(self) -> dict[str, float]:
         """Prefill counters since the last call (then reset), for the step metrics:
@@ -237,8 +265,8 @@ class LocalEngine:
 
     @property
     def num_active(self) -> int:
-        """Sequences in the running batch."""
-        return len(self._batch)
+        """Sequences in the running batches."""
+        return sum(len(batch) for batch in self._batches())
 
     @property
     def num_pending(self) -> int:
@@ -281,12 +309,34 @@ class LocalEngine:
             while self._wait_for_work():
                 try:
                     self._admit()
-                    if self._batch.active:
-                        self._batch.step(self._sync_weights())
                 except Exception as exc:  # noqa: BLE001 - a failed step must not kill the engine
-                    log.exception("engine step failed; failing its %d sequences", len(self._batch))
-                    self._batch.fail(exc)
+                    log.exception("engine step failed; failing its %d sequences", self.num_active)
+                    for batch in self._batches():
+                        batch.fail(exc)
+                for batch in self._batches():
+                    if not batch.active:
+                        continue
+                    try:
+                        batch.step(self._sync_weights())
+                    except Exception as exc:  # noqa: BLE001 - a failed step must not kill the engine
+                        log.exception("engine step failed; failing its %d sequences", len(batch))
+                        batch.fail(exc)
         self._fail_everything(EngineClosedError("the engine was closed"))
+
+    def _batches(self) -> list[DecodeBatch]:
+        """The policy's decode batch, then each frozen model's."""
+        return [self._batch, *self._frozen.values()]
+
+    def _batch_of(self, unit: str, version: int) -> DecodeBatch:
+        """The decode batch of a unit; a frozen model's is made when it is first served."""
+        if unit == POLICY:
+            return self._batch
+        batch = self._frozen.get(unit)
+        if batch is None:
+            batch = self._frozen[unit] = DecodeBatch(self._served.unit(unit, version), self.tokenizer,
+                                                     self.eos_token_ids, self.max_model_len, self._reuse,
+                                                     self.stats)
+        return batch
 
     def _wait_for_work(self) -> bool:
         with self._cv:
@@ -300,7 +350,7 @@ class LocalEngine:
                     self._cv.wait()
                     continue
                 self._is_paused = False
-                if self._pending or self._batch.active:
+                if self._pending or any(batch.active for batch in self._batches()):
                     return True
                 self._cv.wait()
 
@@ -308,17 +358,31 @@ class LocalEngine:
         """Take waiting requests while the batch has room; prefill them into the batch."""
         taken: list[Request] = []
         with self._cv:
-            room = self.max_batch_size - len(self._batch)
+            active = self.num_active
+            room = self.max_batch_size - active
             while self._pending:
                 request = self._pending[0]
-                if request.params.n > room and (self._batch.active or taken):
+                if request.params.n > room and (active or taken):
                     break
                 self._pending.popleft()
                 if not request.cancelled:
                     taken.append(request)
                     room -= request.params.n
-        if taken:
-            prefill_requests(self._batch, taken, self._sync_weights())
+        if not taken:
+            return
+        version = self._sync_weights()
+        by_unit: dict[str, list[Request]] = {}
+        for request in taken:
+            by_unit.setdefault(request.target.unit, []).append(request)
+        for unit, requests in by_unit.items():
+            try:
+                batch = self._batch_of(unit, version)
+            except Exception as exc:  # noqa: BLE001 - e.g. the initial copy failed: these requests only
+                log.warning("model %r cannot be served: %s", unit, exc)
+                for request in requests:
+                    deliver(request, error=exc)
+                continue
+            prefill_requests(batch, requests, version)
 
     def _sync_weights(self) -> int:
         """Refresh the engine's copy of the weights if the trainer bumped the version (engine
@@ -330,7 +394,8 @@ class LocalEngine:
         return version
 
     def _fail_everything(self, error: BaseException) -> None:
-        self._batch.fail(error)
+        for batch in self._batches():
+            batch.fail(error)
         with self._cv:
             pending, self._pending = list(self._pending), deque()
         for request in pending:

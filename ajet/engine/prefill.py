@@ -14,7 +14,9 @@ up contiguous: `[start_i, T)`, which is what `BatchKV` and the prefix cache take
 the prefix cache (`PrefixReuse`, which first prefills once what several of them share),
 grouped by similar length, prefilled one forward per group, and each of a request's n
 completions samples its first token from the same logits (n completions, one prefill) before
-joining the decode batch (ajet/engine/decode.py).
+joining the decode batch (ajet/engine/decode.py). The requests of one call share a module;
+each row runs its own LoRA adapter (`row_adapters`, ajet/engine/served.py) and its cache
+entries live in its own namespace.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ from transformers.cache_utils import DynamicLayer
 
 from ajet.engine.kv import RowKV, cache_kwarg
 from ajet.engine.prefix_cache import PrefixCache, shared_prefixes
-from ajet.engine.requests import Request, deliver, prefill_groups
+from ajet.engine.requests import Request, Target, deliver, prefill_groups
+from ajet.engine.served import row_adapters
 
 if TYPE_CHECKING:  # pragma: no cover
     from ajet.engine.decode import DecodeBatch, Joining
@@ -43,6 +46,7 @@ class PrefillRow:
     ids: list[int]  # the whole prompt
     past_len: int = 0  # leading tokens whose KV is given in `past` (not forwarded)
     past: list[torch.Tensor] | None = None  # KV segments [layers, 2, kv_heads, n, head_dim]
+    target: Target = Target()  # the adapter the row runs with, the cache namespace of its KV
 
 
 class _GroupLayer(DynamicLayer):
@@ -114,14 +118,15 @@ class PrefillGroup:
         mask.masked_fill_(~valid, torch.finfo(dtype).min)
         cache = DynamicCache()
         cache.layers = [_GroupLayer(self, i) for i in range(self.buf.shape[0])]
-        out = model(
-            input_ids=torch.tensor(ids, dtype=torch.long, device=device),
-            position_ids=torch.tensor(positions, dtype=torch.long, device=device),
-            attention_mask=mask[:, None].to(device),
-            **{cache_kwarg(model): cache},
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        with row_adapters(model, [row.target.adapter for row in rows]):
+            out = model(
+                input_ids=torch.tensor(ids, dtype=torch.long, device=device),
+                position_ids=torch.tensor(positions, dtype=torch.long, device=device),
+                attention_mask=mask[:, None].to(device),
+                **{cache_kwarg(model): cache},
+                use_cache=True,
+                logits_to_keep=1,
+            )
         self.logits = out.logits[:, -1, :]
 
     def _buffer(self, device: Any, dtype: Any) -> torch.Tensor:
@@ -144,9 +149,11 @@ class PrefillGroup:
         return self.buf[:, :, i, :, start + a : start + b].clone()
 
 
-def warm_shared_prefixes(model: Any, cache: Any, prompts: list[list[int]], min_tokens: int) -> int:
+def warm_shared_prefixes(model: Any, cache: Any, prompts: list[list[int]], min_tokens: int,
+                         target: Target = Target()) -> int:
     """Prefill, once each, the prefixes that several of `prompts` share and the prefix cache
     does not hold yet (shortest first, each reusing the last); return the tokens forwarded.
+    Every prompt is `target`'s (its adapter forwards them, its namespace keeps them).
 
     Requests admitted together (the n episodes of a group, tasks under one system prompt)
     would otherwise each prefill the shared part, since none is in the cache before the
@@ -154,17 +161,18 @@ def warm_shared_prefixes(model: Any, cache: Any, prompts: list[list[int]], min_t
     """
     forwarded = 0
     for layer in shared_prefixes(prompts, min_tokens):
-        matches = [cache.match(ids) for ids in layer]
+        matches = [cache.match(ids, namespace=target.namespace) for ids in layer]
         try:
             todo = [(ids, m) for ids, m in zip(layer, matches, strict=True) if m.length < len(ids)]
-            rows = [PrefillRow(ids, m.length, m.segments) for ids, m in todo]
+            rows = [PrefillRow(ids, m.length, m.segments, target) for ids, m in todo]
             for group in prefill_groups([len(r.ids) - r.past_len for r in rows],
                                         totals=[len(r.ids) for r in rows]):
                 prefill = PrefillGroup(model, [rows[i] for i in group])
                 prefill.run()
                 for row_index, i in enumerate(group):
                     row = rows[i]
-                    cache.insert(row.ids, lambda a, b, r=row_index, g=prefill: g.kv_range(r, a, b))
+                    cache.insert(row.ids, lambda a, b, r=row_index, g=prefill: g.kv_range(r, a, b),
+                                 target.namespace)
                     forwarded += len(row.ids) - row.past_len
         finally:
             for m in matches:
@@ -175,28 +183,34 @@ def warm_shared_prefixes(model: Any, cache: Any, prompts: list[list[int]], min_t
 class PrefixReuse:
     """What the engine does with its prefix cache: find each prompt's cached prefix (after
     prefilling once what several prompts admitted together share), store prompts and finished
-    completions, and count prompt / prefilled / cached tokens for `take_metrics`."""
+    completions, and count prompt / prefilled / cached tokens for `take_metrics`. One for the
+    engine: its modules and adapters keep their KV in namespaces of the one cache (one budget)."""
 
-    def __init__(self, model: Any, budget_tokens: int, min_shared: int = 16) -> None:
-        self.model = model
+    def __init__(self, budget_tokens: int, min_shared: int = 16) -> None:
         self.cache = PrefixCache(budget_tokens) if budget_tokens > 0 else None
         self.min_shared = min_shared  # shorter shared prefixes are not worth a forward of their own
         self._lock = threading.Lock()  # counters are read by the trainer's thread
         self._counts = dict.fromkeys(("prompt", "prefilled", "cached"), 0)
 
-    def match(self, prompts: list[list[int]], version: int) -> list[Any]:
-        """Each prompt's cached prefix (a locked `Match`, or None with the cache off)."""
+    def match(self, model: Any, prompts: list[list[int]], targets: list[Target], version: int) -> list[Any]:
+        """Each prompt's cached prefix (a locked `Match`, or None with the cache off) in its
+        target's namespace; `model` prefills what several prompts of one target share."""
         cache = self.cache
         if cache is None:
             return [None] * len(prompts)
         cache.sync(version)  # weights changed: drop KV computed by the old ones
-        if len(prompts) > 1:
+        by_target: dict[Target, list[list[int]]] = {}
+        for ids, target in zip(prompts, targets, strict=True):
+            by_target.setdefault(target, []).append(ids)
+        for target, same in by_target.items():
+            if len(same) < 2:
+                continue
             try:
-                self.count(prefilled=warm_shared_prefixes(self.model, cache, prompts, self.min_shared))
+                self.count(prefilled=warm_shared_prefixes(model, cache, same, self.min_shared, target))
             except RuntimeError as exc:  # e.g. out of memory: the requests prefill in full
                 log.warning("prefilling shared prefixes failed (%s); going on without them", exc)
         # Keep the last token to forward: its logits give the first completion token.
-        return [cache.match(ids, len(ids) - 1) for ids in prompts]
+        return [cache.match(ids, len(ids) - 1, t.namespace) for ids, t in zip(prompts, targets, strict=True)]
 
     def clear(self) -> None:
         """Drop every cached prefix now (the engine must not be prefilling)."""
@@ -208,13 +222,13 @@ class PrefixReuse:
         for i, row in enumerate(group.rows):
             self.count(prompt=len(row.ids), prefilled=len(row.ids) - row.past_len, cached=row.past_len)
             if self.cache is not None:
-                self.cache.insert(row.ids, lambda a, b, i=i: group.kv_range(i, a, b))
+                self.cache.insert(row.ids, lambda a, b, i=i: group.kv_range(i, a, b), row.target.namespace)
 
-    def finished(self, ids: list[int], kv_range: Any, version: int) -> None:
-        """Cache a finished sequence's KV (`ids` = prompt + completion but its last token),
-        unless other weights than the cache's computed any of it."""
+    def finished(self, ids: list[int], kv_range: Any, version: int, target: Target = Target()) -> None:
+        """Cache a finished sequence's KV (`ids` = prompt + completion but its last token) in
+        its target's namespace, unless other weights than the cache's computed any of it."""
         if self.cache is not None and version == self.cache.version:
-            self.cache.insert(ids, kv_range)
+            self.cache.insert(ids, kv_range, target.namespace)
 
     def count(self, **amounts: int) -> None:
         with self._lock:
@@ -237,7 +251,8 @@ def prefill_requests(batch: DecodeBatch, requests: list[Request], version: int) 
     the batch. A request whose prefill or first token fails gets the error; the others go on."""
     reuse = batch.reuse
     try:
-        matches = reuse.match([r.prompt_ids for r in requests], version)
+        matches = reuse.match(batch.weights.model, [r.prompt_ids for r in requests],
+                              [r.target for r in requests], version)
         for request, match in zip(requests, matches, strict=True):
             request.cached = match
         batch.join(_prefill_groups(batch, requests, version))
@@ -278,8 +293,8 @@ def _prefill_groups(batch: DecodeBatch, requests: list[Request], version: int) -
 
 def _prefill(batch: DecodeBatch, requests: list[Request], version: int) -> list[Joining]:
     """One forward over the prompts' uncached tokens; sample each first token."""
-    rows = [PrefillRow(r.prompt_ids, r.cached.length, r.cached.segments) if r.cached else PrefillRow(r.prompt_ids)
-            for r in requests]
+    rows = [PrefillRow(r.prompt_ids, r.cached.length, r.cached.segments, r.target) if r.cached
+            else PrefillRow(r.prompt_ids, target=r.target) for r in requests]
     group = PrefillGroup(batch.weights.model, rows)
     group.run()
     batch.reuse.prefilled(group)

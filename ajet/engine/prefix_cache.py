@@ -14,13 +14,16 @@ until the request ends.
 
 Validity: KV depends on the weights. The tree carries the policy version it was filled at;
 `sync(version)` empties it when the engine's version moved on, so KV from old weights never
-serves a request under new ones. Everything here runs on the engine thread.
+serves a request under new ones. KV depends on the model too: each `namespace` (the engine's
+(model, LoRA adapter) of a request, ajet/engine/served.py) has its own tree, so one adapter's
+KV never serves another's request; the budget and the LRU order span every tree. Everything
+here runs on the engine thread.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -66,7 +69,7 @@ class PrefixCache:
         self.version = 0
         self.tokens = 0  # tokens held by the tree
         self.evicted_tokens = 0
-        self._root = _Node((), None, None)
+        self._roots: dict[Hashable, _Node] = {}  # one tree per namespace
         self._clock = itertools.count(1)
 
     def sync(self, version: int) -> None:
@@ -77,13 +80,19 @@ class PrefixCache:
 
     def clear(self) -> None:
         # Nodes still locked by running requests are detached; their release() is harmless.
-        self._root = _Node((), None, None)
+        self._roots = {}
         self.tokens = 0
 
-    def match(self, ids: list[int], max_length: int | None = None) -> Match:
-        """Lock and return the longest cached prefix of `ids[:max_length]`."""
+    def _root(self, namespace: Hashable) -> _Node:
+        root = self._roots.get(namespace)
+        if root is None:
+            root = self._roots[namespace] = _Node((), None, None)
+        return root
+
+    def match(self, ids: list[int], max_length: int | None = None, namespace: Hashable = None) -> Match:
+        """Lock and return the longest cached prefix of `ids[:max_length]` in `namespace`."""
         limit = len(ids) if max_length is None else min(len(ids), max_length)
-        node, at = self._root, 0
+        node, at = self._root(namespace), 0
         segments, nodes = [], []
         now = next(self._clock)
         while at < limit:
@@ -101,10 +110,10 @@ class PrefixCache:
             node = child
         return Match(at, segments, nodes)
 
-    def insert(self, ids: list[int], kv_slice: KVSlice) -> int:
-        """Add `ids` with their KV (`kv_slice(start, end)` copies the part not yet cached);
-        return how many tokens were new. Evicts LRU leaves if over the budget."""
-        node, at = self._root, 0
+    def insert(self, ids: list[int], kv_slice: KVSlice, namespace: Hashable = None) -> int:
+        """Add `ids` with their KV (`kv_slice(start, end)` copies the part not yet cached) to
+        `namespace`; return how many tokens were new. Evicts LRU leaves if over the budget."""
+        node, at = self._root(namespace), 0
         now = next(self._clock)
         while at < len(ids):
             child = node.children.get(ids[at])
@@ -149,11 +158,11 @@ class PrefixCache:
             del parent.children[victim.tokens[0]]
             self.tokens -= len(victim.tokens)
             self.evicted_tokens += len(victim.tokens)
-            if parent is not self._root and not parent.children and parent.locks == 0:
+            if parent.parent is not None and not parent.children and parent.locks == 0:  # not a root
                 leaves.append(parent)
 
     def _nodes(self) -> list[_Node]:
-        out, stack = [], list(self._root.children.values())
+        out, stack = [], [child for root in self._roots.values() for child in root.children.values()]
         while stack:
             node = stack.pop()
             out.append(node)

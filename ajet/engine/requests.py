@@ -1,6 +1,6 @@
-"""What the local engine schedules: requests, the running sequences of their completions, how
-requests are grouped for a batched prefill, how a result is handed back to its caller, and
-the engine's errors (see ajet/engine/local.py)."""
+"""What the local engine schedules: requests (and the model that serves each, `Target`), the
+running sequences of their completions, how requests are grouped for a batched prefill, how a
+result is handed back to its caller, and the engine's errors (see ajet/engine/local.py)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,20 @@ class EngineClosedError(RuntimeError):
     """The engine was closed before (or while) serving the request."""
 
 
+POLICY = "policy"  # the unit of the trainer's model and its LoRA adapters
+
+
+@dataclass(frozen=True)
+class Target:
+    """What serves a request (ajet/engine/served.py): the module (`unit`: the policy, or a
+    frozen model's key), the peft adapter its rows run with (None: the module as it is), and
+    the prefix-cache namespace of its KV (None: the policy's own)."""
+
+    unit: str = POLICY
+    adapter: str | None = None
+    namespace: Any = None
+
+
 @dataclass(eq=False)
 class Request:
     prompt_ids: list[int]
@@ -37,6 +51,7 @@ class Request:
     on_token: Callable[[int], None] | None = None  # streaming: called with each sampled token id
     cached: Any = None  # prefix_cache.Match: the cached part of the prompt, locked until delivery
     constraints: list[Any] = field(default_factory=list)  # grammar.Constraint per completion
+    target: Target = field(default_factory=Target)  # the model that serves it
 
 
 @dataclass(eq=False)
