@@ -57,10 +57,10 @@ class EpisodeClient:
                 return Episode(**self._json(response))
             time.sleep(float(response.headers.get("retry-after", "1")))
 
-    def finish(self, episode_id: str, reward: float | None = None, *, is_success: bool | None = None,
+    def finish(self, episode_id: str, reward: float | dict[str, float] | None = None, *, is_success: bool | None = None,
                metadata: dict[str, Any] | None = None, log_metrics: dict[str, float] | None = None) -> dict:
-        """End the episode with `reward`, or with `metadata` for the configured judge to score.
-        Returns {episode_id, status, reward, is_success, reason}."""
+        """End the episode with `reward` (a number, or {role: reward}), or with `metadata` for the
+        configured judge to score. Returns {episode_id, status, reward, role_rewards, is_success, reason, detail}."""
         body = {"reward": reward, "is_success": is_success, "metadata": metadata or {},
                 "log_metrics": log_metrics or {}}
         return self._json(self._http.post(f"/v1/episodes/{episode_id}/finish", json=body))

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from ajet.tuner import ModelTuner
@@ -30,6 +38,24 @@ def _numpy_bool(value: Any) -> Any:
     return value
 
 
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+
+
+def _reward_kind(value: Any) -> str:
+    """Which form a reward takes: one number for the episode, or a dict of one per role."""
+    return "roles" if isinstance(value, dict) else "number"
+
+
+# One finite number, or {role: finite number} (at least one role, names non-empty). The
+# discriminator validates only the form given, so an error names the role that is wrong
+# (`reward.roles.wolf='1' (str)`) instead of also complaining that a dict is not a number.
+Reward = Annotated[
+    Annotated[FiniteFloat, Tag("number")]
+    | Annotated[dict[Annotated[str, Field(min_length=1)], FiniteFloat], Field(min_length=1), Tag("roles")],
+    Discriminator(_reward_kind),
+]
+
+
 class WorkflowOutput(BaseModel):
     """What an episode produced. `reward=None` lets the configured judge compute it.
 
@@ -37,11 +63,19 @@ class WorkflowOutput(BaseModel):
     string or a bool, so `reward="0.7"` is an error rather than a silent 0.7. `log_metrics`
     values are numbers too; a NaN/inf among them is dropped from the step's means and
     counted in `rollout/dropped_log_metrics` (it is a metric, not the training signal).
+
+    Several trained roles (multi-agent, self-play): `reward={"wolf": 1.0, "villager": 0.0}`
+    gives each role its own reward. Each role's samples then get their advantage from that
+    role's rewards across the group's episodes (GRPO groups per task and role), and the
+    episode's single reward (`Episode.reward`: metrics, dynamic sampling, validation) is the
+    mean over the roles. Every role named must have been registered in the episode (a call
+    by it, `tuner.register_model`, or `trainable_targets`), and every role whose calls are
+    trained must have a reward; see docs/multi_agent.md.
     """
 
     model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True)
 
-    reward: float | None = Field(default=None, allow_inf_nan=False)
+    reward: Reward | None = None
     is_success: Annotated[bool | None, BeforeValidator(_numpy_bool)] = None
     metadata: dict[str, Any] = Field(default_factory=dict)
     # Scalars averaged over the step and logged (e.g. {"turns": 3}).
@@ -67,7 +101,10 @@ def describe_output_error(exc: ValidationError) -> str:
     e.g. `reward='high' (str): Input should be a valid number`."""
     parts = []
     for err in exc.errors(include_url=False):
-        field = ".".join(str(p) for p in err["loc"]) or "(output)"
+        loc = list(err["loc"])
+        if loc[:1] == ["reward"] and loc[1:2] in (["number"], ["roles"]):
+            del loc[1]  # the tag of the reward's form (`Reward`), not a field: reward.wolf='1'
+        field = ".".join(str(p) for p in loc) or "(output)"
         value = err.get("input")
         parts.append(f"{field}={value!r:.80} ({type(value).__name__}): {err['msg']}")
     return "; ".join(parts)

@@ -1,6 +1,8 @@
 """Advantage estimators as pure functions over plain Python data (no torch).
 
 Episode level: one reward per episode, grouped by `group_id` (the task: GRPO siblings).
+Role level (`compute_role_advantages`, per-role rewards of multi-agent episodes): one reward
+per (episode, role), grouped by (task, role), so each role is compared with itself.
 Step level (REINFORCE++ with per-call rewards): one value per LLM call of the episode.
 `assign_token_advantages` then spreads the values over each `Sample`'s trained tokens.
 """
@@ -10,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from ajet.config.schema import Algorithm
@@ -186,15 +188,45 @@ def compute_advantages(
     return dict(zip(episode_ids, adv, strict=True))
 
 
+def compute_role_advantages(
+    config: AlgorithmConfig,
+    episode_ids: Sequence[str],
+    role_rewards: Sequence[Mapping[str, float]],
+    group_ids: Sequence[str],
+) -> dict[str, dict[str, float]]:
+    """Per-role advantages: `{episode_id: {role: advantage}}`.
+
+    Each role is its own estimation problem: role R's reward in episode i is compared with R's
+    rewards in the other episodes of i's group (GRPO/RLOO: groups per (group_id, role); an
+    episode without a reward for R is not in R's group). REINFORCE++ whitens each role's rewards
+    over the batch (one step per episode and role: per-call rewards do not combine with
+    per-role ones). A role rewarded in a single episode of its group gets 0, as a lone episode.
+    """
+    if len(episode_ids) != len(role_rewards) or len(episode_ids) != len(group_ids):
+        raise ValueError(f"episode_ids ({len(episode_ids)}), role_rewards ({len(role_rewards)}) and "
+                         f"group_ids ({len(group_ids)}) must have one entry per episode")
+    out: dict[str, dict[str, float]] = {eid: {} for eid in episode_ids}
+    for role in sorted({role for rewards in role_rewards for role in rewards}):
+        idx = [i for i, rewards in enumerate(role_rewards) if role in rewards]
+        ids = [episode_ids[i] for i in idx]
+        adv = compute_advantages(config, ids, [float(role_rewards[i][role]) for i in idx],
+                                 [group_ids[i] for i in idx])
+        for eid, value in adv.items():
+            out[eid][role] = float(value[0]) if isinstance(value, list) else float(value)
+    return out
+
+
 def assign_token_advantages(
     samples: Sequence[Sample],
-    episode_advantages: dict[str, float] | dict[str, list[float]],
+    episode_advantages: dict[str, float] | dict[str, list[float]] | dict[str, dict[str, float]],
 ) -> None:
     """Fill `sample.advantage` per token: the episode's value on trained tokens, 0 elsewhere.
 
     Per-step values (a list per episode, indexed by call index) need the sample's
     `token_call_ids` (call index per token, -1 where untrained). Samples without that
     field fall back to the episode-level value: step 0's, the return of the whole episode.
+    Per-role values (a dict per episode, `compute_role_advantages`) give a sample its role's
+    value; a sample without trained tokens needs none.
     """
     warned = False
     for sample in samples:
@@ -205,6 +237,13 @@ def assign_token_advantages(
             )
         value = episode_advantages[sample.episode_id]
         mask = sample.loss_mask
+        if isinstance(value, dict):
+            if sample.role not in value and any(mask):
+                raise KeyError(
+                    f"no advantage for role {sample.role!r} in episode {sample.episode_id!r} (roles with "
+                    f"one: {sorted(value)}); every trained role needs a reward"
+                )
+            value = value.get(sample.role, 0.0)
         if not isinstance(value, list):
             sample.advantage = [float(value) if m else 0.0 for m in mask]
             continue

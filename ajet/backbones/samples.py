@@ -5,11 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ajet.algorithms.advantages import assign_token_advantages, compute_advantages
+from ajet.algorithms.advantages import (
+    assign_token_advantages,
+    compute_advantages,
+    compute_role_advantages,
+)
 from ajet.config.schema import AlgorithmConfig, ContextConfig
 from ajet.context.pack import loss_weights
 from ajet.context.samples import episode_samples
 from ajet.context.types import Sample
+from ajet.rollout.roles import rewards_per_role
 
 
 @dataclass
@@ -19,8 +24,19 @@ class StepBatch:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-def episode_advantages(episodes: list[Any], algorithm: AlgorithmConfig) -> dict[str, Any]:
-    """episode_id -> advantage (a float, or per-step values for REINFORCE++)."""
+def episode_advantages(episodes: list[Any], algorithm: AlgorithmConfig,
+                       samples: list[Sample] | None = None) -> dict[str, Any]:
+    """episode_id -> advantage (a float, or per-step values for REINFORCE++), or, when an
+    episode has per-role rewards, {role: advantage} from groups per (task, role)
+    (`compute_role_advantages`; an episode with a single reward counts it for each role of its
+    group and of its `samples`)."""
+    sample_roles: dict[str, set[str]] = {}
+    for sample in samples or []:
+        sample_roles.setdefault(sample.episode_id, set()).add(sample.role)
+    per_role = rewards_per_role(episodes, lambda ep: sample_roles.get(ep.episode_id, ()))
+    if per_role is not None:
+        return compute_role_advantages(algorithm, [ep.episode_id for ep in episodes], per_role,
+                                       [ep.group_id for ep in episodes])
     return compute_advantages(
         algorithm,
         [ep.episode_id for ep in episodes],
@@ -42,6 +58,6 @@ def build_step_batch(episodes: list[Any], context: ContextConfig, algorithm: Alg
             overflow[key] = overflow.get(key, 0.0) + value
     metrics: dict[str, float] = {f"context/{k}": float(v) for k, v in overflow.items()}
     if episodes:
-        assign_token_advantages(samples, episode_advantages(episodes, algorithm))
+        assign_token_advantages(samples, episode_advantages(episodes, algorithm, samples))
     metrics["context/samples"] = float(len(samples))
     return StepBatch(samples=samples, weights=loss_weights(samples, context.loss_agg), metrics=metrics)

@@ -17,8 +17,12 @@ from ajet.context.types import Sample
 
 def episode_samples(episode: Any, context: ContextConfig, model_max_len: int) -> tuple[list[Sample], dict[str, int]]:
     """An ok episode's samples (its timelines merged when `context.merge`) within the budgets,
-    and the budget's overflow counts. `episode` has `timelines`, `episode_id`, `group_id`, `reward`."""
+    and the budget's overflow counts. `episode` has `timelines`, `episode_id`, `group_id`, `reward`
+    (and `role_rewards`: with per-role rewards each sample carries its role's reward)."""
     timelines = merge_timelines(episode.timelines) if context.merge else list(episode.timelines)
     samples = timelines_to_samples(timelines, episode_id=episode.episode_id, group_id=episode.group_id,
                                    reward=float(episode.reward))
+    role_rewards = getattr(episode, "role_rewards", None) or {}  # DPO's and the tests' episodes may have none
+    for sample in samples:
+        sample.reward = float(role_rewards.get(sample.role, sample.reward))
     return apply_budget(samples, context, model_max_len)

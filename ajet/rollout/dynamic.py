@@ -1,7 +1,10 @@
 """Dynamic sampling: a training batch of groups that all carry a learning signal.
 
 A GRPO group whose episodes all got the same reward (all fail, or all succeed) has zero
-advantages: it costs a rollout and teaches nothing. Early in training, when successes are
+advantages: it costs a rollout and teaches nothing. With per-role rewards (multi-agent,
+self-play) a group has signal when any role's rewards differ across its episodes, since each
+role's advantages come from its own rewards (`ajet.rollout.roles.has_signal`): a zero-sum game
+whose mean reward never moves still teaches both sides. Early in training, when successes are
 rare, most groups are like that and most steps learn nothing. Dynamic sampling (DAPO, Yu et
 al. 2025) drops such groups and refills the batch by rolling out more tasks, up to a cap.
 
@@ -15,7 +18,7 @@ al. 2025) drops such groups and refills the batch by rolling out more tasks, up 
 | `dynamic/rounds` | rollout rounds this step (1 = no refill was needed or allowed) |
 | `dynamic/tasks` | tasks rolled out this step |
 | `dynamic/kept_groups` | groups trained on (<= batch_size) |
-| `dynamic/dropped_groups` | groups without signal (equal rewards, or < 2 ok episodes) |
+| `dynamic/dropped_groups` | groups without signal (equal rewards, every role's with per-role rewards, or < 2 ok episodes) |
 | `dynamic/surplus_groups` | groups with signal beyond batch_size (rolled out, not trained) |
 | `dynamic/episodes_per_kept_group` | episodes rolled out per kept group (absent when none was kept) |
 
@@ -115,8 +118,8 @@ def _episodes_of(result: Any) -> tuple[list[Episode], int, dict[str, float]]:
 def _split_groups(episodes: Sequence[Episode]) -> tuple[dict[str, list[Episode]], list[str]]:
     """(group id -> ok episodes of the groups with signal, ids of the groups without).
 
-    A group with signal has >= 2 ok episodes whose rewards differ (failed episodes are not
-    trained on, so they neither give nor take signal)."""
+    A group with signal has >= 2 ok episodes whose rewards differ, for some role with per-role
+    rewards (failed episodes are not trained on, so they neither give nor take signal)."""
     ok = [e for e in episodes if e.status == OK]
     kept, no_signal = drop_equal_reward_groups(ok)
     all_groups = list(dict.fromkeys(e.group_id for e in episodes))

@@ -27,7 +27,8 @@ class Episode:
 
     `reason` is "" for ok episodes, else a short machine-readable cause that becomes a
     metric key (`rollout/failed/<reason>`): `workflow_error:<ExceptionType>`, `timeout`,
-    `bad_output` (not a WorkflowOutput, a field of the wrong type, a NaN/inf reward), `no_reward`,
+    `bad_output` (not a WorkflowOutput, a field of the wrong type, a NaN/inf reward, a per-role
+    reward naming a role the episode never registered or missing a trained role), `no_reward`,
     `judge_error:<ExceptionType>` (also `:bad_return`, `:non_finite_reward`), `judge_timeout`,
     `infrastructure:<ExceptionType>` (retries exhausted), `session_error:<ExceptionType>`,
     `tracker_error:<ExceptionType>`, `group_judge:<unreadable|call_error|timeout>` (the group
@@ -42,11 +43,19 @@ class Episode:
     reason: str = ""
     error_message: str = ""
     output: WorkflowOutput | None = None
+    # A float for everything that needs one (metrics, dynamic sampling, validation, the GPU
+    # backbones): the workflow's or judge's reward, or with per-role rewards their mean.
     reward: float = 0.0
     is_success: bool = False
+    # Per-role rewards ({role: reward}) when the workflow or judge gave a dict; {} otherwise.
+    # Advantages are then computed per (task, role) group (`ajet.backbones.samples`).
+    role_rewards: dict[str, float] = field(default_factory=dict)
     timelines: list[Any] = field(default_factory=list)  # ajet.context.types.Timeline
     tracker_stats: dict[str, Any] = field(default_factory=dict)
     num_calls: int = 0
+    # Calls and completion tokens per role (`role/<name>/calls`, `role/<name>/tokens`).
+    role_calls: dict[str, int] = field(default_factory=dict)
+    role_tokens: dict[str, int] = field(default_factory=dict)
     # Tool calls the model attempted / made validly (`ajet.rollout.agent_metrics.count_tool_calls`).
     tool_calls: int = 0
     valid_tool_calls: int = 0

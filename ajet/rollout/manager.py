@@ -19,15 +19,13 @@ from ajet.judge.group_rank import GroupRankJudge
 from ajet.rollout.agent_metrics import agent_metrics
 from ajet.rollout.episode import FAILED, OK, TIMEOUT, Episode
 from ajet.rollout.group_judging import GroupJudging
+from ajet.rollout.roles import has_signal, role_metrics
 from ajet.rollout.runner import TaskRunner
 from ajet.rollout.sync_threads import use_daemon_default_executor
 from ajet.rollout.watchdog import LoopWatchdog
 from ajet.workflow import WorkflowTask
 
 logger = logging.getLogger(__name__)
-
-# Rewards closer than this count as equal when dropping groups without signal.
-EQUAL_REWARD_TOL = 1e-8
 
 
 @dataclass
@@ -55,7 +53,9 @@ class RolloutResult:
         `rollout/failed/<reason>` breaks it down (a timeout's reason is "timeout").
         `rollout/truncated_rate`: episodes whose last call was cut at its token limit / episodes.
         `reward/zero_std_frac`: groups whose ok episodes all got the same reward / groups (before
-        dropping groups; such a group has zero advantages).
+        dropping groups; such a group has zero advantages). With per-role rewards a group counts
+        as equal only when every role's rewards are (`ajet.rollout.roles.has_signal`), and
+        `reward/*` are over `Episode.reward`, the mean over the roles; `role/<name>/*` are per role.
         `reward/*`, `success/rate`, `workflow/*` and `judge/*` average over the ok episodes
         (before dropping groups) and are absent when there are none. `agent/*` (tool use,
         `ajet.rollout.agent_metrics`) counts every episode, a failed one as no success.
@@ -85,6 +85,7 @@ class RolloutResult:
             out["reward/zero_std_frac"] = zero_std_frac(ok)
             out["success/rate"] = statistics.fmean(float(e.is_success) for e in ok)
             out["rollout/calls_per_episode"] = statistics.fmean(e.num_calls for e in ok)
+            out.update(role_metrics(ok))
             out.update(_mean_log_metrics(ok, self.warned_keys))
         out.update(agent_metrics(episodes))
         out.update(self.extra_metrics)
@@ -121,23 +122,25 @@ def _mean_log_metrics(episodes: list[Episode], warned: set[str]) -> dict[str, fl
 
 
 def zero_std_frac(episodes: list[Episode]) -> float:
-    """The share of groups (of these episodes) whose rewards are all equal: no GRPO signal."""
-    by_group: dict[str, list[float]] = defaultdict(list)
+    """The share of groups (of these episodes) whose rewards are all equal: no GRPO signal
+    (with per-role rewards: every role's rewards equal, `has_signal`)."""
+    by_group: dict[str, list[Episode]] = defaultdict(list)
     for e in episodes:
-        by_group[e.group_id].append(e.reward)
-    equal = sum(max(r) - min(r) <= EQUAL_REWARD_TOL for r in by_group.values())
+        by_group[e.group_id].append(e)
+    equal = sum(not has_signal(group) for group in by_group.values())
     return equal / len(by_group) if by_group else 0.0
 
 
 def drop_equal_reward_groups(episodes: list[Episode]) -> tuple[list[Episode], list[str]]:
-    """Remove the groups whose ok episodes all have the same reward (no GRPO signal).
+    """Remove the groups whose ok episodes all have the same reward (no GRPO signal); with
+    per-role rewards a group is kept when any role's rewards differ (`has_signal`).
 
     Returns the kept episodes (order preserved) and the dropped group ids.
     """
-    by_group: dict[str, list[float]] = defaultdict(list)
+    by_group: dict[str, list[Episode]] = defaultdict(list)
     for e in episodes:
-        by_group[e.group_id].append(e.reward)
-    dropped = [g for g, r in by_group.items() if max(r) - min(r) <= EQUAL_REWARD_TOL]
+        by_group[e.group_id].append(e)
+    dropped = [g for g, group in by_group.items() if not has_signal(group)]
     dropped_set = set(dropped)
     return [e for e in episodes if e.group_id not in dropped_set], dropped
 

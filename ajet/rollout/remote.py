@@ -46,6 +46,7 @@ from ajet.rollout.runner import SessionFactory
 from ajet.rollout.scoring import (
     close_handle,
     collect_tracker,
+    episode_roles,
     log_failure,
     maybe_await,
     score_episode,
@@ -174,7 +175,8 @@ class EpisodeBroker:
         await close_handle(running.handle, episode_id)
         output = WorkflowOutput(reward=request.reward, is_success=request.is_success,
                                 metadata=request.metadata, log_metrics=request.log_metrics)
-        await score_episode(episode, output, self.judge, self.rollout.episode_timeout_s)
+        await score_episode(episode, output, self.judge, self.rollout.episode_timeout_s,
+                            roles=episode_roles(running.handle, also=(self.role,)))
         collect_tracker(episode, running.handle.tracker)
         with self._lock:
             episode.duration_s = self._clock() - running.started
@@ -369,4 +371,5 @@ def _result(episode: Episode) -> EpisodeResult:
     ok = episode.status == OK
     return EpisodeResult(episode_id=episode.episode_id, status=episode.status,
                          reward=episode.reward if ok else None, is_success=episode.is_success if ok else None,
-                         reason=episode.reason)
+                         role_rewards=dict(episode.role_rewards) if ok and episode.role_rewards else None,
+                         reason=episode.reason, detail="" if ok else episode.error_message[-2000:])

@@ -37,6 +37,7 @@ from ajet.rollout.scoring import (
     bad_output,
     close_handle,
     collect_tracker,
+    episode_roles,
     fail,
     log_failure,
     maybe_await,
@@ -156,7 +157,7 @@ class TaskRunner:
                 self._record_workflow_error(episode, result.exc)
             else:
                 await score_episode(episode, result, self.judge, self.config.episode_timeout_s,
-                                    workflow=self.workflow.name)
+                                    workflow=self.workflow.name, roles=episode_roles(handle))
             collect_tracker(episode, handle.tracker)
         finally:
             await close_handle(handle, episode.episode_id)

@@ -15,7 +15,10 @@ import inspect
 import logging
 import math
 import numbers
+import statistics
 import traceback
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ajet.judge.base import answer_text
@@ -27,8 +30,31 @@ from ajet.workflow import WorkflowOutput
 logger = logging.getLogger(__name__)
 
 
+@dataclasses.dataclass(frozen=True)
+class EpisodeRoles:
+    """The roles one episode knows, to check a per-role reward against: `known` (called the
+    model, registered with the tuner, or declared trainable) and `trained` (made a call whose
+    completion is trained)."""
+
+    known: frozenset[str]
+    trained: frozenset[str]
+
+
+def episode_roles(handle: Any, also: Iterable[str] = ()) -> EpisodeRoles:
+    """What the episode's tracker and tuner know about its roles (`also`: roles the caller
+    knows of, e.g. the role `ajet serve` hands out keys for)."""
+    # Duck-typed like `collect_tracker`: other trackers and tuners (test doubles) may lack fields.
+    calls = list(getattr(handle.tracker, "calls", None) or [])
+    registered = getattr(handle.tuner, "registered_roles", None)
+    known = {getattr(c, "role", "default") for c in calls} | set(registered() if callable(registered) else ())
+    trained = {getattr(c, "role", "default") for c in calls
+               if getattr(c, "trainable", True) and getattr(c, "completion_ids", None)}
+    return EpisodeRoles(frozenset(known | set(also)), frozenset(trained))
+
+
 async def score_episode(
-    episode: Episode, output: Any, judge: Any, timeout_s: float, *, workflow: str = ""
+    episode: Episode, output: Any, judge: Any, timeout_s: float, *, workflow: str = "",
+    roles: EpisodeRoles | None = None,
 ) -> None:
     """Set `episode`'s output, reward, success and status from what the workflow returned.
 
@@ -36,6 +62,11 @@ async def score_episode(
     (and the judge's verdict is written back into the output), or, for a group judge, the
     episode is left pending for its group's verdict (`ajet.rollout.group_judging`). Anything
     else, a NaN/inf reward included, fails the episode (`workflow` names the workflow in the message).
+
+    A per-role reward (`{role: reward}`, from the workflow or the judge) sets
+    `episode.role_rewards` and `episode.reward` = their mean; without an explicit `is_success`
+    the episode succeeds when every role's reward reaches 1. With `roles`, a role the episode
+    never registered, or a trained role without a reward, fails the episode (`bad_output`).
     """
     if not isinstance(output, WorkflowOutput):
         bad_output(episode, (
@@ -45,11 +76,7 @@ async def score_episode(
         return
     episode.output = output
     if output.reward is not None:
-        reward, success = float(output.reward), output.is_success
-        if not math.isfinite(reward):  # assigned past validation (e.g. model_construct)
-            bad_output(episode, f"reward={reward!r}: a reward must be a finite number",
-                       workflow=workflow)
-            return
+        reward, success = output.reward, output.is_success
     elif judge is None:
         episode.status, episode.reason = FAILED, "no_reward"
         episode.error_message = (
@@ -67,16 +94,60 @@ async def score_episode(
             return
         reward, success = judged
         output.reward, output.is_success = reward, success
-    episode.reward = reward
+    if _set_reward(episode, reward, success, roles, workflow):
+        episode.status = OK
+
+
+def _set_reward(episode: Episode, reward: Any, success: bool | None, roles: EpisodeRoles | None,
+                workflow: str) -> bool:
+    """Set the episode's reward, per-role rewards and success; False after failing it."""
+    values = reward if isinstance(reward, Mapping) else {"": reward}
+    if not all(math.isfinite(float(v)) for v in values.values()):  # assigned past validation (model_construct)
+        bad_output(episode, f"reward={reward!r}: a reward must be a finite number", workflow=workflow)
+        return False
+    if isinstance(reward, Mapping):
+        problem = role_reward_problem(reward, roles, has_step_rewards=bool(episode.output and episode.output.step_rewards))
+        if problem:
+            bad_output(episode, problem, workflow=workflow)
+            return False
+        episode.role_rewards = {str(role): float(value) for role, value in reward.items()}
+        episode.reward = statistics.fmean(episode.role_rewards.values())
+        reached = all(value >= 1.0 for value in episode.role_rewards.values())
+    else:
+        episode.reward = float(reward)
+        reached = episode.reward >= 1.0
     # No explicit verdict: a reward at the top of the usual 0..1 scale counts as a success
-    # (partial credit such as 0.2 for a near miss does not).
-    episode.is_success = bool(success) if success is not None else reward >= 1.0
-    episode.status = OK
+    # (partial credit such as 0.2 for a near miss does not); per role, every role's must.
+    episode.is_success = bool(success) if success is not None else reached
+    return True
+
+
+def role_reward_problem(reward: Mapping[str, Any], roles: EpisodeRoles | None, *,
+                        has_step_rewards: bool = False) -> str:
+    """Why a per-role reward cannot be trained on ("" when it can). Pure.
+
+    A role the episode never registered is most often a typo, and its reward would train no
+    samples; a trained role without a reward would leave its samples without an advantage."""
+    if has_step_rewards:
+        return ("a per-role reward cannot be combined with step_rewards (one value per call, in call "
+                "order, for the whole episode); return one of the two")
+    if roles is None:
+        return ""
+    unknown = sorted(set(reward) - roles.known)
+    if unknown:
+        return (f"the reward names role(s) {unknown} that this episode never registered (its roles: "
+                f"{sorted(roles.known)}); a per-role reward is for roles that called the model or were "
+                "registered (tuner.register_model(role), trainable_targets): fix the role name or register it")
+    missing = sorted(roles.trained - set(reward))
+    if missing:
+        return (f"the reward has no entry for role(s) {missing}, whose calls are trained (rewarded roles: "
+                f"{sorted(reward)}); give every trained role a reward, or leave it out of trainable_targets")
+    return ""
 
 
 async def _judge(
     episode: Episode, output: WorkflowOutput, judge: Any, timeout_s: float
-) -> tuple[float, bool | None] | None:
+) -> tuple[float | dict[str, float], bool | None] | None:
     """The judge's (reward, is_success), or None after marking the episode failed."""
     try:
         if hasattr(judge, "acompute_reward"):
@@ -95,7 +166,7 @@ async def _judge(
         log_failure(episode, exc)
         return None
     judged = _as_verdict(verdict)
-    if judged is not None and math.isfinite(judged[0]):
+    if judged is not None and _finite(judged[0]):
         return judged
     if judged is None:
         episode.reason = "judge_error:bad_return"
@@ -112,14 +183,29 @@ async def _judge(
     return None
 
 
-def _as_verdict(verdict: Any) -> tuple[float, bool | None] | None:
-    """A judge's return value as (reward, is_success), or None when it is neither a number
-    nor a pair. Strings are refused (no silent "0.7" -> 0.7), as in `WorkflowOutput`."""
+def _as_verdict(verdict: Any) -> tuple[float | dict[str, float], bool | None] | None:
+    """A judge's return value as (reward, is_success), or None when it is neither a reward
+    nor a pair. A reward is a number or a non-empty {role: number} dict. Strings are refused
+    (no silent "0.7" -> 0.7), as in `WorkflowOutput`."""
     reward, success = (verdict if isinstance(verdict, tuple | list) and len(verdict) == 2
                        else (verdict, None))
-    if not isinstance(reward, numbers.Real) or isinstance(reward, bool):
+    success = None if success is None else bool(success)
+    if isinstance(reward, Mapping):
+        if not reward or not all(isinstance(k, str) and k and _is_number(v) for k, v in reward.items()):
+            return None
+        return {k: float(v) for k, v in reward.items()}, success
+    if not _is_number(reward):
         return None
-    return float(reward), (None if success is None else bool(success))
+    return float(reward), success
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _finite(reward: float | Mapping[str, float]) -> bool:
+    values = reward.values() if isinstance(reward, Mapping) else [reward]
+    return all(math.isfinite(v) for v in values)
 
 
 def bad_output(episode: Episode, what: str, *, workflow: str = "") -> None:
@@ -139,6 +225,11 @@ def collect_tracker(episode: Episode, tracker: Any) -> None:
     try:
         calls = list(tracker.calls)
         episode.num_calls = len(calls)
+        episode.role_calls = dict(Counter(getattr(c, "role", "default") for c in calls))
+        tokens: Counter[str] = Counter()
+        for c in calls:
+            tokens[getattr(c, "role", "default")] += len(getattr(c, "completion_ids", None) or ())
+        episode.role_tokens = dict(tokens)
         episode.tool_calls, episode.valid_tool_calls = count_tool_calls(calls)
         episode.offered_tools = any(getattr(c, "tools", None) for c in calls)
         episode.truncated = bool(calls) and getattr(calls[-1], "finish_reason", "") == "length"

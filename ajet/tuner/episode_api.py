@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import logging
 import secrets
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Annotated, Any, Protocol
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 from starlette.exceptions import HTTPException
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -78,12 +78,22 @@ class EpisodeTicket(BaseModel):
     model: str = Field(description="any model name is accepted; this one is conventional")
 
 
+_Finite = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+# A number, or {role: number} (per-role rewards; `ajet.workflow.Reward`, which this layer is below).
+_Reward = Annotated[
+    Annotated[_Finite, Tag("number")]
+    | Annotated[dict[Annotated[str, Field(min_length=1)], _Finite], Field(min_length=1), Tag("roles")],
+    Discriminator(lambda value: "roles" if isinstance(value, dict) else "number"),
+]
+
+
 class FinishRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     # Finite and a real number: a NaN or "0.7" is answered 422, never trained on.
-    reward: float | None = Field(default=None, strict=True, allow_inf_nan=False,
-                                 description="omit to let the configured judge score `metadata`")
+    reward: _Reward | None = Field(default=None, description=(
+        "omit to let the configured judge score `metadata`; {role: reward} gives each role its own "
+        "(a role the episode never registered fails it)"))
     is_success: bool | None = None
     metadata: dict[str, Any] = Field(
         default_factory=dict, description='what the judge reads, e.g. {"final_answer": "\\\\boxed{42}"}'
@@ -102,9 +112,13 @@ class EpisodeResult(BaseModel):
 
     episode_id: str
     status: str
-    reward: float | None = None
+    reward: float | None = None  # with per-role rewards, their mean
+    role_rewards: dict[str, float] | None = None  # ok episodes finished with {role: reward}
     is_success: bool | None = None
     reason: str = ""
+    # Why a finished episode was not ok, for the client to act on (e.g. a per-role reward naming
+    # a role the episode never registered: the role and the fix).
+    detail: str = ""
 
 
 class ServerStatus(BaseModel):
