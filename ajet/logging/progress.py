@@ -21,7 +21,8 @@ def is_quiet(requested: bool) -> bool:
 
 
 # (metric, label, format) shown on the step line when the step reports it (RL, SFT and DPO);
-# then `rollout/failed` with its reasons (`failed_counts`).
+# then each role's reward in a multi-agent run (`role_rewards_text`) and `rollout/failed` with
+# its reasons (`failed_counts`).
 SHOWN = (
     ("reward/mean", "reward", ".3f"),
     ("success/rate", "success", ".2f"),
@@ -71,6 +72,9 @@ class TrainingProgress:
         """Show the step's line; `signs` names the signs of not learning that hold at this step
         (`ajet.logging.learning_signs`), after the failures."""
         shown = [f"{label} {metrics[key]:{fmt}}" for key, label, fmt in SHOWN if key in metrics]
+        roles = role_rewards_text(metrics)
+        if roles:
+            shown.append(f"roles {roles}")
         if "rollout/failed" in metrics:  # failures by reason, last: a run failing says why
             shown.append(f"failed {failed_counts(metrics)}")
         if signs:
@@ -89,6 +93,17 @@ class TrainingProgress:
     def close(self) -> None:
         if self._progress is not None:
             self._progress.stop()
+
+
+def role_names(metrics: dict[str, Any], prefix: str = "") -> list[str]:
+    """The roles with a `<prefix>role/<name>/reward` metric (multi-agent runs), sorted."""
+    start, end = f"{prefix}role/", "/reward"
+    return sorted(k[len(start):-len(end)] for k in metrics if k.startswith(start) and k.endswith(end))
+
+
+def role_rewards_text(metrics: dict[str, float]) -> str:
+    """"villager 0.25, wolf 0.75": each role's mean reward (`role/<name>/reward`), "" without."""
+    return ", ".join(f"{role} {metrics[f'role/{role}/reward']:.2f}" for role in role_names(metrics))
 
 
 def failed_counts(metrics: dict[str, float]) -> str:

@@ -12,6 +12,7 @@ the same function the training loop warns with) follow the summary table and are
 from __future__ import annotations
 
 import base64
+import fnmatch
 import html
 import json
 import logging
@@ -28,7 +29,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Panel:
-    """One subplot: the metric keys drawn on it (prefix keys end with '/*')."""
+    """One subplot: the metric keys drawn on it (patterns with '*': 'rollout/failed/*', 'role/*/reward')."""
 
     title: str
     keys: tuple[str, ...]
@@ -69,6 +70,16 @@ FIGURES: tuple[Figure, ...] = (
     ),
     Figure("failures.png", "Rollout failures", (Panel("failed episodes", ("rollout/failed", "rollout/failed/*")),)),
     Figure(
+        "roles.png",
+        "Roles (multi-agent runs)",
+        (
+            Panel("reward by role", ("role/*/reward", "val/role/*/reward")),
+            Panel("success by role", ("role/*/success", "val/role/*/success")),
+            Panel("LLM calls per episode by role", ("role/*/calls",)),
+            Panel("completion tokens per episode by role", ("role/*/tokens",)),
+        ),
+    ),
+    Figure(
         "actor.png",
         "Actor",
         (
@@ -81,7 +92,8 @@ FIGURES: tuple[Figure, ...] = (
     ),
 )
 
-# Summary table rows and which direction is "best" (+1 higher, -1 lower, 0 none).
+# Summary table rows and which direction is "best" (+1 higher, -1 lower, 0 none); each role's
+# reward and success follow in a multi-agent run (`summary_keys`).
 SUMMARY_KEYS: dict[str, int] = {
     "reward/mean": 1,
     "val/reward/mean": 1,
@@ -170,22 +182,29 @@ def series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
 
 
 def expand_keys(rows: list[dict], keys: tuple[str, ...]) -> list[str]:
-    """Concrete metric keys for a panel: 'prefix/*' matches every logged key under the prefix."""
+    """Concrete metric keys for a panel: a key with '*' matches every logged key it fits
+    ('prefix/*': every key under the prefix; 'role/*/reward': each role's reward)."""
     logged = sorted({k for row in rows for k in row})
     out: list[str] = []
     for key in keys:
-        if key.endswith("/*"):
-            out += [k for k in logged if k.startswith(key[:-1]) and k not in out]
+        if "*" in key:
+            out += [k for k in logged if fnmatch.fnmatchcase(k, key) and k not in out]
         elif key in logged and key not in out:
             out.append(key)
     return out
+
+
+def summary_keys(rows: list[dict]) -> dict[str, int]:
+    """`SUMMARY_KEYS`, then each role's reward and success (higher is better) the rows hold."""
+    roles = expand_keys(rows, ("role/*/reward", "role/*/success", "val/role/*/reward", "val/role/*/success"))
+    return SUMMARY_KEYS | {key: 1 for key in roles}
 
 
 def summarize(run: Run) -> dict:
     """First/last/best value (and its step) of each summary metric the run logged, and the
     signs that the run was not learning (`learning_signs`)."""
     metrics: dict[str, dict] = {}
-    for key, direction in SUMMARY_KEYS.items():
+    for key, direction in summary_keys(run.rows).items():
         steps, values = series(run.rows, key)
         if not steps:
             continue
@@ -326,7 +345,7 @@ def render_html(summary: dict, out_dir: Path) -> str:
     rows = ["<tr><td>train steps</td>" + "".join(
         f'<td colspan="3">{len(r["steps"])} ({_span(r["steps"])}), val {len(r["val_steps"])}</td>' for r in runs
     ) + "</tr>"]
-    for key in SUMMARY_KEYS:
+    for key in SUMMARY_KEYS | {k: 1 for r in runs for k in r["metrics"]}:  # the roles' keys after
         if any(key in r["metrics"] for r in runs):
             cells = "".join(_summary_cells(r["metrics"].get(key)) for r in runs)
             rows.append(f"<tr><td><code>{html.escape(key)}</code></td>{cells}</tr>")

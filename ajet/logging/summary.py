@@ -1,6 +1,6 @@
 """The end-of-run summary: val success before -> after (a pipeline's: its eval stages' split,
-e.g. test), the agent metrics, the wall time, and the exact commands that open the token
-viewer and the report on this run.
+e.g. test), the agent metrics, each role's reward, success and calls in a multi-agent run, the
+wall time, and the exact commands that open the token viewer and the report on this run.
 
 `summarize_run(run_dir)` reads what the run left on disk (pure, no model); `render_summary`
 prints it with rich. Two kinds of run directory:
@@ -28,6 +28,7 @@ from typing import Any
 
 from ajet.logging.learning_signs import LearningSign, find_learning_signs
 from ajet.logging.metrics import read_metrics
+from ajet.logging.progress import role_names
 from ajet.logging.report import RunDataError
 
 # (label, key in an eval report / a val row without its "val/" prefix)
@@ -45,6 +46,8 @@ TRAIN_ROWS = (
     ("train LLM calls / episode", "agent/calls_per_episode"),
     ("train successes using the tool", "agent/success_with_tool"),
 )
+# Per role, in a multi-agent run (`role/<name>/...`, `ajet.rollout.roles`): label, metric.
+ROLE_ROWS = (("reward", "reward"), ("success", "success"), ("LLM calls / episode", "calls"))
 
 
 @dataclass
@@ -99,13 +102,23 @@ def _training_summary(run_dir: Path) -> RunSummary:
         first, last = val[0], val[-1]
         summary.before_label, summary.after_label = f"step {first['step']}", f"step {last['step']}"
         summary.rows += [(label, first.get(f"val/{key}"), last.get(f"val/{key}")) for label, key in VAL_ROWS]
+        summary.rows += _role_rows("val", first, last, "val/")
     if train:
         first, last = train[0], train[-1]
         if not val:
             summary.before_label, summary.after_label = f"step {first['step']}", f"step {last['step']}"
         summary.rows += [(label, first.get(key), last.get(key)) for label, key in TRAIN_ROWS]
+        summary.rows += _role_rows("train", first, last, "")
     summary.rows = [row for row in summary.rows if row[1] is not None or row[2] is not None]
     return summary
+
+
+def _role_rows(split: str, first: dict[str, Any], last: dict[str, Any], prefix: str
+               ) -> list[tuple[str, float | None, float | None]]:
+    """`<split> <role> reward` etc. for each role either row reports (multi-agent runs)."""
+    roles = sorted(set(role_names(first, prefix)) | set(role_names(last, prefix)))
+    return [(f"{split} {role} {label}", first.get(f"{prefix}role/{role}/{key}"), last.get(f"{prefix}role/{role}/{key}"))
+            for role in roles for label, key in ROLE_ROWS]
 
 
 def _pipeline_summary(run_dir: Path) -> RunSummary:

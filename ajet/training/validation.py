@@ -6,13 +6,15 @@ import logging
 from typing import Any
 
 from ajet.rollout.agent_metrics import agent_metrics
+from ajet.rollout.roles import role_metrics
 
 log = logging.getLogger(__name__)
 
 
 def validation_metrics(episodes: list[Any], k: int) -> dict[str, float]:
-    """Mean reward and success over all validation episodes, pass@k over tasks, and the agent
-    metrics (tool use; `ajet.rollout.agent_metrics`) under `val/agent/...`.
+    """Mean reward and success over all validation episodes, pass@k over tasks, the agent
+    metrics (tool use; `ajet.rollout.agent_metrics`) under `val/agent/...`, and in a multi-agent
+    run each role's (`ajet.rollout.roles.role_metrics`, over the ok episodes) under `val/role/...`.
 
     A failed episode counts as reward 0 and not successful (it is in the denominator)."""
     ok = [ep for ep in episodes if ep.status == "ok"]
@@ -27,6 +29,7 @@ def validation_metrics(episodes: list[Any], k: int) -> dict[str, float]:
         "val/episodes": float(len(episodes)),
         "val/failed": float(len(episodes) - len(ok)),
         **{f"val/{key}": value for key, value in agent_metrics(episodes).items()},
+        **{f"val/{key}": value for key, value in role_metrics(ok).items()},
     }
 
 

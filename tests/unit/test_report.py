@@ -26,10 +26,14 @@ def make_metrics(run: Path, steps: int = 5, scale: float = 1.0, full: bool = Tru
                     "perf/step_time_s": 3.0, "context/merge_ratio": 2.0 + 0.1 * s, "context/tokens_merged": 500,
                     "rollout/failed": 5 - s, "rollout/failed/timeout": 1, "actor/loss": 1.0 / s,
                     "actor/kl": 0.01 * s, "actor/entropy": 1.5, "agent/tool_call_rate": 0.2 * s,
-                    "agent/calls_per_episode": 1.0 + 0.1 * s}
+                    "agent/calls_per_episode": 1.0 + 0.1 * s,
+                    # a multi-agent run: each role's metrics (ajet.rollout.roles)
+                    "role/wolf/reward": 1.0 - 0.1 * s, "role/villager/reward": 0.1 * s, "role/wolf/success": 0.5,
+                    "role/wolf/calls": 2.0, "role/wolf/tokens": 30.0}
         rows.append(row)
         if full and s % 2 == 0:
-            rows.append({"step": s, "split": "val", "time": 1000.5 + s, "val/reward/mean": 0.2 * s, "val/success/rate": 0.5})
+            rows.append({"step": s, "split": "val", "time": 1000.5 + s, "val/reward/mean": 0.2 * s, "val/success/rate": 0.5,
+                         "val/role/wolf/reward": 0.3})
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return run
 
@@ -61,10 +65,14 @@ def test_report_writes_every_figure_summary_and_html(tmp_path: Path):
     assert r["metrics"]["rollout/failed"]["best"] == 0 and r["metrics"]["rollout/failed"]["best_step"] == 5
     assert r["metrics"]["val/reward/mean"]["last"] == pytest.approx(0.8)
     assert "best" not in r["metrics"]["actor/kl"]  # no "better" direction for KL
+    villager = r["metrics"]["role/villager/reward"]  # each role's reward, best = highest
+    assert (villager["first"], villager["best"], villager["best_step"]) == (0.1, 0.5, 5)
+    assert r["metrics"]["role/wolf/reward"]["best_step"] == 1 and "val/role/wolf/reward" in r["metrics"]
 
     page = (out / "report.html").read_text()
     assert page.count('src="data:image/png;base64,') == len(ALL_PNGS)
     assert "<code>reward/mean</code>" in page and "5 (1–5), val 2" in page
+    assert "<code>role/wolf/reward</code>" in page and "<code>role/villager/reward</code>" in page
 
 
 def test_missing_metrics_are_skipped_with_a_note(tmp_path: Path):

@@ -1,0 +1,74 @@
+"""Per-role metrics shown (issue 26): the progress line, the end-of-run summary, `ajet report`'s
+roles figure and the validation metrics."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from ajet.logging.progress import TrainingProgress, role_rewards_text
+from ajet.logging.report import expand_keys, load_run, summarize
+from ajet.logging.summary import summarize_run
+from ajet.rollout.episode import Episode
+from ajet.training.validation import validation_metrics
+from ajet.workflow import WorkflowTask
+
+STEP = {"reward/mean": 0.5, "success/rate": 0.0, "role/wolf/reward": 0.75, "role/villager/reward": 0.25,
+        "role/wolf/calls": 2.0, "role/villager/calls": 3.0}
+
+
+def test_the_progress_line_shows_each_roles_reward(caplog: pytest.LogCaptureFixture) -> None:
+    assert role_rewards_text(STEP) == "villager 0.25, wolf 0.75"
+    assert role_rewards_text({"reward/mean": 0.5}) == ""
+    progress = TrainingProgress(3, 0, quiet=True)
+    with caplog.at_level(logging.INFO, logger="ajet.progress"):
+        progress.step_done(1, STEP)
+        progress.step_done(2, {"reward/mean": 0.5})
+    progress.close()
+    first, second = (r.getMessage() for r in caplog.records)
+    assert "reward 0.500" in first and "roles villager 0.25, wolf 0.75" in first
+    assert "roles" not in second
+
+
+def write_run(run: Path) -> Path:
+    run.mkdir(parents=True)
+    rows = [{"step": 0, "split": "val", "val/success/rate": 0.0, "val/role/wolf/reward": 0.2},
+            {"step": 1, "split": "train", **STEP, "role/wolf/success": 0.5},
+            {"step": 2, "split": "train", **STEP, "role/wolf/reward": 1.0, "role/wolf/success": 1.0},
+            {"step": 2, "split": "val", "val/success/rate": 0.5, "val/role/wolf/reward": 0.9}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return run
+
+
+def test_the_end_summary_has_rows_per_role(tmp_path: Path) -> None:
+    rows = {label: (before, after) for label, before, after in summarize_run(write_run(tmp_path / "run")).rows}
+    assert rows["train wolf reward"] == (0.75, 1.0)
+    assert rows["train wolf success"] == (0.5, 1.0)
+    assert rows["train villager reward"] == (0.25, 0.25)
+    assert rows["train villager LLM calls / episode"] == (3.0, 3.0)
+    assert rows["val wolf reward"] == (0.2, 0.9)
+    assert "train villager success" not in rows  # not logged: no row
+
+
+def test_report_plots_and_tabulates_each_role(tmp_path: Path) -> None:
+    run = load_run(write_run(tmp_path / "run"))
+    assert expand_keys(run.rows, ("role/*/reward", "val/role/*/reward")) == [
+        "role/villager/reward", "role/wolf/reward", "val/role/wolf/reward"]
+    metrics = summarize(run)["metrics"]
+    assert metrics["role/wolf/reward"]["best"] == 1.0 and metrics["role/wolf/reward"]["best_step"] == 2
+    assert metrics["val/role/wolf/reward"]["last"] == 0.9
+    assert "role/wolf/calls" not in metrics  # plotted, not tabulated
+
+
+def test_validation_reports_each_roles_metrics() -> None:
+    task = WorkflowTask(task_id="t")
+    episodes = [Episode(episode_id="e0", task=task, group_id="t", reward=0.5, role_rewards={"wolf": 1.0, "villager": 0.0},
+                        role_calls={"wolf": 2, "villager": 1}),
+                Episode(episode_id="e1", task=task, group_id="t", status="failed")]
+    metrics = validation_metrics(episodes, k=2)
+    assert metrics["val/role/wolf/reward"] == 1.0 and metrics["val/role/villager/success"] == 0.0
+    assert metrics["val/role/wolf/calls"] == 2.0  # over the ok episodes
+    assert metrics["val/reward/mean"] == 0.25  # the failed episode counts 0, as before
