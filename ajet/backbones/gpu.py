@@ -17,7 +17,7 @@ from typing import Any
 from ajet.config import load_config
 from ajet.config.schema import AjetConfig, Algorithm, ReaderType, TrinityConfig, VerlConfig
 from ajet.context.samples import episode_samples
-from ajet.errors import SetupError, UserError
+from ajet.errors import SetupError
 from ajet.launcher import visible_gpus
 from ajet.models.resolve import ModelNotFoundError, resolve_model_path
 from ajet.rollout.loader import as_workflow, load_workflow, target_of
@@ -113,6 +113,10 @@ def common_refusals(cfg: AjetConfig, backbone: str) -> list[tuple[str, str]]:
                                                 "optimizer; use constant or cosine"))
     if cfg.model.lora.enabled and cfg.model.lora.dropout:
         problems.append(("model.lora.dropout", f"has no {backbone} equivalent; set it to 0"))
+    if cfg.model.lora.per_role:
+        problems.append(("model.lora.per_role", f"(one LoRA adapter per role, served in mixed batches) "
+                                                f"runs on the debug backbone's engine only; {backbone} "
+                                                "trains one model: set it to false, or use --backbone=debug"))
     if cfg.task_reader.type == ReaderType.generate:
         problems.append(("task_reader.type", "=generate needs the local model to write tasks; "
                                              "generate them with --backbone=debug first, then "
@@ -176,19 +180,6 @@ def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------- episodes in a worker
-def refuse_role_rewards(episode: Any) -> None:
-    """Per-role rewards cannot reach a GPU backbone's trainer (pure): Trinity and verl group
-    experiences by task and train one reward per episode, so a role's samples would be compared
-    with other roles' rewards. Raised rather than averaged into one reward, which would train
-    every role on the mean, a silent change of the objective."""
-    if episode.role_rewards:
-        raise UserError(
-            f"episode {episode.episode_id} (task {episode.task.task_id!r}) returned per-role rewards "
-            f"{episode.role_rewards}: the trinity and verl backbones train one reward per episode (GRPO "
-            "groups per task), not groups per task and role. Train per-role rewards with --backbone=debug, "
-            "or return one reward, e.g. the reward of the role you train (workflow.trainable_targets)")
-
-
 def episode_metrics(episode: Any) -> dict[str, float]:
     """Scalars of one episode for the backbone's own logger (pure)."""
     out = {"ajet/reward": float(episode.reward), "ajet/success": float(bool(episode.is_success)),
@@ -204,7 +195,12 @@ class EpisodeRuntime:
     a verl agent-loop worker): the user's workflow and judge, our tracker/session/tuner per
     episode, and a gateway for OpenAI-protocol agents, all against `engine` (the backbone's
     vLLM server behind ajet's InferenceEngine protocol; LLM judges on the policy model go
-    through the gateway as in-run services). One per process and config."""
+    through the gateway as in-run services). One per process and config.
+
+    Default models served by ajet (`register_model(role, default_model="initial" | a path)`)
+    exist on the debug backbone's engine only: the vLLM engine has no `supports_models`, so
+    registering one fails the episode with an error that names the role and the fix
+    (`EpisodeSession.use_default_model`)."""
 
     _instances: dict[str, EpisodeRuntime] = {}
 
@@ -236,7 +232,6 @@ class EpisodeRuntime:
     async def run(self, task: Any, episode_id: str, group_id: str) -> tuple[Any, list[Any], dict[str, float]]:
         """Run one episode: (episode, its samples, metrics). A failed episode has no samples."""
         episode = await self.runner.run_episode(task, episode_id, group_id=group_id)
-        refuse_role_rewards(episode)
         metrics = episode_metrics(episode)
         if episode.status != "ok":
             log.warning("episode %s (task %s) %s: %s", episode_id, task.task_id, episode.status, episode.reason)

@@ -63,6 +63,9 @@ class LoraConfig:
     target_modules: list[str] = field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"]
     )
+    # One adapter per trainable role (the run's trainable_targets), named by the role, on one
+    # shared base; the engine serves them in mixed batches. Debug backbone only.
+    per_role: bool = False
 
 
 @dataclass

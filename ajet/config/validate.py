@@ -83,6 +83,14 @@ def validate(cfg: AjetConfig, *, require_workflow: bool = True) -> list[tuple[st
             "'lora_base' needs model.lora.enabled=true; use 'frozen' for full fine-tuning",
         )
 
+    if cfg.model.lora.per_role:
+        need(
+            cfg.model.lora.enabled,
+            "model.lora.per_role",
+            "gives each trainable role its own LoRA adapter, so it needs model.lora.enabled=true; "
+            "set model.lora.enabled=true, or per_role=false to train one model for every role",
+        )
+
     tr = cfg.task_reader
     if tr.type == ReaderType.jsonl and require_workflow:
         need(bool(tr.jsonl.train_path), "task_reader.jsonl.train_path", "required for the jsonl reader")

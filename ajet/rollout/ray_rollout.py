@@ -78,6 +78,10 @@ def make_tuner_proxy(base_url: str, keys: dict[str, str], trainable_targets: lis
         def register_model(self, name: str, default_model: Any = None) -> Any:
             if not isinstance(name, str) or not name:
                 raise ValueError(f"role must be a non-empty string, got {name!r}")
+            if isinstance(default_model, str) and not self.is_trainable_role(name):
+                raise ValueError(
+                    f"role {name!r}: default_model={default_model!r} (a model the engine serves) is not "
+                    "available with --with-ray yet: run without --with-ray, or pass an AgentScope chat model")
             if self.is_trainable_role(name) or default_model is None:
                 model = make_tuner_proxy(base_url, keys, trainable_targets, timeout_s, name, shared)
             else:

@@ -1,7 +1,8 @@
 """The model a recipe trains: loaded from `model.path`, with LoRA when enabled, and saved at the end.
 
 Full fine-tuning or a peft LoRA adapter from `model.lora` (peft is imported only when LoRA
-is on). The final model is a plain Hugging Face checkpoint, written atomically.
+is on); with `model.lora.per_role`, one adapter per trainable role, named by the role, on one
+shared base. The final model is a plain Hugging Face checkpoint, written atomically.
 """
 
 from __future__ import annotations
@@ -11,30 +12,68 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ajet.config.schema import ModelConfig
+from ajet.config.schema import LoraConfig, ModelConfig
+from ajet.errors import ConfigError
 from ajet.models.load import load_model_and_tokenizer
 
 log = logging.getLogger(__name__)
 
 
-def load_trainable_model(cfg: ModelConfig, *, seed: int, gradient_checkpointing: bool = False) -> tuple[Any, Any]:
-    """(model in eval mode, tokenizer); a peft model when `cfg.lora.enabled`."""
+def load_trainable_model(cfg: ModelConfig, *, seed: int, gradient_checkpointing: bool = False,
+                         roles: list[str] | None = None) -> tuple[Any, Any]:
+    """(model in eval mode, tokenizer); a peft model when `cfg.lora.enabled`.
+
+    `roles`: the run's trainable targets (`ajet.rollout.loader.trainable_targets_of`). With
+    `cfg.lora.per_role` each gets its own adapter named by the role (the same LoraConfig, peft's
+    default init: each starts equal to the base); the first is the active one (what the engine
+    serves for `model=None`), and every adapter's parameters require grad (the update selects
+    the adapter of each packed sequence, with all of them in the optimizer)."""
     import torch
 
+    adapters = per_role_adapters(cfg.lora, roles) if cfg.lora.enabled else []
     torch.manual_seed(seed)
     model, tokenizer = load_model_and_tokenizer(cfg)
     if cfg.lora.enabled:
-        from peft import LoraConfig, get_peft_model  # LoRA runs only
+        from peft import LoraConfig as PeftLoraConfig  # LoRA runs only
+        from peft import get_peft_model
 
         lora = cfg.lora
-        model = get_peft_model(model, LoraConfig(
+        config = PeftLoraConfig(
             r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
             target_modules=list(lora.target_modules), task_type="CAUSAL_LM",
-        ))
+        )
+        model = get_peft_model(model, config, adapter_name=adapters[0])
+        for role in adapters[1:]:
+            model.add_adapter(role, copy.deepcopy(config))
+        # peft leaves only the active adapter trainable; the update trains every role's.
+        for name, param in model.named_parameters():
+            if "lora_" in name:
+                param.requires_grad_(True)
+        if len(adapters) > 1:
+            log.info("one LoRA adapter per trainable role: %s", ", ".join(adapters))
         model.eval()
     if gradient_checkpointing:
         enable_activation_checkpointing(model)
     return model, tokenizer
+
+
+def per_role_adapters(lora: LoraConfig, roles: list[str] | None) -> list[str]:
+    """The LoRA adapters' names: one per role with `lora.per_role`, else peft's "default".
+    ConfigError when per_role has no trainable role to give an adapter to."""
+    if not lora.per_role:
+        return ["default"]
+    names = list(dict.fromkeys(roles or []))
+    if not names:
+        raise ConfigError(
+            "model.lora.per_role=true gives each trainable role its own LoRA adapter, but this run names "
+            "no trainable role (workflow.trainable_targets is empty and the workflow class sets no "
+            "trainable_targets). List the roles to train, e.g. workflow.trainable_targets=[wolf,seer], or "
+            "set model.lora.per_role=false to train one adapter for every role")
+    bad = [name for name in names if not name or "." in name or name == "__base__"]
+    if bad:
+        raise ConfigError(f"trainable role(s) {bad} cannot name a LoRA adapter (model.lora.per_role): a name "
+                          "must be non-empty, without '.', and not '__base__'; rename the role")
+    return names
 
 
 def enable_activation_checkpointing(model: Any) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 from ajet.config.schema import AjetConfig
 from ajet.judge import build_judge
-from ajet.rollout.loader import load_or_wrap_workflow
+from ajet.rollout.loader import load_or_wrap_workflow, trainable_targets_of
 from ajet.rollout.local import LocalRollout
 from ajet.task_reader import build_reader
 from ajet.training.loop import TrainingLoop
@@ -49,7 +49,8 @@ class RolloutRun:
         judge = build_judge(cfg.judge, llm_client_factory=lambda: rollout[0].llm_client())
         loop = TrainingLoop(cfg, run_dir, closers, total_steps=cfg.trainer.total_steps, resume=resume)
         model, tokenizer = load_trainable_model(
-            cfg.model, seed=cfg.project.seed, gradient_checkpointing=cfg.trainer.gradient_checkpointing)
+            cfg.model, seed=cfg.project.seed, gradient_checkpointing=cfg.trainer.gradient_checkpointing,
+            roles=trainable_targets_of(cfg.workflow.trainable_targets, workflow))
         window = model_window(model, cfg.context.max_model_len)
         rollout.append(LocalRollout(cfg, model, tokenizer, workflow, model_max_len=window, judge=judge))
         closers.push(rollout[0].close, "rollout")

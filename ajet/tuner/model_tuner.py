@@ -6,6 +6,10 @@
 `EpisodeSession`, so it is recorded token for token. Per-role models come from
 `register_model` / `get_model`; OpenAI-protocol clients from `openai_client`.
 
+Default models ajet serves itself (`default_model="initial"` or a checkpoint directory) run
+on the debug backbone's local engine only (ajet/engine/served.py); on trinity / verl, and
+with --with-ray, give an AgentScope model instead.
+
 This module subclasses `agentscope.model.ChatModelBase`, so it imports agentscope;
 it is imported only with `ajet.tuner`, never by `import ajet` or the CLI.
 """
@@ -17,6 +21,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentscope.message import TextBlock, ToolUseBlock
@@ -52,6 +57,7 @@ class _Shared:
     gateway: Gateway | None
     trainable_targets: set[str] | None
     models: dict[str, Any] = field(default_factory=dict)
+    defaults: dict[str, Any] = field(default_factory=dict)  # role -> the default_model it was registered with
     keys: dict[str, str] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -90,19 +96,36 @@ class ModelTuner(ChatModelBase):
         """Register `role` and return its model.
 
         A trainable role (in `trainable_targets`, or every role when that is empty) gets
-        a `ModelTuner` bound to it. Another role gets `default_model` (any AgentScope
-        model; its calls are neither recorded nor trained), or, without one, a
-        `ModelTuner` on the local engine whose calls are recorded as context only.
+        a `ModelTuner` bound to it (with `model.lora.per_role`, on its own adapter). Another
+        role gets `default_model`:
+        - any AgentScope model: returned as is; its calls are neither recorded nor trained;
+        - `"initial"`: the frozen initial weights (LoRA: the base without adapter; full
+          fine-tuning: a frozen copy), or a local checkpoint directory (Hugging Face, or a
+          peft adapter of this model's base): served by the engine like the policy (batched,
+          prefix-cached), recorded as context only, never trained. Debug backbone only;
+        - None: the policy itself, recorded as context only.
+        A role is registered once per episode: again with another default_model is an error.
         """
         if not isinstance(role, str) or not role:
             raise ValueError(f"role must be a non-empty string, got {role!r}")
+        with self._shared.lock:
+            if role in self._shared.defaults and not _same_default(self._shared.defaults[role], default_model):
+                raise ValueError(
+                    f"role {role!r} is already registered with default_model={self._shared.defaults[role]!r}; "
+                    f"registering it again with default_model={default_model!r} would give one role two "
+                    f"models. Register each role once per episode (get its model back with "
+                    f"tuner.get_model({role!r})), or give the other model another role name")
         if self.is_trainable_role(role) or default_model is None:
             if default_model is not None:
                 log.info("role %r is trainable: its default_model is not used", role)
             model: Any = ModelTuner(self.session, role=role, _shared=self._shared)
+        elif isinstance(default_model, str):  # "initial" or a checkpoint: served by the engine
+            self.session.use_default_model(role, default_model)
+            model = ModelTuner(self.session, role=role, _shared=self._shared)
         else:
             model = default_model
         with self._shared.lock:
+            self._shared.defaults[role] = default_model
             self._shared.models[role] = model
         return model
 
@@ -116,14 +139,6 @@ class ModelTuner(ChatModelBase):
                 f"Call tuner.register_model({role!r}, default_model=...) first."
             )
         return model
-
-    def registered_roles(self) -> list[str]:
-        """Every role this episode knows: registered (`register_model`, the tuner's own role),
-        given an OpenAI-protocol key, or declared trainable. A per-role reward may name only
-        these (`ajet.rollout.scoring.role_reward_problem`)."""
-        with self._shared.lock:
-            roles = set(self._shared.models) | set(self._shared.keys)
-        return sorted(roles | (self._shared.trainable_targets or set()))
 
     # -- OpenAI protocol ------------------------------------------------------------
     def base_url_and_key(self, role: str = "default") -> tuple[str, str]:
@@ -247,6 +262,13 @@ def _json_object(text: str) -> dict[str, Any] | None:
     except (json.JSONDecodeError, TypeError):
         return None
     return value if isinstance(value, dict) else None
+
+
+def _same_default(a: Any, b: Any) -> bool:
+    """Whether two default_model values name the same model (a path however it is written)."""
+    if isinstance(a, str) and isinstance(b, str):
+        return a == b or Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
+    return a is b
 
 
 def _targets(session: EpisodeSession, trainable_targets: list[str] | None) -> set[str] | None:

@@ -5,6 +5,11 @@ back: the tracker builds the prompt ids (extending earlier calls token for token
 the per-call budget caps the completion length, the engine samples, the chat format
 parses tool calls, and the call is recorded as an `LLMCall`. The `ModelTuner`
 (AgentScope) and the OpenAI-compatible `Gateway` are thin shells around it.
+
+Which model serves a call is the role's (`model=` of the engine, ajet/engine/served.py): a
+default model registered for it ("initial", a checkpoint directory: `use_default_model`), else
+the role's own LoRA adapter when it is trainable and the engine has one by its name
+(`model.lora.per_role`), else the policy.
 """
 
 from __future__ import annotations
@@ -191,6 +196,9 @@ class EpisodeSession:
         self.counters = SessionCounters()
         self._lock = threading.Lock()
         self._closed = False
+        # The policy's adapters by name (per_role: one per trainable role); none on other engines.
+        self._adapters = frozenset(getattr(engine, "adapters", ()) or ())
+        self._default_models: dict[str, str] = {}  # role -> "initial" or a checkpoint directory
 
     # -- state ---------------------------------------------------------------
     @property
@@ -204,6 +212,31 @@ class EpisodeSession:
 
     def is_trainable(self, role: str) -> bool:
         return self.trainable_targets is None or role in self.trainable_targets
+
+    def use_default_model(self, role: str, model: str) -> None:
+        """Serve the calls of `role` (not trainable) with a model of the engine: "initial" (the
+        frozen initial weights) or a local checkpoint directory. Checked now (config files
+        only): ValueError naming the role and the fix."""
+        if not getattr(self.engine, "supports_models", False):
+            raise ValueError(
+                f"role {role!r}: default_model={model!r} is served by the debug backbone's engine only; "
+                f"this run's engine ({type(self.engine).__name__}) serves the policy alone. Pass an AgentScope "
+                "chat model as default_model (e.g. an OpenAIChatModel on another server), or train with "
+                "--backbone=debug")
+        try:
+            self.engine.check_model(model)
+        except ValueError as err:
+            raise ValueError(f"role {role!r}: default_model={model!r}: {err}") from None
+        with self._lock:
+            self._default_models[role] = model
+
+    def model_for(self, role: str) -> str | None:
+        """The engine's `model=` for a call of `role` (None: the policy)."""
+        with self._lock:
+            default = self._default_models.get(role)
+        if default is not None:
+            return default
+        return role if role in self._adapters and self.is_trainable(role) else None
 
     def stats(self) -> dict[str, float]:
         with self._lock:
@@ -272,13 +305,16 @@ class EpisodeSession:
         requested = params.max_tokens
         params.max_tokens = self._budget(len(prompt_ids), requested)
         capped = params.max_tokens < requested
-        streaming: dict[str, Any] = {}
+        options: dict[str, Any] = {}  # what the engine takes beyond the prompt and params
         if (on_text is not None and not prefix and params.grammar is None
                 and getattr(self.engine, "supports_streaming", False)):
 
-            streaming["on_token"] = TextStream(self.chat_format, params.stop, on_text).push
+            options["on_token"] = TextStream(self.chat_format, params.stop, on_text).push
+        model = self.model_for(role)
+        if model is not None:  # only engines with `supports_models` get here with one
+            options["model"] = model
         try:
-            completions = await self.engine.generate(list(prompt_ids), params, **streaming)
+            completions = await self.engine.generate(list(prompt_ids), params, **options)
         except ValueError:  # the engine rejected this request (e.g. prompt too long)
             self._count_failure()
             raise
