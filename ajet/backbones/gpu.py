@@ -17,7 +17,7 @@ from typing import Any
 from ajet.config import load_config
 from ajet.config.schema import AjetConfig, Algorithm, ReaderType, TrinityConfig, VerlConfig
 from ajet.context.samples import episode_samples
-from ajet.errors import SetupError
+from ajet.errors import SetupError, UserError
 from ajet.launcher import visible_gpus
 from ajet.models.resolve import ModelNotFoundError, resolve_model_path
 from ajet.rollout.loader import as_workflow, load_workflow, target_of
@@ -180,6 +180,19 @@ def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------- episodes in a worker
+def refuse_role_rewards(episode: Any) -> None:
+    """Per-role rewards cannot reach a GPU backbone's trainer (pure): Trinity and verl group
+    experiences by task and train one reward per episode, so a role's samples would be compared
+    with other roles' rewards. Raised rather than averaged into one reward, which would train
+    every role on the mean, a silent change of the objective."""
+    if episode.role_rewards:
+        raise UserError(
+            f"episode {episode.episode_id} (task {episode.task.task_id!r}) returned per-role rewards "
+            f"{episode.role_rewards}: the trinity and verl backbones train one reward per episode (GRPO "
+            "groups per task), not groups per task and role. Train per-role rewards with --backbone=debug, "
+            "or return one reward, e.g. the reward of the role you train (workflow.trainable_targets)")
+
+
 def episode_metrics(episode: Any) -> dict[str, float]:
     """Scalars of one episode for the backbone's own logger (pure)."""
     out = {"ajet/reward": float(episode.reward), "ajet/success": float(bool(episode.is_success)),
@@ -232,6 +245,7 @@ class EpisodeRuntime:
     async def run(self, task: Any, episode_id: str, group_id: str) -> tuple[Any, list[Any], dict[str, float]]:
         """Run one episode: (episode, its samples, metrics). A failed episode has no samples."""
         episode = await self.runner.run_episode(task, episode_id, group_id=group_id)
+        refuse_role_rewards(episode)
         metrics = episode_metrics(episode)
         if episode.status != "ok":
             log.warning("episode %s (task %s) %s: %s", episode_id, task.task_id, episode.status, episode.reason)

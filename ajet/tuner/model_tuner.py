@@ -140,6 +140,14 @@ class ModelTuner(ChatModelBase):
             )
         return model
 
+    def registered_roles(self) -> list[str]:
+        """Every role this episode knows: registered (`register_model`, the tuner's own role),
+        given an OpenAI-protocol key, or declared trainable. A per-role reward may name only
+        these (`ajet.rollout.scoring.role_reward_problem`)."""
+        with self._shared.lock:
+            roles = set(self._shared.models) | set(self._shared.keys)
+        return sorted(roles | (self._shared.trainable_targets or set()))
+
     # -- OpenAI protocol ------------------------------------------------------------
     def base_url_and_key(self, role: str = "default") -> tuple[str, str]:
         """(base_url, api_key) of the gateway for `role` in this episode."""
