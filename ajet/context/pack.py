@@ -34,6 +34,9 @@ class PackedSequence:
     entry_advantage: list[float] = field(default_factory=list)
     entry_weight: list[float] = field(default_factory=list)
     entry_sample: list[int] = field(default_factory=list)  # index into the packed samples
+    # The role of every sample in it when packed per role (`pack_samples(by_role=True)`, for
+    # per-role LoRA adapters: the sequence is forwarded through its role's adapter); "" otherwise.
+    role: str = ""
 
     @property
     def num_tokens(self) -> int:
@@ -78,9 +81,13 @@ class _Trie:
 
 
 def pack_samples(
-    samples: list[Sample], weights: list[list[float]], max_tokens: int
+    samples: list[Sample], weights: list[list[float]], max_tokens: int, *, by_role: bool = False
 ) -> list[PackedSequence]:
     """Pack samples into tree sequences of about `max_tokens` nodes at most.
+
+    `by_role`: never put samples of two roles in one sequence (each role's samples are packed
+    on their own and the sequences carry `role`), for per-role LoRA adapters, where a forward
+    goes through one role's adapter. Prefixes shared across roles are then forwarded per role.
 
     Each prefix tree is one item; items are placed first-fit in decreasing size. A
     tree larger than `max_tokens` is first cut into groups of whole samples taken in
@@ -92,6 +99,8 @@ def pack_samples(
     """
     if len(weights) != len(samples):
         raise ValueError(f"{len(samples)} samples but {len(weights)} weight rows")
+    if by_role:
+        return _pack_by_role(samples, weights, max_tokens)
     if max_tokens <= 0:
         return [_pack([s], [w], [i]) for i, (s, w) in enumerate(zip(samples, weights, strict=True))]
     trie = _Trie()
@@ -123,6 +132,21 @@ def pack_samples(
     for idx in bins:
         idx = sorted(idx)
         out.append(_pack([samples[i] for i in idx], [weights[i] for i in idx], idx))
+    return out
+
+
+def _pack_by_role(samples: list[Sample], weights: list[list[float]], max_tokens: int) -> list[PackedSequence]:
+    """Each role's samples packed on their own (roles in first-seen order); `entry_sample`
+    still indexes `samples`."""
+    by_role: dict[str, list[int]] = {}
+    for i, sample in enumerate(samples):
+        by_role.setdefault(sample.role, []).append(i)
+    out: list[PackedSequence] = []
+    for role, idx in by_role.items():
+        for seq in pack_samples([samples[i] for i in idx], [weights[i] for i in idx], max_tokens):
+            seq.entry_sample = [idx[j] for j in seq.entry_sample]
+            seq.role = role
+            out.append(seq)
     return out
 
 

@@ -20,14 +20,25 @@ from typing import Any
 import torch
 
 from ajet.files import fsync_dir, write_text_atomic
+from ajet.training.adapters import adapter_parameters, role_adapters
 from ajet.training.checkpoint_dir import _COMPLETE
 
 log = logging.getLogger(__name__)
 
 
+def trainable_names(model: torch.nn.Module) -> set[str]:
+    """What training changes: all weights (full fine-tuning), or the LoRA adapters, every one of
+    them (per-role adapters: also one peft's `set_adapter` left with `requires_grad=False`)."""
+    names = {n for n, p in model.named_parameters() if p.requires_grad}
+    for adapter in role_adapters(model):
+        names.update(adapter_parameters(model, adapter))
+    return names
+
+
 def trainable_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Only what training changes: all weights (full fine-tuning) or the LoRA adapter."""
-    return {n: p.detach().cpu().clone() for n, p in model.named_parameters() if p.requires_grad}
+    """Only what training changes (`trainable_names`)."""
+    names = trainable_names(model)
+    return {n: p.detach().cpu().clone() for n, p in model.named_parameters() if n in names}
 
 
 def save_checkpoint(ckpt_root: Path, step: int, *, model: torch.nn.Module, optimizer: Any,
@@ -62,12 +73,12 @@ def save_checkpoint(ckpt_root: Path, step: int, *, model: torch.nn.Module, optim
 def load_checkpoint(path: Path, *, model: torch.nn.Module, optimizer: Any, scheduler: Any) -> dict[str, Any]:
     """Restore weights, optimizer, scheduler and RNG; return the saved state (step, reader, ...)."""
     weights = torch.load(path / "weights.pt", map_location="cpu", weights_only=True)
-    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    trainable = trainable_names(model)
     if set(weights) != trainable:
         missing, unexpected = sorted(trainable - set(weights))[:3], sorted(set(weights) - trainable)[:3]
         raise RuntimeError(
             f"checkpoint {path} does not match this model (missing {missing}, unexpected {unexpected}); "
-            "was it written with a different model.path or model.lora setting?"
+            "was it written with a different model.path or model.lora setting (per_role: the same trainable_targets)?"
         )
     params = dict(model.named_parameters())
     with torch.no_grad():

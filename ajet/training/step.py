@@ -8,6 +8,10 @@ gradient norm is NaN or inf is skipped with the weights untouched, counted
 a row the run stops (`DivergedError`, exit 2) instead of writing NaN weights that fail later
 with a misleading message.
 
+With per-role LoRA adapters (`per_role_adapters`, `model.lora.per_role`) each packed sequence
+holds one role's samples (`pack_samples(by_role=True)`) and is forwarded through that role's
+adapter (`ajet.training.adapters.active_adapter`), so a role's samples update its adapter only.
+
 `updating_weights(engine)` is the sequence around every in-process weight update: pause the
 engine, drop its prefix cache (KV of the old weights), give freed memory back, update, bump the
 policy version, all before the engine serves the next request.
@@ -26,6 +30,7 @@ import torch
 
 from ajet.config.schema import TrainerConfig
 from ajet.errors import DivergedError
+from ajet.training.adapters import active_adapter
 from ajet.training.memory import release_memory
 
 log = logging.getLogger(__name__)
@@ -52,9 +57,11 @@ class StepResult:
 class OptimizerStep:
     """Accumulate gradients over packed sequences, clip, step; skip non-finite steps."""
 
-    def __init__(self, model: torch.nn.Module, optimizer: Any, trainer: TrainerConfig) -> None:
+    def __init__(self, model: torch.nn.Module, optimizer: Any, trainer: TrainerConfig, *,
+                 per_role_adapters: bool = False) -> None:
         self.model = model
         self.optimizer = optimizer
+        self.per_role_adapters = per_role_adapters
         self.grad_clip = trainer.grad_clip
         self.bf16 = trainer.bf16
         self.max_nonfinite = trainer.max_nonfinite_steps
@@ -71,7 +78,7 @@ class OptimizerStep:
             for seq in packed:
                 if not seq.entry_pos:
                     continue
-                with autocast(self.model, self.bf16):
+                with autocast(self.model, self.bf16), self._adapter(seq):
                     loss, terms = seq_loss(seq)
                 value = float(loss.detach())
                 bad.update(name for name, term in terms.items() if not math.isfinite(term))
@@ -96,6 +103,16 @@ class OptimizerStep:
             self.model.eval()
         self._account(result, step)
         return result
+
+    def _adapter(self, seq: Any) -> contextlib.AbstractContextManager:
+        """The sequence's role adapter active for its forward (per-role adapters), else nothing.
+        The backward may run outside: it follows the graph the forward built."""
+        if not self.per_role_adapters:
+            return contextlib.nullcontext()
+        if not seq.role:
+            raise ValueError("with per-role LoRA adapters every packed sequence holds one role's samples: "
+                             "pack them with pack_samples(..., by_role=True)")
+        return active_adapter(self.model, seq.role)
 
     def _account(self, result: StepResult, step: int | None) -> None:
         if not result.skipped:

@@ -15,6 +15,7 @@ from ajet.algorithms.losses import kl_penalty, policy_loss, tis_weights
 from ajet.algorithms.reference import build_reference
 from ajet.config.schema import AlgorithmConfig, TrainerConfig
 from ajet.forward.packed import forward_packed
+from ajet.training.adapters import reference_adapter
 from ajet.training.step import OptimizerStep
 
 log = logging.getLogger(__name__)
@@ -25,13 +26,16 @@ class PolicyUpdater:
     optimizer comes from the recipe (`ajet.training.optim`); the training loop steps its schedule."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer: TrainerConfig,
-                 algorithm: AlgorithmConfig, *, temperature: float) -> None:
+                 algorithm: AlgorithmConfig, *, temperature: float, per_role_adapters: bool = False) -> None:
         self.model = model
         self.optimizer = optimizer
         self.trainer = trainer
         self.algorithm = algorithm
         self.temperature = temperature
-        self.step = OptimizerStep(model, optimizer, trainer)
+        # Per-role LoRA adapters (`model.lora.per_role`): each sequence (one role's samples,
+        # `pack_samples(by_role=True)`) is forwarded through its role's adapter; the KL reference
+        # is the base with every adapter disabled (lora_base) or the role's initial adapter (frozen).
+        self.step = OptimizerStep(model, optimizer, trainer, per_role_adapters=per_role_adapters)
         # Built before the first update: a frozen copy of the initial weights, or the base with LoRA off.
         self.reference = build_reference(model, algorithm)
 
@@ -92,7 +96,14 @@ class PolicyUpdater:
 
     def _reference_logprobs(self, seq: Any) -> torch.Tensor:
         assert self.reference is not None
-        ref, _ = self.reference.ref_logprobs(forward_packed, seq, with_entropy=False, temperature=self.temperature,
+
+        def forward(model: Any, *args: Any, **kwargs: Any) -> Any:
+            if self.step.per_role_adapters and self.reference.kind == "frozen":
+                with reference_adapter(model, seq.role):  # the role's own initial policy
+                    return forward_packed(model, *args, **kwargs)
+            return forward_packed(model, *args, **kwargs)
+
+        ref, _ = self.reference.ref_logprobs(forward, seq, with_entropy=False, temperature=self.temperature,
                                              logits_chunk=self.trainer.logits_chunk_tokens)
         return ref.float()
 
