@@ -8,8 +8,9 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 CONF   ?= tutorial/example_math_agent/math_agent.yaml
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
 
-.PHONY: install demo test test-main test-unit bench lint browser env-trinity env-verl test-trinity test-verl clean
+.PHONY: install demo test test-main test-unit bench bench-learning lint browser env-trinity env-verl test-trinity test-verl clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +46,13 @@ bench: install
 	$(PY) scripts/bench_train.py
 	$(PY) scripts/bench_tool_choice.py
 	$(PY) scripts/bench_memory.py --conf $(CONF) trainer.total_steps=2 trainer.val_every=0 trainer.save_every=0
+
+# Does training still learn? Each example trains within its wall budget and is scored on its
+# test split against a threshold (scripts/bench_learning.py --list). The quick one, in a few
+# minutes: make bench-learning BENCH_ARGS='--only adder'.
+bench-learning: install
+	$(PIP) install -q -e '.[dev,bench]'
+	$(PY) scripts/bench_learning.py $(BENCH_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check ajet tests scripts tutorial

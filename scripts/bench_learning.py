@@ -1,0 +1,404 @@
+"""Does training still learn? Each example of the registry trains within a wall budget on 2
+CPU cores and is scored on its held-out **test** split, base -> trained, against a regression
+threshold: a change can be checked before it lands.
+
+    .venv/bin/python scripts/bench_learning.py --list            # examples, budgets, thresholds
+    .venv/bin/python scripts/bench_learning.py --only adder      # the quick one: a few minutes
+    .venv/bin/python scripts/bench_learning.py                   # every example
+    make bench-learning BENCH_ARGS='--only adder'
+
+One run of an example is one `ajet --conf YAML --backbone=debug` pipeline,
+`[eval, <its training stages>, eval]` with `eval.split=test`, plus the example's pinned
+overrides (steps sized to its budget): the base model on test, training (validating on val
+every `trainer.val_every` steps, as the example does), the trained model on test. With
+`--cached-base` the first eval is skipped and the registry's cached base score is used.
+Recorded per example: the test metric base -> trained, the minutes from launch to the end
+(model loading and both evaluations included), the tokens trained (the tokens of the samples
+the updates trained on, prompts included, summed over the training stages:
+`context/tokens_merged`, `sft/tokens`; `tokens_forwarded` is what the packed prefix trees
+actually forwarded, `context/tokens_packed`, `sft/tokens_packed`) and every point of the curve
+(`scripts/learning_curve.py`'s points: the test evaluations and the val validations, minutes
+since launch). `--reread` rebuilds the results from the run dirs of an earlier run (no
+training), e.g. after a change to what is recorded.
+
+Writes OUT/bench_learning.json (merged: examples not run keep their last result),
+OUT/bench_learning_<name>.png (the metric against minutes) and OUT/bench_learning.md (the
+table as markdown, for docs/learning_curve.md); prints the table. Exits 1 when a run failed
+or missed its threshold. Minutes over the budget are shown, not failed: the machine may be
+shared, and a benchmark measures time, it does not assert it.
+
+The protocol: settings (steps, learning rates, ...) and thresholds were chosen from the val
+split and the runs documented on val, never by looking at a test split.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from learning_curve import points
+
+REPO = Path(__file__).resolve().parent.parent
+OUT = REPO / "docs" / "learning"
+# (GRPO train row, SFT train row): the trained samples' tokens, and what packing forwarded
+TRAINED_KEYS = ("context/tokens_merged", "sft/tokens")
+FORWARDED_KEYS = ("context/tokens_packed", "sft/tokens_packed")
+
+
+@dataclass(frozen=True)
+class Example:
+    name: str
+    conf: str  # the example's YAML, relative to the repository
+    stages: tuple[str, ...]  # training stages, between the test evaluations
+    overrides: tuple[str, ...]  # pinned on top of the YAML: steps sized to the budget
+    budget_min: float  # wall budget on 2 quiet CPU cores, launch to end
+    threshold: float  # the trained test score must reach it (with `gain`: base + threshold)
+    why: str  # where the settings and the threshold come from (never from a test split)
+    gain: bool = False
+    base: float | None = None  # cached base score on test, from a run (--cached-base)
+    metric: str = "success/rate"
+    quick: bool = False
+
+    def threshold_text(self) -> str:
+        return f">= base + {self.threshold:.2f}" if self.gain else f">= {self.threshold:.2f}"
+
+
+REGISTRY: tuple[Example, ...] = (
+    Example(
+        name="adder", conf="tutorial/example_function_workflow/adder.yaml", stages=("grpo",),
+        overrides=("workflow.target=" + str(REPO / "tutorial/example_function_workflow/adder.py") + ":adder",
+                   "trainer.total_steps=16", "trainer.val_every=4", "trainer.save_every=0", "eval.n=4"),
+        budget_min=6, threshold=0.5, quick=True,
+        why="scripts/learning_curve.sh's 16 steps (4.2 min quiet); val success was 0.94 at step 8 "
+            "and 0.98 at 16 (docs/learning_curve.md). Test holds the pairs with a 0, a kind train "
+            "never shows: the threshold asks for about half of val's level.",
+    ),
+    Example(
+        name="math_agent", conf="tutorial/example_math_agent/math_agent.yaml", stages=("sft", "grpo"),
+        overrides=(), budget_min=10, threshold=0.3,
+        why="`make demo` as it is (SFT warm-up, 4 GRPO steps; 4.1 min quiet); val success was "
+            "0.84-0.97 on the earlier data. Test has phrasings and operations (/, parentheses) "
+            "that no demonstration shows: the threshold asks for a third of val's level.",
+    ),
+    Example(
+        name="math_agent_rl", conf="tutorial/example_math_agent/math_agent_rl.yaml", stages=("grpo",),
+        overrides=(), budget_min=15, threshold=0.15,
+        why="GRPO alone as math_agent_rl.yaml (24 steps, 12-13 min quiet); val success was "
+            "0.31-0.38 on the earlier data: the threshold asks for about half of that on test.",
+    ),
+    Example(
+        name="frozenlake", conf="tutorial/example_frozenlake/frozenlake.yaml", stages=("grpo",),
+        overrides=("trainer.total_steps=6", "trainer.val_every=3", "trainer.save_every=0"),
+        budget_min=10, threshold=0.0, gain=True,
+        why="a tiny budget (6 of the YAML's 20 steps); no learning documented on val yet, so "
+            "the threshold only asks that training does not fall below the base model.",
+    ),
+    Example(
+        name="countdown", conf="tutorial/example_countdown/countdown.yaml", stages=("grpo",),
+        overrides=("trainer.total_steps=6", "trainer.val_every=3", "trainer.save_every=0"),
+        budget_min=10, threshold=0.0, gain=True,
+        why="a tiny budget (6 of the YAML's 20 steps); no learning documented on val yet, so "
+            "the threshold only asks that training does not fall below the base model.",
+    ),
+)
+
+
+@dataclass
+class Result:
+    name: str
+    metric: str
+    base: float | None
+    trained: float | None
+    minutes: float
+    tokens_trained: int
+    tokens_forwarded: int
+    threshold: float  # absolute: what `trained` had to reach
+    threshold_text: str
+    budget_min: float
+    passed: bool
+    status: str  # "pass", "FAIL", or what went wrong
+    base_cached: bool = False
+    points: list[dict[str, Any]] = field(default_factory=list)  # minutes, label, split, value
+    command: list[str] = field(default_factory=list)
+    date: str = ""
+    machine: dict[str, Any] = field(default_factory=dict)  # CPU, cores, AVX flags, load at start and end
+
+
+Runner = Callable[[Example, Path, bool], Result]
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--list", action="store_true", help="print the examples, budgets and thresholds")
+    parser.add_argument("--only", default="", help="comma-separated example names (default: all)")
+    parser.add_argument("--cached-base", action="store_true",
+                        help="use the registry's cached base score instead of evaluating the base model")
+    parser.add_argument("--reread", action="store_true",
+                        help="no training: rebuild the results from the run dirs an earlier run left")
+    parser.add_argument("--exp-dir", type=Path, default=REPO / "experiments" / "bench_learning")
+    parser.add_argument("--out", type=Path, default=OUT, help="where the JSON, PNGs and markdown go")
+    return parser.parse_args(argv)
+
+
+def select(only: str) -> list[Example]:
+    """The examples `--only` names (all when empty); a ValueError naming the unknown ones."""
+    names = [n.strip() for n in only.split(",") if n.strip()]
+    known = {e.name: e for e in REGISTRY}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"unknown example(s) {', '.join(unknown)}; use one of {', '.join(known)} (--list)")
+    return [known[n] for n in names] if names else list(REGISTRY)
+
+
+# ---------------------------------------------------------------------- running
+
+
+def command(example: Example, exp_dir: Path, cached_base: bool) -> list[str]:
+    stages = [*([] if cached_base else ["eval"]), *example.stages, "eval"]
+    return [sys.executable, "-m", "ajet.cli.main", "--conf", str(REPO / example.conf), "--backbone=debug",
+            f"project.name={example.name}", f"project.exp_dir={exp_dir}", "project.seed=0",
+            "logging.quiet=true", "eval.split=test", f"pipeline.stages=[{','.join(stages)}]",
+            *example.overrides]
+
+
+def run_example(example: Example, exp_dir: Path, cached_base: bool) -> Result:
+    """Train and evaluate one example in a child process; what it left on disk is the result."""
+    run_dir = exp_dir / example.name
+    if run_dir.is_dir():  # the bench's own run dir: a new run starts from nothing (ajet refuses old ones)
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    cmd = command(example, exp_dir, cached_base)
+    launch = {"time": time.time(), "seed": 0, "cmd": cmd, "cached_base": cached_base, "machine": machine()}
+    (run_dir / "launch.json").write_text(json.dumps(launch))  # learning_curve.points counts minutes from it
+    print("$", " ".join(cmd), flush=True)
+    status = "ok"
+    try:
+        # A hard stop at 3x the budget: a run that hangs must not hold the bench forever.
+        proc = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=example.budget_min * 180)
+        if proc.returncode != 0:
+            status = f"error: ajet exited {proc.returncode}"
+    except subprocess.TimeoutExpired:
+        status = f"error: stopped after {example.budget_min * 3:.0f} min (3x the budget)"
+    launch["machine"]["load_average_end"] = machine()["load_average"]
+    (run_dir / "launch.json").write_text(json.dumps({**launch, "end": time.time(), "status": status}))
+    return reread(example, exp_dir)
+
+
+def reread(example: Example, exp_dir: Path) -> Result:
+    """The result of the run in exp_dir/<name>, from what it left on disk."""
+    run_dir = exp_dir / example.name
+    launch_file = run_dir / "launch.json"
+    if not launch_file.is_file():
+        raise ValueError(f"{run_dir} holds no bench run (no launch.json); run {example.name} first")
+    launch = json.loads(launch_file.read_text())
+    end = launch.get("end", launch["time"])
+    return collect(example, run_dir, minutes=(end - launch["time"]) / 60, cached_base=launch["cached_base"],
+                   status=launch.get("status", "error: the run did not end"), cmd=launch["cmd"],
+                   date=time.strftime("%Y-%m-%d %H:%M", time.localtime(end)), machine=launch.get("machine", {}))
+
+
+def collect(example: Example, run_dir: Path, *, minutes: float, cached_base: bool, status: str = "ok",
+            cmd: list[str] | None = None, date: str = "", machine: dict[str, Any] | None = None) -> Result:
+    """The result of a finished (or failed) run from its run dir: pipeline.json, the eval
+    reports and the training stages' metrics.jsonl."""
+    curve = []
+    if (run_dir / "pipeline.json").is_file():
+        for p in points(run_dir):
+            value = p["metrics"].get(example.metric)
+            if isinstance(value, (int, float)):
+                curve.append({"minutes": round(p["minutes"], 3), "label": p["label"], "split": p["split"],
+                              "value": float(value)})
+    tests = [p for p in curve if p["split"] == "test"]
+    if cached_base:
+        base = example.base
+        curve.insert(0, {"minutes": 0.0, "label": "base (cached)", "split": "test", "value": base})
+    else:
+        base = tests[0]["value"] if tests else None
+    trained = tests[-1]["value"] if len(tests) >= (1 if cached_base else 2) else None
+    threshold = (base or 0.0) + example.threshold if example.gain else example.threshold
+    passed = status == "ok" and trained is not None and base is not None and trained >= threshold
+    if status == "ok":
+        status = "pass" if passed else ("FAIL" if trained is not None else "error: no test evaluation")
+    return Result(name=example.name, metric=example.metric, base=base, trained=trained, minutes=round(minutes, 2),
+                  tokens_trained=token_sum(run_dir, TRAINED_KEYS),
+                  tokens_forwarded=token_sum(run_dir, FORWARDED_KEYS), threshold=round(threshold, 4),
+                  threshold_text=example.threshold_text(), budget_min=example.budget_min, passed=passed,
+                  status=status, base_cached=cached_base, points=curve, command=list(cmd or []),
+                  date=date or time.strftime("%Y-%m-%d %H:%M"), machine=dict(machine or {}))
+
+
+def token_sum(run_dir: Path, keys: tuple[str, ...]) -> int:
+    """`keys` summed over the train rows of every training stage (skipped updates log none)."""
+    pipeline = run_dir / "pipeline.json"
+    if not pipeline.is_file():
+        return 0
+    total = 0.0
+    for stage in json.loads(pipeline.read_text()).get("stages", []):
+        metrics = Path(stage.get("run_dir", "")) / "metrics.jsonl"
+        if stage.get("run_dir") and metrics.is_file():
+            for line in metrics.read_text().splitlines():
+                row = json.loads(line) if line.strip() else {}
+                if row.get("split") == "train":
+                    total += sum(float(row.get(k, 0.0)) for k in keys)
+    return int(total)
+
+
+# ---------------------------------------------------------------------- reporting
+
+
+def fmt(value: float | None) -> str:
+    return "—" if value is None else f"{value:.3f}"
+
+
+def table_rows(results: list[Result]) -> list[list[str]]:
+    rows = []
+    for r in results:
+        base = fmt(r.base) + (" (cached)" if r.base_cached else "")
+        over = " (over budget)" if r.minutes > r.budget_min else ""
+        rows.append([r.name, f"test {r.metric}", f"{base} -> {fmt(r.trained)}",
+                     f"{r.minutes:.1f} / {r.budget_min:g}{over}", f"{r.tokens_trained:,}",
+                     r.threshold_text + (f" ({r.threshold:.2f})" if "base" in r.threshold_text else ""),
+                     r.status])
+    return rows
+
+
+HEADERS = ["example", "metric", "base -> trained", "minutes / budget", "tokens trained", "threshold", "result"]
+
+
+def print_table(results: list[Result]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="bench_learning: trained within a wall budget, scored on the test split")
+    for header in HEADERS:
+        table.add_column(header)
+    for row in table_rows(results):
+        table.add_row(*row)
+    Console(width=max(Console().width, 150)).print(table)  # one line a row, in a log file too
+
+
+def markdown(results: list[Result], images: dict[str, str]) -> str:
+    lines = ["| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
+    lines += ["| " + " | ".join(row) + " |" for row in table_rows(results)]
+    lines += ["", *(f"![{name}]({path})" for name, path in images.items())]
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: Result, path: Path) -> None:
+    """The metric against minutes since launch: test evaluations as points, val validations
+    as a dashed line, the threshold as a dotted line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for split, style in (("val", dict(ls="--", marker="x", color="tab:gray")),
+                         ("test", dict(ls="none", marker="o", markersize=8, color="tab:blue"))):
+        pts = [p for p in result.points if p["split"] == split]
+        if pts:
+            ax.plot([p["minutes"] for p in pts], [p["value"] for p in pts], label=f"{split} {result.metric}",
+                    **style)
+        for p in pts if split == "test" else []:
+            ax.annotate(f"{p['value']:.2f}", (p["minutes"], p["value"]), textcoords="offset points",
+                        xytext=(0, 8), ha="center", fontsize=8)
+    ax.axhline(result.threshold, ls=":", color="tab:red", label=f"threshold {result.threshold:.2f}")
+    ax.set_xlabel("minutes since launch (2 CPU cores)")
+    ax.set_ylabel(result.metric)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(f"{result.name}: {fmt(result.base)} -> {fmt(result.trained)} on test ({result.status})")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def machine() -> dict[str, Any]:
+    """What the minutes were measured on."""
+    flags: set[str] = set()
+    model = ""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("flags") and not flags:
+                flags = {f for f in line.split(":", 1)[1].split() if re.match(r"avx", f)}
+            elif line.startswith("model name") and not model:
+                model = line.split(":", 1)[1].strip()
+    load = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
+    return {"cpu": model, "cores": os.cpu_count(), "avx": sorted(flags), "load_average": load}
+
+
+def write_outputs(results: list[Result], out: Path) -> Path:
+    """Merge `results` into OUT/bench_learning.json, draw their PNGs, rewrite the markdown."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "bench_learning.json"
+    data = json.loads(path.read_text()) if path.is_file() else {"results": {}}
+    for r in results:
+        plot(r, out / f"bench_learning_{r.name}.png")
+        data["results"][r.name] = asdict(r)
+    order = [e.name for e in REGISTRY]
+    data["results"] = dict(sorted(data["results"].items(), key=lambda kv: order.index(kv[0])
+                                  if kv[0] in order else len(order)))
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    every = [Result(**r) for r in data["results"].values()]
+    images = {r.name: f"bench_learning_{r.name}.png" for r in every}
+    (out / "bench_learning.md").write_text(markdown(every, images))
+    return path
+
+
+def print_list() -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="bench_learning examples (scripts/bench_learning.py --only NAME)")
+    for header in ("example", "config + pinned overrides", "stages", "budget (min)", "metric", "threshold",
+                   "cached base", "why"):
+        table.add_column(header, overflow="fold")
+    for e in REGISTRY:
+        conf = " ".join([e.conf, *(o.replace(str(REPO) + "/", "") for o in e.overrides)])
+        name = e.name + (" (quick)" if e.quick else "")
+        table.add_row(name, conf, ", ".join(["eval", *e.stages, "eval"]), f"{e.budget_min:g}",
+                      f"test {e.metric}", e.threshold_text(), fmt(e.base), e.why)
+    Console(width=200).print(table)
+
+
+def main(argv: list[str], runner: Runner = run_example) -> int:
+    args = parse_args(argv)
+    if args.list:
+        print_list()
+        return 0
+    try:
+        examples = select(args.only)
+        uncached = [e.name for e in examples if args.cached_base and e.base is None]
+        if uncached:
+            raise ValueError(f"no cached base score for {', '.join(uncached)}; run without --cached-base")
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.reread:
+        try:
+            results = [reread(e, args.exp_dir) for e in examples]
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    else:
+        results = [runner(e, args.exp_dir, args.cached_base) for e in examples]
+    path = write_outputs(results, args.out)
+    print_table(results)
+    print(f"wrote {path} and the PNGs and bench_learning.md beside it")
+    return 0 if all(r.passed for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

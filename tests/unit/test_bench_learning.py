@@ -1,0 +1,189 @@
+"""scripts/bench_learning.py without training: its registry loads as configs with a test
+split, a finished run dir is read into base -> trained, minutes, tokens and pass/fail, and
+the table, JSON, PNGs and markdown are written (a fake runner stands in for the runs)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def bench(monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    return importlib.import_module("bench_learning")
+
+
+def test_registry_pins_loadable_configs_with_a_test_split(bench: Any) -> None:
+    from ajet.config import load_config
+    from ajet.task_reader import build_reader
+
+    names = [e.name for e in bench.REGISTRY]
+    assert len(names) == len(set(names))
+    quick = [e for e in bench.REGISTRY if e.quick]
+    assert quick and all(e.budget_min <= 6 for e in quick)  # checkable before a change lands
+    for e in bench.REGISTRY:
+        assert e.budget_min > 0 and 0 <= e.threshold <= 1 and e.why
+        cmd = bench.command(e, Path("/tmp/x"), cached_base=False)
+        overrides = cmd[cmd.index("--backbone=debug") + 1:]
+        cfg = load_config(REPO / e.conf, [o for o in overrides if not o.startswith("project.exp_dir")])
+        assert cfg.eval.split.value == "test"
+        assert [s.value for s in cfg.pipeline.stages] == ["eval", *e.stages, "eval"]
+        assert build_reader(cfg.task_reader, seed=0).test_tasks(), f"{e.name}: no test tasks"
+
+
+def test_command_skips_the_base_eval_with_a_cached_base(bench: Any) -> None:
+    e = bench.REGISTRY[0]
+    assert f"pipeline.stages=[eval,{','.join(e.stages)},eval]" in bench.command(e, Path("x"), False)
+    assert f"pipeline.stages=[{','.join(e.stages)},eval]" in bench.command(e, Path("x"), True)
+
+
+def test_select_and_unknown_names(bench: Any, capsys: pytest.CaptureFixture) -> None:
+    assert [e.name for e in bench.select("adder")] == ["adder"]
+    assert len(bench.select("")) == len(bench.REGISTRY)
+    assert bench.main(["--only", "adder,nope"], runner=_never) == 2
+    assert "unknown example(s) nope" in capsys.readouterr().err
+
+
+def _never(*args: Any) -> Any:
+    raise AssertionError("no run expected")
+
+
+def fake_run(root: Path, *, base: float, trained: float | None, launch: float = 1000.0) -> Path:
+    """A pipeline run dir as ajet leaves it: [eval, grpo, eval], the reports on test."""
+    run = root / "run"
+    grpo = run / "stages" / "02_grpo"
+    grpo.mkdir(parents=True)
+    (run / "launch.json").write_text(json.dumps({"time": launch}))
+    rows = [{"step": 0, "split": "val", "time": launch + 60, "val/success/rate": 0.25},
+            {"step": 1, "split": "train", "time": launch + 90, "context/tokens_merged": 3000.0,
+             "context/tokens_packed": 1000.0},
+            {"step": 2, "split": "train", "time": launch + 100, "actor/skipped_update": 1.0},  # no tokens
+            {"step": 3, "split": "train", "time": launch + 120, "context/tokens_merged": 2500.0,
+             "context/tokens_packed": 1500.0},
+            {"step": 2, "split": "val", "time": launch + 130, "val/success/rate": 0.5}]
+    (grpo / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    stages = []
+    for index, name, value, at in ((1, "01_base", base, 30), (3, "03_grpo", trained, 180)):
+        if value is None:
+            continue
+        report = run / "eval" / f"eval_{name}.json"
+        report.parent.mkdir(parents=True, exist_ok=True)
+        report.write_text(json.dumps({"name": name, "split": "test", "metrics": {"success/rate": value}}))
+        os.utime(report, (launch + at, launch + at))
+        stages.append({"stage": "eval", "index": index, "eval": str(report)})
+        if index == 1:
+            stages.append({"stage": "grpo", "index": 2, "run_dir": str(grpo)})
+    (run / "pipeline.json").write_text(json.dumps({"stages": stages}))
+    return run
+
+
+def test_collect_reads_base_trained_tokens_and_the_curve(bench: Any, tmp_path: Path) -> None:
+    adder = bench.select("adder")[0]
+    result = bench.collect(adder, fake_run(tmp_path, base=0.1, trained=0.75), minutes=3.5, cached_base=False)
+    assert (result.base, result.trained, result.tokens_trained, result.tokens_forwarded) == (0.1, 0.75, 5500, 2500)
+    assert result.passed and result.status == "pass" and result.threshold == adder.threshold
+    assert [(p["split"], p["value"]) for p in result.points] == [
+        ("test", 0.1), ("val", 0.25), ("val", 0.5), ("test", 0.75)]
+    assert result.points[0]["minutes"] == pytest.approx(0.5) and result.points[-1]["minutes"] == pytest.approx(3.0)
+
+
+def test_reread_rebuilds_a_result_from_the_run_dir(bench: Any, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture) -> None:
+    run = fake_run(tmp_path / "exp", base=0.1, trained=0.75)
+    run.rename(tmp_path / "exp" / "adder")
+    run = tmp_path / "exp" / "adder"
+    (run / "launch.json").write_text(json.dumps({"time": 1000.0, "end": 1000.0 + 300, "status": "ok",
+                                                 "cached_base": False, "cmd": ["ajet"],
+                                                 "machine": {"cores": 2, "load_average": [1.0, 1.0, 1.0]}}))
+    # pipeline.json names the stage dirs where they were written: point them at the moved dir
+    (run / "pipeline.json").write_text((run / "pipeline.json").read_text().replace(str(tmp_path / "exp" / "run"), str(run)))
+    result = bench.reread(bench.select("adder")[0], tmp_path / "exp")
+    assert (result.minutes, result.trained, result.status, result.command) == (5.0, 0.75, "pass", ["ajet"])
+    assert result.machine["load_average"] == [1.0, 1.0, 1.0]  # as recorded by the run, not now
+    out = tmp_path / "out"
+    assert bench.main(["--only", "adder", "--reread", "--exp-dir", str(tmp_path / "exp"), "--out", str(out)],
+                      runner=_never) == 0
+    assert json.loads((out / "bench_learning.json").read_text())["results"]["adder"]["minutes"] == 5.0
+    assert bench.main(["--only", "math_agent", "--reread", "--exp-dir", str(tmp_path / "exp")], runner=_never) == 2
+    assert "no bench run" in capsys.readouterr().err
+
+
+def test_below_the_threshold_or_without_the_final_eval_fails(bench: Any, tmp_path: Path) -> None:
+    adder = bench.select("adder")[0]
+    low = bench.collect(adder, fake_run(tmp_path / "a", base=0.1, trained=0.2), minutes=3, cached_base=False)
+    assert not low.passed and low.status == "FAIL"
+    cut = bench.collect(adder, fake_run(tmp_path / "b", base=0.1, trained=None), minutes=3, cached_base=False,
+                        status="error: ajet exited 1")
+    assert (cut.base, cut.trained, cut.passed, cut.status) == (0.1, None, False, "error: ajet exited 1")
+
+
+def test_a_gain_threshold_is_relative_to_the_base(bench: Any, tmp_path: Path) -> None:
+    lake = bench.select("frozenlake")[0]
+    assert lake.gain
+    same = bench.collect(lake, fake_run(tmp_path / "a", base=0.25, trained=0.25), minutes=9, cached_base=False)
+    assert same.passed and same.threshold == 0.25
+    worse = bench.collect(lake, fake_run(tmp_path / "b", base=0.25, trained=0.125), minutes=9, cached_base=False)
+    assert not worse.passed
+
+
+def result(bench: Any, name: str, trained: float, **kw: Any) -> Any:
+    e = bench.select(name)[0]
+    fields = dict(name=name, metric=e.metric, base=0.0, trained=trained, minutes=4.25, tokens_trained=123456, tokens_forwarded=12345,
+                  threshold=e.threshold, threshold_text=e.threshold_text(), budget_min=e.budget_min,
+                  passed=trained >= e.threshold, status="pass" if trained >= e.threshold else "FAIL",
+                  points=[{"minutes": 0.5, "label": "eval 01_base (test)", "split": "test", "value": 0.0},
+                          {"minutes": 4.0, "label": "eval 03_grpo (test)", "split": "test", "value": trained}],
+                  machine={"cores": 2})
+    return bench.Result(**{**fields, **kw})
+
+
+def test_main_writes_table_json_pngs_and_markdown(bench: Any, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "out"
+    ran: list[str] = []
+
+    def runner(example: Any, exp_dir: Path, cached_base: bool) -> Any:
+        ran.append(example.name)
+        return result(bench, example.name, 0.8 if example.name == "adder" else 0.1)
+
+    assert bench.main(["--only", "adder", "--out", str(out), "--exp-dir", str(tmp_path / "exp")], runner=runner) == 0
+    printed = capsys.readouterr().out
+    assert ran == ["adder"]
+    assert "adder" in printed and "0.000 -> 0.800" in printed and "123,456" in printed and "pass" in printed
+    data = json.loads((out / "bench_learning.json").read_text())
+    saved = data["results"]["adder"]
+    assert saved["trained"] == 0.8 and saved["minutes"] == 4.25 and saved["tokens_trained"] == 123456
+    assert saved["machine"] == {"cores": 2} and len(saved["points"]) == 2
+    assert (out / "bench_learning_adder.png").stat().st_size > 1000
+    # a second run of another example keeps the first one's result; a miss exits 1
+    assert bench.main(["--only", "math_agent", "--out", str(out)], runner=runner) == 1
+    data = json.loads((out / "bench_learning.json").read_text())
+    assert list(data["results"]) == ["adder", "math_agent"]
+    md = (out / "bench_learning.md").read_text()
+    assert "| adder | test success/rate | 0.000 -> 0.800 | 4.2 / 6 | 123,456 | >= 0.50 | pass |" in md
+    assert "| math_agent |" in md and "FAIL" in md and "![adder](bench_learning_adder.png)" in md
+
+
+def test_over_budget_is_shown_not_failed(bench: Any) -> None:
+    (row,) = bench.table_rows([result(bench, "adder", 0.9, minutes=7.5)])
+    assert "7.5 / 6 (over budget)" in row and row[-1] == "pass"
+
+
+def test_list_prints_every_example(bench: Any, capsys: pytest.CaptureFixture) -> None:
+    assert bench.main(["--list"], runner=_never) == 0
+    printed = capsys.readouterr().out
+    assert all(e.name in printed for e in bench.REGISTRY) and "adder (quick)" in printed
+
+
+def test_machine_names_the_cpu_and_its_avx_flags(bench: Any) -> None:
+    info = bench.machine()
+    assert info["cores"] == os.cpu_count()
+    assert all(flag.startswith("avx") for flag in info["avx"])
