@@ -1,4 +1,4 @@
-"""`ajet eval --conf X.yaml [--model PATH] [--split val|test|train] [--n K] [KEY=VALUE ...]`."""
+"""`ajet eval --conf X.yaml [--model PATH] [--role NAME] [--split val|test|train] [--n K] [KEY=VALUE ...]`."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import typer
 from ajet.cli.common import Conf, ExpDir, Overrides, config_overrides, user_errors
 from ajet.config import load_config
 from ajet.logging.setup import configure_logging
+from ajet.models.load import role_adapter_dir
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)
 
@@ -26,8 +27,13 @@ def eval_(
     conf: Conf,
     overrides: Overrides = None,
     model: Annotated[
-        str | None, typer.Option("--model", "-m", help="Checkpoint dir to evaluate [default: model.path].")
+        str | None, typer.Option("--model", "-m", help=(
+            "Checkpoint dir to evaluate [default: model.path]; also a peft adapter dir, merged into its "
+            "base, e.g. RUN/final_model/adapters/<role> of a per-role run."))
     ] = None,
+    role: Annotated[str | None, typer.Option("--role", help=(
+        "Evaluate this role's adapter of a per-role run (model.lora.per_role): --model (or model.path) "
+        "is its final_model/ or run dir. Every role of the workflow plays with that adapter."))] = None,
     split: Annotated[str | None, typer.Option(
         "--split", help="val, test or train [default: eval.split]. test (task_reader.jsonl.test_path) is "
                         "for reporting, never for choosing settings.")] = None,
@@ -40,6 +46,8 @@ def eval_(
         extra = config_overrides(overrides, model__path=path.resolve() if path and path.exists() else model,
                                  eval__split=split, eval__n=n, eval__name=name, project__exp_dir=exp_dir)
         cfg = load_config(conf, extra, require_workflow=False)
+        if role is not None:
+            cfg.model.path = str(role_adapter_dir(cfg.model.path, role).resolve())
         from rich.console import Console
 
         from ajet.eval.runner import evaluate, metrics_table  # imports torch: not for --help

@@ -66,6 +66,10 @@ class LoraConfig:
     # One adapter per trainable role (the run's trainable_targets), named by the role, on one
     # shared base; the engine serves them in mixed batches. Debug backbone only.
     per_role: bool = False
+    # With per_role: final_model/ also holds each role's adapter merged into a copy of the base,
+    # a plain checkpoint per role (final_model/merged/<role>/); each adapter is always exported
+    # in peft format (final_model/adapters/<role>/).
+    export_merged: bool = False
 
 
 @dataclass

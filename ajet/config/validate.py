@@ -90,6 +90,13 @@ def validate(cfg: AjetConfig, *, require_workflow: bool = True) -> list[tuple[st
             "gives each trainable role its own LoRA adapter, so it needs model.lora.enabled=true; "
             "set model.lora.enabled=true, or per_role=false to train one model for every role",
         )
+    if cfg.model.lora.export_merged:
+        need(
+            cfg.model.lora.per_role,
+            "model.lora.export_merged",
+            "exports each role's adapter merged into the base (final_model/merged/<role>/), so it needs "
+            "model.lora.per_role=true; without per-role adapters final_model/ is already the merged model",
+        )
 
     tr = cfg.task_reader
     if tr.type == ReaderType.jsonl and require_workflow:

@@ -1,7 +1,9 @@
 """`evaluate`: run the workflow on a split with a given model and write RUN/eval/eval_<name>.json.
 
-The model is loaded from `model.path` (a Hugging Face checkpoint dir or the bundled
-model's name), so reports of different checkpoints compare: each names its model path.
+The model is loaded from `model.path` (a Hugging Face checkpoint dir, the bundled model's
+name, or a peft adapter dir merged into its base, e.g. one role's adapter of a per-role run:
+`RUN/final_model/adapters/<role>`), so reports of different checkpoints compare: each names
+its model path. Every role of the workflow then plays with that one model.
 """
 
 from __future__ import annotations
@@ -17,8 +19,7 @@ from typing import Any
 from ajet.config.schema import AjetConfig, EvalSplit
 from ajet.errors import EvalError
 from ajet.eval.metrics import EpisodeResult, episode_result, summarize, write_report
-from ajet.models.load import load_model_and_tokenizer
-from ajet.models.resolve import resolve_model_path
+from ajet.models.load import load_model_and_tokenizer, model_source
 from ajet.rollout.agent_metrics import agent_metrics
 from ajet.rollout.loader import as_workflow, load_workflow
 from ajet.rollout.local import LocalRollout
@@ -69,7 +70,8 @@ def evaluate(cfg: AjetConfig, *, workflow: Any = None, name: str | None = None,
     rollout = dataclasses.replace(cfg.rollout, temperature=temperature)
     limit_heap_retention(cfg.trainer.malloc_mmap_threshold_kb * 1024)  # freed KV and logits go back to the OS
     model, tokenizer = load_model_and_tokenizer(cfg.model)
-    model_path = str(resolve_model_path(cfg.model.path, cfg.model.cache_dir))
+    checkpoint, adapter = model_source(cfg.model)
+    model_path = str(adapter or checkpoint)
     name = name or e.name or default_name(model_path)
     stack = LocalRollout(cfg, model, tokenizer, wf, model_max_len=model_window(model, cfg.context.max_model_len),
                          rollout=rollout, record=True)

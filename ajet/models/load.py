@@ -1,12 +1,17 @@
-"""Load a causal LM and its tokenizer from the configured path."""
+"""Load a causal LM and its tokenizer from the configured path: a Hugging Face checkpoint, or
+a peft adapter directory merged into its base (`model_source`), e.g. one role's adapter of a
+per-role run, `RUN/final_model/adapters/<role>`."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ajet.config.schema import ModelConfig
+from ajet.errors import ModelNotFoundError
 from ajet.models.resolve import resolve_model_path
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -31,10 +36,50 @@ def torch_dtype(name: str, device: torch.device) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
+def model_source(cfg: ModelConfig) -> tuple[Path, Path | None]:
+    """(the Hugging Face checkpoint to load, the peft adapter to merge into it, or None).
+
+    `cfg.path` may be a peft adapter directory (adapter_config.json, no config.json). Its base
+    is the checkpoint beside it when it is `<export>/adapters/<role>/` (a per-role run's
+    final_model/ holds the base it trained on), else its `base_model_name_or_path`."""
+    local = Path(cfg.path).expanduser()
+    if not (local / "adapter_config.json").is_file() or (local / "config.json").is_file():
+        return resolve_model_path(cfg.path, cfg.cache_dir), None
+    export = local.parent.parent
+    if local.parent.name == "adapters" and (export / "config.json").is_file():
+        return export, local
+    try:
+        named = str(json.loads((local / "adapter_config.json").read_text()).get("base_model_name_or_path") or "")
+    except (OSError, json.JSONDecodeError, AttributeError) as exc:
+        raise ModelNotFoundError(f"model.path={cfg.path}: cannot read its adapter_config.json ({exc})") from exc
+    if not named:
+        raise ModelNotFoundError(
+            f"model.path={cfg.path} is a peft adapter that names no base model (base_model_name_or_path); "
+            "set it in adapter_config.json, or give a merged checkpoint (model.lora.export_merged)")
+    return resolve_model_path(named, cfg.cache_dir), local
+
+
+def role_adapter_dir(path: str | Path, role: str) -> Path:
+    """One role's adapter of a per-role run (`model.lora.per_role`): `<path>/adapters/<role>`,
+    where `path` is the run's final_model/ (or the run directory holding it)."""
+    root = Path(path).expanduser()
+    if not (root / "adapters").is_dir() and (root / "final_model" / "adapters").is_dir():
+        root = root / "final_model"
+    adapters = root / "adapters"
+    if not adapters.is_dir():
+        raise ModelNotFoundError(
+            f"--role {role}: {root} has no adapters/ directory; give --model the final_model/ of a run "
+            "trained with model.lora.per_role=true (or its run directory)")
+    if not (adapters / role / "adapter_config.json").is_file():
+        roles = sorted(p.name for p in adapters.iterdir() if (p / "adapter_config.json").is_file())
+        raise ModelNotFoundError(f"--role {role}: {adapters} has no adapter of role {role!r}; its roles: {roles}")
+    return adapters / role
+
+
 def load_tokenizer(cfg: ModelConfig) -> Any:
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(cfg.path, cfg.cache_dir))
+    tokenizer = AutoTokenizer.from_pretrained(model_source(cfg)[0])
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
@@ -44,10 +89,15 @@ def load_model_and_tokenizer(cfg: ModelConfig) -> tuple[Any, Any]:
     """Return (model in eval mode on the configured device, tokenizer)."""
     from transformers import AutoModelForCausalLM
 
-    path = resolve_model_path(cfg.path, cfg.cache_dir)
+    path, adapter = model_source(cfg)
     device = pick_device(cfg.device)
     start = time.monotonic()
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(cfg.dtype, device))
+    if adapter is not None:
+        from peft import PeftModel  # a peft adapter directory only
+
+        model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+        path = adapter
     model.to(device)
     model.eval()
     tokenizer = load_tokenizer(cfg)

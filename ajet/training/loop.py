@@ -140,5 +140,6 @@ class TrainingLoop:
                         scheduler=self.scheduler, extra=self._state(), keep_last=self.cfg.trainer.keep_checkpoints)
 
     def save_final_model(self) -> None:
-        save_final_model(self._model, self._tokenizer, self.run_dir / "final_model",
-                         lora=self.cfg.model.lora.enabled)
+        lora = self.cfg.model.lora
+        save_final_model(self._model, self._tokenizer, self.run_dir / "final_model", lora=lora.enabled,
+                         per_role=lora.enabled and lora.per_role, export_merged=lora.export_merged)

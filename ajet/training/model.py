@@ -15,6 +15,7 @@ from typing import Any
 from ajet.config.schema import LoraConfig, ModelConfig
 from ajet.errors import ConfigError
 from ajet.models.load import load_model_and_tokenizer
+from ajet.training.adapters import role_adapters
 
 log = logging.getLogger(__name__)
 
@@ -93,20 +94,30 @@ def model_window(model: Any, configured: int) -> int:
     return configured or int(getattr(model.config, "max_position_embeddings", 0) or 4096)
 
 
-def save_final_model(model: Any, tokenizer: Any, out: Path, *, lora: bool) -> Path:
+def save_final_model(model: Any, tokenizer: Any, out: Path, *, lora: bool, per_role: bool = False,
+                     export_merged: bool = False) -> Path:
     """A plain Hugging Face checkpoint (a LoRA adapter is merged into a copy first), written
     atomically: into a temporary directory beside `out`, then renamed, so a kill mid-write
-    never leaves a half `final_model/` (an earlier one is replaced only once the new one is whole)."""
+    never leaves a half `final_model/` (an earlier one is replaced only once the new one is whole).
+
+    Per-role adapters (`per_role`, `model.lora.per_role`): `out` holds the base (never trained,
+    so `--model final_model` is the starting point) and each role's adapter in peft format under
+    `adapters/<role>/` (`ajet eval --model final_model/adapters/<role>`, or `--role <role>`);
+    `export_merged` (`model.lora.export_merged`) adds each role's adapter merged into a copy of
+    the base, a plain checkpoint under `merged/<role>/`."""
     import shutil
     import tempfile
 
-    if lora:
+    if lora and not per_role:
         model = copy.deepcopy(model).merge_and_unload()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}-", dir=out.parent))
     try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        if per_role:
+            _save_role_adapters(model, tokenizer, tmp, merged=export_merged)
+        else:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
         if out.exists():
             old = out.with_name(f".old-{out.name}")
             shutil.rmtree(old, ignore_errors=True)
@@ -120,3 +131,31 @@ def save_final_model(model: Any, tokenizer: Any, out: Path, *, lora: bool) -> Pa
         raise
     log.info("final model saved to %s", out)
     return out
+
+
+def _save_role_adapters(model: Any, tokenizer: Any, out: Path, *, merged: bool) -> None:
+    """The base, `adapters/<role>/` (peft format) per role and, with `merged`, `merged/<role>/`."""
+    import shutil
+
+    copy.deepcopy(model).unload().save_pretrained(out)  # the base without any adapter
+    tokenizer.save_pretrained(out)
+    for role in role_adapters(model):
+        stage = out / f".stage-{role}"
+        model.save_pretrained(stage, selected_adapters=[role])
+        # peft writes an adapter other than "default" into a subdirectory named after it
+        (stage if role == "default" else stage / role).rename(_role_dir(out / "adapters", role))
+        shutil.rmtree(stage, ignore_errors=True)
+        if merged:
+            one = copy.deepcopy(model).merge_and_unload(adapter_names=[role])
+            one.save_pretrained(_role_dir(out / "merged", role))
+            tokenizer.save_pretrained(out / "merged" / role)
+            del one
+    log.info("final model: the base, %d role adapters%s", len(role_adapters(model)), " (and merged)" if merged else "")
+
+
+def _role_dir(parent: Path, role: str) -> Path:
+    """`parent/role`, refusing a role name that is not one directory name."""
+    if role in (".", "..") or Path(role).name != role:
+        raise ValueError(f"role {role!r} cannot name a directory of final_model/; use a role name without '/'")
+    parent.mkdir(parents=True, exist_ok=True)
+    return parent / role

@@ -69,7 +69,8 @@ class RLRecipe:
         self.manager = self._ray_manager(closers) if self.with_ray else self.rollout.manager
         # Built before the first update (and before a resumed run's weights load): the KL reference.
         self.updater = PolicyUpdater(self.model, run.optimizer, cfg.trainer, cfg.algorithm,
-                                     temperature=policy_temperature(cfg.rollout.temperature))
+                                     temperature=policy_temperature(cfg.rollout.temperature),
+                                     per_role_adapters=self.per_role)
         if self.resume:
             run.restore()
         if self.episode_source is not None:
@@ -125,10 +126,16 @@ class RLRecipe:
         self.source.record_metrics(step, metrics)
         return metrics
 
+    @property
+    def per_role(self) -> bool:
+        """One LoRA adapter per trainable role: samples are packed and trained per role."""
+        return self.cfg.model.lora.enabled and self.cfg.model.lora.per_role
+
     def update(self, batch: Any, *, step: int | None = None) -> dict[str, float]:
-        """Pack, one optimizer step, bump the policy version (`updating_weights`)."""
+        """Pack (per role, with per-role adapters), one optimizer step, bump the policy version
+        (`updating_weights`)."""
         max_tokens = self.cfg.trainer.micro_batch_tokens if self.cfg.context.tree_packing else 0
-        packed = pack_samples(batch.samples, batch.weights, max_tokens)
+        packed = pack_samples(batch.samples, batch.weights, max_tokens, by_role=self.per_role)
         metrics = {f"context/{k}": float(v) for k, v in pack_stats(batch.samples, packed).items()}
         start = time.monotonic()
         with updating_weights(self.rollout.engine):
