@@ -67,8 +67,8 @@ def test_dpo_and_eval_checks(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="'lora_base' needs model.lora.enabled"):
         load_config(conf, ["algorithm.name=dpo", "algorithm.dpo_reference=lora_base"])
     # eval.split is an enum in the schema: the loader names the key and the valid values.
-    with pytest.raises(ConfigError, match=r"eval.split: Invalid value 'test', expected one of \[val, train\]"):
-        load_config(conf, ["pipeline.stages=[eval]", "eval.split=test"])
+    with pytest.raises(ConfigError, match=r"eval.split: Invalid value 'tset', expected one of \[val, train, test\]"):
+        load_config(conf, ["pipeline.stages=[eval]", "eval.split=tset"])
 
 
 def test_pipeline_stages_and_overrides_are_checked(tmp_path: Path) -> None:
@@ -108,7 +108,7 @@ def test_cli_sft_and_eval_report_bad_input_without_traceback(tmp_path: Path) -> 
     conf = write(tmp_path, "sft:\n  epochs: 1\n", workflow=False)
     result = runner.invoke(sft_cmd.app, ["--conf", str(conf)])
     assert result.exit_code == 2 and "sft.train_path" in result.output and "Traceback" not in result.output
-    result = runner.invoke(eval_cmd.app, ["--conf", str(conf), "--split", "test"])
+    result = runner.invoke(eval_cmd.app, ["--conf", str(conf), "--split", "tset"])
     assert result.exit_code == 2 and "eval.split" in result.output and "Traceback" not in result.output
     # Every problem the checks find is reported at once (ranges are checked at load time,
     # whichever stages run).
