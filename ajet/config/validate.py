@@ -17,7 +17,7 @@ from ajet.config.schema import (
     ReaderType,
     ReferenceModel,
 )
-from ajet.config.stages import needs_workflow, stage_problems
+from ajet.config.stages import needs_workflow, stage_names, stage_problems
 
 
 def validate(cfg: AjetConfig, *, require_workflow: bool = True) -> list[tuple[str, str]]:
@@ -89,6 +89,13 @@ def validate(cfg: AjetConfig, *, require_workflow: bool = True) -> list[tuple[st
             "model.lora.per_role",
             "gives each trainable role its own LoRA adapter, so it needs model.lora.enabled=true; "
             "set model.lora.enabled=true, or per_role=false to train one model for every role",
+        )
+        trained = {stage.value for stage in stage_names(cfg)} - {"eval"}
+        need(
+            not trained & {"sft", "dpo"},
+            "model.lora.per_role",
+            "trains one adapter per role in the RL recipes only; the sft and dpo stages would train "
+            "just the active adapter. Run those stages without per_role (then start RL from their model)",
         )
     if cfg.model.lora.export_merged:
         need(

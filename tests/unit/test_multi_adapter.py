@@ -266,6 +266,11 @@ def test_per_role_needs_lora_and_gpu_backbones_refuse_it():
     for backbone in ("trinity", "verl"):
         assert any(key == "model.lora.per_role" and "--backbone=debug" in msg
                    for key, msg in common_refusals(on, backbone))
+    # the sft and dpo recipes train the active adapter only: per_role is refused there
+    staged = AjetConfig(model=ModelConfig(lora=LoraConfig(enabled=True, per_role=True)))
+    staged.pipeline.stages = ["sft", "grpo"]
+    assert any(key == "model.lora.per_role" and "sft and dpo" in msg
+               for key, msg in validate(staged, require_workflow=False))
 
 
 # ---------------------------------------------------------------------- sessions and roles
