@@ -1,6 +1,11 @@
-"""Regenerate train.jsonl / val.jsonl: werewolves seatings (deterministic).
+"""Regenerate the seatings (deterministic): names and their roles, for both variants.
 
     python tutorial/example_werewolves/make_data.py
+
+Each variant has three splits of distinct seatings: train (64, what the run trains on), val
+(16, validated on during the run) and test (16, held out: never trained on nor used to choose
+settings; report on it once, at the end). 4 players: train.jsonl, val.jsonl, test.jsonl;
+9 players: train9.jsonl, val9.jsonl, test9.jsonl.
 """
 
 from __future__ import annotations
@@ -9,25 +14,40 @@ import json
 import random
 from pathlib import Path
 
-from game import ROLES
+from game import VARIANTS
 
 NAMES = ["Alice", "Bob", "Carol", "Dave", "Erin", "Frank", "Grace", "Heidi", "Ivan", "Judy"]
+SPLITS = (("train", 64), ("val", 16), ("test", 16))
+
+
+def seatings(variant: str, seed: int) -> dict[str, list[dict]]:
+    """The rows of each split; no seating (names in order with their roles) is in two splits."""
+    roles = VARIANTS[variant].roles
+    suffix = "" if variant == "4" else variant
+    seen: set[tuple[tuple[str, str], ...]] = set()
+    out: dict[str, list[dict]] = {}
+    for offset, (split, count) in enumerate(SPLITS):
+        rng = random.Random(seed + offset)
+        rows = out[f"{split}{suffix}"] = []
+        while len(rows) < count:
+            players = dict(zip(rng.sample(NAMES, len(roles)), rng.sample(roles, len(roles)), strict=True))
+            if tuple(players.items()) in seen:
+                continue
+            seen.add(tuple(players.items()))
+            rows.append({
+                "task_id": f"{split}{suffix}-{len(rows)}",
+                "question": f"A game of werewolves with {', '.join(players)}.",
+                "variant": variant,
+                "players": players,
+            })
+    return out
 
 
 def main() -> None:
     here = Path(__file__).parent
-    for split, count, seed in (("train", 64, 0), ("val", 16, 1)):
-        rng = random.Random(seed)
-        rows = []
-        for i in range(count):
-            names = rng.sample(NAMES, len(ROLES))
-            roles = rng.sample(ROLES, len(ROLES))
-            rows.append({
-                "task_id": f"{split}-{i}",
-                "question": f"A game of werewolves with {', '.join(names)}.",
-                "players": dict(zip(names, roles, strict=True)),
-            })
-        (here / f"{split}.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    for variant, seed in (("4", 0), ("9", 10)):
+        for name, rows in seatings(variant, seed).items():
+            (here / f"{name}.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
 
 
 if __name__ == "__main__":

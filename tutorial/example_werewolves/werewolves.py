@@ -1,13 +1,22 @@
-"""Werewolves, advanced mode: one model per game role, only `trainable_targets` trained.
+"""Werewolves, advanced mode: AgentScope agents, one model per game role, only the roles in
+`trainable_targets` trained.
 
-Each role gets its model from `tuner.register_model(role, default_model=...)`:
-- a trainable role (here: werewolf) gets the policy; its calls are recorded and trained;
-- another role gets `default_model`. Without one (the default) it also plays with the policy,
-  on the same local engine, and its calls are recorded as context only (loss_mask 0, never
-  trained). Set WEREWOLVES_OPPONENT_BASE_URL (+ _MODEL, _API_KEY) to have those roles played
-  by a fixed model behind any OpenAI-compatible server instead (not recorded at all).
+Each seat is an AgentScope `ReActAgent` with the multi-agent formatter: its memory holds what
+it has seen (the moderator's words to it, the others' speeches and votes), sent to the model
+as one conversation history. Its model is its role's, from
+`tuner.register_model(role, default_model=...)`; "role" is the game role, so all werewolves
+share one model (one LoRA adapter with `model.lora.per_role`).
+- A trainable role gets the policy; its calls are recorded and trained.
+- Another role gets the workflow's `opponent`: None (`WerewolvesGame`) = the policy too, its
+  calls recorded as context only (loss_mask 0, never trained); "initial" (`WerewolvesVsInitial`)
+  = the frozen initial model, served by ajet's engine. Set WEREWOLVES_OPPONENT_CHECKPOINT to a
+  local checkpoint directory to have ajet's engine serve that one instead (recorded as context),
+  or WEREWOLVES_OPPONENT_BASE_URL (+ _MODEL, _API_KEY) for any model behind an OpenAI-compatible
+  server (not recorded at all).
 
-The episode reward is 1 when the trained team wins (game.trained_team), else 0.
+Reward (game.episode_reward): when one team is trained, 1 if it won, else 0; when both are
+(self-play), a reward per role: 1 for the roles of the winning team, 0 for the others.
+The rules are game.py's; the behaviour metrics are game.behaviour_metrics.
 """
 
 from __future__ import annotations
@@ -18,27 +27,54 @@ import os
 import random
 from typing import Any, ClassVar
 
-from game import TEAM, Game, choose, tally, trained_team
+from game import (
+    WOLVES,
+    Action,
+    Death,
+    Game,
+    behaviour_metrics,
+    choose,
+    episode_reward,
+    hunter_shoots,
+    kill_targets,
+    night_order,
+    resolve_night,
+    tally,
+    witch_action,
+)
 
 from ajet import Workflow, WorkflowOutput, WorkflowTask
 
 log = logging.getLogger(__name__)
 
-RULES = (
-    "You play a game of werewolves with {players}. There is one werewolf; the others are the "
-    "village (a seer and villagers). At night the werewolf kills one player and the seer learns "
-    "one player's role. By day everyone speaks once, then votes; the player with most votes is "
-    "eliminated. The village wins if the werewolf is eliminated. You are {name}, the {role}."
-)
+MODERATOR = "Moderator"
+RULES = {
+    "4": (
+        "You play werewolves with {players}. One of you is the werewolf; the others are the "
+        "village: a seer and two villagers. At night the werewolf kills a player and the seer "
+        "learns whether one player is the werewolf. By day everyone speaks once, then votes; the "
+        "player with most votes is out. The village wins if the werewolf is voted out, else the "
+        "werewolf wins."
+    ),
+    "9": (
+        "You play werewolves with {players}. Three of you are werewolves; the others are the "
+        "village: three villagers, a seer, a witch and a hunter. Each night the werewolves kill a "
+        "player, the seer learns whether one player is a werewolf, and the witch, told whom the "
+        "werewolves attacked, may save them (once a game) or poison a player (once a game). Each "
+        "day the survivors speak once, then vote; the player with most votes is out. The hunter, "
+        "when killed or voted out, shoots a player. The village wins when every werewolf is out; "
+        "the werewolves win when they are as many as the others, or if one is alive after day {max_days}."
+    ),
+}
 
 
-def opponent_model() -> Any:
-    """The model for roles that are not trained: None (the policy, recorded as context), or an
-    AgentScope OpenAIChatModel when WEREWOLVES_OPPONENT_BASE_URL is set."""
+def opponent_model(default: str | None) -> Any:
+    """The default_model of the roles that are not trained: an AgentScope OpenAIChatModel on
+    WEREWOLVES_OPPONENT_BASE_URL, else the directory WEREWOLVES_OPPONENT_CHECKPOINT, else `default`."""
     base_url = os.environ.get("WEREWOLVES_OPPONENT_BASE_URL", "")
     if not base_url:
-        return None
-    from agentscope.model import OpenAIChatModel
+        return os.environ.get("WEREWOLVES_OPPONENT_CHECKPOINT") or default
+    from agentscope.model import OpenAIChatModel  # agentscope: heavy, imported where used
 
     return OpenAIChatModel(
         model_name=os.environ.get("WEREWOLVES_OPPONENT_MODEL", "opponent"),
@@ -48,70 +84,156 @@ def opponent_model() -> Any:
     )
 
 
-class Player:
-    """One seat: its own conversation with its role's model."""
+def make_agent(name: str, model: Any, sys_prompt: str) -> Any:
+    """One seat: a ReActAgent without tools (one model call a turn), multi-agent formatter."""
+    from agentscope.agent import ReActAgent  # agentscope: heavy, imported where used
+    from agentscope.formatter import OpenAIMultiAgentFormatter
+    from agentscope.memory import InMemoryMemory
 
-    def __init__(self, name: str, role: str, model: Any, players: list[str]) -> None:
-        self.name, self.role, self.model = name, role, model
-        rules = RULES.format(players=", ".join(players), name=name, role=role)
-        self.messages: list[dict[str, str]] = [{"role": "system", "content": rules}]
+    agent = ReActAgent(name=name, sys_prompt=sys_prompt, model=model, formatter=OpenAIMultiAgentFormatter(),
+                       memory=InMemoryMemory(), max_iters=1)
+    agent.set_console_output_enabled(False)
+    return agent
 
-    async def ask(self, prompt: str) -> str:
-        self.messages.append({"role": "user", "content": prompt})
-        response = await self.model(self.messages)
-        text = "".join(block["text"] for block in response.content if block["type"] == "text")
-        self.messages.append({"role": "assistant", "content": text})  # as received: calls extend
-        return text
+
+def system_prompt(game: Game, variant: str, name: str) -> str:
+    role = game.roles[name]
+    rules = RULES[variant].format(players=", ".join(game.roles), max_days=game.max_days)
+    prompt = f"{rules} You are {name}, the {role}."
+    wolves = game.players("werewolf")
+    if role == "werewolf" and len(wolves) > 1:
+        prompt += f" The werewolves are {', '.join(wolves)}."
+    return prompt
+
+
+def pick(question: str, candidates: list[str]) -> str:
+    return f"{question} Answer with one name: {', '.join(candidates)}."
+
+
+class Table:
+    """The moderator of one game: asks the agents, tells each what it may know, applies the rules."""
+
+    def __init__(self, game: Game, agents: dict[str, Any], rng: random.Random) -> None:
+        self.game, self.agents, self.rng = game, agents, rng
+
+    async def ask(self, name: str, text: str) -> str:
+        from agentscope.message import Msg  # agentscope: heavy, imported where used
+
+        # reply(), not agent(...): __call__ turns a cancellation (the episode's timeout) into a reply
+        reply = await self.agents[name].reply(Msg(MODERATOR, text, "user"))
+        return reply.get_text_content() or ""
+
+    async def tell(self, names: list[str], text: str, speaker: str = MODERATOR) -> None:
+        from agentscope.message import Msg  # agentscope: heavy, imported where used
+
+        msg = Msg(speaker, text, "user" if speaker == MODERATOR else "assistant")
+        for name in names:
+            await self.agents[name].observe(msg)
+
+    async def night(self) -> None:
+        g, n = self.game, self.game.day + 1
+        acting = night_order(g)
+        wolves, targets = g.players("werewolf"), kill_targets(g)
+        seers = g.players("seer") if "seer" in acting else []
+        # The werewolves and the seer act at once: neither depends on the other.
+        kills, checks = await asyncio.gather(
+            asyncio.gather(*(self.ask(w, pick(f"Night {n}. Whom do you kill?", targets)) for w in wolves)),
+            asyncio.gather(*(self.ask(s, pick(f"Night {n}. Whose role do you learn?", g.others(s)))
+                             for s in seers)),
+        )
+        named = {w: choose(g, w, text, targets, self.rng) for w, text in zip(wolves, kills, strict=True)}
+        victim = tally(named, self.rng)
+        if len(wolves) > 1:
+            await self.tell(wolves, f"The werewolves kill {victim}.")
+        for seer, text in zip(seers, checks, strict=True):
+            checked = choose(g, seer, text, g.others(seer), self.rng)
+            g.checks.append(checked)
+            found = "a werewolf" if g.roles[checked] == "werewolf" else "not a werewolf"
+            await self.tell([seer], f"{checked} is {found}.")
+        action: Action = ("pass", None)
+        if "witch" in acting:
+            witch = g.players("witch")[0]
+            action = witch_action(g, witch, await self.ask(witch, self.witch_prompt(n, witch, victim)), victim)
+        deaths = resolve_night(g, victim, action)
+        died = ", ".join(d.name for d in deaths) or "nobody"
+        await self.tell(list(g.roles), f"Night {n} is over. Died in the night: {died}.")
+        await self.shots(deaths)
+
+    def witch_prompt(self, night: int, witch: str, victim: str) -> str:
+        options = []
+        if "save" in self.game.potions:
+            options.append(f"answer 'save' to save {victim}")
+        if "poison" in self.game.potions:
+            names = ", ".join(self.game.others(witch))
+            options.append(f"answer 'poison' and a name ({names}) to poison that player")
+        options.append("answer 'pass' to do nothing")
+        return f"Night {night}. The werewolves attacked {victim}. You may use one potion: {'; '.join(options)}."
+
+    async def day(self) -> None:
+        g = self.game
+        g.day += 1
+        speakers = list(g.alive)
+        speeches = await asyncio.gather(*(self.ask(s, f"Day {g.day}. Say one short sentence to the others.")
+                                          for s in speakers))
+        for speaker, speech in zip(speakers, speeches, strict=True):  # each hears the others' speeches
+            await self.tell([s for s in speakers if s != speaker], speech.strip(), speaker=speaker)
+        ballots = await asyncio.gather(*(self.ask(s, pick("Vote: who is out?", g.others(s))) for s in speakers))
+        votes = {s: choose(g, s, b, g.others(s), self.rng) for s, b in zip(speakers, ballots, strict=True)}
+        g.votes.extend(votes.items())
+        out = tally(votes, self.rng)
+        death = g.eliminate(out, "voted")
+        said = ", ".join(f"{voter} voted {voted}" for voter, voted in votes.items())
+        await self.tell(list(g.roles), f"{said}. {out} is out.")
+        await self.shots([death])
+
+    async def shots(self, deaths: list[Death]) -> None:
+        """The hunter's shot, when one of `deaths` lets him shoot."""
+        g = self.game
+        for death in deaths:
+            if hunter_shoots(g, death):
+                text = await self.ask(death.name, pick("You are out. Whom do you shoot?", g.alive))
+                target = choose(g, death.name, text, list(g.alive), self.rng)
+                g.shots.append(target)
+                g.eliminate(target, "shot")
+                await self.tell(list(g.roles), f"The hunter {death.name} shot {target}.")
 
 
 class WerewolvesGame(Workflow):
     name: str = "werewolves"
     trainable_targets: ClassVar[list[str] | None] = ["werewolf"]
+    # The default_model of the roles that are not trained: None = the policy, recorded as context.
+    opponent: ClassVar[str | None] = None
 
     async def execute(self, task: WorkflowTask, tuner) -> WorkflowOutput:  # noqa: ANN001
-        game = Game(dict(task.metadata["players"]))
-        team = trained_team(tuner.is_trainable_role)
-        opponent = opponent_model()
-        models = {role: tuner.register_model(role, default_model=opponent) for role in TEAM}
-        names = list(game.roles)
-        players = {n: Player(n, r, models[r], names) for n, r in game.roles.items()}
-        rng = random.Random()  # invalid answers and ties: chance, differing between episodes
+        game = Game.from_metadata(task.metadata)
+        roles = sorted(set(game.roles.values()))
+        episode_reward(WOLVES, roles, tuner.is_trainable_role)  # a config it cannot reward fails before playing
+        opponent = opponent_model(self.opponent)
+        models = {}
+        for role in roles:  # a trained role plays the policy: it takes no default_model
+            models[role] = tuner.register_model(role, default_model=None if tuner.is_trainable_role(role) else opponent)
+        variant = str(task.metadata["variant"])
+        agents = {name: make_agent(name, models[role], system_prompt(game, variant, name))
+                  for name, role in game.roles.items()}
+        # Invalid answers and ties are settled by chance, differing between episodes.
+        table = Table(game, agents, random.Random())
+        while game.outcome() is None:
+            await table.night()
+            if game.outcome() is None:
+                await table.day()
 
-        # Night: the werewolf and the seer act at the same time.
-        wolf, seer = game.player("werewolf"), game.player("seer")
-        targets = [n for n in names if n != wolf]
-        kill_reply, check_reply = await asyncio.gather(
-            players[wolf].ask(f"Night. Which player do you kill? Answer with one name from {targets}."),
-            players[seer].ask(f"Night. Whose role do you want to learn? Answer with one name from {game.others(seer)}."),
-        )
-        victim = choose(game, kill_reply, targets, rng)
-        checked = choose(game, check_reply, game.others(seer), rng)
-        game.eliminate(victim)
-
-        # Day: every survivor speaks once, then everyone votes.
-        def morning(name: str) -> str:
-            note = f" You learned that {checked} is the {game.roles[checked]}." if name == seer else ""
-            return f"Day. {victim} was killed in the night.{note} Say one short sentence to the others."
-
-        speeches = await asyncio.gather(*(players[n].ask(morning(n)) for n in game.alive))
-        said = "\n".join(f"{n}: {s.strip()[:200]}" for n, s in zip(game.alive, speeches, strict=True))
-        ballots = await asyncio.gather(*(
-            players[n].ask(f"The others said:\n{said}\nVote: answer with one name from {game.others(n)}.")
-            for n in game.alive
-        ))
-        votes = {n: choose(game, b, game.others(n), rng) for n, b in zip(game.alive, ballots, strict=True)}
-        out = tally(votes, rng)
-        game.eliminate(out)
-
-        winner = game.winner()
-        log.debug("task %s: %s killed, %s voted out, %s win", task.task_id, victim, out, winner)
+        winner = game.outcome()
+        reward = episode_reward(winner, roles, tuner.is_trainable_role)
+        log.debug("task %s: %s win after %d days (%s)", task.task_id, winner, game.day, game.deaths)
         return WorkflowOutput(
-            reward=1.0 if winner == team else 0.0,
-            is_success=winner == team,
-            metadata={"winner": winner, "killed": victim, "voted_out": out, "votes": votes},
-            log_metrics={
-                "werewolves_win": float(winner == "werewolves"),
-                "invalid_choices": float(game.invalid_choices),
-            },
+            reward=reward,
+            is_success=None if isinstance(reward, dict) else reward == 1.0,
+            metadata={"winner": winner, "deaths": [[d.name, d.cause] for d in game.deaths], "votes": game.votes},
+            log_metrics=behaviour_metrics(game),
         )
 
+
+class WerewolvesVsInitial(WerewolvesGame):
+    """The roles that are not trained play with the frozen initial model."""
+
+    opponent: ClassVar[str | None] = "initial"
