@@ -86,13 +86,13 @@ class RolloutResult:
             out["success/rate"] = statistics.fmean(float(e.is_success) for e in ok)
             out["rollout/calls_per_episode"] = statistics.fmean(e.num_calls for e in ok)
             out.update(role_metrics(ok))
-            out.update(_mean_log_metrics(ok, self.warned_keys))
+            out.update(mean_log_metrics(ok, self.warned_keys))
         out.update(agent_metrics(episodes))
         out.update(self.extra_metrics)
         return out
 
 
-def _mean_log_metrics(episodes: list[Episode], warned: set[str]) -> dict[str, float]:
+def mean_log_metrics(episodes: list[Episode], warned: set[str]) -> dict[str, float]:
     """Mean of each `log_metrics` key over the episodes that report it. Judge breakdowns
     (`judge/<component>`) keep their name; the workflow's own get the `workflow/` prefix.
 

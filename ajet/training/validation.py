@@ -6,6 +6,7 @@ import logging
 from typing import Any
 
 from ajet.rollout.agent_metrics import agent_metrics
+from ajet.rollout.manager import mean_log_metrics
 from ajet.rollout.roles import role_metrics
 
 log = logging.getLogger(__name__)
@@ -14,7 +15,8 @@ log = logging.getLogger(__name__)
 def validation_metrics(episodes: list[Any], k: int) -> dict[str, float]:
     """Mean reward and success over all validation episodes, pass@k over tasks, the agent
     metrics (tool use; `ajet.rollout.agent_metrics`) under `val/agent/...`, and in a multi-agent
-    run each role's (`ajet.rollout.roles.role_metrics`, over the ok episodes) under `val/role/...`.
+    run each role's (`ajet.rollout.roles.role_metrics`, over the ok episodes) under `val/role/...`,
+    and the workflow's `log_metrics` means (over the ok episodes) under `val/workflow/...`.
 
     A failed episode counts as reward 0 and not successful (it is in the denominator)."""
     ok = [ep for ep in episodes if ep.status == "ok"]
@@ -30,6 +32,9 @@ def validation_metrics(episodes: list[Any], k: int) -> dict[str, float]:
         "val/failed": float(len(episodes) - len(ok)),
         **{f"val/{key}": value for key, value in agent_metrics(episodes).items()},
         **{f"val/{key}": value for key, value in role_metrics(ok).items()},
+        # the workflow's own behaviour metrics (log_metrics), over the ok episodes, as in training
+        **{f"val/{key}": value for key, value in mean_log_metrics(ok, set()).items()
+           if key.startswith("workflow/")},
     }
 
 

@@ -14,7 +14,7 @@ from ajet.logging.report import expand_keys, load_run, summarize
 from ajet.logging.summary import summarize_run
 from ajet.rollout.episode import Episode
 from ajet.training.validation import validation_metrics
-from ajet.workflow import WorkflowTask
+from ajet.workflow import WorkflowOutput, WorkflowTask
 
 STEP = {"reward/mean": 0.5, "success/rate": 0.0, "role/wolf/reward": 0.75, "role/villager/reward": 0.25,
         "role/wolf/calls": 2.0, "role/villager/calls": 3.0}
@@ -72,3 +72,14 @@ def test_validation_reports_each_roles_metrics() -> None:
     assert metrics["val/role/wolf/reward"] == 1.0 and metrics["val/role/villager/success"] == 0.0
     assert metrics["val/role/wolf/calls"] == 2.0  # over the ok episodes
     assert metrics["val/reward/mean"] == 0.25  # the failed episode counts 0, as before
+
+
+def test_validation_reports_the_workflows_own_metrics() -> None:
+    """A game's behaviour (win, vote hits) is measured on val too, not only in training."""
+    task = WorkflowTask(task_id="t")
+    episodes = [Episode(episode_id=f"e{i}", task=task, group_id="t", reward=float(i),
+                        output=WorkflowOutput(reward=float(i), log_metrics={"vote_hit/seer": float(i)}))
+                for i in (0, 1)]
+    episodes.append(Episode(episode_id="e2", task=task, group_id="t", status="failed"))
+    metrics = validation_metrics(episodes, k=1)
+    assert metrics["val/workflow/vote_hit/seer"] == 0.5  # over the ok episodes
