@@ -167,13 +167,15 @@ def compute_advantages(
 ) -> dict[str, float] | dict[str, list[float]]:
     """Dispatch on `config.name`; returns `{episode_id: advantage or per-step advantages}`.
 
-    PPO without a critic uses the GRPO group baseline. SFT and DPO have no advantages.
+    PPO without a critic uses the GRPO group baseline, and so does distillation for the task
+    reward's part (`ajet.algorithms.distill` scales it by `distill.reward_coef` and adds the
+    teacher's). SFT and DPO have no advantages.
     """
     if len(episode_ids) != len(rewards):
         raise ValueError(f"episode_ids ({len(episode_ids)}) and rewards ({len(rewards)}) differ")
     _check_finite(episode_ids, rewards, step_rewards)
     name = Algorithm(config.name)
-    if name in (Algorithm.grpo, Algorithm.ppo):
+    if name in (Algorithm.grpo, Algorithm.ppo, Algorithm.distill):
         adv = grpo_advantages(rewards, group_ids, norm_by_std=config.norm_adv_by_std)
     elif name == Algorithm.rloo:
         adv = rloo_advantages(rewards, group_ids)
@@ -183,7 +185,7 @@ def compute_advantages(
     else:
         raise ValueError(
             f"algorithm.name={name.value} uses no advantages; call compute_advantages only for "
-            "grpo, rloo, reinforce_pp or ppo"
+            "grpo, rloo, reinforce_pp, ppo or distill"
         )
     return dict(zip(episode_ids, adv, strict=True))
 

@@ -104,6 +104,10 @@ def common_refusals(cfg: AjetConfig, backbone: str) -> list[tuple[str, str]]:
     if name in (Algorithm.sft, Algorithm.dpo):
         problems.append(("algorithm.name", f"={name.value} is not an RL algorithm; the {backbone} "
                                            "adapter trains grpo, rloo or reinforce_pp"))
+    elif name == Algorithm.distill:
+        problems.append(("algorithm.name", f"=distill (on-policy distillation: a teacher scores the student's "
+                                           f"tokens) runs on the debug backbone only; the {backbone} adapter "
+                                           "has no teacher scoring step. Use --backbone=debug, or grpo"))
     elif name == Algorithm.ppo:
         problems.append(("algorithm.name", f"=ppo would need a critic on {backbone}, which the "
                                            "adapter does not set up; use grpo (the same clipped "

@@ -1,13 +1,18 @@
 """What `--dry-run` checks beyond the config itself, so that a dry run that passes means
 the run starts: the workflow imports (its module, its class or function) and, with
-`model.lora.per_role`, names trainable roles to give adapters to; a custom judge imports, and
-`model.path` resolves. Nothing heavy is loaded: no model, no engine, no data.
+`model.lora.per_role`, names trainable roles to give adapters to; a custom judge imports,
+`model.path` resolves, and a distillation teacher directory is a checkpoint of the same
+vocabulary. Nothing heavy is loaded: no model, no engine, no data.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from ajet.config.schema import AjetConfig
-from ajet.config.stages import needs_workflow
+from ajet.config.stages import needs_workflow, stage_names
+from ajet.errors import ConfigError
 from ajet.judge.build import BUILTINS, load_target
 from ajet.models.resolve import check_model_path
 from ajet.rollout.loader import load_workflow, trainable_targets_of
@@ -31,4 +36,34 @@ def preflight(cfg: AjetConfig) -> list[str]:
         done.append(f"judge {cfg.judge.type} imports")
     check_model_path(cfg.model.path, cfg.model.cache_dir)
     done.append(f"model.path {cfg.model.path} found")
+    if "distill" in {stage.value for stage in stage_names(cfg)}:
+        done.append(check_teacher(cfg))
     return done
+
+
+def check_teacher(cfg: AjetConfig) -> str:
+    """`distill.teacher`: an endpoint is checked when the run starts (prompt logprobs, its
+    tokenizer); a directory must be a checkpoint or a peft adapter, and a checkpoint's
+    vocabulary size and bos/eos ids must be the model's where both config files are at hand
+    (the tokenizers themselves are compared when the run loads them)."""
+    teacher = cfg.distill.teacher
+    if "://" in teacher:
+        return f"distill.teacher {teacher}: an endpoint (prompt logprobs and tokenizer are checked at start)"
+    path = Path(teacher).expanduser()
+    if not path.is_dir():
+        raise ConfigError(f"distill.teacher={teacher}: no such directory; give a Hugging Face checkpoint (e.g. an "
+                          "earlier run's final_model/), a peft adapter directory, or a teacher endpoint URL")
+    if (path / "adapter_config.json").is_file():
+        return f"distill.teacher {teacher}: a peft adapter"
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"distill.teacher={teacher}: not a checkpoint directory (no config.json, no "
+                          "adapter_config.json); give a directory saved with save_pretrained, e.g. RUN/final_model")
+    student = Path(cfg.model.path).expanduser() / "config.json"
+    if student.is_file():
+        theirs, ours = (json.loads(p.read_text()) for p in (path / "config.json", student))
+        keys = ("vocab_size", "bos_token_id", "eos_token_id")
+        diff = [f"{k}: {theirs.get(k)} vs the student's {ours.get(k)}" for k in keys if theirs.get(k) != ours.get(k)]
+        if diff:
+            raise ConfigError(f"distill.teacher={teacher}: the teacher does not share the student's vocabulary "
+                              f"({', '.join(diff)}); give a teacher of the same model family (same tokenizer)")
+    return f"distill.teacher {teacher}: a checkpoint"

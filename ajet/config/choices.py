@@ -17,12 +17,15 @@ class Algorithm(str, Enum):
     rloo = "rloo"
     reinforce_pp = "reinforce_pp"
     ppo = "ppo"
+    # On-policy distillation: the student's own episodes, each sampled token scored by a
+    # teacher; the advantage is the reverse KL, teacher - student logprob (ajet/algorithms/distill.py).
+    distill = "distill"
     sft = "sft"
     dpo = "dpo"
 
 
 # The RL algorithms (the debug backbone's GRPO family); sft and dpo have their own recipes.
-RL_ALGORITHMS = (Algorithm.grpo, Algorithm.rloo, Algorithm.reinforce_pp, Algorithm.ppo)
+RL_ALGORITHMS = (Algorithm.grpo, Algorithm.rloo, Algorithm.reinforce_pp, Algorithm.ppo, Algorithm.distill)
 # Algorithms whose advantages compare the episodes of one task (rollout.n >= 2).
 GROUP_ALGORITHMS = (Algorithm.grpo, Algorithm.rloo)
 
@@ -44,6 +47,7 @@ class Stage(str, Enum):
     rloo = "rloo"
     reinforce_pp = "reinforce_pp"
     ppo = "ppo"
+    distill = "distill"
     eval = "eval"
 
 

@@ -159,6 +159,10 @@ def _resolve_paths(cfg: DictConfig, base_dir: Path) -> None:
         if values is not None and OmegaConf.is_list(values):
             resolved = [v if Path(str(v)).is_absolute() else str(base_dir / str(v)) for v in values]
             OmegaConf.update(cfg, key, resolved)
+    # distill.teacher is a checkpoint directory or an endpoint URL (left as is).
+    teacher = OmegaConf.select(cfg, "distill.teacher", default=None)
+    if isinstance(teacher, str) and teacher and "://" not in teacher and not Path(teacher).expanduser().is_absolute():
+        OmegaConf.update(cfg, "distill.teacher", str((base_dir / teacher).resolve()))
     # workflow.target / judge.type may name a file ("agent.py:MyWorkflow").
     for key in ("workflow.target", "judge.type"):
         value = OmegaConf.select(cfg, key, default=None)

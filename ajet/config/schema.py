@@ -285,6 +285,27 @@ class AlgorithmConfig:
     dpo_reference: ReferenceModel = ReferenceModel.frozen
 
 
+@dataclass
+class DistillConfig:
+    """On-policy distillation (`algorithm.name: distill`, docs/distillation.md): the student
+    samples episodes as usual and a teacher scores every sampled token on the same token ids."""
+
+    # The teacher: a local Hugging Face checkpoint with the student's tokenizer (e.g. an earlier
+    # run's final_model/), a peft adapter of the student's base (with model.lora.enabled it is
+    # loaded beside the student's adapter: no second copy of the weights), or the base URL of an
+    # OpenAI-compatible server that returns prompt logprobs (vLLM: http://host:8000/v1).
+    teacher: str = ""
+    # The served model name sent to a teacher endpoint ("" = the first of its /models).
+    teacher_model: str = ""
+    # Environment variable holding the endpoint's API key ("" = none sent).
+    api_key_env: str = ""
+    # Seconds one endpoint request may take.
+    timeout_s: float = bounded(120.0, Gt(0))
+    # Per-token advantage = (teacher - student logprob) + reward_coef * the task reward's GRPO
+    # advantage (groups per task: rollout.n >= 2 when > 0); 0 = pure distillation.
+    reward_coef: float = bounded(0.0, Ge(0))
+
+
 class CoresetStrategy(str, Enum):
     none = "none"  # train on every dialog
     loss_topk = "loss_topk"  # the highest-loss (hardest) dialogs
@@ -428,6 +449,7 @@ class AjetConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     context: ContextConfig = field(default_factory=ContextConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     sft: SftConfig = field(default_factory=SftConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)

@@ -82,6 +82,20 @@ def _checks(cfg: AjetConfig, stage: Stage, prefix: str) -> list[tuple[str, str]]
         if s.replay.ratio > 0:
             need(s.replay.buffer_size > 0, "sft.replay.buffer_size", "replay.ratio > 0 needs a buffer_size > 0")
             need(s.rounds >= 2, "sft.rounds", "replay mixes earlier rounds into later ones: set sft.rounds >= 2")
+    elif stage == Stage.distill:
+        d = cfg.distill
+        need(bool(d.teacher), "distill.teacher", "required for distillation: a local checkpoint directory "
+                                                 "(e.g. an earlier run's final_model/), a peft adapter "
+                                                 "directory, or a teacher endpoint URL (http://host:8000/v1)")
+        if d.teacher and "://" in d.teacher:
+            need(d.teacher.startswith(("http://", "https://")), "distill.teacher",
+                 f"{d.teacher!r}: an endpoint must be an http:// or https:// URL")
+        if d.reward_coef > 0:
+            need(cfg.rollout.n >= 2, "rollout.n", f"distill.reward_coef={d.reward_coef} mixes in the task "
+                                                  "reward's group advantage, which needs rollout.n >= 2")
+        need(not cfg.rollout.dynamic_sampling.enabled or d.reward_coef > 0, "rollout.dynamic_sampling.enabled",
+             "drops groups whose rewards agree, but distillation learns from every episode (the teacher "
+             "scores each token); set it to false, or mix in the reward with distill.reward_coef > 0")
     elif stage == Stage.dpo:
         a = cfg.algorithm
         need(cfg.rollout.n >= 2, "rollout.n", "dpo pairs the best and worst of a task's episodes: "

@@ -83,6 +83,13 @@ def validate(cfg: AjetConfig, *, require_workflow: bool = True) -> list[tuple[st
             "'lora_base' needs model.lora.enabled=true; use 'frozen' for full fine-tuning",
         )
 
+    if cfg.distill.teacher:
+        need(
+            "distill" in {stage.value for stage in stage_names(cfg)},
+            "distill.teacher",
+            "is read only by on-policy distillation; set algorithm.name=distill (or add a distill "
+            "stage to pipeline.stages), or remove distill.teacher",
+        )
     if cfg.model.lora.per_role:
         need(
             cfg.model.lora.enabled,

@@ -20,8 +20,9 @@ from typing import Any
 
 
 def role_adapters(model: Any) -> list[str]:
-    """The names of a peft model's adapters; [] for a model without any."""
-    return list(getattr(model, "peft_config", None) or {})
+    """The names of a peft model's role adapters; [] for a model without any. Names starting
+    with "__" are ajet's own (the distillation teacher's `__teacher__`), never a role's."""
+    return [name for name in getattr(model, "peft_config", None) or {} if not name.startswith("__")]
 
 
 def adapter_parameters(model: Any, adapter: str) -> dict[str, Any]:

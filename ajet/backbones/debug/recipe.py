@@ -15,9 +15,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ajet.algorithms.distill import distill_advantages
 from ajet.backbones.debug.update import PolicyUpdater
 from ajet.backbones.samples import build_step_batch
-from ajet.config.schema import RL_ALGORITHMS, AjetConfig
+from ajet.config.schema import RL_ALGORITHMS, AjetConfig, Algorithm
 from ajet.context.pack import pack_samples, pack_stats
 from ajet.engine.sampling import policy_temperature
 from ajet.errors import UserError
@@ -29,6 +30,7 @@ from ajet.rollout.source import EpisodeSource, managed_episodes
 from ajet.training.recipe import Closers, run_recipe
 from ajet.training.rollout_run import RolloutRun
 from ajet.training.step import updating_weights
+from ajet.training.teacher import Teacher, build_teacher
 from ajet.training.validation import validate_on_rollout
 
 log = logging.getLogger(__name__)
@@ -73,6 +75,12 @@ class RLRecipe:
                                      per_role_adapters=self.per_role)
         if self.resume:
             run.restore()
+        # On-policy distillation: built last, after the optimizer (an adapter teacher is never in it).
+        self.teacher: Teacher | None = None
+        if cfg.algorithm.name == Algorithm.distill:
+            self.teacher = build_teacher(cfg, self.model, self.tokenizer,
+                                         temperature=policy_temperature(cfg.rollout.temperature))
+            closers.push(self.teacher.close, "distillation teacher")
         if self.episode_source is not None:
             self.source = self.episode_source(self)
         else:
@@ -113,6 +121,8 @@ class RLRecipe:
 
         batch = build_step_batch(result.ok_episodes, cfg.context, cfg.algorithm, model_max_len=self.window)
         metrics.update(batch.metrics)
+        if self.teacher is not None and batch.samples:
+            metrics.update(self.distill(batch.samples))
         if not has_learning_signal(batch.samples):
             metrics["actor/skipped_update"] = 1.0
             log.info("step %d: no learning signal (no trainable tokens or all advantages 0); weights unchanged", step)
@@ -124,6 +134,20 @@ class RLRecipe:
         metrics["perf/step_time_s"] = time.monotonic() - start
         metrics["policy_version"] = float(self.rollout.engine.policy_version)
         self.source.record_metrics(step, metrics)
+        return metrics
+
+    def distill(self, samples: list[Any]) -> dict[str, float]:
+        """The teacher scores the step's samples (engine paused: an adapter teacher forwards the
+        engine's module); their advantages become teacher - student (+ reward_coef x reward's)."""
+        assert self.teacher is not None
+        self.loop.phase(f"teacher scores {len(samples)} samples")
+        start = time.monotonic()
+        with self.rollout.engine.paused():
+            teacher_logprobs = self.teacher.score(samples)
+        seconds = time.monotonic() - start
+        metrics = distill_advantages(samples, teacher_logprobs, self.cfg.distill.reward_coef)
+        metrics["distill/teacher_s"] = seconds
+        metrics["distill/teacher_tokens_per_s"] = sum(len(s.input_ids) for s in samples) / max(seconds, 1e-9)
         return metrics
 
     @property
