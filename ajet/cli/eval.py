@@ -39,9 +39,16 @@ def eval_(
                         "for reporting, never for choosing settings.")] = None,
     n: Annotated[int | None, typer.Option("--n", help="Episodes per task; pass@n [default: eval.n].")] = None,
     name: Annotated[str | None, typer.Option("--name", help="Report name: RUN/eval/eval_<name>.json.")] = None,
+    dialogs: Annotated[Path | None, typer.Option("--dialogs", help=(
+        "Also write every episode as an SFT dialog to this JSONL (what `ajet sft` / sft.train_path "
+        "reads): e.g. a teacher's sampled dialogs to fine-tune on."))] = None,
+    successful_only: Annotated[bool, typer.Option("--successful-only", help=(
+        "With --dialogs: only the successful episodes (rejection sampling)."))] = False,
     exp_dir: ExpDir = None,
 ) -> None:
     with user_errors():
+        if successful_only and dialogs is None:
+            raise typer.BadParameter("--successful-only filters what --dialogs writes; give --dialogs PATH too")
         path = None if model is None else Path(model).expanduser()
         extra = config_overrides(overrides, model__path=path.resolve() if path and path.exists() else model,
                                  eval__split=split, eval__n=n, eval__name=name, project__exp_dir=exp_dir)
@@ -55,6 +62,6 @@ def eval_(
 
         cfg = single_stage_config(cfg, "eval")
         configure_logging(cfg.logging.level, quiet=True)
-        report = evaluate(cfg)
+        report = evaluate(cfg, dialogs=dialogs, successful_only=successful_only)
         Console().print(metrics_table([report]))
         typer.echo(f"wrote {report.path}")

@@ -18,6 +18,7 @@ from typing import Any
 
 from ajet.config.schema import AjetConfig, EvalSplit
 from ajet.errors import EvalError
+from ajet.eval.dialogs import episode_dialogs, write_dialogs
 from ajet.eval.metrics import EpisodeResult, episode_result, summarize, write_report
 from ajet.models.load import load_model_and_tokenizer, model_source
 from ajet.rollout.agent_metrics import agent_metrics
@@ -59,8 +60,10 @@ def split_tasks(reader: TaskReader, split: EvalSplit) -> list[WorkflowTask]:
 
 
 def evaluate(cfg: AjetConfig, *, workflow: Any = None, name: str | None = None,
-             out_dir: Path | None = None) -> EvalReport:
-    """Run `eval.n` episodes of each task of `eval.split` with `model.path`; write and return the report."""
+             out_dir: Path | None = None, dialogs: Path | None = None, successful_only: bool = False) -> EvalReport:
+    """Run `eval.n` episodes of each task of `eval.split` with `model.path`; write and return the report.
+    `dialogs`: also write each episode as an SFT dialog there (`ajet.eval.dialogs`; with
+    `successful_only`, the successful episodes only)."""
     e = cfg.eval
     wf = as_workflow(workflow) if workflow is not None else load_workflow(cfg.workflow.target)
     tasks = split_tasks(build_reader(cfg.task_reader, seed=cfg.project.seed), EvalSplit(e.split))
@@ -81,6 +84,11 @@ def evaluate(cfg: AjetConfig, *, workflow: Any = None, name: str | None = None,
                  model_path, temperature)
         result = stack.rollout(tasks, e.n, episode_prefix="eval-")
         results = [episode_result(ep, stack.factory.calls(ep.episode_id)) for ep in result.episodes]
+        if dialogs is not None:
+            rows = [row for ep in result.episodes if ep.ok and (ep.is_success or not successful_only)
+                    for row in episode_dialogs(ep.episode_id, stack.factory.calls(ep.episode_id))]
+            write_dialogs(dialogs, rows)
+            log.info("eval %s: %d dialogs -> %s", name, len(rows), dialogs)
     finally:
         stack.close()
     metrics = summarize(results, k=e.n)

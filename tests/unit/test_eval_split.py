@@ -81,7 +81,7 @@ def test_a_missing_test_file_fails_at_load(tmp_path: Path) -> None:
 def test_cli_split_test_reaches_evaluate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seen = {}
 
-    def fake_evaluate(cfg):  # noqa: ANN001, ANN202 - stands in for the real evaluation
+    def fake_evaluate(cfg, **kwargs):  # noqa: ANN001, ANN202 - stands in for the real evaluation
         seen["split"] = cfg.eval.split
         seen["tasks"] = [t.task_id for t in split_tasks(build_reader(cfg.task_reader, seed=0), cfg.eval.split)]
         return eval_runner.EvalReport(path=tmp_path / "eval_x.json", name="x", model="m",
@@ -95,6 +95,11 @@ def test_cli_split_test_reaches_evaluate(tmp_path: Path, monkeypatch: pytest.Mon
     assert bad.exit_code != 0 and "eval.split" in bad.output and "Traceback" not in bad.output
 
 
+def test_successful_only_needs_dialogs(tmp_path: Path) -> None:
+    result = runner.invoke(eval_cmd.app, ["--conf", str(make_conf(tmp_path)), "--successful-only"])
+    assert result.exit_code != 0 and "--dialogs" in result.output
+
+
 def test_help_names_the_test_split() -> None:
     result = runner.invoke(eval_cmd.app, ["--help"], terminal_width=200)
     assert result.exit_code == 0 and "val, test or train" in result.output
@@ -105,8 +110,17 @@ def test_ajet_eval_split_test_on_the_tiny_model(tmp_path: Path, tiny_model_dir: 
     conf = make_conf(tmp_path, model=str(tiny_model_dir))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CI": "true"}
     out = subprocess.run([sys.executable, "-m", "ajet.cli.main", "eval", "--conf", str(conf), "--split", "test",
-                          "--name", "held_out"], capture_output=True, text=True, timeout=300, env=env)
+                          "--name", "held_out", "--dialogs", str(tmp_path / "dialogs.jsonl")],
+                         capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr[-4000:]
     report = json.loads((tmp_path / "exp" / "split" / "eval" / "eval_held_out.json").read_text())
     assert report["split"] == "test" and report["metrics"]["episodes"] == 4
     assert sorted(e["task_id"] for e in report["episodes"]) == ["test-0", "test-1", "test-2", "test-3"]
+    # --dialogs: one SFT dialog per episode, in the format `ajet sft` reads.
+    from ajet.sft.data import dialog_from_row
+
+    rows = [json.loads(line) for line in (tmp_path / "dialogs.jsonl").read_text().splitlines()]
+    assert len(rows) == 4
+    dialogs = [dialog_from_row(row, "x") for row in rows]
+    assert sorted(d.messages[0]["content"] for d in dialogs) == [f"test question {i}" for i in range(4)]
+    assert all(d.messages[-1]["role"] == "assistant" for d in dialogs)
