@@ -83,9 +83,10 @@ def validate(cfg: AjetConfig, *, require_workflow: bool = True) -> list[tuple[st
             "'lora_base' needs model.lora.enabled=true; use 'frozen' for full fine-tuning",
         )
 
-    if cfg.distill.teacher:
+    trained_stages = {stage.value for stage in stage_names(cfg)} - {"eval"}
+    if cfg.distill.teacher and trained_stages:  # an evaluation of a distill config is fine
         need(
-            "distill" in {stage.value for stage in stage_names(cfg)},
+            "distill" in trained_stages,
             "distill.teacher",
             "is read only by on-policy distillation; set algorithm.name=distill (or add a distill "
             "stage to pipeline.stages), or remove distill.teacher",
