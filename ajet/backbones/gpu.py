@@ -117,6 +117,9 @@ def common_refusals(cfg: AjetConfig, backbone: str) -> list[tuple[str, str]]:
                                                 "optimizer; use constant or cosine"))
     if cfg.model.lora.enabled and cfg.model.lora.dropout:
         problems.append(("model.lora.dropout", f"has no {backbone} equivalent; set it to 0"))
+    if cfg.rollout.max_staleness:
+        problems.append(("rollout.max_staleness", f"(rollout overlapped with the update) is the debug backbone's; "
+                                                  f"{backbone} schedules its own rollouts: set it to 0"))
     if cfg.model.lora.per_role:
         problems.append(("model.lora.per_role", f"(one LoRA adapter per role, served in mixed batches) "
                                                 f"runs on the debug backbone's engine only; {backbone} "

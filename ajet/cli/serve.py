@@ -68,12 +68,16 @@ def served_episodes(recipe: Any) -> Any:
 
 def _check(cfg: Any) -> None:
     if cfg.algorithm.name not in RL_ALGORITHMS or cfg.pipeline.stages:
-        raise UserError(f"ajet serve trains with RL (grpo, rloo, reinforce_pp, ppo); "
+        raise UserError(f"ajet serve trains with RL (grpo, rloo, reinforce_pp, ppo, distill); "
                         f"algorithm.name={cfg.algorithm.name.value} / pipeline.stages are for `ajet train`.", 2)
     if cfg.judge.type == "group_rank":
         raise UserError("judge.type=group_rank scores a group once all its episodes have ended, but the "
                         "episode API gives each episode its reward when it finishes; with `ajet serve`, "
                         "finish episodes with a reward or use a per-episode judge (e.g. judge.type=llm).", 2)
+    if cfg.rollout.max_staleness:
+        raise UserError("rollout.max_staleness overlaps the trainer's own rollouts with the update; with "
+                        "`ajet serve` clients roll out whenever they like, and how far they may run ahead is "
+                        "serve.max_staleness: set rollout.max_staleness=0.", 2)
     if cfg.trainer.val_every:
         raise UserError("trainer.val_every: validation runs a workflow in-process, and `ajet serve` has none; "
                         "set trainer.val_every=0 (evaluate checkpoints with `ajet eval`).", 2)

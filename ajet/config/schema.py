@@ -240,6 +240,13 @@ class RolloutConfig:
     # CPUs). A copy (~0.27 GB for 135M) is refreshed after every weight update; the update logs
     # the logprob mismatch it causes (rollout/logprob_mismatch; see algorithm.tis_cap).
     engine_dtype: EngineDType = EngineDType.float32
+    # One-step off-policy overlap (debug backbone, ajet/rollout/ahead.py): while step k updates
+    # the weights, step k+1's episodes already roll out on the engine's copy of the previous
+    # weights. Episodes whose oldest call is more than this many policy versions behind are not
+    # trained on (rollout/failed/stale); the update corrects for the lag with TIS
+    # (algorithm.tis_cap > 0). 0 = on-policy: rollout and update take turns (the default).
+    # Needs an engine with its own copy of the weights (engine_dtype float16 or bfloat16).
+    max_staleness: int = bounded(0, Ge(0))
 
 
 @dataclass

@@ -68,6 +68,21 @@ def validate(cfg: AjetConfig, *, require_workflow: bool = True) -> list[tuple[st
         "must be <= context.max_sample_tokens",
     )
 
+    if r.max_staleness > 0:
+        need(
+            r.engine_dtype != "float32",
+            "rollout.max_staleness",
+            f"={r.max_staleness} rolls out the next step while the trainer updates the weights, so the engine "
+            "must decode with its own copy of them: set rollout.engine_dtype=float16 (x86 CPUs) or bfloat16, "
+            "or max_staleness=0",
+        )
+        need(
+            cfg.algorithm.tis_cap > 0,
+            "algorithm.tis_cap",
+            f"is 0, but rollout.max_staleness={r.max_staleness} trains on episodes sampled by older weights: "
+            "set algorithm.tis_cap (e.g. 2) so the update corrects for it, or rollout.max_staleness=0",
+        )
+
     a = cfg.algorithm
     if a.name in GROUP_ALGORITHMS:
         need(

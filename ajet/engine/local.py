@@ -211,6 +211,23 @@ class LocalEngine:
             self.policy_version += 1
             return self.policy_version
 
+    def publish_weights(self) -> int:
+        """The trainer changed the weights while the engine kept decoding on its own copy of the
+        previous ones (`rollout.max_staleness`): pause, bump the version and refresh the copy now,
+        before the trainer can change the weights again. Returns the new version."""
+        if not self._weights.is_copy:
+            raise RuntimeError("publish_weights needs an engine with its own copy of the weights "
+                               "(engine_dtype float16 or bfloat16); use `with engine.paused(): ... bump_version()`")
+        with self.paused():
+            version = self.bump_version()
+            self._weights.refresh(version)
+            return version
+
+    @property
+    def decodes_a_copy(self) -> bool:
+        """Whether the engine decodes with its own copy of the weights (engine_dtype != float32)."""
+        return self._weights.is_copy
+
     def drop_prefix_cache(self) -> None:
         """Free the prefix cache's KV now instead of at the next prefill. A trainer calls it as
         it starts a weight update: the cache is invalid after the update anyway, and its memory

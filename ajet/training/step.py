@@ -147,3 +147,12 @@ def updating_weights(engine: Any) -> Iterator[None]:
         release_memory()
         yield
         engine.bump_version()
+
+
+@contextlib.contextmanager
+def overlapped_update(engine: Any) -> Iterator[None]:
+    """A weight update while the engine keeps decoding on its own copy of the previous weights
+    (`rollout.max_staleness`); on success the new weights are published (`publish_weights`:
+    version bumped, the copy refreshed inside a short pause)."""
+    yield
+    engine.publish_weights()

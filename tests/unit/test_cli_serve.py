@@ -44,3 +44,10 @@ def test_non_rl_algorithms_and_bad_serve_keys_exit_2(tmp_path: Path) -> None:
     assert sft.exit_code == 2 and "RL" in sft.output
     stale = runner.invoke(serve_cmd.app, ["--conf", str(conf), "serve.max_staleness=-1"])
     assert stale.exit_code == 2 and "serve.max_staleness" in stale.output
+
+
+def test_the_trainers_own_overlap_is_refused_naming_serve_max_staleness(tmp_path: Path) -> None:
+    result = runner.invoke(serve_cmd.app, ["--conf", str(_conf(tmp_path)), "rollout.max_staleness=1",
+                                           "rollout.engine_dtype=float16", "algorithm.tis_cap=2"])
+    assert result.exit_code == 2
+    assert "rollout.max_staleness=0" in result.output and "serve.max_staleness" in result.output

@@ -9,6 +9,8 @@ shares (run dir, checkpoints, optimizer and schedule, the model, validation, pro
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -21,15 +23,16 @@ from ajet.backbones.samples import build_step_batch
 from ajet.config.schema import RL_ALGORITHMS, AjetConfig, Algorithm
 from ajet.context.pack import pack_samples, pack_stats
 from ajet.engine.sampling import policy_temperature
-from ajet.errors import UserError
+from ajet.errors import ConfigError, UserError
 from ajet.logging.records import write_step_records
+from ajet.rollout.ahead import AheadEpisodes
 from ajet.rollout.failed_steps import FailedSteps
 from ajet.rollout.loader import trainable_targets_of
 from ajet.rollout.ray_rollout import build_ray_manager, workflow_spec
 from ajet.rollout.source import EpisodeSource, managed_episodes
 from ajet.training.recipe import Closers, run_recipe
 from ajet.training.rollout_run import RolloutRun
-from ajet.training.step import updating_weights
+from ajet.training.step import overlapped_update, updating_weights
 from ajet.training.teacher import Teacher, build_teacher
 from ajet.training.validation import validate_on_rollout
 
@@ -86,7 +89,20 @@ class RLRecipe:
         else:
             self.source = managed_episodes(self.manager, self.reader, cfg.rollout, batch_size=cfg.trainer.batch_size,
                                            phase=self.loop.phase)
+            if cfg.rollout.max_staleness > 0:
+                self.source = self._ahead(self.source)
         closers.push(self.source.close, "episode source")
+
+    def _ahead(self, source: EpisodeSource) -> AheadEpisodes:
+        """`rollout.max_staleness`: the next step rolls out during the update (ajet/rollout/ahead.py)."""
+        engine = self.rollout.engine
+        if not engine.decodes_a_copy:
+            raise ConfigError("rollout.max_staleness > 0 needs the engine to decode with its own copy of the "
+                              "weights while the trainer updates them: set rollout.engine_dtype=float16 or bfloat16")
+        log.info("rollout overlaps the update: up to %d policy version(s) of staleness, TIS cap %g",
+                 self.cfg.rollout.max_staleness, self.cfg.algorithm.tis_cap)
+        return AheadEpisodes(source, max_staleness=self.cfg.rollout.max_staleness,
+                             version=lambda: engine.policy_version)
 
     def _ray_manager(self, closers: Closers) -> Any:
         """Episodes run in Ray actors; the engine, tracker and trainer stay in this process."""
@@ -128,7 +144,7 @@ class RLRecipe:
             log.info("step %d: no learning signal (no trainable tokens or all advantages 0); weights unchanged", step)
         else:
             self.loop.phase(f"step {step}: update on {len(batch.samples)} samples")
-            metrics.update(self.update(batch, step=step))
+            metrics.update(self._update_step(batch, step))
         if cfg.logging.token_records and batch.samples:
             self._write_records(step, batch.samples, result.ok_episodes)
         metrics["perf/step_time_s"] = time.monotonic() - start
@@ -155,14 +171,31 @@ class RLRecipe:
         """One LoRA adapter per trainable role: samples are packed and trained per role."""
         return self.cfg.model.lora.enabled and self.cfg.model.lora.per_role
 
-    def update(self, batch: Any, *, step: int | None = None) -> dict[str, float]:
+    def _update_step(self, batch: Any, step: int) -> dict[str, float]:
+        """The step's update; with the overlap (`AheadEpisodes`) and a step after this one, the
+        next step's rollout starts first and runs on the event loop while the update runs in a
+        worker thread on the trainer's weights (the engine decodes its own copy meanwhile)."""
+        if not isinstance(self.source, AheadEpisodes) or step >= self.cfg.trainer.total_steps:
+            return self.update(batch, step=step)
+        source = self.source
+
+        async def update_while_rolling_out() -> dict[str, float]:
+            source.prefetch(step + 1)
+            update = functools.partial(self.update, batch, step=step, overlap=True)
+            return await asyncio.get_running_loop().run_in_executor(None, update)
+
+        return self.rollout.loop.run_until_complete(update_while_rolling_out())
+
+    def update(self, batch: Any, *, step: int | None = None, overlap: bool = False) -> dict[str, float]:
         """Pack (per role, with per-role adapters), one optimizer step, bump the policy version
-        (`updating_weights`)."""
+        (`updating_weights`; with `overlap`, the engine keeps decoding its copy and the new weights
+        are published at the end: `overlapped_update`)."""
         max_tokens = self.cfg.trainer.micro_batch_tokens if self.cfg.context.tree_packing else 0
         packed = pack_samples(batch.samples, batch.weights, max_tokens, by_role=self.per_role)
         metrics = {f"context/{k}": float(v) for k, v in pack_stats(batch.samples, packed).items()}
         start = time.monotonic()
-        with updating_weights(self.rollout.engine):
+        engine = self.rollout.engine
+        with overlapped_update(engine) if overlap else updating_weights(engine):
             metrics.update(self.updater.update(packed, step=step))
         update_s = time.monotonic() - start
         metrics["perf/update_s"] = update_s
