@@ -50,7 +50,7 @@ CONF = {"distill": EXAMPLE / "math_agent_distill.yaml", "grpo": EXAMPLE / "math_
         "sft": EXAMPLE / "math_agent.yaml"}
 # Pinned on top of each YAML (chosen on val: docs/learning_curve.md, "Distillation").
 PINNED = {
-    "distill": ["pipeline.stages=[distill]", "trainer.total_steps=16", "trainer.val_every=4"],
+    "distill": ["pipeline.stages=[distill]", "trainer.total_steps=24", "trainer.val_every=4"],
     "grpo": ["pipeline.stages=[grpo]", "trainer.total_steps=24", "trainer.val_every=4"],
     "sft": ["pipeline.stages=[sft]"],
 }
