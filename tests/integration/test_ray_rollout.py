@@ -87,6 +87,22 @@ def test_two_steps_with_ray_train_like_in_process(tmp_path: Path, tiny_model_dir
     assert any(not torch.equal(before[k], after[k]) for k in before), "no weight changed"
 
 
+@pytest.mark.integration
+def test_with_ray_the_next_step_rolls_out_during_the_update(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """rollout.max_staleness with Ray workers: the prefetched rollout runs in the actors while the
+    driver updates the weights."""
+    conf = make_run(tmp_path, tiny_model_dir)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CI": "true", "RAY_USAGE_STATS_ENABLED": "0"}
+    result = subprocess.run([sys.executable, "-m", "ajet.cli.main", "--conf", str(conf), "--with-ray",
+                             "rollout.max_staleness=1", "rollout.engine_dtype=float16", "algorithm.tis_cap=2"],
+                            capture_output=True, text=True, timeout=600, env=env)
+    assert result.returncode == 0, result.stderr[-4000:]
+    rows = [json.loads(line) for line in (tmp_path / "exp" / "ray" / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if r["split"] == "train"]
+    assert [r["rollout/prefetched"] for r in train] == [0.0, 1.0]
+    assert all(r["workflow/in_ray_actor"] == 1.0 and r["rollout/staleness_max"] <= 1 for r in train)
+
+
 # ---------------------------------------------------------------------- fast pieces
 def test_proxy_routes_roles_to_the_driver_keys() -> None:
     keys = {"default": "k-default", "solver": "k-solver"}
