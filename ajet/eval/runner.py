@@ -24,6 +24,8 @@ from ajet.models.load import load_model_and_tokenizer, model_source
 from ajet.rollout.agent_metrics import agent_metrics
 from ajet.rollout.loader import as_workflow, load_workflow
 from ajet.rollout.local import LocalRollout
+from ajet.rollout.manager import mean_log_metrics
+from ajet.rollout.roles import role_metrics
 from ajet.task_reader import TaskReader, build_reader
 from ajet.training.memory import limit_heap_retention
 from ajet.training.model import model_window
@@ -93,6 +95,11 @@ def evaluate(cfg: AjetConfig, *, workflow: Any = None, name: str | None = None,
         stack.close()
     metrics = summarize(results, k=e.n)
     metrics.update(agent_metrics(result.episodes))
+    # A multi-agent workflow's per-role scores and the workflow's own behaviour metrics (e.g. a
+    # game's win rate), over the ok episodes, named as in training.
+    ok = [ep for ep in result.episodes if ep.ok]
+    metrics.update(role_metrics(ok))
+    metrics.update({k: v for k, v in mean_log_metrics(ok, set()).items() if k.startswith("workflow/")})
     metrics["time_s"] = time.monotonic() - start
     out_dir = out_dir or run_dir_of(cfg) / "eval"
     path = out_dir / f"eval_{name}.json"

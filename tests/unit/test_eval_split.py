@@ -124,3 +124,29 @@ def test_ajet_eval_split_test_on_the_tiny_model(tmp_path: Path, tiny_model_dir: 
     dialogs = [dialog_from_row(row, "x") for row in rows]
     assert sorted(d.messages[0]["content"] for d in dialogs) == [f"test question {i}" for i in range(4)]
     assert all(d.messages[-1]["role"] == "assistant" for d in dialogs)
+
+
+DUO = '''
+from ajet import Workflow, WorkflowOutput
+
+
+class Duo(Workflow):
+    async def execute(self, task, tuner):
+        for role in ("solver", "critic"):
+            await tuner.register_model(role)([{"role": "user", "content": task.main_query}])
+        return WorkflowOutput(reward={"solver": 1.0, "critic": 0.0}, log_metrics={"moves": 3})
+'''
+
+
+@pytest.mark.integration
+def test_ajet_eval_reports_each_role_and_the_workflows_metrics(tmp_path: Path, tiny_model_dir: Path) -> None:
+    conf = make_conf(tmp_path, model=str(tiny_model_dir))
+    (tmp_path / "duo.py").write_text(DUO)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CI": "true"}
+    out = subprocess.run([sys.executable, "-m", "ajet.cli.main", "eval", "--conf", str(conf), "--split", "val",
+                          "--name", "duo", f"workflow.target={tmp_path / 'duo.py'}:Duo"],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-4000:]
+    metrics = json.loads((tmp_path / "exp" / "split" / "eval" / "eval_duo.json").read_text())["metrics"]
+    assert metrics["role/solver/reward"] == 1.0 and metrics["role/critic/reward"] == 0.0
+    assert metrics["role/solver/calls"] == 1.0 and metrics["workflow/moves"] == 3.0

@@ -90,7 +90,7 @@ def test_cli_role_and_model_reach_evaluate_with_the_adapter(export, tmp_path: Pa
     out, _ = export
     seen: list[str] = []
 
-    def fake_evaluate(cfg):  # noqa: ANN001, ANN202 - stands in for the real evaluation
+    def fake_evaluate(cfg, **kwargs):  # noqa: ANN001, ANN202 - stands in for the real evaluation
         seen.append(cfg.model.path)
         return eval_runner.EvalReport(path=tmp_path / "eval_x.json", name="x", model=cfg.model.path,
                                       metrics={"success/rate": 0.5}, results=[])
