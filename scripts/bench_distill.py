@@ -13,7 +13,9 @@ The teacher is the math agent `make demo` trained; the student is the base model
   call, curriculum, dynamic sampling: its own best settings, not the distill run's);
 - `sft`: SFT on the teacher's sampled dialogs (off-policy distillation): `ajet eval --split
   train --dialogs` samples the teacher on the train tasks (its minutes count), then the SFT
-  stage of `math_agent.yaml` (the demo's warm-up settings: 64 dialogs, lr 5e-5) trains on them.
+  stage of `math_agent.yaml` (the demo's warm-up settings: 64 dialogs, lr 5e-5) trains on them;
+- `grpo_overlap` (not a teacher method: issue 28's overlap on the same harness): `grpo` with
+  `rollout.max_staleness=1`, the next step's rollout running during the update.
 
 Each run's held-out points: the RL methods validate on the **test** split every
 `trainer.val_every` steps (`task_reader.jsonl.val_path` pointed at test.jsonl: reporting only;
@@ -45,14 +47,18 @@ EXAMPLE = REPO / "tutorial" / "example_math_agent"
 TEST = EXAMPLE / "test.jsonl"
 OUT = REPO / "docs" / "learning"
 EXP = REPO / "experiments" / "bench_distill"
-METHODS = ("distill", "grpo", "sft")
+METHODS = ("distill", "grpo", "sft", "grpo_overlap")
 CONF = {"distill": EXAMPLE / "math_agent_distill.yaml", "grpo": EXAMPLE / "math_agent_rl.yaml",
-        "sft": EXAMPLE / "math_agent.yaml"}
+        "sft": EXAMPLE / "math_agent.yaml", "grpo_overlap": EXAMPLE / "math_agent_rl.yaml"}
 # Pinned on top of each YAML (chosen on val: docs/learning_curve.md, "Distillation").
 PINNED = {
     "distill": ["pipeline.stages=[distill]", "trainer.total_steps=24", "trainer.val_every=4"],
     "grpo": ["pipeline.stages=[grpo]", "trainer.total_steps=24", "trainer.val_every=4"],
     "sft": ["pipeline.stages=[sft]"],
+    # GRPO alone with the next step's rollout overlapped with the update (issue 28 §4): the same
+    # config (its engine is fp16 and TIS is on), one version of staleness allowed.
+    "grpo_overlap": ["pipeline.stages=[grpo]", "trainer.total_steps=24", "trainer.val_every=4",
+                     "rollout.max_staleness=1"],
 }
 
 
@@ -105,6 +111,7 @@ def train(method: str, seed: int, teacher: Path, exp: Path) -> None:
 
 def base_eval(method: str, exp: Path) -> float:
     """The base model's test success with the method's sampling settings (cached per method)."""
+    method = "grpo" if method == "grpo_overlap" else method  # the same sampling settings
     name = f"base_{method}"
     report = exp / "base" / "eval" / f"eval_{name}.json"
     if not report.is_file():
@@ -137,7 +144,8 @@ def curve(method: str, seed: int, exp: Path) -> list[dict[str, float]]:
 def summarize(methods: list[str], seeds: list[int], exp: Path, teacher_success: float | None) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for method in methods:
-        base = base_eval(method, exp) if (exp / "base" / "eval" / f"eval_base_{method}.json").is_file() else None
+        same = "grpo" if method == "grpo_overlap" else method
+        base = base_eval(method, exp) if (exp / "base" / "eval" / f"eval_base_{same}.json").is_file() else None
         runs = {}
         for seed in seeds:
             if (run_dir(exp, method, seed) / "bench.json").is_file():
@@ -178,7 +186,7 @@ def plot(data: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
-    colors = {"distill": "tab:green", "grpo": "tab:blue", "sft": "tab:orange"}
+    colors = {"distill": "tab:green", "grpo": "tab:blue", "sft": "tab:orange", "grpo_overlap": "tab:purple"}
     for method, r in data["methods"].items():
         for index, (seed, pts) in enumerate(r["runs"].items()):
             xs = [0.0] + [p["minutes"] for p in pts]
