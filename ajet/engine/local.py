@@ -60,7 +60,7 @@ from ajet.engine.requests import (
     deliver,
 )
 from ajet.engine.sampling import stop_strings, validate_params
-from ajet.engine.served import ServedModels
+from ajet.engine.served import ServedModels, frozen_namespace
 from ajet.engine.weights import ServingWeights
 
 log = logging.getLogger(__name__)
@@ -115,7 +115,8 @@ class LocalEngine:
             self.eos_token_ids = set(eos_token_ids)  # empty: never stop on EOS (benchmarks)
         self.policy_version = 0
         self._weights = ServingWeights(model, dtype)  # what prefill and decode forward
-        self._reuse = PrefixReuse(prefix_cache_tokens)
+        # A frozen default model's KV survives weight updates (`frozen_namespace`); the policy's does not.
+        self._reuse = PrefixReuse(prefix_cache_tokens, keep=frozen_namespace)
         self._served = ServedModels(self._weights)  # the policy's adapters, frozen default models
         self._grammars: GrammarRuntime | None = None  # built on the first grammar
         # Counters for metrics; "max_batch" is the most sequences one decode step has served.
@@ -231,7 +232,8 @@ class LocalEngine:
     def drop_prefix_cache(self) -> None:
         """Free the prefix cache's KV now instead of at the next prefill. A trainer calls it as
         it starts a weight update: the cache is invalid after the update anyway, and its memory
-        (up to `prefix_cache_tokens` x the KV of a token) is better spent on the update."""
+        (up to `prefix_cache_tokens` x the KV of a token) is better spent on the update. The
+        frozen default models' KV stays: no update changes it."""
         with self.paused():
             self._reuse.clear()
 

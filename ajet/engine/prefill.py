@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -186,8 +187,10 @@ class PrefixReuse:
     completions, and count prompt / prefilled / cached tokens for `take_metrics`. One for the
     engine: its modules and adapters keep their KV in namespaces of the one cache (one budget)."""
 
-    def __init__(self, budget_tokens: int, min_shared: int = 16) -> None:
-        self.cache = PrefixCache(budget_tokens) if budget_tokens > 0 else None
+    def __init__(self, budget_tokens: int, min_shared: int = 16,
+                 keep: Callable[[Hashable], bool] | None = None) -> None:
+        # `keep`: the namespaces whose KV survives a weight update (frozen models, `frozen_namespace`).
+        self.cache = PrefixCache(budget_tokens, keep) if budget_tokens > 0 else None
         self.min_shared = min_shared  # shorter shared prefixes are not worth a forward of their own
         self._lock = threading.Lock()  # counters are read by the trainer's thread
         self._counts = dict.fromkeys(("prompt", "prefilled", "cached"), 0)
@@ -213,7 +216,7 @@ class PrefixReuse:
         return [cache.match(ids, len(ids) - 1, t.namespace) for ids, t in zip(prompts, targets, strict=True)]
 
     def clear(self) -> None:
-        """Drop every cached prefix now (the engine must not be prefilling)."""
+        """Drop every cached prefix but the frozen models' now (the engine must not be prefilling)."""
         if self.cache is not None:
             self.cache.clear()
 

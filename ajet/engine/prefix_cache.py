@@ -14,7 +14,8 @@ until the request ends.
 
 Validity: KV depends on the weights. The tree carries the policy version it was filled at;
 `sync(version)` empties it when the engine's version moved on, so KV from old weights never
-serves a request under new ones. KV depends on the model too: each `namespace` (the engine's
+serves a request under new ones; except the namespaces `keep` says are frozen (a frozen
+default model's, whose weights an update never changes): their trees stay. KV depends on the model too: each `namespace` (the engine's
 (model, LoRA adapter) of a request, ajet/engine/served.py) has its own tree, so one adapter's
 KV never serves another's request; the budget and the LRU order span every tree. Everything
 here runs on the engine thread.
@@ -62,10 +63,11 @@ class Match:
 class PrefixCache:
     """Radix tree of token prefixes and their KV, bounded to `budget_tokens` (LRU)."""
 
-    def __init__(self, budget_tokens: int) -> None:
+    def __init__(self, budget_tokens: int, keep: Callable[[Hashable], bool] | None = None) -> None:
         if budget_tokens < 1:
             raise ValueError(f"budget_tokens={budget_tokens}: must be >= 1 (0 turns the cache off in LocalEngine)")
         self.budget_tokens = budget_tokens
+        self._keep = keep or (lambda namespace: False)  # namespaces whose KV no update invalidates
         self.version = 0
         self.tokens = 0  # tokens held by the tree
         self.evicted_tokens = 0
@@ -73,15 +75,16 @@ class PrefixCache:
         self._clock = itertools.count(1)
 
     def sync(self, version: int) -> None:
-        """Empty the tree if it was filled under another policy version."""
+        """Empty the tree if it was filled under another policy version (frozen namespaces stay)."""
         if version != self.version:
             self.clear()
             self.version = version
 
     def clear(self) -> None:
+        """Drop every tree but the frozen namespaces' (`keep`)."""
         # Nodes still locked by running requests are detached; their release() is harmless.
-        self._roots = {}
-        self.tokens = 0
+        self._roots = {namespace: root for namespace, root in self._roots.items() if self._keep(namespace)}
+        self.tokens = sum(len(node.tokens) for node in self._nodes())
 
     def _root(self, namespace: Hashable) -> _Node:
         root = self._roots.get(namespace)

@@ -164,6 +164,16 @@ class ServedModels:
         return FrozenModel(model, f"default model 'initial' (reloaded from {path}, frozen)")
 
 
+def frozen_namespace(namespace: Any) -> bool:
+    """Whether a prefix-cache namespace's KV stays valid across weight updates: a frozen model's
+    (the initial copy, a loaded checkpoint) and, under LoRA, the base's without any adapter (the
+    trainer never changes it). The policy's and its adapters' KV change with every update."""
+    if not isinstance(namespace, tuple) or len(namespace) != 2:
+        return False
+    unit, adapter = namespace
+    return unit != POLICY or adapter == BASE_ADAPTER
+
+
 # ---------------------------------------------------------------------- checkpoints
 def _config(path: Path, name: str) -> dict[str, Any]:
     try:

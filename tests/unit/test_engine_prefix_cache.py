@@ -233,3 +233,27 @@ def test_bump_version_drops_kv_of_the_old_weights(tiny_model_dir):
         assert engine.take_metrics()["engine/cache_hit_rate"] == 0.0  # nothing old served
     ref = reference_logprobs(model, prompt, after.token_ids, 1.0)
     assert max(abs(x - y) for x, y in zip(after.logprobs, ref, strict=True)) < 1e-4
+
+
+def test_a_frozen_namespace_keeps_its_kv_across_versions():
+    """A frozen model's KV (`keep`) survives a weight update and a drop; the policy's does not."""
+    frozen = ("initial", None)
+    cache = PrefixCache(100, keep=lambda namespace: namespace == frozen)
+    cache.insert([1, 2, 3], lambda a, b: fake_kv([1, 2, 3])[:, :, :, a:b].clone())
+    cache.insert([1, 2, 3, 4], lambda a, b: fake_kv([1, 2, 3, 4])[:, :, :, a:b].clone(), frozen)
+    assert cache.tokens == 7
+    cache.sync(1)
+    assert cache.match([1, 2, 3]).length == 0
+    assert matched_ids(cache.match([1, 2, 3, 4, 5], namespace=frozen)) == [1, 2, 3, 4]
+    assert cache.tokens == 4
+    cache.clear()
+    assert cache.tokens == 4 and cache.match([1, 2, 3, 4], namespace=frozen).length == 4
+
+
+def test_frozen_namespaces_are_the_frozen_models_and_the_lora_base():
+    from ajet.engine.requests import POLICY
+    from ajet.engine.served import BASE_ADAPTER, frozen_namespace
+
+    assert frozen_namespace(("initial", None)) and frozen_namespace(("/ckpt", None))
+    assert frozen_namespace((POLICY, BASE_ADAPTER))  # LoRA: the base never trains
+    assert not frozen_namespace(None) and not frozen_namespace((POLICY, "werewolf"))

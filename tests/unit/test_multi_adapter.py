@@ -150,8 +150,12 @@ def test_initial_model_does_not_drift(lora, caplog):
         (initial,) = asyncio.run(engine.generate(prompt, params, model=INITIAL_MODEL))
         (policy,) = asyncio.run(engine.generate(prompt, params))
         _train_a_little(engine, model)
+        engine.take_metrics()
         (initial_after,) = asyncio.run(engine.generate(prompt, params, model=INITIAL_MODEL))
+        # The frozen model's KV survived the update: its prompt came from the prefix cache.
+        assert engine.take_metrics()["engine/cache_hit_rate"] > 0.5
         (policy_after,) = asyncio.run(engine.generate(prompt, params))
+        assert engine.take_metrics()["engine/cache_hit_rate"] == 0.0  # the policy's KV did not
     assert policy_after.policy_version == 1
     assert max(abs(a - b) for a, b in zip(policy.logprobs, policy_after.logprobs, strict=True)) > 1e-3
     assert initial_after.token_ids == initial.token_ids
