@@ -100,6 +100,8 @@ def _no_reward_variance(rows: Sequence[Row], i: int) -> str | None:
     window = _last(rows, i, ("reward/zero_std_frac",), STEPS)
     if window is None or any(_num(r, "reward/zero_std_frac") < 1.0 for r in window):
         return None
+    if any((_num(r, "distill/tokens") or 0) > 0 for r in window):
+        return None  # on-policy distillation: the teacher scores every token, whatever the rewards
     rewards = ", ".join(_fmt(_num(r, "reward/mean")) for r in window)
     return (f"every group's episodes got the same reward at steps {_span(window)} (reward/zero_std_frac 1.00; "
             f"reward/mean {rewards}): all advantages are 0")

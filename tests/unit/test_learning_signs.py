@@ -97,7 +97,9 @@ def test_what_is_not_a_sign() -> None:
     # Invalid calls that still succeed sometimes; a NaN clip fraction is no evidence.
     succeeding = {s: {"agent/valid_tool_call_rate": 0.0, "success/rate": 0.2} for s in range(1, 6)}
     nan_clip = {s: {"actor/clip_frac": float("nan")} for s in range(1, 6)}
-    for change in (no_offer, solved, rising, succeeding, nan_clip):
+    # Distillation: equal rewards, but the teacher scores every token (distill/tokens).
+    distilled = {s: {"reward/zero_std_frac": 1.0, "reward/mean": 0.0, "distill/tokens": 400.0} for s in range(1, 6)}
+    for change in (no_offer, solved, rising, succeeding, nan_clip, distilled):
         assert find_learning_signs(run_of(5, change)) == []
 
 
