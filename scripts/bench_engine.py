@@ -17,6 +17,9 @@ Decode (`--workloads decode`): for each concurrency c, c chat requests each gene
                  its logprob mismatch against the fp32 weights on 16 sampled completions
 - hf_sequential: `model.generate` once per request, one request after the other
 - hf_batched:    one `model.generate` call over a static, left-padded batch of c
+- llama_cpp:     llama.cpp's batched decoding of the c prompts in one context, on the GGUF the
+                 model ships in (Q4_1: 4-bit weights; scripts/bench_llamacpp.py), the reference
+                 for CPU inference; left out (with a note) when llama-cpp-python is not installed
 
 Adapters (`--workloads adapters`, not run by default: it wraps a copy of the model in peft):
 --adapter-requests concurrent requests (16), each generating --new-tokens tokens (greedy, EOS
@@ -41,6 +44,8 @@ import json
 import sys
 import time
 from pathlib import Path
+
+import bench_llamacpp
 
 QUESTIONS = [
     "What is 2+3?",
@@ -85,8 +90,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument(
         "--methods",
-        default="ours,hf_sequential,hf_batched",
-        help="comma-separated subset of the three methods",
+        default="ours,hf_sequential,hf_batched,llama_cpp",
+        help="comma-separated subset of the four methods",
     )
     parser.add_argument(
         "--engine-dtypes",
@@ -280,6 +285,12 @@ def bench_hf(model, tokenizer, prompts: list[list[int]], new_tokens: int, batche
 OURS = {"float32": "ours", "float16": "ours_fp16", "bfloat16": "ours_bf16"}
 
 
+def torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
 def decode_methods(args) -> list[str]:
     """--methods with "ours" expanded into one row per --engine-dtypes entry."""
     methods = []
@@ -291,8 +302,14 @@ def decode_methods(args) -> list[str]:
                 methods.append(OURS[dtype])
         elif method in ("hf_sequential", "hf_batched"):
             methods.append(method)
+        elif method == "llama_cpp":
+            if bench_llamacpp.available():
+                methods.append(method)
+            else:
+                print("llama_cpp: llama-cpp-python is not installed, its column is left out "
+                      "(pip install -e '.[bench]' builds it, ~10 min on 2 cores)", flush=True)
         else:
-            raise SystemExit(f"unknown method {method!r}; choose from ours, hf_sequential, hf_batched")
+            raise SystemExit(f"unknown method {method!r}; choose from ours, hf_sequential, hf_batched, llama_cpp")
     return methods
 
 
@@ -307,6 +324,10 @@ def run_decode(model, tokenizer, args) -> dict[str, dict[str, float]]:
     engines = {name: LocalEngine(model, tokenizer, max_batch_size=max(32, max(levels)), eos_token_ids=[],
                                  dtype=dtype) for name, dtype in dtypes.items()}
     mismatch = {}
+    if "llama_cpp" in methods:  # its own process state: measured first, on its own
+        threads = args.threads or torch_threads()
+        for c, rates in bench_llamacpp.bench(prompts, args.new_tokens, levels, args.repeats, threads).items():
+            runs["llama_cpp"][c] = rates
     try:
         # Warm-up: the first forwards on a new thread are slow (allocator, thread pools).
         for engine in engines.values():
@@ -317,6 +338,8 @@ def run_decode(model, tokenizer, args) -> dict[str, dict[str, float]]:
         for _ in range(args.repeats):
             for c in levels:
                 for method in methods:
+                    if method == "llama_cpp":
+                        continue
                     if method in engines:
                         rate = bench_ours(engines[method], prompts[:c], args.new_tokens)
                     else:
@@ -337,7 +360,7 @@ def run_decode(model, tokenizer, args) -> dict[str, dict[str, float]]:
     print(f"{'concurrency':>12} " + " ".join(f"{m:>14}" for m in methods))
     for c in levels:
         print(f"{c:>12} " + " ".join(f"{results[m][str(c)]:>14.1f}" for m in methods))
-    for base in ("hf_sequential", "hf_batched"):
+    for base in ("hf_sequential", "hf_batched", "llama_cpp"):
         for ours in (m for m in methods if m in engines):
             if base in results:
                 print(f"{ours} / {base}: " + ", ".join(
