@@ -28,6 +28,7 @@ from ajet.sft.step import mean_nll, sample_nll, sft_step
 from ajet.training.loop import TrainingLoop
 from ajet.training.model import load_trainable_model, model_window
 from ajet.training.optim import build_optimizer
+from ajet.training.passing_thread import in_passing_thread
 from ajet.training.recipe import Closers, run_recipe
 from ajet.training.run_dir import prepare_run_dir
 from ajet.training.step import OptimizerStep
@@ -119,8 +120,8 @@ class SftRecipe:
         """The model's mean loss per trained token of each of these dialogs."""
 
         flat = [(i, s) for i in indices for s in self.samples[i]]
-        nll = sample_nll(self.model, [s for _, s in flat], micro_batch_tokens=self._pack_tokens(),
-                         bf16=self.cfg.trainer.bf16, logits_chunk=self.cfg.trainer.logits_chunk_tokens)
+        nll = in_passing_thread(sample_nll, self.model, [s for _, s in flat], micro_batch_tokens=self._pack_tokens(),
+                                bf16=self.cfg.trainer.bf16, logits_chunk=self.cfg.trainer.logits_chunk_tokens)
         sums = {i: [0.0, 0] for i in indices}
         for (i, _), (total, count) in zip(flat, nll, strict=True):
             sums[i][0] += total
@@ -163,9 +164,10 @@ class SftRecipe:
         start = time.monotonic()
         batch = self.schedule[step - 1]
         samples = [s for i in batch.indices for s in self.samples[i]]
-        metrics = sft_step(self.optimizer_step, samples, loss_agg=self.cfg.context.loss_agg,
-                           micro_batch_tokens=self._pack_tokens(),
-                           logits_chunk=self.cfg.trainer.logits_chunk_tokens, step=step)
+        # In a thread of its own, whose OpenMP pool ends with it (ajet/training/passing_thread.py).
+        metrics = in_passing_thread(sft_step, self.optimizer_step, samples, loss_agg=self.cfg.context.loss_agg,
+                                    micro_batch_tokens=self._pack_tokens(),
+                                    logits_chunk=self.cfg.trainer.logits_chunk_tokens, step=step)
         metrics.update({
             "sft/dialogs": float(len(batch.indices)),
             "sft/round": float(batch.round),
@@ -178,8 +180,9 @@ class SftRecipe:
         if not self.dev_samples:
             return None
         flat = [s for samples in self.dev_samples for s in samples]
-        loss = mean_nll(sample_nll(self.model, flat, micro_batch_tokens=self._pack_tokens(),
-                                   bf16=self.cfg.trainer.bf16, logits_chunk=self.cfg.trainer.logits_chunk_tokens))
+        loss = mean_nll(in_passing_thread(sample_nll, self.model, flat, micro_batch_tokens=self._pack_tokens(),
+                                                    bf16=self.cfg.trainer.bf16,
+                                                    logits_chunk=self.cfg.trainer.logits_chunk_tokens))
         self.loop.log({"val/sft/loss": loss, "val/sft/dialogs": float(len(self.dev_samples))}, split="val")
         log.info("sft dev loss at step %d: %.4f", self.loop.step, loss)
         return loss

@@ -30,6 +30,7 @@ from ajet.rollout.failed_steps import FailedSteps
 from ajet.rollout.loader import trainable_targets_of
 from ajet.rollout.ray_rollout import build_ray_manager, workflow_spec
 from ajet.rollout.source import EpisodeSource, managed_episodes
+from ajet.training.passing_thread import in_passing_thread
 from ajet.training.recipe import Closers, run_recipe
 from ajet.training.rollout_run import RolloutRun
 from ajet.training.step import overlapped_update, updating_weights
@@ -159,7 +160,7 @@ class RLRecipe:
         self.loop.phase(f"teacher scores {len(samples)} samples")
         start = time.monotonic()
         with self.rollout.engine.paused():
-            teacher_logprobs = self.teacher.score(samples)
+            teacher_logprobs = in_passing_thread(self.teacher.score, samples)  # torch work: why, see there
         seconds = time.monotonic() - start
         metrics = distill_advantages(samples, teacher_logprobs, self.cfg.distill.reward_coef)
         metrics["distill/teacher_s"] = seconds
@@ -196,7 +197,8 @@ class RLRecipe:
         start = time.monotonic()
         engine = self.rollout.engine
         with overlapped_update(engine) if overlap else updating_weights(engine):
-            metrics.update(self.updater.update(packed, step=step))
+            # In a thread of its own, whose OpenMP pool ends with it: decoding stays at full speed.
+            metrics.update(in_passing_thread(self.updater.update, packed, step=step))
         update_s = time.monotonic() - start
         metrics["perf/update_s"] = update_s
         metrics["perf/train_tokens_per_s"] = sum(p.num_tokens for p in packed) / max(update_s, 1e-9)

@@ -1,0 +1,66 @@
+"""Torch work run in a thread that ends with it, so that its OpenMP thread pool ends too.
+
+torch's CPU ops run on libgomp, which keeps a pool of worker threads for every thread that has
+ever run a parallel region. Once the process holds more such threads than it has CPUs, every
+pool stops spinning between parallel regions and sleeps on a futex instead (libgomp's
+"throttled" spin, which no environment variable lifts). A decode step is hundreds of small
+parallel ops, each of which then pays a wake-up: on 2 cores, after one update in the main
+thread, the engine thread decoded 20-30 % slower for the rest of the run (fp16 engine, 16
+concurrent requests: ~250 -> ~200 tok/s; scripts/bench_engine.py measures it).
+
+So the trainer's heavy torch work (an update, an SFT step, a teacher's scoring) runs in a
+thread made for it: when the thread ends, its pool is given back, and while the engine decodes
+its pool is the only one. A thread costs ~0.1 ms to start; a step takes seconds.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+def in_passing_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """`fn(*args, **kwargs)` run in a new thread, waited for; its result, or its exception
+    re-raised here. Ctrl-C while it runs waits for it to finish (the weights are never left
+    half-updated), then raises KeyboardInterrupt as usual."""
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["result"] = fn(*args, **kwargs)
+        except BaseException as exc:  # handed to the caller's thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target, name=f"ajet-{getattr(fn, '__name__', 'work')}", daemon=True)
+    thread.start()
+    interrupted = False
+    while thread.is_alive():
+        try:
+            thread.join()
+        except KeyboardInterrupt:
+            if not interrupted:
+                log.warning("interrupted: letting the running %s finish first (the weights stay whole)",
+                            getattr(fn, "__name__", "work"))
+            interrupted = True
+    if "error" in outcome:
+        raise outcome["error"]
+    if interrupted:
+        raise KeyboardInterrupt
+    return outcome["result"]
+
+
+def passing_thread(fn: Callable[..., T]) -> Callable[..., T]:
+    """A decorator: every call of `fn` runs `in_passing_thread`."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> T:
+        return in_passing_thread(fn, *args, **kwargs)
+
+    return wrapper
