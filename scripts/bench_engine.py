@@ -41,8 +41,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import bench_llamacpp
@@ -282,6 +284,13 @@ def bench_hf(model, tokenizer, prompts: list[list[int]], new_tokens: int, batche
     return produced / elapsed
 
 
+def hf_rates(model, tokenizer, prompts: list[list[int]], levels: list[int], new_tokens: int,
+             batched: bool) -> list[float]:
+    """HF generate's tokens/s at each concurrency level, after one warm-up call."""
+    bench_hf(model, tokenizer, prompts[:1], 8, batched=False)
+    return [bench_hf(model, tokenizer, prompts[:c], new_tokens, batched) for c in levels]
+
+
 OURS = {"float32": "ours", "float16": "ours_fp16", "bfloat16": "ours_bf16"}
 
 
@@ -315,43 +324,50 @@ def decode_methods(args) -> list[str]:
 
 def run_decode(model, tokenizer, args) -> dict[str, dict[str, float]]:
     from ajet.engine.local import LocalEngine
+    from ajet.training.passing_thread import in_passing_thread
 
     levels = [int(c) for c in args.concurrency.split(",") if c]
     methods = decode_methods(args)
     prompts = chat_prompts(tokenizer, max(levels))
     runs: dict[str, dict[str, list[float]]] = {m: {str(c): [] for c in levels} for m in methods}
     dtypes = {name: dtype for dtype, name in OURS.items() if name in methods}
-    engines = {name: LocalEngine(model, tokenizer, max_batch_size=max(32, max(levels)), eos_token_ids=[],
-                                 dtype=dtype) for name, dtype in dtypes.items()}
+
+    def engine(name: str) -> LocalEngine:
+        return LocalEngine(model, tokenizer, max_batch_size=max(32, max(levels)), eos_token_ids=[], dtype=dtypes[name])
+
     mismatch = {}
-    if "llama_cpp" in methods:  # its own process state: measured first, on its own
+    if "llama_cpp" in methods:
+        # In a process of its own: llama.cpp's OpenMP threads would join torch's libgomp (one
+        # soname, one runtime) and slow every method measured after it (see below).
         threads = args.threads or torch_threads()
-        for c, rates in bench_llamacpp.bench(prompts, args.new_tokens, levels, args.repeats, threads).items():
-            runs["llama_cpp"][c] = rates
-    try:
-        # Warm-up: the first forwards on a new thread are slow (allocator, thread pools).
-        for engine in engines.values():
-            for c in sorted({1, max(levels)}):
-                bench_ours(engine, prompts[:c], 8)
-        if set(methods) - set(engines):
-            bench_hf(model, tokenizer, prompts[:1], 8, batched=False)
-        for _ in range(args.repeats):
-            for c in levels:
-                for method in methods:
-                    if method == "llama_cpp":
-                        continue
-                    if method in engines:
-                        rate = bench_ours(engines[method], prompts[:c], args.new_tokens)
-                    else:
-                        rate = bench_hf(model, tokenizer, prompts[:c], args.new_tokens, method == "hf_batched")
-                    runs[method][str(c)].append(round(rate, 2))
-                    print(f"  c={c:<3} {method:<14} {rate:8.1f} tok/s", flush=True)
-        for name, engine in engines.items():
-            if engine.dtype != "float32":
-                mismatch[name] = logprob_mismatch(engine, model, prompts, args.new_tokens)
-    finally:
-        for engine in engines.values():
-            engine.close()
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            measured = pool.submit(bench_llamacpp.bench, prompts, args.new_tokens, levels, args.repeats, threads)
+            for c, rates in measured.result().items():
+                runs["llama_cpp"][c] = rates
+    # One method at a time, each in threads that end with it: every thread that runs torch keeps
+    # an OpenMP pool, and with more pooled threads than cores libgomp stops spinning between
+    # parallel regions (ajet/training/passing_thread.py), which slowed the method measured after
+    # another by 20-30 % on 2 cores. Each engine is built, warmed up, measured and closed in turn.
+    for _ in range(args.repeats):
+        for method in methods:
+            if method == "llama_cpp":
+                continue
+            if method in dtypes:
+                with engine(method) as eng:
+                    # Warm-up: the first forwards on a new thread are slow (allocator, thread pools).
+                    for c in sorted({1, max(levels)}):
+                        bench_ours(eng, prompts[:c], 8)
+                    rates = [bench_ours(eng, prompts[:c], args.new_tokens) for c in levels]
+            else:
+                rates = in_passing_thread(hf_rates, model, tokenizer, prompts, levels, args.new_tokens,
+                                          method == "hf_batched")
+            for c, rate in zip(levels, rates, strict=True):
+                runs[method][str(c)].append(round(rate, 2))
+                print(f"  c={c:<3} {method:<14} {rate:8.1f} tok/s", flush=True)
+    for name in dtypes:
+        if dtypes[name] != "float32":
+            with engine(name) as eng:
+                mismatch[name] = logprob_mismatch(eng, model, prompts, args.new_tokens)
     # On a shared machine the best run is the one least disturbed by other processes.
     results = {m: {c: max(rates) for c, rates in per_c.items()} for m, per_c in runs.items()}
     print(
@@ -361,7 +377,7 @@ def run_decode(model, tokenizer, args) -> dict[str, dict[str, float]]:
     for c in levels:
         print(f"{c:>12} " + " ".join(f"{results[m][str(c)]:>14.1f}" for m in methods))
     for base in ("hf_sequential", "hf_batched", "llama_cpp"):
-        for ours in (m for m in methods if m in engines):
+        for ours in (m for m in methods if m in dtypes):
             if base in results:
                 print(f"{ours} / {base}: " + ", ".join(
                     f"{results[ours][str(c)] / results[base][str(c)]:.2f}x at {c}" for c in levels))
