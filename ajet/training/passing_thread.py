@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import signal
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -31,6 +32,7 @@ def in_passing_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     re-raised here. Ctrl-C while it runs waits for it to finish (the weights are never left
     half-updated), then raises KeyboardInterrupt as usual."""
     outcome: dict[str, Any] = {}
+    name = getattr(fn, "__name__", "work")
 
     def target() -> None:
         try:
@@ -38,20 +40,28 @@ def in_passing_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         except BaseException as exc:  # handed to the caller's thread
             outcome["error"] = exc
 
-    thread = threading.Thread(target=target, name=f"ajet-{getattr(fn, '__name__', 'work')}", daemon=True)
-    thread.start()
-    interrupted = False
-    while thread.is_alive():
-        try:
-            thread.join()
-        except KeyboardInterrupt:
-            if not interrupted:
-                log.warning("interrupted: letting the running %s finish first (the weights stay whole)",
-                            getattr(fn, "__name__", "work"))
-            interrupted = True
+    thread = threading.Thread(target=target, name=f"ajet-{name}", daemon=True)
+    interrupts: list[int] = []
+
+    def on_interrupt(signum: int, frame: Any) -> None:
+        if not interrupts:
+            log.warning("interrupted: letting the running %s finish first (the weights stay whole)", name)
+        interrupts.append(signum)
+
+    # Ctrl-C is delivered to the main thread, between any two bytecodes: while the work runs,
+    # it is only noted (a KeyboardInterrupt raised there could leave this function early).
+    takes_ctrl_c = (threading.current_thread() is threading.main_thread()
+                    and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+    previous = signal.signal(signal.SIGINT, on_interrupt) if takes_ctrl_c else None
+    try:
+        thread.start()
+        thread.join()
+    finally:
+        if takes_ctrl_c:
+            signal.signal(signal.SIGINT, previous)
     if "error" in outcome:
         raise outcome["error"]
-    if interrupted:
+    if interrupts:
         raise KeyboardInterrupt
     return outcome["result"]
 
