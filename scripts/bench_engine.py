@@ -364,8 +364,8 @@ def run_decode(model, tokenizer, args) -> dict[str, dict[str, float]]:
             for c, rate in zip(levels, rates, strict=True):
                 runs[method][str(c)].append(round(rate, 2))
                 print(f"  c={c:<3} {method:<14} {rate:8.1f} tok/s", flush=True)
-    for name in dtypes:
-        if dtypes[name] != "float32":
+    for name, dtype in dtypes.items():
+        if dtype != "float32":
             with engine(name) as eng:
                 mismatch[name] = logprob_mismatch(eng, model, prompts, args.new_tokens)
     # On a shared machine the best run is the one least disturbed by other processes.

@@ -181,8 +181,8 @@ class SftRecipe:
             return None
         flat = [s for samples in self.dev_samples for s in samples]
         loss = mean_nll(in_passing_thread(sample_nll, self.model, flat, micro_batch_tokens=self._pack_tokens(),
-                                                    bf16=self.cfg.trainer.bf16,
-                                                    logits_chunk=self.cfg.trainer.logits_chunk_tokens))
+                                          bf16=self.cfg.trainer.bf16,
+                                          logits_chunk=self.cfg.trainer.logits_chunk_tokens))
         self.loop.log({"val/sft/loss": loss, "val/sft/dialogs": float(len(self.dev_samples))}, split="val")
         log.info("sft dev loss at step %d: %.4f", self.loop.step, loss)
         return loss

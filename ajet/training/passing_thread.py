@@ -15,7 +15,6 @@ its pool is the only one. A thread costs ~0.1 ms to start; a step takes seconds.
 
 from __future__ import annotations
 
-import functools
 import logging
 import signal
 import threading
@@ -65,12 +64,3 @@ def in_passing_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         raise KeyboardInterrupt
     return outcome["result"]
 
-
-def passing_thread(fn: Callable[..., T]) -> Callable[..., T]:
-    """A decorator: every call of `fn` runs `in_passing_thread`."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> T:
-        return in_passing_thread(fn, *args, **kwargs)
-
-    return wrapper

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from ajet.training.passing_thread import in_passing_thread, passing_thread
+from ajet.training.passing_thread import in_passing_thread
 
 
 def test_the_result_comes_back_from_another_thread():
@@ -24,12 +24,11 @@ def test_the_result_comes_back_from_another_thread():
 
 
 def test_an_exception_is_raised_in_the_caller_with_its_type():
-    @passing_thread
     def fails():
         raise ValueError("bad sample at row 3")
 
     with pytest.raises(ValueError, match="bad sample at row 3"):
-        fails()
+        in_passing_thread(fails)
 
 
 # In a fresh interpreter: how many OS threads exist before, after a matmul in a passing thread, and

@@ -160,7 +160,7 @@ class RLRecipe:
         self.loop.phase(f"teacher scores {len(samples)} samples")
         start = time.monotonic()
         with self.rollout.engine.paused():
-            teacher_logprobs = in_passing_thread(self.teacher.score, samples)  # torch work: why, see there
+            teacher_logprobs = in_passing_thread(self.teacher.score, samples)  # see ajet/training/passing_thread.py
         seconds = time.monotonic() - start
         metrics = distill_advantages(samples, teacher_logprobs, self.cfg.distill.reward_coef)
         metrics["distill/teacher_s"] = seconds
