@@ -3,7 +3,9 @@
 The model is loaded from `model.path` (a Hugging Face checkpoint dir, the bundled model's
 name, or a peft adapter dir merged into its base, e.g. one role's adapter of a per-role run:
 `RUN/final_model/adapters/<role>`), so reports of different checkpoints compare: each names
-its model path. Every role of the workflow then plays with that one model.
+its model path. Every role of the workflow then plays with that one model, except with
+`model.lora.per_role`, where a per-role run's `final_model/` (the base and `adapters/<role>/`)
+is served as in training: each role with its own adapter, "initial" the base.
 """
 
 from __future__ import annotations
@@ -20,7 +22,12 @@ from ajet.config.schema import AjetConfig, EvalSplit
 from ajet.errors import EvalError
 from ajet.eval.dialogs import episode_dialogs, write_dialogs
 from ajet.eval.metrics import EpisodeResult, episode_result, summarize, write_report
-from ajet.models.load import load_model_and_tokenizer, model_source
+from ajet.models.load import (
+    load_model_and_tokenizer,
+    model_source,
+    role_adapter_dirs,
+    with_role_adapters,
+)
 from ajet.rollout.agent_metrics import agent_metrics
 from ajet.rollout.loader import as_workflow, load_workflow
 from ajet.rollout.local import LocalRollout
@@ -77,6 +84,11 @@ def evaluate(cfg: AjetConfig, *, workflow: Any = None, name: str | None = None,
     model, tokenizer = load_model_and_tokenizer(cfg.model)
     checkpoint, adapter = model_source(cfg.model)
     model_path = str(adapter or checkpoint)
+    # A per-role run's final_model/: each role plays its own adapter, the others their default
+    # model ("initial" = the base), as in training's validation.
+    roles = role_adapter_dirs(checkpoint) if adapter is None and cfg.model.lora.per_role else {}
+    if roles:
+        model = with_role_adapters(model, roles)
     name = name or e.name or default_name(model_path)
     stack = LocalRollout(cfg, model, tokenizer, wf, model_max_len=model_window(model, cfg.context.max_model_len),
                          rollout=rollout, record=True)

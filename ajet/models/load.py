@@ -76,6 +76,31 @@ def role_adapter_dir(path: str | Path, role: str) -> Path:
     return adapters / role
 
 
+def role_adapter_dirs(path: str | Path) -> dict[str, Path]:
+    """{role: adapter dir} of a per-role run's final_model/ (`<path>/adapters/<role>/`, beside
+    the base's config.json), in name order; {} for any other directory."""
+    root = Path(path).expanduser()
+    adapters = root / "adapters"
+    if not (root / "config.json").is_file() or not adapters.is_dir():
+        return {}
+    return {p.name: p for p in sorted(adapters.iterdir()) if (p / "adapter_config.json").is_file()}
+
+
+def with_role_adapters(model: Any, adapters: dict[str, Path]) -> Any:
+    """`model` (the base) as a peft model holding each role's adapter under the role's name, as
+    training served them: a role plays its own adapter, "initial" the base without any."""
+    from peft import PeftModel  # peft: heavy, only for a per-role run's adapters
+
+    (first, first_dir), *rest = adapters.items()
+    model = PeftModel.from_pretrained(model, first_dir, adapter_name=first)
+    for role, directory in rest:
+        model.load_adapter(directory, adapter_name=role)
+    model.set_adapter(first)
+    model.eval()
+    log.info("loaded the role adapters %s", ", ".join(adapters))
+    return model
+
+
 def load_tokenizer(cfg: ModelConfig) -> Any:
     from transformers import AutoTokenizer
 

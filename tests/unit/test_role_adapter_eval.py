@@ -110,3 +110,49 @@ def test_export_merged_without_per_role_adapters_is_refused_naming_the_setting(t
     cfg = load_config(two_calls_conf, ["model.lora.enabled=true", "model.lora.per_role=true",
                                        "model.lora.export_merged=true"])
     assert cfg.model.lora.export_merged
+
+
+def test_a_per_role_final_model_is_served_with_every_roles_adapter(export, tiny_model_dir: Path) -> None:
+    """With model.lora.per_role, evaluating a per-role run's final_model/ plays each role with its
+    own adapter and "initial" with the base, as training's validation did (the pipeline's eval
+    stage after a per-role training stage evaluates this way)."""
+    from ajet.models.load import role_adapter_dirs, with_role_adapters
+
+    out, trained = export
+    assert list(role_adapter_dirs(out)) == ["villager", "wolf"]
+    assert role_adapter_dirs(tiny_model_dir) == {} and role_adapter_dirs(out / "adapters") == {}
+    base, _ = load_model_and_tokenizer(ModelConfig(path=str(out), device="cpu"))
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        base_logits = base(ids).logits.clone()
+        model = with_role_adapters(base, role_adapter_dirs(out))
+        assert sorted(model.peft_config) == ["villager", "wolf"]
+        for role in ROLES:
+            model.set_adapter(role)
+            trained.set_adapter(role)
+            assert torch.allclose(model(ids).logits, trained(ids).logits, atol=1e-5), role
+        with model.disable_adapter():
+            assert torch.allclose(model(ids).logits, base_logits, atol=1e-6)
+        assert not torch.allclose(trained(ids).logits, base_logits, atol=1e-3)  # the adapters do something
+
+
+def test_evaluate_loads_the_role_adapters_only_with_per_role(export, two_calls_conf: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    out, _ = export
+    served: list[object] = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_rollout(cfg, model, *args, **kwargs):  # noqa: ANN001, ANN202 - stands in for the rollout stack
+        served.append(model)
+        raise Stop
+
+    monkeypatch.setattr(eval_runner, "LocalRollout", fake_rollout)
+    for per_role in ("true", "false"):
+        cfg = load_config(two_calls_conf, [f"model.path={out}", "model.device=cpu", "model.lora.enabled=true",
+                                           f"model.lora.per_role={per_role}", "eval.split=train"])
+        with pytest.raises(Stop):
+            eval_runner.evaluate(cfg)
+    assert sorted(served[0].peft_config) == ["villager", "wolf"]
+    assert not hasattr(served[1], "peft_config")  # per_role off: the base as it is
