@@ -4,6 +4,7 @@ the table, JSON, PNGs and markdown are written (a fake runner stands in for the 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import os
@@ -187,3 +188,18 @@ def test_machine_names_the_cpu_and_its_avx_flags(bench: Any) -> None:
     info = bench.machine()
     assert info["cores"] == os.cpu_count()
     assert all(flag.startswith("avx") for flag in info["avx"])
+
+
+def test_a_second_seed_is_its_own_run_and_row_beside_the_first(bench: Any, tmp_path: Path) -> None:
+    (e,) = bench.select("adder", seed=1)
+    assert (e.name, e.seed) == ("adder_seed1", 1)
+    cmd = bench.command(e, tmp_path, cached_base=False)
+    assert "project.seed=1" in cmd and "project.name=adder_seed1" in cmd
+    assert bench.select("adder")[0].seed == 0 and "project.seed=0" in bench.command(bench.select("adder")[0],
+                                                                                    tmp_path, False)
+    out = tmp_path / "out"
+    for name in ("math_agent", "adder_seed1", "adder"):
+        row = dataclasses.replace(result(bench, name.removesuffix("_seed1"), 0.8), name=name)
+        bench.write_outputs([row], out)
+    assert list(json.loads((out / "bench_learning.json").read_text())["results"]) == [
+        "adder", "adder_seed1", "math_agent"]
