@@ -37,6 +37,29 @@ def has_path(rows: list[str]) -> bool:
     return False
 
 
+def shortest_moves(rows: list[str], start: tuple[int, int]) -> list[str]:
+    """The moves of a shortest safe path from `start` to G (breadth first, moves tried in
+    MOVES order, so the same map gives the same path); [] when G is unreachable."""
+    size = len(rows)
+    came: dict[tuple[int, int], tuple[tuple[int, int], str] | None] = {start: None}
+    queue = deque([start])
+    while queue:
+        r, c = queue.popleft()
+        if rows[r][c] == "G":
+            moves: list[str] = []
+            node: tuple[int, int] = (r, c)
+            while came[node] is not None:
+                node, move = came[node]  # type: ignore[misc]
+                moves.append(move)
+            return moves[::-1]
+        for move, (dr, dc) in MOVES.items():
+            nr, nc = r + dr, c + dc
+            if 0 <= nr < size and 0 <= nc < size and (nr, nc) not in came and rows[nr][nc] != "H":
+                came[(nr, nc)] = ((r, c), move)
+                queue.append((nr, nc))
+    return []
+
+
 def generate_map(size: int, seed: int, hole_prob: float = 0.2) -> list[str]:
     """A size x size map with S top-left and G bottom-right, and a safe path between them."""
     if size < 2:

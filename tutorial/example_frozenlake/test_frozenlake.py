@@ -90,3 +90,35 @@ def test_test_maps_are_held_out_and_solvable(env_module) -> None:
     assert len(test) == len(set(test)) == 16
     assert not set(test) & (set(maps("train")) | set(maps("val")))
     assert all(env_module.has_path(list(m)) for m in test)
+
+
+def test_shortest_moves_walk_around_the_holes(env_module) -> None:
+    rows = ["SFF", "HHF", "GFF"]
+    assert env_module.shortest_moves(rows, (0, 0)) == ["right", "right", "down", "down", "left", "left"]
+    assert env_module.shortest_moves(rows, (2, 1)) == ["left"]
+    assert env_module.shortest_moves(["SH", "HG"], (0, 0)) == []
+
+
+def test_demos_walk_shortest_paths_on_maps_never_in_val_or_test(monkeypatch: pytest.MonkeyPatch) -> None:
+    """demos.jsonl (the SFT warm-up) is what make_demos.py makes: real workflow dialogs whose
+    replies are one move each, reaching G on a map that is neither a val nor a test map."""
+    import json
+
+    monkeypatch.syspath_prepend(str(HERE))
+    import frozenlake_env
+    import make_demos
+
+    held_out = {"/".join(json.loads(line)["map"]) for split in ("val", "test")
+                for line in (HERE / f"{split}.jsonl").read_text().splitlines()}
+    shipped = [json.loads(line) for line in (HERE / "demos.jsonl").read_text().splitlines()]
+    assert len(shipped) == 256
+    tasks = make_demos.demo_tasks(4)
+    made = [make_demos.asyncio.run(make_demos.demo(t)) for t in tasks]
+    assert made == shipped[:4]  # deterministic, and the shipped file is current
+    for dialog in shipped:
+        messages = dialog["messages"]
+        rows, start = make_demos.read_grid(messages[1]["content"])
+        assert start == (0, 0) and "/".join(rows) not in held_out
+        replies = [m["content"] for m in messages if m["role"] == "assistant"]
+        assert replies == frozenlake_env.shortest_moves(rows, start)
+        assert messages[-1]["role"] == "assistant"
