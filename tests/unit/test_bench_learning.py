@@ -127,7 +127,7 @@ def test_below_the_threshold_or_without_the_final_eval_fails(bench: Any, tmp_pat
 
 
 def test_a_gain_threshold_is_relative_to_the_base(bench: Any, tmp_path: Path) -> None:
-    lake = bench.select("frozenlake")[0]
+    lake = bench.select("frozenlake_rl")[0]
     assert lake.gain
     same = bench.collect(lake, fake_run(tmp_path / "a", base=0.25, trained=0.25), minutes=9, cached_base=False)
     assert same.passed and same.threshold == 0.25
