@@ -432,6 +432,14 @@ class TrainerConfig:
     # pass@k during validation
     val_n: int = bounded(1, Ge(1))
     save_final_model: bool = True
+    # Wall-clock budget: the run stops after the step that ends past this many minutes since
+    # its step loop began (validation included), then ends as usual (a last checkpoint and
+    # RUN/final_model). 0 = off: trainer.total_steps alone. A resumed run counts afresh.
+    max_minutes: float = bounded(0.0, Ge(0))
+    # After the first step that ends past each of these minutes (counted as max_minutes), the
+    # model is written to RUN/exports/min_<M>/ like RUN/final_model: a learning curve against
+    # wall time (e.g. [5, 10], evaluated later with `ajet eval --model`).
+    export_at_minutes: list[float] = field(default_factory=list)
 
 
 @dataclass

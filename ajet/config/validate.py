@@ -29,6 +29,9 @@ def validate(cfg: AjetConfig, *, require_workflow: bool = True) -> list[tuple[st
             problems.append((key, msg))
 
     need(bool(cfg.model.path), "model.path", "empty; use 'smollm2-135m-instruct' or a local checkpoint dir")
+    marks = cfg.trainer.export_at_minutes
+    need(all(m > 0 and m == m and m != float("inf") for m in marks), "trainer.export_at_minutes",
+         f"{marks}: give minutes > 0 (finite), e.g. [5, 10]")
 
     if require_workflow:
         need(

@@ -5,8 +5,9 @@ A recipe builds its model, optimizer and schedule, hands them over with `attach`
 the LR schedule once (the documented event: one training step, see `ajet.training.optim`),
 logs the metrics, watches them for signs that the run is not learning
 (`ajet.logging.learning_signs`: a warning the first time each holds), updates the progress
-display, validates when asked and checkpoints every `trainer.save_every` steps. At the end: a
-last checkpoint and `RUN/final_model`. Ctrl-C saves a checkpoint of the last finished step
+display, validates when asked, checkpoints every `trainer.save_every` steps, exports the model
+at `trainer.export_at_minutes` of wall time and stops early at `trainer.max_minutes`. At the
+end: a last checkpoint and `RUN/final_model`. Ctrl-C saves a checkpoint of the last finished step
 first, so `--resume` continues from it. Memory freed goes back to the OS
 (`ajet.training.memory`): large tensors as they are freed (from the loop's start,
 `trainer.malloc_mmap_threshold_kb`), the rest after each step, so the rollout that follows
@@ -16,6 +17,7 @@ starts from the model and optimizer state, not from the update's peak.
 from __future__ import annotations
 
 import logging
+import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -101,6 +103,7 @@ class TrainingLoop:
         if validate_at is None:
             validate_at = lambda step: bool(t.val_every) and step % t.val_every == 0  # noqa: E731
         self.progress = TrainingProgress(self.total_steps, self.step, quiet=self.cfg.logging.quiet)
+        clock = WallClock(t.max_minutes, t.export_at_minutes)
         try:
             if validate is not None and self.step == 0 and validate_at(0):
                 validate()  # the starting point; a resumed run validated it before its checkpoint
@@ -124,6 +127,12 @@ class TrainingLoop:
                     validate()
                 if t.save_every and self.step % t.save_every == 0 and self.step < self.total_steps:
                     self.save_checkpoint()
+                for mark in clock.exports_due():
+                    self.save_final_model(self.run_dir / "exports" / f"min_{mark:g}")
+                if clock.out_of_time() and self.step < self.total_steps:
+                    log.info("trainer.max_minutes=%g reached after step %d of %d: ending the run",
+                             t.max_minutes, self.step, self.total_steps)
+                    break
             self.save_checkpoint()
             if t.save_final_model:
                 self.save_final_model()
@@ -139,7 +148,31 @@ class TrainingLoop:
         save_checkpoint(self.run_dir / "checkpoints", self.step, model=self._model, optimizer=self.optimizer,
                         scheduler=self.scheduler, extra=self._state(), keep_last=self.cfg.trainer.keep_checkpoints)
 
-    def save_final_model(self) -> None:
+    def save_final_model(self, out: Path | None = None) -> None:
         lora = self.cfg.model.lora
-        save_final_model(self._model, self._tokenizer, self.run_dir / "final_model", lora=lora.enabled,
+        save_final_model(self._model, self._tokenizer, out or self.run_dir / "final_model", lora=lora.enabled,
                          per_role=lora.enabled and lora.per_role, export_merged=lora.export_merged)
+
+
+class WallClock:
+    """Minutes since the step loop began, against `trainer.max_minutes` and
+    `trainer.export_at_minutes` (each mark is due once, after the first step that ends past it)."""
+
+    def __init__(self, max_minutes: float, export_at: list[float], now: Callable[[], float] | None = None) -> None:
+        self.max_minutes = max_minutes
+        self.pending = sorted(set(export_at))
+        self.now = now or time.monotonic
+        self.start = self.now()
+
+    def minutes(self) -> float:
+        return (self.now() - self.start) / 60
+
+    def exports_due(self) -> list[float]:
+        """The export marks passed since the last call (each once)."""
+        elapsed = self.minutes()
+        due = [m for m in self.pending if m <= elapsed]
+        self.pending = [m for m in self.pending if m > elapsed]
+        return due
+
+    def out_of_time(self) -> bool:
+        return bool(self.max_minutes) and self.minutes() >= self.max_minutes

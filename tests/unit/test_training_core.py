@@ -148,3 +148,54 @@ def test_rl_run_stops_after_max_failed_steps_of_only_failed_episodes(two_calls_c
     run_dir = run_dir_of(cfg)
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2]  # both failed steps are logged before the run stops
+
+
+def test_max_minutes_ends_the_run_and_exports_fall_at_their_minutes(
+        two_calls_conf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """trainer.max_minutes stops after the step that ends past it (then the usual end: a last
+    checkpoint and final_model); each trainer.export_at_minutes mark writes exports/min_<M>
+    once, after the first step that ends past it. A fake clock: each step takes 2 minutes."""
+    import torch
+
+    from ajet.training import loop as loop_module
+    from ajet.training.optim import build_optimizer
+
+    cfg = load_config(two_calls_conf, [f"project.exp_dir={tmp_path / 'exp'}", "logging.quiet=true",
+                                       "trainer.total_steps=10", "trainer.val_every=0", "trainer.max_minutes=5",
+                                       "trainer.export_at_minutes=[4,3,9]"])
+    now = [0.0]
+    monkeypatch.setattr(loop_module.time, "monotonic", lambda: now[0])
+    saved: list[tuple[int, str]] = []
+    monkeypatch.setattr(loop_module, "save_final_model",
+                        lambda model, tokenizer, out, **kw: saved.append((loop.step, Path(out).name)))
+    model = torch.nn.Linear(2, 2)
+    optimizer, scheduler = build_optimizer(model, cfg.trainer)
+    closers = Closers()
+    run_dir = tmp_path / "exp" / cfg.project.name
+    run_dir.mkdir(parents=True)
+    loop = loop_module.TrainingLoop(cfg, run_dir, closers, total_steps=cfg.trainer.total_steps)
+    loop.attach(model, None, optimizer, scheduler)
+    steps: list[int] = []
+
+    def step(n: int) -> dict[str, float]:
+        steps.append(n)
+        now[0] += 120.0
+        return {"reward/mean": 0.0}
+
+    try:
+        loop.run(step)
+    finally:
+        closers.close_all()
+    assert steps == [1, 2, 3]  # 6 minutes after step 3 >= 5
+    # 3 and 4 both passed during step 2; 9 never came; then the final model
+    assert saved == [(2, "min_3"), (2, "min_4"), (3, "final_model")]
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("step_*")) == ["step_000003"]
+
+
+def test_export_marks_must_be_positive_minutes(two_calls_conf: Path) -> None:
+    from ajet.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"trainer.export_at_minutes.*minutes > 0"):
+        load_config(two_calls_conf, ["trainer.export_at_minutes=[5,0]"])
+    with pytest.raises(ConfigError, match=r"trainer.max_minutes"):
+        load_config(two_calls_conf, ["trainer.max_minutes=-1"])
