@@ -3,6 +3,9 @@ a safe path).
 
     python tutorial/example_frozenlake/make_data.py
 
+It then runs make_demos.py (demos.jsonl, the SFT warm-up's demonstrations, from train maps and
+maps of their own).
+
 Each split's maps come from its own range of seeds; a test map that is already in train,
 val or test is redrawn. Val is the split to tune settings on and to validate on during
 training; test is only reported on (`eval.split: test`, `scripts/bench_learning.py`).
@@ -41,6 +44,9 @@ def main() -> None:
                 "max_steps": 2 * (size - 1) + 2,
             })
         (here / f"{split}.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    import make_demos  # the SFT warm-up's demonstrations come from these train maps
+
+    make_demos.main(here)
 
 
 if __name__ == "__main__":
