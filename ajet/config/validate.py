@@ -7,6 +7,7 @@ are declared in the schema (`bounded`) and checked by `range_problems`, not writ
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from ajet.config.ranges import range_problems
@@ -30,7 +31,7 @@ def validate(cfg: AjetConfig, *, require_workflow: bool = True) -> list[tuple[st
 
     need(bool(cfg.model.path), "model.path", "empty; use 'smollm2-135m-instruct' or a local checkpoint dir")
     marks = cfg.trainer.export_at_minutes
-    need(all(m > 0 and m == m and m != float("inf") for m in marks), "trainer.export_at_minutes",
+    need(all(m > 0 and math.isfinite(m) for m in marks), "trainer.export_at_minutes",
          f"{marks}: give minutes > 0 (finite), e.g. [5, 10]")
 
     if require_workflow:

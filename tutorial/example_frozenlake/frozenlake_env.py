@@ -24,17 +24,7 @@ def has_path(rows: list[str]) -> bool:
     """Is G reachable from S through safe cells?"""
     size = len(rows)
     start = next((r, c) for r in range(size) for c in range(size) if rows[r][c] == "S")
-    seen, queue = {start}, deque([start])
-    while queue:
-        r, c = queue.popleft()
-        if rows[r][c] == "G":
-            return True
-        for dr, dc in MOVES.values():
-            nr, nc = r + dr, c + dc
-            if 0 <= nr < size and 0 <= nc < size and (nr, nc) not in seen and rows[nr][nc] != "H":
-                seen.add((nr, nc))
-                queue.append((nr, nc))
-    return False
+    return rows[start[0]][start[1]] == "G" or bool(shortest_moves(rows, start))
 
 
 def shortest_moves(rows: list[str], start: tuple[int, int]) -> list[str]:

@@ -21,6 +21,16 @@ from frozenlake_env import generate_map
 QUERY = "Reach the goal G from the start S."
 
 
+def map_size(i: int) -> int:
+    """The size of a split's i-th map: mostly 4x4, every 4th map 5x5."""
+    return 4 if i % 4 else 5
+
+
+def map_task(task_id: str, grid: list[str]) -> dict:
+    # max_steps: enough for the shortest path (2 * (size - 1) moves) plus a few mistakes.
+    return {"task_id": task_id, "question": QUERY, "map": grid, "max_steps": 2 * (len(grid) - 1) + 2}
+
+
 def main() -> None:
     here = Path(__file__).parent
     taken: set[str] = set()
@@ -29,20 +39,13 @@ def main() -> None:
         seed = offset
         while len(rows) < count:
             i = len(rows)
-            size = 4 if i % 4 else 5  # mostly 4x4, every 4th map 5x5
-            grid = generate_map(size, seed=seed)
+            grid = generate_map(map_size(i), seed=seed)
             seed += 1
             key = "/".join(grid)
             if split == "test" and key in taken:
                 continue  # a test map is in no other split, nor twice in test (train and val: as first drawn)
             taken.add(key)
-            rows.append({
-                "task_id": f"{split}-{i}",
-                "question": QUERY,
-                "map": grid,
-                # Enough for the shortest path (2 * (size - 1) moves) plus a few mistakes.
-                "max_steps": 2 * (size - 1) + 2,
-            })
+            rows.append(map_task(f"{split}-{i}", grid))
         (here / f"{split}.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     import make_demos  # the SFT warm-up's demonstrations come from these train maps
 

@@ -20,6 +20,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from frozenlake_env import generate_map, shortest_moves
+from make_data import map_size, map_task
 
 HERE = Path(__file__).parent
 DEMO_SEEDS = 30_000  # the extra demo maps' seed range (train 0.., val 10_000.., test 20_000..)
@@ -66,7 +67,7 @@ async def demo(task: dict) -> dict:
 
 
 def demo_tasks(count: int) -> list[dict]:
-    """The train maps, then maps from DEMO_SEEDS on (mostly 4x4, every 4th 5x5, as make_data),
+    """The train maps, then maps from DEMO_SEEDS on (sized and bounded as make_data's),
     none of them a val or test map, up to `count`."""
     read = [json.loads(line) for line in (HERE / "train.jsonl").read_text().splitlines() if line.strip()]
     held_out = {"/".join(json.loads(line)["map"]) for split in ("val", "test")
@@ -75,15 +76,13 @@ def demo_tasks(count: int) -> list[dict]:
     tasks = [t for t in read if "/".join(t["map"]) not in held_out]
     seed = DEMO_SEEDS
     while len(tasks) < count:
-        size = 4 if len(tasks) % 4 else 5
-        grid = generate_map(size, seed=seed)
+        grid = generate_map(map_size(len(tasks)), seed=seed)
         seed += 1
         key = "/".join(grid)
         if key in held_out or key in seen:
             continue
         seen.add(key)
-        tasks.append({"task_id": f"demo-{seed - DEMO_SEEDS - 1}", "question": read[0]["question"], "map": grid,
-                      "max_steps": 2 * (size - 1) + 2})
+        tasks.append(map_task(f"demo-{seed - DEMO_SEEDS - 1}", grid))
     return tasks[:count]
 
 
