@@ -36,8 +36,9 @@ SHOWN = (
 
 
 class TrainingProgress:
-    def __init__(self, total_steps: int, start_step: int, *, quiet: bool) -> None:
+    def __init__(self, total_steps: int, start_step: int, *, quiet: bool, max_minutes: float = 0.0) -> None:
         self.total = total_steps
+        self.max_minutes = max_minutes  # `trainer.max_minutes`: the eta is never past it (0 = none)
         self.quiet = is_quiet(quiet)
         self._start = time.monotonic()
         self._start_step = start_step
@@ -82,7 +83,10 @@ class TrainingProgress:
         line = "  ".join([f"step {step}/{self.total}", *shown])
         done = step - self._start_step
         if done > 0:
-            eta = (time.monotonic() - self._start) / done * (self.total - step)
+            elapsed = time.monotonic() - self._start
+            eta = elapsed / done * (self.total - step)
+            if self.max_minutes > 0:
+                eta = max(0.0, min(eta, self.max_minutes * 60 - elapsed))
             line += f"  eta {eta:.0f}s"
         if self._progress is not None:
             self._progress.update(self._task, completed=step, stats=line.split("  ", 1)[1])

@@ -102,7 +102,8 @@ class TrainingLoop:
         t = self.cfg.trainer
         if validate_at is None:
             validate_at = lambda step: bool(t.val_every) and step % t.val_every == 0  # noqa: E731
-        self.progress = TrainingProgress(self.total_steps, self.step, quiet=self.cfg.logging.quiet)
+        self.progress = TrainingProgress(self.total_steps, self.step, quiet=self.cfg.logging.quiet,
+                                         max_minutes=t.max_minutes)
         clock = WallClock(t.max_minutes, t.export_at_minutes)
         try:
             if validate is not None and self.step == 0 and validate_at(0):

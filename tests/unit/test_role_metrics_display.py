@@ -83,3 +83,20 @@ def test_validation_reports_the_workflows_own_metrics() -> None:
     episodes.append(Episode(episode_id="e2", task=task, group_id="t", status="failed"))
     metrics = validation_metrics(episodes, k=1)
     assert metrics["val/workflow/vote_hit/seer"] == 0.5  # over the ok episodes
+
+
+def test_the_eta_never_passes_the_wall_budget(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With `trainer.max_minutes` (a budget, total_steps only a cap), the eta is the budget left."""
+    import ajet.logging.progress as progress_module
+
+    now = [0.0]
+    monkeypatch.setattr(progress_module.time, "monotonic", lambda: now[0])
+    capped = TrainingProgress(100_000, 0, quiet=True, max_minutes=5)
+    uncapped = TrainingProgress(100_000, 0, quiet=True)
+    now[0] = 60.0  # the first step took a minute
+    with caplog.at_level(logging.INFO, logger="ajet.progress"):
+        capped.step_done(1, {"reward/mean": 0.5})
+        uncapped.step_done(1, {"reward/mean": 0.5})
+    first, second = (r.getMessage() for r in caplog.records)
+    assert first.endswith("eta 240s")  # 5 min budget, 1 min spent
+    assert second.endswith("eta 5999940s")  # 99,999 steps of a minute
