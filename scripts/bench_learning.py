@@ -69,11 +69,16 @@ class Example:
     base: float | None = None  # cached base score on test, from a run (--cached-base)
     metric: str = "success/rate"
     quick: bool = False
+    also: tuple[str, ...] = ()  # more test metrics to report beside `metric` (behaviour, a second judge)
     seed: int = 0  # project.seed of the run (--seed); a seed other than 0 names the run <name>_seed<N>
 
     def threshold_text(self) -> str:
         return f">= base + {self.threshold:.2f}" if self.gain else f">= {self.threshold:.2f}"
 
+
+# What the werewolves' players did, reported beside the win rate (game.behaviour_metrics).
+WEREWOLVES_BEHAVIOUR = ("workflow/valid_choices", "workflow/vote_hit/villager", "workflow/vote_hit/seer",
+                        "workflow/check_hit/seer")
 
 REGISTRY: tuple[Example, ...] = (
     Example(
@@ -121,21 +126,24 @@ REGISTRY: tuple[Example, ...] = (
     ),
     Example(
         name="werewolves_vs_initial", conf="tutorial/example_werewolves/werewolves_vs_initial.yaml",
-        stages=("grpo",), overrides=("eval.n=4",), budget_min=30, threshold=0.15, gain=True, base=0.8125,
+        stages=("grpo",), overrides=("eval.n=4",), budget_min=30, threshold=0.15, gain=True,
+        also=WEREWOLVES_BEHAVIOUR,
         why="issue 26's target: the werewolf's win rate against the frozen initial village, +15 points "
             "within 30 minutes; the YAML's 10 steps were sized to the budget from one timed step, lr "
             "untuned. 4 games per test seating (64): one game a seating would be +-0.11 at a win rate "
-            "near 0.7. Cached base: 52 of 64 test games (2026-11-26, seed 0's first eval).",
+            "near 0.7. No cached base: the choices became structured output on 2026-11-26, which "
+            "changes the base model's games (before: 52 of 64 won).",
     ),
     Example(
         name="werewolves_selfplay", conf="tutorial/example_werewolves/werewolves_selfplay.yaml",
         stages=("grpo",), overrides=("eval.n=4", "trainer.total_steps=6", "trainer.val_every=3"),
-        budget_min=30, threshold=0.0, gain=True, metric="workflow/valid_choices", base=0.1875,
+        budget_min=30, threshold=0.0, gain=True, metric="workflow/vote_hit/villager",
+        also=("workflow/werewolves_win", *WEREWOLVES_BEHAVIOUR),
         why="both teams train, each role on its adapter: the win rate is a tug of war, so the metric is "
-            "behaviour (answers that name a valid player); no learning documented on val yet, so the "
-            "threshold only asks that training does not fall below the base model. 6 of the YAML's 10 "
-            "steps, to fit the budget with three adapters' updates. Cached base: the base model's games "
-            "are the same as in werewolves_vs_initial's first eval (every seat plays the base): 0.1875.",
+            "behaviour: the villagers' votes that hit the werewolf (before 2026-11-26, with free-text "
+            "choices, it was the answers that named a valid player, now always 1); no learning "
+            "documented on val yet, so the threshold only asks that training does not fall below the "
+            "base model. 6 of the YAML's 10 steps, to fit the budget with three adapters' updates.",
     ),
 )
 
@@ -155,6 +163,7 @@ class Result:
     passed: bool
     status: str  # "pass", "FAIL", or what went wrong
     base_cached: bool = False
+    also: dict[str, list[float | None]] = field(default_factory=dict)  # metric -> [base, trained] on test
     points: list[dict[str, Any]] = field(default_factory=list)  # minutes, label, split, value
     command: list[str] = field(default_factory=list)
     date: str = ""
@@ -257,6 +266,7 @@ def collect(example: Example, run_dir: Path, *, minutes: float, cached_base: boo
                 curve.append({"minutes": round(p["minutes"], 3), "label": p["label"], "split": p["split"],
                               "value": float(value)})
     tests = [p for p in curve if p["split"] == "test"]
+    also = also_metrics(example, run_dir, cached_base)
     if cached_base:
         base = example.base
         curve.insert(0, {"minutes": 0.0, "label": "base (cached)", "split": "test", "value": base})
@@ -271,8 +281,22 @@ def collect(example: Example, run_dir: Path, *, minutes: float, cached_base: boo
                   tokens_trained=token_sum(run_dir, TRAINED_KEYS),
                   tokens_forwarded=token_sum(run_dir, FORWARDED_KEYS), threshold=round(threshold, 4),
                   threshold_text=example.threshold_text(), budget_min=example.budget_min, passed=passed,
-                  status=status, base_cached=cached_base, points=curve, command=list(cmd or []),
+                  status=status, base_cached=cached_base, also=also, points=curve, command=list(cmd or []),
                   date=date or time.strftime("%Y-%m-%d %H:%M"), machine=dict(machine or {}))
+
+
+def also_metrics(example: Example, run_dir: Path, cached_base: bool) -> dict[str, list[float | None]]:
+    """Each of `example.also`: [base, trained] from the first and last test evaluations (base None
+    when it was cached: only the main metric is cached)."""
+    if not example.also or not (run_dir / "pipeline.json").is_file():
+        return {}
+    tests = [p["metrics"] for p in points(run_dir) if p["split"] == "test"]
+    out: dict[str, list[float | None]] = {}
+    for key in example.also:
+        values = [float(m[key]) if isinstance(m.get(key), (int, float)) else None for m in tests]
+        base = None if cached_base or len(values) < 2 else values[0]
+        out[key] = [base, values[-1] if values else None]
+    return out
 
 
 def token_sum(run_dir: Path, keys: tuple[str, ...]) -> int:
@@ -328,6 +352,12 @@ def print_table(results: list[Result]) -> None:
 def markdown(results: list[Result], images: dict[str, str]) -> str:
     lines = ["| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
     lines += ["| " + " | ".join(row) + " |" for row in table_rows(results)]
+    also = [r for r in results if r.also]
+    if also:
+        lines += ["", "More test metrics of the same runs (base -> trained):", "",
+                  "| example | metric | base -> trained |", "|---|---|---|"]
+        lines += [f"| {r.name} | {key} | {fmt(base)} -> {fmt(trained)} |"
+                  for r in also for key, (base, trained) in r.also.items()]
     lines += ["", *(f"![{name}]({path})" for name, path in images.items())]
     return "\n".join(lines) + "\n"
 

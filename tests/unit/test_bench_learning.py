@@ -203,3 +203,23 @@ def test_a_second_seed_is_its_own_run_and_row_beside_the_first(bench: Any, tmp_p
         bench.write_outputs([row], out)
     assert list(json.loads((out / "bench_learning.json").read_text())["results"]) == [
         "adder", "adder_seed1", "math_agent"]
+
+
+def test_also_reports_more_test_metrics_base_and_trained(bench: Any, tmp_path: Path) -> None:
+    """An example's `also` metrics come from the same first and last test evaluations; a metric an
+    evaluation did not log is None, and with a cached base only the trained value is known."""
+    wolves = bench.replace(bench.select("adder")[0], also=("workflow/valid_choices", "workflow/vote_hit/seer"))
+    run = fake_run(tmp_path, base=0.5, trained=0.75)
+    for name, valid in (("01_base", 0.2), ("03_grpo", 0.9)):
+        report = run / "eval" / f"eval_{name}.json"
+        data = json.loads(report.read_text())
+        data["metrics"]["workflow/valid_choices"] = valid
+        stamp = report.stat().st_mtime
+        report.write_text(json.dumps(data))
+        os.utime(report, (stamp, stamp))  # the points keep their order
+    result = bench.collect(wolves, run, minutes=3, cached_base=False)
+    assert result.also == {"workflow/valid_choices": [0.2, 0.9], "workflow/vote_hit/seer": [None, None]}
+    cached = bench.collect(wolves, run, minutes=3, cached_base=True)
+    assert cached.also["workflow/valid_choices"] == [None, 0.9]
+    text = bench.markdown([result], {})
+    assert "| adder | workflow/valid_choices | 0.200 -> 0.900 |" in text
