@@ -165,11 +165,14 @@ def test_episode_reward(g) -> None:
 # -- whole games, real workflow and agents, scripted model --------------------------------------
 class _ScriptedTuner:
     """Stands in for the ModelTuner: every role's model answers with a random candidate of the
-    moderator's question (sometimes with nonsense), and every call is kept."""
+    moderator's question (sometimes with nonsense), and every call is kept. With `schema`, a call
+    with a `structured_model` answers as ajet's engine does: a random value the schema admits, in
+    `response.metadata` (kept in `structured`)."""
 
-    def __init__(self, trainable: set[str], seed: int) -> None:
-        self.trainable, self.rng = trainable, random.Random(seed)
+    def __init__(self, trainable: set[str], seed: int, schema: bool = False) -> None:
+        self.trainable, self.rng, self.schema = trainable, random.Random(seed), schema
         self.calls: list[tuple[str, list[dict]]] = []
+        self.structured: list[tuple[str, dict[str, list[str]], dict[str, str], int]] = []
 
     def is_trainable_role(self, role: str) -> bool:
         return role in self.trainable
@@ -182,8 +185,14 @@ class _ScriptedTuner:
 
         class Scripted(ChatModelBase):
             async def __call__(self, messages: list[dict], tools: Any = None, tool_choice: Any = None,
-                               **kwargs: Any) -> ChatResponse:
+                               structured_model: Any = None, **kwargs: Any) -> ChatResponse:
                 tuner.calls.append((role, messages))
+                if structured_model is not None and tuner.schema:
+                    fields = structured_model.model_json_schema()["properties"]
+                    enums = {key: field.get("enum") or [field["const"]] for key, field in fields.items()}
+                    chosen = {key: tuner.rng.choice(values) for key, values in enums.items()}
+                    tuner.structured.append((role, enums, chosen, kwargs.get("max_tokens", 0)))
+                    return ChatResponse(content=[TextBlock(type="text", text="")], metadata=chosen)
                 question = messages[-1]["content"][0]["text"].splitlines()[-2]
                 names = re.findall(r"\w+", question.split("one name: ")[-1]) if "one name: " in question else []
                 words = ["save", "pass", "poison " + tuner.rng.choice(list(NINE))] if "potion" in question else []
@@ -193,7 +202,8 @@ class _ScriptedTuner:
         return Scripted(model_name=role, stream=False)
 
 
-def _play(variant_file: str, trainable: set[str], games: int) -> list[tuple[Any, _ScriptedTuner, dict]]:
+def _play(variant_file: str, trainable: set[str], games: int, schema: bool = False
+          ) -> list[tuple[Any, _ScriptedTuner, dict]]:
     from werewolves import WerewolvesGame
 
     from ajet import WorkflowTask
@@ -201,7 +211,7 @@ def _play(variant_file: str, trainable: set[str], games: int) -> list[tuple[Any,
     rows = [json.loads(line) for line in (HERE / variant_file).read_text().splitlines()][:games]
     played = []
     for i, row in enumerate(rows):
-        tuner = _ScriptedTuner(trainable, seed=i)
+        tuner = _ScriptedTuner(trainable, seed=i, schema=schema)
         task = WorkflowTask(task_id=row["task_id"], metadata=row)
         played.append((asyncio.run(WerewolvesGame().execute(task, tuner)), tuner, row))
     return played
@@ -227,6 +237,47 @@ def test_games_end_and_players_see_only_what_they_may(g, data: str) -> None:
             assert (" is a werewolf." in history or " is not a werewolf." in history) <= (role == "seer")
             assert ("You may use one potion" in history) <= (role == "witch")
     assert min(out.log_metrics["valid_choices"] for out, _, _ in played) < 1.0  # the script's nonsense counts
+
+
+@pytest.mark.parametrize("data", ["train.jsonl", "train9.jsonl"])
+def test_choices_are_structured_output_of_the_valid_answers(g, data: str) -> None:
+    """Every choice is asked with a schema that admits only its valid answers; a model that keeps
+    to it (ajet's engine) never makes an invalid choice."""
+    played = _play(data, {"werewolf", "villager", "seer", "witch", "hunter"}, games=8, schema=True)
+    kinds = set()
+    for out, tuner, row in played:
+        players = set(row["players"])
+        assert out.log_metrics["valid_choices"] == 1.0
+        assert tuner.structured  # every game has a night kill and a vote
+        for _role, enums, chosen, max_tokens in tuner.structured:
+            assert max_tokens >= 40  # room for the tool-call markup around the answer
+            if "action" in enums:  # the witch: her potions left, or pass; whom to poison
+                kinds.add("witch")
+                assert "pass" in enums["action"] and set(enums["action"]) <= {"save", "poison", "pass"}
+                assert set(enums["name"]) < players
+            else:
+                kinds.add("name")
+                assert set(enums) == {"name"} and set(enums["name"]) <= players
+        speeches = [m for role, m in tuner.calls if "Say one short sentence" in m[-1]["content"][0]["text"]]
+        assert speeches, "speeches stay free text"
+        votes = dict(out.metadata["votes"])
+        assert all(voted in players and voted != voter for voter, voted in votes.items())
+    assert "name" in kinds and (data == "train.jsonl" or "witch" in kinds)
+
+
+def test_free_text_choices_stay_available(g) -> None:
+    """`structured_choices = False`: the questions are free text again (the earlier runs')."""
+    from werewolves import WerewolvesGame
+
+    from ajet import WorkflowTask
+
+    class FreeText(WerewolvesGame):
+        structured_choices = False
+
+    row = json.loads((HERE / "train.jsonl").read_text().splitlines()[0])
+    tuner = _ScriptedTuner({"werewolf"}, seed=0, schema=True)
+    asyncio.run(FreeText().execute(WorkflowTask(task_id=row["task_id"], metadata=row), tuner))
+    assert tuner.calls and not tuner.structured
 
 
 def test_one_trained_team_gets_one_reward(g) -> None:
@@ -314,7 +365,16 @@ def test_one_step_self_play_one_adapter_per_role(one_step) -> None:
 
 
 class _OpponentServer:
-    """A fixed 'frozen opponent': an OpenAI-compatible endpoint that always answers the same."""
+    """A fixed 'frozen opponent': an OpenAI-compatible endpoint that always answers the same: a
+    sentence, or under a `response_format` JSON schema (a choice) the first value it admits."""
+
+    @staticmethod
+    def answer(body: dict) -> str:
+        schema = ((body.get("response_format") or {}).get("json_schema") or {}).get("schema")
+        if not schema:
+            return "I trust everyone here."
+        first = {key: (field.get("enum") or [field.get("const")])[0] for key, field in schema["properties"].items()}
+        return json.dumps(first)
 
     def __init__(self) -> None:
         import uvicorn
@@ -330,7 +390,7 @@ class _OpponentServer:
                 "id": f"c{self.requests}", "object": "chat.completion", "created": int(time.time()),
                 "model": body.get("model", "opponent"),
                 "choices": [{"index": 0, "finish_reason": "stop",
-                             "message": {"role": "assistant", "content": "I trust everyone here."}}],
+                             "message": {"role": "assistant", "content": self.answer(body)}}],
                 "usage": {"prompt_tokens": 1, "completion_tokens": 5, "total_tokens": 6},
             }
 

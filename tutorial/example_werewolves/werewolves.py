@@ -14,6 +14,16 @@ share one model (one LoRA adapter with `model.lora.per_role`).
   or WEREWOLVES_OPPONENT_BASE_URL (+ _MODEL, _API_KEY) for any model behind an OpenAI-compatible
   server (not recorded at all).
 
+Choices (a kill, a check, a vote, the witch's potion, the hunter's shot) are AgentScope
+structured output, as in the seed's game: the question goes to the seat's memory and its model is
+called with `structured_model=` a pydantic model whose fields admit only the valid answers. ajet's
+engine decodes that call under the schema (docs/grammar.md), so a choice is always valid and is
+the model's own, not a random stand-in for an answer that named nobody. The seat then remembers
+its choice as its reply. A model without grammar support (an external server) may still answer
+off the schema: the answer is then parsed as free text, as the speeches are, and a choice that
+names nobody is settled by chance (counted in workflow/valid_choices). Set
+`structured_choices = False` on a subclass for the free-text questions of the earlier runs.
+
 Reward (game.episode_reward): when one team is trained, 1 if it won, else 0; when both are
 (self-play), a reward per role: 1 for the roles of the winning team, 0 for the others.
 The rules are game.py's; the behaviour metrics are game.behaviour_metrics.
@@ -25,7 +35,7 @@ import asyncio
 import logging
 import os
 import random
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from game import (
     WOLVES,
@@ -110,18 +120,55 @@ def pick(question: str, candidates: list[str]) -> str:
     return f"{question} Answer with one name: {', '.join(candidates)}."
 
 
+# A choice's call writes the tool-call markup around its answer (~32 tokens for a name, ~40 for
+# the witch's), more than the speeches' rollout.max_tokens of 32.
+CHOICE_MAX_TOKENS = 64
+
+
+def name_choice(candidates: list[str]) -> type[Any]:
+    """The structured answer to a question whose answer is one of `candidates`."""
+    from pydantic import Field, create_model
+
+    return create_model("Choice", name=(Literal[tuple(candidates)], Field(description="one player's name")))
+
+
+def witch_choice(potions: set[str], others: list[str]) -> type[Any]:
+    """The witch's structured answer: a potion she still has, or pass; `name` is whom to poison."""
+    from pydantic import Field, create_model
+
+    actions = (*sorted(potions), "pass")
+    return create_model("WitchAction", action=(Literal[actions], Field(description="what you do")),
+                        name=(Literal[tuple(others)], Field(description="whom to poison (only read with poison)")))
+
+
 class Table:
     """The moderator of one game: asks the agents, tells each what it may know, applies the rules."""
 
-    def __init__(self, game: Game, agents: dict[str, Any], rng: random.Random) -> None:
-        self.game, self.agents, self.rng = game, agents, rng
+    def __init__(self, game: Game, agents: dict[str, Any], rng: random.Random, structured: bool = True) -> None:
+        self.game, self.agents, self.rng, self.structured = game, agents, rng, structured
 
-    async def ask(self, name: str, text: str) -> str:
+    async def ask(self, name: str, text: str, answer: type[Any] | None = None) -> str:
+        """What `name` answers to `text`: free text, or with `answer` (a pydantic model) its
+        structured answer's fields joined into words ("poison Bob")."""
         from agentscope.message import Msg  # agentscope: heavy, imported where used
 
-        # reply(), not agent(...): __call__ turns a cancellation (the episode's timeout) into a reply
-        reply = await self.agents[name].reply(Msg(MODERATOR, text, "user"))
-        return reply.get_text_content() or ""
+        agent, question = self.agents[name], Msg(MODERATOR, text, "user")
+        if answer is None or not self.structured:
+            # reply(), not agent(...): __call__ turns a cancellation (the episode's timeout) into a reply
+            reply = await agent.reply(question)
+            return reply.get_text_content() or ""
+        # One call with the seat's own history, as the agent's reasoning step formats it (its
+        # reply() would add a second call to say the choice in words).
+        await agent.memory.add(question)
+        prompt = await agent.formatter.format([Msg("system", agent.sys_prompt, "system"),
+                                               *await agent.memory.get_memory()])
+        response = await agent.model(prompt, structured_model=answer, max_tokens=CHOICE_MAX_TOKENS)
+        fields = response.metadata or {}
+        said = " ".join(str(fields[key]) for key in answer.model_fields if fields.get(key))
+        if not said:  # a model that ignored the schema: its text is parsed like a speech
+            said = " ".join(block.get("text", "") for block in response.content if block.get("type") == "text")
+        await agent.memory.add(Msg(name, said, "assistant"))
+        return said
 
     async def tell(self, names: list[str], text: str, speaker: str = MODERATOR) -> None:
         from agentscope.message import Msg  # agentscope: heavy, imported where used
@@ -137,9 +184,10 @@ class Table:
         seers = g.players("seer") if "seer" in acting else []
         # The werewolves and the seer act at once: neither depends on the other.
         kills, checks = await asyncio.gather(
-            asyncio.gather(*(self.ask(w, pick(f"Night {n}. Whom do you kill?", targets)) for w in wolves)),
-            asyncio.gather(*(self.ask(s, pick(f"Night {n}. Whose role do you learn?", g.others(s)))
-                             for s in seers)),
+            asyncio.gather(*(self.ask(w, pick(f"Night {n}. Whom do you kill?", targets), name_choice(targets))
+                             for w in wolves)),
+            asyncio.gather(*(self.ask(s, pick(f"Night {n}. Whose role do you learn?", g.others(s)),
+                                      name_choice(g.others(s))) for s in seers)),
         )
         named = {w: choose(g, w, text, targets, self.rng) for w, text in zip(wolves, kills, strict=True)}
         victim = tally(named, self.rng)
@@ -153,7 +201,8 @@ class Table:
         action: Action = ("pass", None)
         if "witch" in acting:
             witch = g.players("witch")[0]
-            action = witch_action(g, witch, await self.ask(witch, self.witch_prompt(n, witch, victim)), victim)
+            answer = witch_choice(g.potions, g.others(witch))
+            action = witch_action(g, witch, await self.ask(witch, self.witch_prompt(n, witch, victim), answer), victim)
         deaths = resolve_night(g, victim, action)
         died = ", ".join(d.name for d in deaths) or "nobody"
         await self.tell(list(g.roles), f"Night {n} is over. Died in the night: {died}.")
@@ -177,7 +226,8 @@ class Table:
                                           for s in speakers))
         for speaker, speech in zip(speakers, speeches, strict=True):  # each hears the others' speeches
             await self.tell([s for s in speakers if s != speaker], speech.strip(), speaker=speaker)
-        ballots = await asyncio.gather(*(self.ask(s, pick("Vote: who is out?", g.others(s))) for s in speakers))
+        ballots = await asyncio.gather(*(self.ask(s, pick("Vote: who is out?", g.others(s)), name_choice(g.others(s)))
+                                         for s in speakers))
         votes = {s: choose(g, s, b, g.others(s), self.rng) for s, b in zip(speakers, ballots, strict=True)}
         g.votes.extend(votes.items())
         out = tally(votes, self.rng)
@@ -191,7 +241,7 @@ class Table:
         g = self.game
         for death in deaths:
             if hunter_shoots(g, death):
-                text = await self.ask(death.name, pick("You are out. Whom do you shoot?", g.alive))
+                text = await self.ask(death.name, pick("You are out. Whom do you shoot?", g.alive), name_choice(g.alive))
                 target = choose(g, death.name, text, list(g.alive), self.rng)
                 g.shots.append(target)
                 g.eliminate(target, "shot")
@@ -203,6 +253,8 @@ class WerewolvesGame(Workflow):
     trainable_targets: ClassVar[list[str] | None] = ["werewolf"]
     # The default_model of the roles that are not trained: None = the policy, recorded as context.
     opponent: ClassVar[str | None] = None
+    # Choices as structured output (the module docstring); False = free text, as before 2026-11-26.
+    structured_choices: ClassVar[bool] = True
 
     async def execute(self, task: WorkflowTask, tuner) -> WorkflowOutput:  # noqa: ANN001
         game = Game.from_metadata(task.metadata)
@@ -216,7 +268,7 @@ class WerewolvesGame(Workflow):
         agents = {name: make_agent(name, models[role], system_prompt(game, variant, name))
                   for name, role in game.roles.items()}
         # Invalid answers and ties are settled by chance, differing between episodes.
-        table = Table(game, agents, random.Random())
+        table = Table(game, agents, random.Random(), structured=self.structured_choices)
         while game.outcome() is None:
             await table.night()
             if game.outcome() is None:
