@@ -27,6 +27,9 @@ from its docs and issues:
   Qwen2.5 template it ships (`trl.chat_template_utils.qwen2_5_chat_template`): the same ChatML
   tokens SmolLM2 was trained on, and the same hermes `<tool_call>` markup that ajet renders for a
   template without tools (ajet.engine.chat), so the training prompts match the evaluation's;
+- `max_completion_length=192`: ajet's episode may decode 3 calls of at most 64 new tokens
+  (math_agent_rl.yaml's `rollout.max_tokens`, the agent's 3 model turns), so TRL's one completion
+  with its tool turns gets the same 192 (a smoke run at 128 clipped 62 % of its completions);
 - `beta=0` (no reference model: ajet's math_agent_rl.yaml has no KL either), `loss_type` TRL's
   default, CPU generation with transformers (vLLM has no CPU path here), gradient checkpointing.
 TRL cannot force the first call to be a tool call, nor refill groups without signal.
@@ -192,7 +195,7 @@ def trl_child(args: argparse.Namespace) -> None:
     config = GRPOConfig(
         output_dir=str(out / "trainer"), use_cpu=True, seed=args.seed, max_steps=100_000,
         per_device_train_batch_size=16, num_generations=8, gradient_accumulation_steps=1,
-        learning_rate=1e-5, beta=0.0, temperature=0.7, max_completion_length=128,
+        learning_rate=1e-5, beta=0.0, temperature=0.7, max_completion_length=192,
         max_tool_calling_iterations=2, gradient_checkpointing=True, logging_steps=1, save_strategy="no",
         report_to=[], bf16=False, dataloader_num_workers=0,
     )
