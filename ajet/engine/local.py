@@ -90,7 +90,10 @@ class LocalEngine:
         eos_token_ids: Iterable[int] | None = None,
         prefix_cache_tokens: int = 0,
         dtype: str = "float32",
+        fixed_weights: bool = False,
     ) -> None:
+        """`fixed_weights`: the weights never change (an evaluation), so the default model
+        "initial" is the policy itself, served in its batches instead of a frozen copy."""
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size={max_batch_size}: must be >= 1")
         self.model = model
@@ -117,7 +120,7 @@ class LocalEngine:
         self._weights = ServingWeights(model, dtype)  # what prefill and decode forward
         # A frozen default model's KV survives weight updates (`frozen_namespace`); the policy's does not.
         self._reuse = PrefixReuse(prefix_cache_tokens, keep=frozen_namespace)
-        self._served = ServedModels(self._weights)  # the policy's adapters, frozen default models
+        self._served = ServedModels(self._weights, fixed=fixed_weights)  # adapters, frozen default models
         self._grammars: GrammarRuntime | None = None  # built on the first grammar
         # Counters for metrics; "max_batch" is the most sequences one decode step has served.
         self.stats = {
@@ -208,6 +211,9 @@ class LocalEngine:
         An in-process trainer updates weights as
         `with engine.paused(): optimizer.step(); engine.bump_version()`.
         """
+        if self._served.fixed:
+            raise RuntimeError("this engine was built with fixed_weights=True (an evaluation): its weights "
+                               "must not change, since 'initial' is served by them")
         with self._cv:
             self.policy_version += 1
             return self.policy_version

@@ -7,7 +7,8 @@
   (peft's "__base__" rows: no extra weight memory). With full fine-tuning, a frozen copy of the
   weights taken on the engine thread at the first request for it, before the first update
   (policy version 0); a run that asks later (a resumed run) reloads the model's own checkpoint
-  directory instead;
+  directory instead. An engine whose weights never change (`fixed`: an evaluation) serves it
+  with the policy itself, in the policy's batches and KV;
 - a local directory: a Hugging Face checkpoint, or a peft adapter of this model's base (merged
   into a copy of the base), loaded once and frozen.
 
@@ -65,8 +66,9 @@ class ServedModels:
     checkpoint unit (slow: call it off the engine thread); `unit(key, version)` is what the
     engine thread forwards for a unit, taking the frozen initial copy when first needed."""
 
-    def __init__(self, policy: Any) -> None:
+    def __init__(self, policy: Any, fixed: bool = False) -> None:
         self.policy = policy  # ServingWeights: .model is forwarded, .source is the trainer's model
+        self.fixed = fixed  # the weights never change: "initial" is the policy (module docstring)
         source = policy.source
         self.lora = hasattr(source, "peft_config")
         self.adapters: tuple[str, ...] = tuple(source.peft_config) if self.lora else ()
@@ -90,6 +92,8 @@ class ServedModels:
         if name == INITIAL_MODEL:
             if self.lora:
                 return Target(POLICY, BASE_ADAPTER, (POLICY, BASE_ADAPTER))
+            if self.fixed:
+                return Target(POLICY, self.policy_adapter)
             return Target(INITIAL_MODEL, None, (INITIAL_MODEL, None))
         path = Path(name).expanduser()
         if not path.is_dir():

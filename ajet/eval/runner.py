@@ -91,7 +91,7 @@ def evaluate(cfg: AjetConfig, *, workflow: Any = None, name: str | None = None,
         model = with_role_adapters(model, roles)
     name = name or e.name or default_name(model_path)
     stack = LocalRollout(cfg, model, tokenizer, wf, model_max_len=model_window(model, cfg.context.max_model_len),
-                         rollout=rollout, record=True)
+                         rollout=rollout, record=True, fixed_weights=True)
     start = time.monotonic()
     try:
         log.info("eval %s: %d %s tasks x %d on %s (temperature %g)", name, len(tasks), e.split.value, e.n,

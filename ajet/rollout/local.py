@@ -37,15 +37,16 @@ class RecordingFactory:
 
 
 class LocalRollout:
-    """`judge`: built beforehand (None: from `cfg.judge`, LLM judges on the policy model)."""
+    """`judge`: built beforehand (None: from `cfg.judge`, LLM judges on the policy model).
+    `fixed_weights`: nothing will update the model (an evaluation; `LocalEngine`)."""
 
     def __init__(self, cfg: AjetConfig, model: Any, tokenizer: Any, workflow: Any, *,
                  model_max_len: int, rollout: RolloutConfig | None = None, judge: Any = None,
-                 record: bool = False) -> None:
+                 record: bool = False, fixed_weights: bool = False) -> None:
         rollout = rollout or cfg.rollout
         self.engine = LocalEngine(model, tokenizer, max_batch_size=max(1, rollout.max_concurrency),
                                   max_model_len=model_max_len, prefix_cache_tokens=rollout.prefix_cache_tokens,
-                                  dtype=rollout.engine_dtype.value)
+                                  dtype=rollout.engine_dtype.value, fixed_weights=fixed_weights)
         try:
             self.stack = RolloutStack(cfg, self.engine, tokenizer, workflow, model_max_len=model_max_len,
                                       rollout=rollout, judge=judge,

@@ -167,6 +167,24 @@ def test_initial_model_does_not_drift(lora, caplog):
         assert "GB of weights" in copied[0]
 
 
+def test_an_evaluation_engine_serves_initial_with_the_policy_itself(caplog):
+    """`fixed_weights` (ajet eval): the weights never change, so "initial" is the policy: the
+    same tokens and logprobs, no frozen copy made, and nothing may update the weights."""
+    from ajet.engine.local import LocalEngine
+
+    prompt = PROMPTS[1]
+    params = SamplingParams(temperature=0.0, max_tokens=6)
+    with caplog.at_level("INFO", logger="ajet.engine.served"), \
+            LocalEngine(tiny_llama(), Tokenizer(), eos_token_ids=[], fixed_weights=True) as engine:
+        (policy,) = asyncio.run(engine.generate(prompt, params))
+        (initial,) = asyncio.run(engine.generate(prompt, params, model=INITIAL_MODEL))
+        with pytest.raises(RuntimeError, match="fixed_weights"):
+            engine.bump_version()
+    assert initial.token_ids == policy.token_ids
+    assert max(abs(a - b) for a, b in zip(initial.logprobs, policy.logprobs, strict=True)) < 1e-5
+    assert not [r for r in caplog.records if "'initial'" in r.getMessage()]  # no copy
+
+
 def test_a_checkpoint_directory_is_served_frozen(tmp_path):
     from ajet.engine.local import LocalEngine
 
