@@ -125,6 +125,17 @@ REGISTRY: tuple[Example, ...] = (
             "the threshold only asks that training does not fall below the base model.",
     ),
     Example(
+        name="learn2ask", conf="tutorial/example_learn2ask/learn2ask_elicitation.yaml", stages=("grpo",),
+        overrides=("trainer.total_steps=10", "trainer.val_every=5", "trainer.save_every=0", "eval.n=4"),
+        budget_min=15, threshold=0.0, gain=True, metric="reward/mean",
+        also=("workflow/summary_recall",),
+        why="the judge it trains on: the fraction of hidden facts the questions uncover (grader-free; "
+            "the YAML's LLM judge would grade with the 135M policy itself). The second judge, never "
+            "trained on: the facts the final summary states (workflow/summary_recall). Half the "
+            "YAML's 20 steps, lr untuned; no learning documented on val yet, so the threshold only "
+            "asks that training does not fall below the base model. 4 episodes a test patient (64).",
+    ),
+    Example(
         name="werewolves_vs_initial", conf="tutorial/example_werewolves/werewolves_vs_initial.yaml",
         stages=("grpo",), overrides=("eval.n=4", "trainer.val_n=1"), budget_min=30, threshold=0.15, gain=True,
         also=WEREWOLVES_BEHAVIOUR,

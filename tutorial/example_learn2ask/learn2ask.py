@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from judge import summary_recall
 from patient import Patient
 
 from ajet import Workflow, WorkflowOutput, WorkflowTask
@@ -46,8 +47,11 @@ class Learn2Ask(Workflow):
         # reward=None: the LLM judge grades the whole consultation (the final_answer).
         return WorkflowOutput(
             reward=None,
-            metadata={"final_answer": "\n".join(transcript), "revealed": sorted(patient.revealed)},
-            log_metrics={"facts_elicited": patient.elicited},
+            metadata={"final_answer": "\n".join(transcript), "revealed": sorted(patient.revealed),
+                      "summary": summary},
+            # both grader-free rubrics (judge.py), whatever the judge: a second opinion on the run
+            log_metrics={"facts_elicited": patient.elicited,
+                         "summary_recall": summary_recall(summary, task.metadata["facts"])},
         )
 
     @staticmethod

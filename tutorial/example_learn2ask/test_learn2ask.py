@@ -30,6 +30,7 @@ def test_one_step_with_the_elicitation_judge(one_step) -> None:
     assert metrics["context/samples"] == metrics["rollout/ok"] < metrics["context/calls"]
     # The judge's reward is the fraction of facts uncovered, which the workflow also logs.
     assert metrics["reward/mean"] == pytest.approx(metrics["workflow/facts_elicited"])
+    assert 0.0 <= metrics["workflow/summary_recall"] <= 1.0  # the second rubric, logged beside it
     records = run.records(1)
     assert all(len(r["segments"]) == CALLS for r in records)
 
@@ -69,3 +70,22 @@ def test_elicitation_judge(monkeypatch: pytest.MonkeyPatch) -> None:
     assert judge.compute_reward(task, WorkflowOutput(metadata={"revealed": ["fever"]})) == (0.5, False)
     assert judge.compute_reward(task, WorkflowOutput(metadata={"revealed": ["fever", "duration"]})) == (1.0, True)
     assert judge.compute_reward(task, WorkflowOutput()) == (0.0, False)
+
+
+def test_summary_judge_reads_the_facts_the_summary_states(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(HERE))
+    from judge import SummaryJudge, fact_stated, summary_recall
+
+    from ajet.workflow import WorkflowOutput, WorkflowTask
+
+    assert fact_stated("I had a fever of 38.5 last night.", "She had a fever of 38.5 yesterday night.")
+    assert not fact_stated("I have no fever.", "The patient has a fever.")  # the negation is content
+    assert fact_stated("I have no fever.", "No fever.")
+    assert not fact_stated("I am allergic to penicillin.", "Ask about allergies next time.")
+    facts = {"fever": "I have no fever.", "allergies": "I am allergic to penicillin.",
+             "severity": "It is about 6 out of 10.", "history": "This never happened before."}
+    summary = "Back pain, 6 out of 10, allergic to penicillin, no fever. Rest and ibuprofen."
+    assert summary_recall(summary, facts) == 0.75  # history is not stated
+    task = WorkflowTask(task_id="t", metadata={"facts": facts})
+    assert SummaryJudge().compute_reward(task, WorkflowOutput(metadata={"summary": summary})) == (0.75, False)
+    assert SummaryJudge().compute_reward(task, WorkflowOutput()) == (0.0, False)
