@@ -17,6 +17,10 @@ SYSTEM_PROMPT = (
 )
 
 
+def user_prompt(numbers: list[int], target: int) -> str:
+    return f"Numbers: {numbers}. Target: {target}."
+
+
 class CountdownAgent(Workflow):
     name: str = "countdown"
 
@@ -24,7 +28,7 @@ class CountdownAgent(Workflow):
         numbers, target = task.metadata["numbers"], task.metadata["target"]
         messages = [
             {"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": f"Numbers: {numbers}. Target: {target}."},
+            {"role": "user", "content": user_prompt(numbers, target)},
         ]
         response = await tuner(messages)  # an AgentScope ChatResponse
         text = "".join(block["text"] for block in response.content if block["type"] == "text")

@@ -5,7 +5,8 @@
 Each puzzle is built backwards from a random expression over 3 or 4 of the numbers, so
 it always has a solution (the `solution` field; the judge does not read it). Val is the split
 to tune settings on and to validate on during training; test is only reported on
-(`eval.split: test`) and holds no puzzle of train or val.
+(`eval.split: test`) and holds no puzzle of train or val. Then make_demos.py writes demos.jsonl
+from train.
 """
 
 from __future__ import annotations
@@ -52,6 +53,9 @@ def main() -> None:
                 "solution": solution,
             })
         (here / f"{split}.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    import make_demos  # the SFT demonstrations are made from train (countdown_warmup.yaml)
+
+    make_demos.main()
 
 
 if __name__ == "__main__":
