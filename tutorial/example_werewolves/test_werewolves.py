@@ -249,7 +249,7 @@ def test_choices_are_structured_output_of_the_valid_answers(g, data: str) -> Non
         players = set(row["players"])
         assert out.log_metrics["valid_choices"] == 1.0
         assert tuner.structured  # every game has a night kill and a vote
-        for _role, enums, chosen, max_tokens in tuner.structured:
+        for _role, enums, _chosen, max_tokens in tuner.structured:
             assert max_tokens >= 40  # room for the tool-call markup around the answer
             if "action" in enums:  # the witch: her potions left, or pass; whom to poison
                 kinds.add("witch")
