@@ -278,14 +278,16 @@ def collect(example: Example, run_dir: Path, *, minutes: float, cached_base: boo
     """The result of a finished (or failed) run from its run dir: pipeline.json, the eval
     reports and the training stages' metrics.jsonl."""
     curve = []
-    if (run_dir / "pipeline.json").is_file():
-        for p in points(run_dir):
-            value = p["metrics"].get(example.metric)
-            if isinstance(value, (int, float)):
-                curve.append({"minutes": round(p["minutes"], 3), "label": p["label"], "split": p["split"],
-                              "value": float(value)})
+    finished = (run_dir / "pipeline.json").is_file()
+    every = points(run_dir) if finished else []
+    for p in every:
+        value = p["metrics"].get(example.metric)
+        if isinstance(value, (int, float)):
+            curve.append({"minutes": round(p["minutes"], 3), "label": p["label"], "split": p["split"],
+                          "value": float(value)})
     tests = [p for p in curve if p["split"] == "test"]
-    also = also_metrics(example, run_dir, cached_base)
+    tested = [p["metrics"] for p in every if p["split"] == "test"]
+    also = also_metrics(example, tested, cached_base) if finished else {}
     if cached_base:
         base = example.base
         curve.insert(0, {"minutes": 0.0, "label": "base (cached)", "split": "test", "value": base})
@@ -304,12 +306,9 @@ def collect(example: Example, run_dir: Path, *, minutes: float, cached_base: boo
                   date=date or time.strftime("%Y-%m-%d %H:%M"), machine=dict(machine or {}))
 
 
-def also_metrics(example: Example, run_dir: Path, cached_base: bool) -> dict[str, list[float | None]]:
-    """Each of `example.also`: [base, trained] from the first and last test evaluations (base None
-    when it was cached: only the main metric is cached)."""
-    if not example.also or not (run_dir / "pipeline.json").is_file():
-        return {}
-    tests = [p["metrics"] for p in points(run_dir) if p["split"] == "test"]
+def also_metrics(example: Example, tests: list[dict[str, Any]], cached_base: bool) -> dict[str, list[float | None]]:
+    """Each of `example.also`: [base, trained] from the first and last of the test evaluations'
+    metrics `tests` (base None when it was cached: only the main metric is cached)."""
     out: dict[str, list[float | None]] = {}
     for key in example.also:
         values = [float(m[key]) if isinstance(m.get(key), (int, float)) else None for m in tests]
