@@ -163,6 +163,11 @@ def test_episode_reward(g) -> None:
 
 
 # -- whole games, real workflow and agents, scripted model --------------------------------------
+def admitted(schema: dict) -> dict[str, list[str]]:
+    """A choice schema's fields and the values each admits (a one-value Literal is a `const`)."""
+    return {key: field.get("enum") or [field["const"]] for key, field in schema["properties"].items()}
+
+
 class _ScriptedTuner:
     """Stands in for the ModelTuner: every role's model answers with a random candidate of the
     moderator's question (sometimes with nonsense), and every call is kept. With `schema`, a call
@@ -172,7 +177,7 @@ class _ScriptedTuner:
     def __init__(self, trainable: set[str], seed: int, schema: bool = False) -> None:
         self.trainable, self.rng, self.schema = trainable, random.Random(seed), schema
         self.calls: list[tuple[str, list[dict]]] = []
-        self.structured: list[tuple[str, dict[str, list[str]], dict[str, str], int]] = []
+        self.structured: list[tuple[str, dict[str, list[str]], int]] = []  # role, admitted values, max_tokens
 
     def is_trainable_role(self, role: str) -> bool:
         return role in self.trainable
@@ -188,10 +193,9 @@ class _ScriptedTuner:
                                structured_model: Any = None, **kwargs: Any) -> ChatResponse:
                 tuner.calls.append((role, messages))
                 if structured_model is not None and tuner.schema:
-                    fields = structured_model.model_json_schema()["properties"]
-                    enums = {key: field.get("enum") or [field["const"]] for key, field in fields.items()}
+                    enums = admitted(structured_model.model_json_schema())
                     chosen = {key: tuner.rng.choice(values) for key, values in enums.items()}
-                    tuner.structured.append((role, enums, chosen, kwargs.get("max_tokens", 0)))
+                    tuner.structured.append((role, enums, kwargs.get("max_tokens", 0)))
                     return ChatResponse(content=[TextBlock(type="text", text="")], metadata=chosen)
                 question = messages[-1]["content"][0]["text"].splitlines()[-2]
                 names = re.findall(r"\w+", question.split("one name: ")[-1]) if "one name: " in question else []
@@ -249,7 +253,7 @@ def test_choices_are_structured_output_of_the_valid_answers(g, data: str) -> Non
         players = set(row["players"])
         assert out.log_metrics["valid_choices"] == 1.0
         assert tuner.structured  # every game has a night kill and a vote
-        for _role, enums, _chosen, max_tokens in tuner.structured:
+        for _role, enums, max_tokens in tuner.structured:
             assert max_tokens >= 40  # room for the tool-call markup around the answer
             if "action" in enums:  # the witch: her potions left, or pass; whom to poison
                 kinds.add("witch")
@@ -373,8 +377,7 @@ class _OpponentServer:
         schema = ((body.get("response_format") or {}).get("json_schema") or {}).get("schema")
         if not schema:
             return "I trust everyone here."
-        first = {key: (field.get("enum") or [field.get("const")])[0] for key, field in schema["properties"].items()}
-        return json.dumps(first)
+        return json.dumps({key: values[0] for key, values in admitted(schema).items()})
 
     def __init__(self) -> None:
         import uvicorn
