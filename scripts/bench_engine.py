@@ -27,8 +27,17 @@ ignored), on a model with --adapters LoRA adapters (4, r=8 on q/k/v/o, as `model
 gives each role): "single", every request on one adapter, against "mixed", request i on adapter
 i mod 4 in the same batch (peft's mixed-batch forward, ajet/engine/served.py). Same prompts.
 
+Choices (`--workloads choices`, not run by default): --choice-requests concurrent requests
+(16) under the calculator system prompt, each answering one structured choice the way
+AgentScope's `structured_model` asks for it: a forced call of `generate_structured_output`
+whose argument is one of 9 player names (temperature 1, seeded; the werewolves game's vote),
+with the prefix cache on (--cache-tokens, as rollouts run), so the shared system prompt is
+prefilled once.
+Run with jump-forward on (the default: a forced run of tokens is forwarded in one go) and off
+(one decode step per forced token), alternated --repeats times; answers/s and decode steps.
+
 Usage:
-    .venv/bin/python scripts/bench_engine.py [--json FILE] [--workloads agent,decode,adapters]
+    .venv/bin/python scripts/bench_engine.py [--json FILE] [--workloads agent,decode,adapters,choices]
         [--new-tokens 128] [--concurrency 1,4,16] [--episodes 16] [--turns 8]
         [--engine-dtypes float32,float16,bfloat16] [--repeats 2] [--adapters 4]
 
@@ -110,6 +119,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--adapters", type=int, default=4, help="adapters: LoRA adapters in the mixed batch")
     parser.add_argument("--adapter-requests", type=int, default=16, help="adapters: concurrent requests")
+    parser.add_argument("--choice-requests", type=int, default=16, help="choices: concurrent requests")
     return parser.parse_args(argv)
 
 
@@ -428,6 +438,67 @@ def run_adapters(model, tokenizer, args) -> dict[str, dict[str, float]]:
     return {"tok_s": best, "runs": runs, "ratio": best["mixed"] / best["single"]}
 
 
+PLAYERS = ["Alice", "Bob", "Carol", "Dave", "Eve", "Frank", "Grace", "Heidi", "Ivan"]
+CHOICE_TOOL = {"type": "function", "function": {
+    "name": "generate_structured_output",
+    "description": "Generate the required structured output with this function",
+    "parameters": {"type": "object", "properties": {"choice": {"type": "string", "enum": PLAYERS}},
+                   "required": ["choice"]}}}
+
+
+def run_choices(model, tokenizer, args) -> dict[str, dict[str, float]]:
+    """--choice-requests structured choices at once, jump-forward on against off."""
+    from ajet.engine.base import SamplingParams
+    from ajet.engine.chat import ChatFormat
+    from ajet.engine.grammar import tool_call_grammar
+    from ajet.engine.local import LocalEngine
+
+    chat = ChatFormat(tokenizer)
+    n = args.choice_requests
+    prompts = [chat.encode(chat.render([
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": f"Day {i + 1}. The players alive are {', '.join(PLAYERS)}. "
+                                    "Whom do you vote out? Answer with one name."}])) for i in range(n)]
+    grammar = tool_call_grammar([CHOICE_TOOL], "generate_structured_output")
+
+    def once(engine, seed: int) -> tuple[float, int, float]:
+        async def run():
+            return await asyncio.gather(*(engine.generate(p, SamplingParams(
+                temperature=1.0, max_tokens=64, seed=seed + i, grammar=grammar)) for i, p in enumerate(prompts)))
+
+        steps = engine.stats["decode_steps"]
+        start = time.perf_counter()
+        results = asyncio.run(run())
+        elapsed = time.perf_counter() - start
+        tokens = [len(r[0].token_ids) for r in results]
+        return n / elapsed, engine.stats["decode_steps"] - steps, sum(tokens) / len(tokens)
+
+    runs: dict[str, list[float]] = {"jump": [], "step": []}
+    steps: dict[str, int] = {}
+    tokens = 0.0
+    engines = {name: LocalEngine(model, tokenizer, max_batch_size=max(32, n), jump_forward=(name == "jump"),
+                                 prefix_cache_tokens=args.cache_tokens)  # as rollouts run it
+               for name in runs}
+    try:
+        for name, engine in engines.items():
+            once(engine, 10_000)  # warm-up (thread pools, the grammar's tokenizer)
+        for repeat in range(args.repeats):
+            for name, engine in engines.items():
+                rate, steps[name], tokens = once(engine, repeat * n)
+                runs[name].append(round(rate, 3))
+                print(f"  {name:<5} {rate:7.2f} answers/s  {steps[name]} decode steps", flush=True)
+    finally:
+        for engine in engines.values():
+            engine.close()
+    best = {name: max(rates) for name, rates in runs.items()}
+    print(f"\nchoices: {n} concurrent structured answers, {tokens:.1f} tokens each (best of {args.repeats})")
+    print(f"  jump-forward on   {best['jump']:7.2f} answers/s  ({steps['jump']} decode steps)")
+    print(f"  jump-forward off  {best['step']:7.2f} answers/s  ({steps['step']} decode steps)")
+    print(f"  on / off: {best['jump'] / best['step']:.2f}x")
+    return {"answers_s": best, "runs": runs, "decode_steps": steps, "tokens_per_answer": tokens,
+            "ratio": best["jump"] / best["step"]}
+
+
 def logprob_mismatch(engine, model, prompts: list[list[int]], new_tokens: int) -> dict[str, float]:
     """Sample one completion per prompt (temperature 1) with `engine`, then recompute each
     token's logprob with `model`'s fp32 weights, as the RL update does
@@ -468,9 +539,9 @@ def main(argv: list[str]) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     workloads = [w for w in args.workloads.split(",") if w]
-    unknown = set(workloads) - {"agent", "decode", "adapters"}
+    unknown = set(workloads) - {"agent", "decode", "adapters", "choices"}
     if unknown:
-        raise SystemExit(f"unknown workloads {sorted(unknown)}; choose from agent, decode, adapters")
+        raise SystemExit(f"unknown workloads {sorted(unknown)}; choose from agent, decode, adapters, choices")
     path = resolve_model_path(args.model)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -482,6 +553,8 @@ def main(argv: list[str]) -> int:
         payload["decode"] = run_decode(model, tokenizer, args) | {"new_tokens": args.new_tokens}
     if "adapters" in workloads:
         payload["adapters"] = run_adapters(model, tokenizer, args) | {"new_tokens": args.new_tokens}
+    if "choices" in workloads:
+        payload["choices"] = run_choices(model, tokenizer, args)
     payload["peak_rss_gb"] = round(peak_rss_gb(), 2)
     print(f"\npeak RSS of this benchmark process: {payload['peak_rss_gb']:.2f} GB")
     if args.json:

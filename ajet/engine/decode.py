@@ -26,7 +26,14 @@ from ajet.engine.base import Completion
 from ajet.engine.grammar import GrammarError
 from ajet.engine.kv import BatchKV, RowKV, cache_kwarg
 from ajet.engine.requests import Request, RunningSequence, deliver
-from ajet.engine.sampling import TokenChoice, choose_token, choose_tokens, find_stop, make_generator
+from ajet.engine.sampling import (
+    TokenChoice,
+    choose_token,
+    choose_tokens,
+    find_stop,
+    logprob_temperature,
+    make_generator,
+)
 from ajet.engine.served import row_adapters
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -36,6 +43,10 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger(__name__)
 
 Joining = tuple[RunningSequence, RowKV]  # a sequence and its prompt's KV rows, ready to join
+
+# A grammar's forced run of at least this many tokens is forwarded in one go (a jump) instead
+# of one decode step per token: a jump copies the row's KV out of the batch and back in.
+JUMP_MIN_TOKENS = 2
 
 
 class DecodeBatch:
@@ -127,6 +138,52 @@ class DecodeBatch:
                 continue
             self._accept(seq, choice)
         self._retire(version)
+
+    def forced_runs(self) -> dict[int, list[int]]:
+        """Rows whose grammar forces the next `JUMP_MIN_TOKENS` or more tokens, each with its
+        run (cut to the sequence's budget): `ajet.engine.prefill.jump_forced_runs` forwards
+        such a run in one go instead of one decode step per token."""
+        runs = {}
+        for row, seq in enumerate(self.active):
+            constraint = seq.constraint
+            if constraint is None or seq.finished or seq.request.done or seq.request.cancelled:
+                continue
+            run = constraint.forced_run()[: seq.budget - len(seq.token_ids)]
+            if len(run) >= JUMP_MIN_TOKENS:
+                runs[row] = run
+        return runs
+
+    def take_rows(self, rows: list[int]) -> list[tuple[RunningSequence, torch.Tensor]]:
+        """Remove `rows` from the batch; each sequence with a copy of the KV it has so far
+        (prompt and tokens but the last, which was never forwarded:
+        `[layers, 2, kv_heads, n, head_dim]`, the prefix cache's layout)."""
+        kv = self.kv
+        assert kv is not None
+        taken = [(self.active[row], kv.row_range(row, 0, self.active[row].position)) for row in rows]
+        gone = set(rows)
+        keep = [row for row in range(len(self.active)) if row not in gone]
+        if keep:
+            order = kv.keep_rows(keep)
+            self.active = [self.active[row] for row in order]
+        else:
+            self.active, self.kv = [], None
+        return taken
+
+    def resume(self, seq: RunningSequence, run: list[int], logits: torch.Tensor) -> bool:
+        """Continue a sequence taken out for a jump: `logits` ([len(run) + 1, vocab]) were
+        computed over its last token and `run`. The run's tokens are appended as forced, with
+        their logprobs under the unmasked model, then the next token is chosen from the last
+        row. True when the sequence goes on (it then rejoins the batch)."""
+        params = seq.request.params
+        logprobs = torch.log_softmax(logits[:-1].double() / logprob_temperature(params), dim=-1)
+        for j, token in enumerate(run):
+            self._accept(seq, TokenChoice(token, float(logprobs[j, token]), forced=True))
+            if seq.finished or seq.request.done:
+                return False
+        self.stats["jumped_tokens"] = self.stats.get("jumped_tokens", 0) + len(run)
+        seq.position += 1 + len(run)  # the forward wrote the last token's KV and the run's
+        self._accept(seq, seq.constraint.choose(logits[-1], params, seq.generator))
+        return not (seq.finished or seq.request.done)
 
     def fail(self, error: BaseException) -> None:
         """Fail every request with a sequence in the batch, and empty it."""

@@ -11,6 +11,8 @@ The local engine runs a `Constraint` per constrained sequence:
   sampling (llguidance's fast-forward tokens), or the only allowed token. They are flagged
   in `Completion.forced`, and the tracker makes them context: like the forced start of a
   `tool_choice` call, the model did not choose them, so they carry no policy gradient.
+  A run of them (`Constraint.forced_run`) is forwarded in one go, not one decode step per
+  token (`ajet.engine.prefill.jump_forced_runs`).
 - **Choices.** Elsewhere the logits of tokens the grammar forbids are masked out before
   sampling, and the recorded logprob is the token's logprob under the *unmasked* model (as
   `ajet.engine.sampling` defines it), which is exactly what the trainer recomputes. The
@@ -234,6 +236,16 @@ class Constraint:
                 f"{self._grammar.what}: token {token} does not continue the grammar: "
                 f"{self._matcher.get_error()}"
             )
+
+    def forced_run(self) -> list[int]:
+        """The tokens the grammar forces next, before its next choice (llguidance's
+        fast-forward tokens): none before the trigger, after giving up, or at the grammar's
+        end (EOS comes next, from the model's own logits)."""
+        if not self.active or self._matcher.is_stopped():
+            return []
+        if not self._queued:
+            self._queued = list(self._matcher.compute_ff_tokens())
+        return list(self._queued)
 
     def _forced(self) -> int | None:
         if self._matcher.is_stopped():

@@ -19,7 +19,8 @@ around weight updates, the engine thread. How a request runs:
    batch's length, the pad columns masked out with an additive mask, each row keeping its
    own position ids; the cache is preallocated and written in place.
 3. Decode steps (ajet/engine/decode.py) until EOS, a stop string, `max_tokens` or
-   `max_model_len`.
+   `max_model_len`. Where a grammar forces a run of tokens, the row forwards the run in one
+   go between two steps (`jump_forced_runs`, ajet/engine/prefill.py).
 
 Which model serves a request (`generate(..., model=...)`: the policy, one of its LoRA
 adapters, the frozen initial weights or a local checkpoint) is resolved by `ServedModels`
@@ -50,7 +51,7 @@ import torch
 from ajet.engine.base import Completion, SamplingParams
 from ajet.engine.decode import DecodeBatch
 from ajet.engine.grammar import GrammarRuntime
-from ajet.engine.prefill import PrefixReuse, prefill_requests
+from ajet.engine.prefill import PrefixReuse, jump_forced_runs, prefill_requests
 from ajet.engine.requests import (
     POLICY,
     EngineClosedError,
@@ -91,15 +92,19 @@ class LocalEngine:
         prefix_cache_tokens: int = 0,
         dtype: str = "float32",
         fixed_weights: bool = False,
+        jump_forward: bool = True,
     ) -> None:
         """`fixed_weights`: the weights never change (an evaluation), so the default model
-        "initial" is the policy itself, served in its batches instead of a frozen copy."""
+        "initial" is the policy itself, served in its batches instead of a frozen copy.
+        `jump_forward`: a run of tokens a grammar forces is forwarded in one go
+        (`jump_forced_runs`), not one decode step per token; False only to compare."""
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size={max_batch_size}: must be >= 1")
         self.model = model
         self.model.eval()
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
+        self.jump_forward = jump_forward
         config = model.config
         self.max_model_len = int(
             max_model_len or getattr(config, "max_position_embeddings", 0) or 4096
@@ -129,6 +134,7 @@ class LocalEngine:
             "generated_tokens": 0,
             "decode_steps": 0,
             "max_batch": 0,
+            "jumped_tokens": 0,  # forced by a grammar, forwarded in a jump (not a decode step)
         }
         self._batch = DecodeBatch(self._weights, tokenizer, self.eos_token_ids, self.max_model_len,
                                   self._reuse, self.stats)  # the policy's (all its adapters)
@@ -342,7 +348,11 @@ class LocalEngine:
                     if not batch.active:
                         continue
                     try:
-                        batch.step(self._sync_weights())
+                        version = self._sync_weights()
+                        if self.jump_forward:
+                            jump_forced_runs(batch, version)
+                        if batch.active:
+                            batch.step(version)
                     except Exception as exc:  # noqa: BLE001 - a failed step must not kill the engine
                         log.exception("engine step failed; failing its %d sequences", len(batch))
                         batch.fail(exc)

@@ -74,9 +74,12 @@ class PrefillGroup:
     """The forward of one prefill group; after `run()`, `logits[i]` is row i's next-token
     logits and `row_kv(i)` / `kv_range(i, a, b)` give its prompt's KV."""
 
-    def __init__(self, model: Any, rows: list[PrefillRow]) -> None:
+    def __init__(self, model: Any, rows: list[PrefillRow], all_logits: bool = False) -> None:
+        """`all_logits`: keep every input column's logits (`logits[i]` is then
+        `[W, vocab]`, row i's own inputs in its last columns), not only the last one's."""
         self.model = model
         self.rows = rows
+        self.all_logits = all_logits
         self.news = [len(r.ids) - r.past_len for r in rows]
         if min(self.news) < 1:
             raise ValueError("every prefill row needs at least one token to forward")
@@ -126,9 +129,9 @@ class PrefillGroup:
                 attention_mask=mask[:, None].to(device),
                 **{cache_kwarg(model): cache},
                 use_cache=True,
-                logits_to_keep=1,
+                logits_to_keep=W if self.all_logits else 1,
             )
-        self.logits = out.logits[:, -1, :]
+        self.logits = out.logits if self.all_logits else out.logits[:, -1, :]
 
     def _buffer(self, device: Any, dtype: Any) -> torch.Tensor:
         config = self.model.config
@@ -310,6 +313,37 @@ def _prefill(batch: DecodeBatch, requests: list[Request], version: int) -> list[
         except Exception as exc:  # noqa: BLE001 - fail this request only
             _fail(request, exc)
     return joining
+
+
+def jump_forced_runs(batch: DecodeBatch, version: int) -> None:
+    """Forward in one go the tokens a grammar forces (the markup of a tool call, a JSON key):
+    the rows with such a run (`DecodeBatch.forced_runs`) leave the batch, each forwards its
+    last token and its run over its own KV (one prefill forward for all of them), takes the
+    run as forced tokens, chooses its next token from the last logits, and rejoins. Decoded
+    one step per token, a structured answer of a few chosen tokens costs ~30 steps of the
+    whole batch (scripts/bench_engine.py, workload "choices"). A row whose jump fails fails
+    its request; the others go on."""
+    runs = batch.forced_runs()
+    if not runs:
+        return
+    taken = batch.take_rows(list(runs))
+    rows = [PrefillRow(seq.request.prompt_ids + seq.token_ids + run, seq.position, [kv], seq.request.target)
+            for (seq, kv), run in zip(taken, runs.values(), strict=True)]
+    group = PrefillGroup(batch.weights.model, rows, all_logits=True)
+    try:
+        group.run()
+    except Exception as exc:  # noqa: BLE001 - fail these requests only
+        for seq, _ in taken:
+            _fail(seq.request, exc)
+        return
+    joining: list[Joining] = []
+    for i, ((seq, _), run) in enumerate(zip(taken, runs.values(), strict=True)):
+        try:
+            if batch.resume(seq, run, group.logits[i, -(len(run) + 1):]):
+                joining.append((seq, group.row_kv(i)))
+        except Exception as exc:  # noqa: BLE001 - as a failed decode step, this request only
+            _fail(seq.request, exc)
+    batch.join(joining)
 
 
 def _fail(request: Request, error: BaseException) -> None:

@@ -121,6 +121,45 @@ def test_forced_tokens_are_the_markup_and_sampled_logprobs_are_the_unmasked_mode
     assert torch.allclose(torch.tensor(c.logprobs), expected, atol=1e-4)
 
 
+def test_forced_runs_jump_in_one_forward_with_the_same_tokens_and_logprobs(peaky) -> None:
+    """Jump-forward (a grammar's forced run forwarded in one go) against one decode step per
+    token: the same tokens, forced flags and logprobs, in a batch that mixes constrained
+    requests (n=2, a JSON format, a triggered call) with free text, in far fewer steps."""
+    from ajet.engine.local import LocalEngine
+
+    model, tokenizer = peaky
+    schema = {"type": "object", "properties": {"choice": {"enum": ["Alice", "Bob", "Carol"]}},
+              "required": ["choice"], "additionalProperties": False}
+    requests = [
+        (prompt(tokenizer), {"grammar": tool_call_grammar([CALC], "calculate"), "n": 2}),
+        (prompt(tokenizer, "Who is the werewolf?"), {"grammar": json_grammar(schema)}),
+        (prompt(tokenizer, "Add 2 and 3."), {"grammar": tool_call_grammar([CALC, LOOKUP], triggered=True),
+                                               "max_tokens": 16}),  # a random model seldom triggers
+        (prompt(tokenizer, "Say hi."), {"max_tokens": 8}),  # short: the steps count the calls
+    ]
+
+    def run(jump: bool):
+        async def go(engine):
+            return await asyncio.gather(*[
+                engine.generate(list(ids), SamplingParams(**{"seed": i, "temperature": 1.0, "max_tokens": 64} | extra))
+                for i, (ids, extra) in enumerate(requests)])
+
+        with LocalEngine(model, tokenizer, max_batch_size=8, jump_forward=jump) as engine:
+            return [c for cs in asyncio.run(go(engine)) for c in cs], dict(engine.stats)
+
+    jumped, jump_stats = run(True)
+    stepped, step_stats = run(False)
+    for a, b in zip(jumped, stepped, strict=True):
+        assert a.token_ids == b.token_ids and a.forced == b.forced and a.text == b.text
+        assert a.finish_reason == b.finish_reason
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
+    assert json.loads(jumped[2].text)["choice"] in {"Alice", "Bob", "Carol"}
+    assert jump_stats["jumped_tokens"] >= 2 * 15  # the call's markup, twice, at least
+    assert step_stats["jumped_tokens"] == 0
+    assert jump_stats["generated_tokens"] == step_stats["generated_tokens"]
+    assert jump_stats["decode_steps"] < step_stats["decode_steps"] - 15
+
+
 def test_json_response_format_and_a_bad_grammar_fail_only_their_call(engine, peaky) -> None:
     from ajet.engine.grammar import Grammar
 
