@@ -144,11 +144,13 @@ REGISTRY: tuple[Example, ...] = (
     ),
     Example(
         name="werewolves_vs_initial", conf="tutorial/example_werewolves/werewolves_vs_initial.yaml",
-        stages=("grpo",), overrides=("eval.n=4", "trainer.val_n=1"), budget_min=30, threshold=0.15, gain=True,
+        stages=("grpo",), overrides=("eval.n=4", "trainer.val_n=1", "trainer.total_steps=40", "trainer.max_minutes=20"),
+        budget_min=30, threshold=0.15, gain=True,
         also=WEREWOLVES_BEHAVIOUR,
         why="issue 26's target: the werewolf's win rate against the frozen initial village, +15 points "
-            "within 30 minutes; the YAML's 10 steps were sized to the budget from one timed step, lr "
-            "untuned. 4 games per test seating (64): one game a seating would be +-0.11 at a win rate "
+            "within 30 minutes; training gets 20 of them (trainer.max_minutes, validation included: "
+            "as many steps as fit, at most 40), the two test evaluations the rest; lr untuned. "
+            "4 games per test seating (64): one game a seating would be +-0.11 at a win rate "
             "near 0.7. No cached base: the choices became structured output on 2026-11-26, which "
             "changes the base model's games (before: 52 of 64 won; on val since: 17 of 32). One "
             "game a val seating (16) for the curve: 32 games of structured choices took 4.3 min.",
