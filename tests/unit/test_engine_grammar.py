@@ -160,6 +160,44 @@ def test_forced_runs_jump_in_one_forward_with_the_same_tokens_and_logprobs(peaky
     assert jump_stats["decode_steps"] < step_stats["decode_steps"] - 15
 
 
+def test_jumps_run_each_rows_own_adapter(peaky) -> None:
+    """A jump forwards a row under its own LoRA adapter (or the frozen base): the forced and
+    chosen tokens' logprobs equal one forward of the unmasked model with that adapter."""
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+    from test_multi_adapter import reference_logprobs
+
+    from ajet.engine.base import INITIAL_MODEL
+    from ajet.engine.local import LocalEngine
+
+    base, tokenizer = peaky
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    model = get_peft_model(copy.deepcopy(base), config, adapter_name="wolf")
+    model.add_adapter("seer", config)
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=gen) * 0.5)
+    model.eval()
+    ids = prompt(tokenizer)
+    grammar = tool_call_grammar([CALC], "calculate")
+    names = ["wolf", "seer", INITIAL_MODEL]
+
+    async def go(engine):
+        return await asyncio.gather(*[
+            engine.generate(list(ids), SamplingParams(seed=i, temperature=1.0, max_tokens=64, grammar=grammar),
+                            model=name) for i, name in enumerate(names)])
+
+    with LocalEngine(model, tokenizer, max_batch_size=8) as engine:
+        completions = [c for (c,) in asyncio.run(go(engine))]
+        assert engine.stats["jumped_tokens"] >= 3 * 15
+    for name, c in zip(names, completions, strict=True):
+        expected = reference_logprobs(model, ids, c.token_ids, None if name == INITIAL_MODEL else name)
+        assert max(abs(a - b) for a, b in zip(c.logprobs, expected, strict=True)) < 1e-4, name
+
+
 def test_json_response_format_and_a_bad_grammar_fail_only_their_call(engine, peaky) -> None:
     from ajet.engine.grammar import Grammar
 
