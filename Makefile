@@ -41,7 +41,7 @@ test-unit: install
 
 bench: install
 	$(PIP) install -q -e '.[dev,bench]'
-	$(PY) scripts/bench_engine.py
+	$(PY) scripts/bench_engine.py --workloads agent,decode,choices
 	$(PY) scripts/bench_thread_pools.py
 	$(PY) scripts/bench_context.py
 	$(PY) scripts/bench_train.py
