@@ -163,7 +163,7 @@ class DecodeBatch:
         gone = set(rows)
         keep = [row for row in range(len(self.active)) if row not in gone]
         if keep:
-            order = kv.keep_rows(keep)
+            order = kv.keep_rows(keep, trim=False)  # the rows rejoin after their jump
             self.active = [self.active[row] for row in order]
         else:
             self.active, self.kv = [], None

@@ -111,8 +111,10 @@ class BatchKV:
             self.starts.append(start)
         self.rows = needed_rows
 
-    def keep_rows(self, keep: list[int]) -> list[int]:
-        """Keep only rows `keep` (ascending); return `order`: new row i is old row order[i]."""
+    def keep_rows(self, keep: list[int], trim: bool = True) -> list[int]:
+        """Keep only rows `keep` (ascending); return `order`: new row i is old row order[i].
+        `trim`: drop leading pad columns no row uses any more (False when the rows that
+        leave rejoin at once, e.g. after a jump: the reallocation would be undone)."""
         kept = len(keep)
         keep_set = set(keep)
         holes = [r for r in range(kept) if r not in keep_set]
@@ -133,7 +135,7 @@ class BatchKV:
         self.starts = self.starts[:kept]
         self.rows = kept
         unused = min(self.starts) if self.starts else 0
-        if unused >= _TRIM_MIN_COLS and unused * 4 >= self.length:
+        if trim and unused >= _TRIM_MIN_COLS and unused * 4 >= self.length:
             self._realloc(kept, 0)
         return order
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+import time
 
 import pytest
 import torch
@@ -144,8 +146,16 @@ def test_forced_runs_jump_in_one_forward_with_the_same_tokens_and_logprobs(peaky
                 engine.generate(list(ids), SamplingParams(**{"seed": i, "temperature": 1.0, "max_tokens": 64} | extra))
                 for i, (ids, extra) in enumerate(requests)])
 
+        results: list = []
         with LocalEngine(model, tokenizer, max_batch_size=8, jump_forward=jump) as engine:
-            return [c for cs in asyncio.run(go(engine)) for c in cs], dict(engine.stats)
+            runner = threading.Thread(target=lambda: results.extend(asyncio.run(go(engine))))
+            with engine.paused():  # every request waits, then all join one batch: steps are comparable
+                runner.start()
+                deadline = time.monotonic() + 60
+                while engine.num_pending < len(requests) and time.monotonic() < deadline:
+                    time.sleep(0.005)
+            runner.join(120)
+            return [c for cs in results for c in cs], dict(engine.stats)
 
     jumped, jump_stats = run(True)
     stepped, step_stats = run(False)
