@@ -156,6 +156,19 @@ REGISTRY: tuple[Example, ...] = (
             "game a val seating (16) for the curve: 32 games of structured choices took 4.3 min.",
     ),
     Example(
+        name="werewolves_vs_initial_dynamic", conf="tutorial/example_werewolves/werewolves_vs_initial.yaml",
+        stages=("grpo",),
+        overrides=("eval.n=4", "trainer.val_n=1", "trainer.total_steps=40", "trainer.max_minutes=20",
+                   "rollout.dynamic_sampling.enabled=true", "rollout.dynamic_sampling.max_rounds=2"),
+        budget_min=30, threshold=0.15, gain=True,
+        also=WEREWOLVES_BEHAVIOUR,
+        why="werewolves_vs_initial with dynamic sampling: in its first 4 training steps (2026-11-26) "
+            "25-100 % of the seatings' groups had 4 equal outcomes (reward/zero_std_frac, a train-split "
+            "figure), so most steps trained on one or two groups. Dropping those groups and rolling out "
+            "more seatings (at most 2 rounds) trains every step on groups with a signal, at up to twice "
+            "the rollout time. Chosen from the train-split statistic, judged on val.",
+    ),
+    Example(
         name="werewolves_selfplay", conf="tutorial/example_werewolves/werewolves_selfplay.yaml",
         stages=("grpo",), overrides=("eval.n=4", "trainer.total_steps=6", "trainer.val_every=3"),
         budget_min=30, threshold=0.0, gain=True, metric="workflow/vote_hit/villager",
