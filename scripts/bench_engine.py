@@ -480,7 +480,7 @@ def run_choices(model, tokenizer, args) -> dict[str, dict[str, float]]:
                                  prefix_cache_tokens=args.cache_tokens)  # as rollouts run it
                for name in runs}
     try:
-        for name, engine in engines.items():
+        for engine in engines.values():
             once(engine, 10_000)  # warm-up (thread pools, the grammar's tokenizer)
         for repeat in range(args.repeats):
             for name, engine in engines.items():
