@@ -6,7 +6,9 @@ ajet/engine/kv.py) is `active[i]`, and runs its request's LoRA adapter. A reques
 (ajet/engine/prefill.py): `start` samples each completion's first token from the prefill
 logits, `join` adds the rows. `step` forwards the last token of every active sequence at
 once, samples the next tokens (grammar-constrained rows one by one, the rest batched), and
-drops the sequences that finished, failed or were cancelled.
+drops the sequences that finished, failed or were cancelled. Between two steps, rows whose
+grammar forces a run of tokens leave (`forced_runs`, `take_rows`), forward the run in one go
+(ajet/engine/prefill.py:jump_forced_runs) and come back (`resume`, `join`).
 
 A sequence ends on EOS ("stop", the EOS token is kept in `token_ids`), a stop string ("stop";
 `token_ids` keep every sampled token up to and including the one that completed the stop
