@@ -178,11 +178,13 @@ class DecodeBatch:
         row. True when the sequence goes on (it then rejoins the batch)."""
         params = seq.request.params
         logprobs = torch.log_softmax(logits[:-1].double() / logprob_temperature(params), dim=-1)
+        if not torch.isfinite(logprobs).all():  # as `Constraint.choose` refuses them token by token
+            raise FloatingPointError("non-finite logits (the model produced NaN/inf)")
         for j, token in enumerate(run):
             self._accept(seq, TokenChoice(token, float(logprobs[j, token]), forced=True))
             if seq.finished or seq.request.done:
                 return False
-        self.stats["jumped_tokens"] = self.stats.get("jumped_tokens", 0) + len(run)
+        self.stats["jumped_tokens"] += len(run)
         seq.position += 1 + len(run)  # the forward wrote the last token's KV and the run's
         self._accept(seq, seq.constraint.choose(logits[-1], params, seq.generator))
         return not (seq.finished or seq.request.done)
