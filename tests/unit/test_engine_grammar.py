@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
-import time
 
 import pytest
 import torch
@@ -127,6 +125,8 @@ def test_forced_runs_jump_in_one_forward_with_the_same_tokens_and_logprobs(peaky
     """Jump-forward (a grammar's forced run forwarded in one go) against one decode step per
     token: the same tokens, forced flags and logprobs, in a batch that mixes constrained
     requests (n=2, a JSON format, a triggered call) with free text, in far fewer steps."""
+    from test_engine_prefix_cache import together
+
     from ajet.engine.local import LocalEngine
 
     model, tokenizer = peaky
@@ -141,20 +141,10 @@ def test_forced_runs_jump_in_one_forward_with_the_same_tokens_and_logprobs(peaky
     ]
 
     def run(jump: bool):
-        async def go(engine):
-            return await asyncio.gather(*[
-                engine.generate(list(ids), SamplingParams(**{"seed": i, "temperature": 1.0, "max_tokens": 64} | extra))
-                for i, (ids, extra) in enumerate(requests)])
-
-        results: list = []
+        calls = [(list(ids), SamplingParams(**{"seed": i, "temperature": 1.0, "max_tokens": 64} | extra))
+                 for i, (ids, extra) in enumerate(requests)]
         with LocalEngine(model, tokenizer, max_batch_size=8, jump_forward=jump) as engine:
-            runner = threading.Thread(target=lambda: results.extend(asyncio.run(go(engine))))
-            with engine.paused():  # every request waits, then all join one batch: steps are comparable
-                runner.start()
-                deadline = time.monotonic() + 60
-                while engine.num_pending < len(requests) and time.monotonic() < deadline:
-                    time.sleep(0.005)
-            runner.join(120)
+            results = together(engine, calls)  # all join one batch: the step counts compare
             return [c for cs in results for c in cs], dict(engine.stats)
 
     jumped, jump_stats = run(True)
