@@ -80,6 +80,22 @@ class Example:
 WEREWOLVES_BEHAVIOUR = ("workflow/valid_choices", "workflow/vote_hit/villager", "workflow/vote_hit/seer",
                         "workflow/check_hit/seer")
 
+# The werewolf against the frozen village; the registry also runs it with dynamic sampling.
+WEREWOLVES_VS_INITIAL = Example(
+    name="werewolves_vs_initial", conf="tutorial/example_werewolves/werewolves_vs_initial.yaml",
+    stages=("grpo",), overrides=("eval.n=4", "trainer.val_n=1", "trainer.total_steps=40", "trainer.max_minutes=20"),
+    budget_min=30, threshold=0.15, gain=True,
+    also=WEREWOLVES_BEHAVIOUR,
+    why="issue 26's target: the werewolf's win rate against the frozen initial village, +15 points "
+        "within 30 minutes; training gets 20 of them (trainer.max_minutes, validation included: "
+        "as many steps as fit, at most 40), the two test evaluations the rest; lr untuned. "
+        "4 games per test seating (64): one game a seating would be +-0.11 at a win rate "
+        "near 0.7. No cached base: the choices became structured output on 2026-11-26, which "
+        "changes the base model's games (before: 52 of 64 won; on val since: 17 of 32). One "
+        "game a val seating (16) for the curve: 32 games of structured choices took 4.3 min.",
+)
+
+
 REGISTRY: tuple[Example, ...] = (
     Example(
         name="adder", conf="tutorial/example_function_workflow/adder.yaml", stages=("grpo",),
@@ -142,26 +158,11 @@ REGISTRY: tuple[Example, ...] = (
             "YAML's 20 steps, lr untuned; no learning documented on val yet, so the threshold only "
             "asks that training does not fall below the base model. 4 episodes a test patient (64).",
     ),
-    Example(
-        name="werewolves_vs_initial", conf="tutorial/example_werewolves/werewolves_vs_initial.yaml",
-        stages=("grpo",), overrides=("eval.n=4", "trainer.val_n=1", "trainer.total_steps=40", "trainer.max_minutes=20"),
-        budget_min=30, threshold=0.15, gain=True,
-        also=WEREWOLVES_BEHAVIOUR,
-        why="issue 26's target: the werewolf's win rate against the frozen initial village, +15 points "
-            "within 30 minutes; training gets 20 of them (trainer.max_minutes, validation included: "
-            "as many steps as fit, at most 40), the two test evaluations the rest; lr untuned. "
-            "4 games per test seating (64): one game a seating would be +-0.11 at a win rate "
-            "near 0.7. No cached base: the choices became structured output on 2026-11-26, which "
-            "changes the base model's games (before: 52 of 64 won; on val since: 17 of 32). One "
-            "game a val seating (16) for the curve: 32 games of structured choices took 4.3 min.",
-    ),
-    Example(
-        name="werewolves_vs_initial_dynamic", conf="tutorial/example_werewolves/werewolves_vs_initial.yaml",
-        stages=("grpo",),
-        overrides=("eval.n=4", "trainer.val_n=1", "trainer.total_steps=40", "trainer.max_minutes=20",
+    WEREWOLVES_VS_INITIAL,
+    replace(
+        WEREWOLVES_VS_INITIAL, name="werewolves_vs_initial_dynamic",
+        overrides=(*WEREWOLVES_VS_INITIAL.overrides,
                    "rollout.dynamic_sampling.enabled=true", "rollout.dynamic_sampling.max_rounds=2"),
-        budget_min=30, threshold=0.15, gain=True,
-        also=WEREWOLVES_BEHAVIOUR,
         why="werewolves_vs_initial with dynamic sampling: in its first 4 training steps (2026-11-26) "
             "25-100 % of the seatings' groups had 4 equal outcomes (reward/zero_std_frac, a train-split "
             "figure), so most steps trained on one or two groups. Dropping those groups and rolling out "
