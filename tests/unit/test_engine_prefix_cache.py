@@ -133,16 +133,20 @@ def make_engine(peaky, budget):
 
 
 def together(engine, requests):
-    """Run the requests admitted in one batch (queued while the engine is paused)."""
+    """Run the requests admitted in one batch (queued while the engine is paused). Each is
+    (prompt, params) or (prompt, params, model): the adapter or frozen model that serves it."""
+    calls = [(*request, None)[:3] for request in requests]  # (prompt, params, model or None)
     results: list = []
 
     async def gather():
-        return await asyncio.gather(*(engine.generate(p, params) for p, params in requests))
+        return await asyncio.gather(*(engine.generate(prompt, params, model=model)
+                                      for prompt, params, model in calls))
 
     runner = threading.Thread(target=lambda: results.extend(asyncio.run(gather())))
     with engine.paused():
         runner.start()
-        while engine.num_pending < len(requests):
+        deadline = time.monotonic() + 60
+        while engine.num_pending < len(requests) and time.monotonic() < deadline:
             time.sleep(0.005)
     runner.join(120)
     assert len(results) == len(requests)

@@ -4,8 +4,6 @@ batch, the frozen initial weights, a checkpoint directory; the prefix cache kept
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
 
 import pytest
 import torch
@@ -62,22 +60,11 @@ def reference_logprobs(model, prompt, completion, adapter=None):
 
 
 def together(engine, calls):
-    """Queue every (prompt, model) call while the engine is paused, so they share a batch."""
+    """Greedy completions of (prompt, model) calls admitted in one batch."""
+    from test_engine_prefix_cache import together as admitted_together
+
     params = SamplingParams(temperature=0.0, max_tokens=6)
-    results: list = []
-
-    async def run():
-        return await asyncio.gather(*(engine.generate(p, params, model=m) for p, m in calls))
-
-    runner = threading.Thread(target=lambda: results.extend(asyncio.run(run())))
-    with engine.paused():
-        runner.start()
-        deadline = time.monotonic() + 60
-        while engine.num_pending < len(calls) and time.monotonic() < deadline:
-            time.sleep(0.005)
-    runner.join(120)
-    assert len(results) == len(calls)
-    return [r[0] for r in results]
+    return [r[0] for r in admitted_together(engine, [(p, params, m) for p, m in calls])]
 
 
 PROMPTS = [[5, 9, 13, 2, 40, 7], [3, 3, 8], [11, 12, 13, 14, 15, 16, 17, 18, 19], [60, 1, 2, 30]]
