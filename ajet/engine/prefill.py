@@ -334,7 +334,7 @@ def jump_forced_runs(batch: DecodeBatch, version: int) -> None:
         group.run()
     except Exception as exc:  # noqa: BLE001 - fail these requests only
         for seq, _ in taken:
-            _fail(seq.request, exc)
+            _fail(seq.request, exc, "in a jump over forced tokens")
         return
     joining: list[Joining] = []
     for i, ((seq, _), run) in enumerate(zip(taken, runs.values(), strict=True)):
@@ -342,10 +342,10 @@ def jump_forced_runs(batch: DecodeBatch, version: int) -> None:
             if batch.resume(seq, run, group.logits[i, -(len(run) + 1):]):
                 joining.append((seq, group.row_kv(i)))
         except Exception as exc:  # noqa: BLE001 - as a failed decode step, this request only
-            _fail(seq.request, exc)
+            _fail(seq.request, exc, "in a jump over forced tokens")
     batch.join(joining)
 
 
-def _fail(request: Request, error: BaseException) -> None:
-    log.warning("request failed in prefill: %s: %s", type(error).__name__, error)
+def _fail(request: Request, error: BaseException, where: str = "in prefill") -> None:
+    log.warning("request failed %s: %s: %s", where, type(error).__name__, error)
     deliver(request, error=error)

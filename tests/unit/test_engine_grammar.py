@@ -322,3 +322,38 @@ def test_tool_call_grammar_modes(engine, peaky, mode, tool_choice, expected) -> 
     session, _ = _session(engine, tokenizer, tool_call_grammar=mode)
     grammar = session._grammar(tool_choice, [CALC], None)
     assert (grammar.trigger if grammar else None) == expected
+
+
+def test_a_failed_jump_fails_its_request_only_and_says_where(peaky, monkeypatch, caplog) -> None:
+    """A row whose jump raises (here: its resume) fails with that error, logged as a failed
+    jump; the batch's other requests, forced or free, finish as usual."""
+    from ajet.engine.decode import DecodeBatch
+    from ajet.engine.local import LocalEngine
+
+    model, tokenizer = peaky
+    real_resume = DecodeBatch.resume
+    broken = prompt(tokenizer, "Break me.")
+
+    def resume(self, seq, run, logits):
+        if seq.request.prompt_ids == broken:
+            raise RuntimeError("boom in the jump")
+        return real_resume(self, seq, run, logits)
+
+    monkeypatch.setattr(DecodeBatch, "resume", resume)
+    grammar = tool_call_grammar([CALC], "calculate")
+    calls = [(broken, SamplingParams(seed=0, temperature=1.0, max_tokens=64, grammar=grammar)),
+             (prompt(tokenizer), SamplingParams(seed=1, temperature=1.0, max_tokens=64, grammar=grammar)),
+             (prompt(tokenizer, "Say hi."), SamplingParams(seed=2, temperature=1.0, max_tokens=8))]
+
+    async def go(engine):
+        return await asyncio.gather(*(engine.generate(list(ids), params) for ids, params in calls),
+                                    return_exceptions=True)
+
+    with caplog.at_level("WARNING"), LocalEngine(model, tokenizer, max_batch_size=8) as engine:
+        failed, (forced,), (free,) = asyncio.run(go(engine))
+        assert engine.stats["jumped_tokens"] >= 15  # the healthy forced row still jumped
+    assert isinstance(failed, RuntimeError) and "boom in the jump" in str(failed)
+    assert '"calculate"' in forced.text and sum(forced.forced) >= 15
+    assert free.finish_reason in {"stop", "length"}
+    assert any("request failed in a jump over forced tokens: RuntimeError" in r.getMessage()
+               for r in caplog.records)
