@@ -2,9 +2,11 @@
 
 AdamW over the trainable parameters: `torch.optim.AdamW`, or with
 `trainer.optimizer_state_dtype: bfloat16` the same update with its moments stored in bf16
-(`ajet.training.adamw`, half the optimizer memory). On a CPU torch's AdamW already runs
-parameter by parameter (its multi-tensor `foreach` path is for GPUs), so its step needs
-no parameter-sized temporaries beyond the largest parameter. The schedule is a factor of `trainer.lr` per training
+(`ajet.training.adamw`, half the optimizer memory). torch's AdamW runs with `fused=True`
+where it can (floating-point parameters on one CPU or CUDA device): one kernel per parameter,
+no parameter-sized temporaries, and on 2 CPU cores 0.04 s for the bundled model's 128M
+parameters against 0.61 s for the default per-parameter loop (scripts/bench_optimizer.py),
+the same update within float rounding. The schedule is a factor of `trainer.lr` per training
 step: linear warmup over `warmup_steps`, then constant, linear decay to 0 or cosine decay to 0
 at `total_steps`. **It advances once per training step** (`scheduler.step()` after the step,
 whether or not the step updated the weights), so the schedule follows the step count the
@@ -44,5 +46,13 @@ def build_optimizer(model: Any, cfg: TrainerConfig, *, seed: int = 0) -> tuple[A
     if cfg.optimizer_state_dtype == OptimizerStateDType.bfloat16:
         optimizer = BF16StateAdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, seed=seed)
     else:
-        optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=can_fuse(params))
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg))
+
+
+def can_fuse(params: list[Any]) -> bool:
+    """Whether torch's fused AdamW takes these parameters: floating point, all on one CPU or
+    CUDA device."""
+    devices = {p.device for p in params}
+    return (len(devices) == 1 and next(iter(devices)).type in ("cpu", "cuda")
+            and all(p.is_floating_point() for p in params))

@@ -111,3 +111,24 @@ def test_a_step_without_an_optimizer_step_does_not_warn_about_the_schedule(model
     closers.close_all()
     assert scheduler.last_epoch == 2
     assert not [w for w in caught if "lr_scheduler" in str(w.message)]
+
+
+
+def test_the_optimizer_is_torch_fused_adamw_and_updates_as_the_default_loop_does() -> None:
+    torch.manual_seed(0)
+    fused_model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
+    loop_model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
+    loop_model.load_state_dict(fused_model.state_dict())
+    before = [p.detach().clone() for p in fused_model.parameters()]
+    fused, _ = build_optimizer(fused_model, TrainerConfig(lr=1e-2, weight_decay=0.1))
+    loop = torch.optim.AdamW(loop_model.parameters(), lr=1e-2, weight_decay=0.1, foreach=False)
+    assert fused.defaults["fused"] is True
+    for _ in range(5):
+        x = torch.randn(3, 8)
+        for model, optimizer in ((fused_model, fused), (loop_model, loop)):
+            optimizer.zero_grad()
+            model(x).square().mean().backward()
+            optimizer.step()
+    for new, old, reference in zip(fused_model.parameters(), before, loop_model.parameters(), strict=True):
+        assert (new - old).abs().max() > 1e-3  # the steps moved every parameter
+        assert torch.allclose(new, reference, atol=1e-6, rtol=0)
