@@ -20,7 +20,7 @@ from typing import Any
 
 from ajet.backbones.debug.recipe import train as train_rl
 from ajet.config.schema import AjetConfig, Algorithm, PipelineConfig, Stage
-from ajet.config.stages import apply_override
+from ajet.config.stages import apply_override, stage_overrides
 from ajet.config.validate import validate
 from ajet.dpo.recipe import train_dpo
 from ajet.errors import ConfigError, UserError
@@ -42,7 +42,7 @@ def single_stage_config(cfg: AjetConfig, stage: str, *, where: str = "") -> Ajet
     if stage not in {s.value for s in Stage}:
         raise ConfigError(f"{where}unknown stage '{stage}'; use one of {[s.value for s in Stage]}")
     try:
-        stage_cfg = apply_override(cfg, cfg.pipeline.overrides.get(stage, {}))
+        stage_cfg = apply_override(cfg, stage_overrides(cfg).get(stage, {}))
     except ValueError as exc:
         raise ConfigError(f"{where}pipeline.overrides.{stage}: {exc}") from None
     stage_cfg.pipeline = PipelineConfig(stages=[Stage(stage)])

@@ -29,9 +29,11 @@ def stage_problems(cfg: AjetConfig) -> list[tuple[str, str]]:
     problems: list[tuple[str, str]] = []
     stages = [s.value for s in stage_names(cfg)]
     base_ranges = set(range_problems(cfg))  # reported by `validate` itself
-    for name, override in cfg.pipeline.overrides.items():
+    overrides = stage_overrides(cfg)
+    for name, override in overrides.items():
         if name not in stages:
-            problems.append((f"pipeline.overrides.{name}", f"no stage named '{name}' in {stages}"))
+            problems.append((f"pipeline.overrides.{name}", f"no stage named '{name}' in {stages} "
+                             f"(drop it from the command line with pipeline.overrides.{name}=null)"))
             continue
         try:
             stage_cfg = apply_override(cfg, override)
@@ -42,9 +44,15 @@ def stage_problems(cfg: AjetConfig) -> list[tuple[str, str]]:
         problems += [(key, where + msg) for key, msg in range_problems(stage_cfg) if (key, msg) not in base_ranges]
         problems += _checks(stage_cfg, Stage(name), prefix=where)
     for name in dict.fromkeys(stages):
-        if name not in cfg.pipeline.overrides:
+        if name not in overrides:
             problems += _checks(cfg, Stage(name), prefix="")
     return problems
+
+
+def stage_overrides(cfg: AjetConfig) -> dict[str, Any]:
+    """`pipeline.overrides` without the stages set to null (`pipeline.overrides.sft=null` on the
+    command line drops a YAML's override, e.g. when `pipeline.stages` leaves that stage out)."""
+    return {name: override for name, override in cfg.pipeline.overrides.items() if override is not None}
 
 
 def apply_override(cfg: AjetConfig, override: Any) -> AjetConfig:

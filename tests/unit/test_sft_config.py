@@ -145,3 +145,20 @@ def test_debug_backbone_dispatches_sft_dpo_and_pipelines(tmp_path: Path, monkeyp
     assert calls[0][1].algorithm.name == Algorithm.sft and calls[1][1].algorithm.name == Algorithm.dpo
     with pytest.raises(UserError, match="--with-ray"):
         run(load_config(conf, ["algorithm.name=sft"]), with_ray=True, resume=False)
+
+
+def test_a_null_stage_override_drops_the_yamls_override_for_that_stage(tmp_path: Path) -> None:
+    conf = write(tmp_path, "sft:\n  train_path: dialogs.jsonl\n"
+                           "pipeline:\n  stages: [sft, grpo, eval]\n"
+                           "  overrides:\n    sft: {trainer: {lr: 0.5}}\n    grpo: {trainer: {lr: 0.25}}\n")
+    # leaving the sft stage out: its override is an error that says how to drop it ...
+    with pytest.raises(ConfigError, match=r"no stage named 'sft' .*pipeline.overrides.sft=null"):
+        load_config(conf, ["pipeline.stages=[grpo,eval]"])
+    # ... and dropping it runs the other stages with their own overrides
+    cfg = load_config(conf, ["pipeline.stages=[grpo,eval]", "pipeline.overrides.sft=null"])
+    assert stage_config(cfg, "grpo", 1, "/models/sft").trainer.lr == 0.25
+    # a stage of the run whose override is null runs with the run's own config, checked as usual
+    cfg = load_config(conf, ["pipeline.overrides.sft=null"])
+    assert single_stage_config(cfg, "sft").trainer.lr == cfg.trainer.lr
+    with pytest.raises(ConfigError, match="sft.train_path"):
+        load_config(conf, ["pipeline.overrides.sft=null", "sft.train_path=''"])
