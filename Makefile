@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: install
-	$(VENV)/bin/ajet --conf $(CONF) --backbone=debug
+	$(VENV)/bin/ajet --conf $(CONF) --backbone=debug --fresh
 
 browser: install
 	bash scripts/install_browser.sh

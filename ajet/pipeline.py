@@ -28,7 +28,7 @@ from ajet.eval.runner import evaluate, metrics_table
 from ajet.files import write_json_atomic
 from ajet.sft.recipe import train_sft
 from ajet.training.memory import release_memory
-from ajet.training.run_dir import run_dir_of
+from ajet.training.run_dir import refuse_earlier_pipeline_run, run_dir_of
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +94,7 @@ def run_stage(cfg: AjetConfig, stage: str, *, workflow: Any = None, resume: bool
 def run_pipeline(cfg: AjetConfig, *, workflow: Any = None, resume: bool = False) -> Path:
     """Run every stage in order; return the pipeline's run directory."""
     run_dir = run_dir_of(cfg)
+    refuse_earlier_pipeline_run(run_dir, resume=resume)
     run_dir.mkdir(parents=True, exist_ok=True)
     model_path, label = cfg.model.path, "base"
     done: list[dict[str, Any]] = []

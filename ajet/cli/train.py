@@ -10,15 +10,25 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ajet.backbones.registry import checked_backbone
-from ajet.cli.common import Conf, ExpDir, Overrides, Quiet, Resume, config_overrides, user_errors
+from ajet.cli.common import (
+    Conf,
+    ExpDir,
+    Fresh,
+    Overrides,
+    Quiet,
+    Resume,
+    config_overrides,
+    user_errors,
+)
 from ajet.cli.main import commands_epilog
 from ajet.cli.preflight import preflight
 from ajet.config import load_config, to_yaml
 from ajet.config.choices import Backbone
+from ajet.errors import UserError
 from ajet.launcher import Launcher, LaunchError, env_service_specs, free_gpus, vllm_service_specs
 from ajet.logging.setup import configure_logging
 from ajet.logging.summary import render_summary, summarize_run
-from ajet.training.run_dir import run_dir_of
+from ajet.training.run_dir import move_aside, run_dir_of
 
 if TYPE_CHECKING:  # pragma: no cover
     from ajet.config.schema import AjetConfig
@@ -62,9 +72,12 @@ def train(
         bool, typer.Option("--dry-run", help="Load and validate the config, import the workflow and judge, find the model; print the resolved config and exit.")
     ] = False,
     resume: Resume = False,
+    fresh: Fresh = False,
     quiet: Quiet = False,
 ) -> None:
     with user_errors():
+        if fresh and resume:
+            raise UserError("--fresh starts a new run and --resume continues the earlier one: pass one of them.")
         extra = config_overrides(overrides, project__exp_dir=exp_dir, logging__quiet=quiet,
                                  ray__address=with_ray_cluster)
         with_ray = with_ray or bool(with_ray_cluster)
@@ -87,6 +100,8 @@ def train(
             return
         from ajet.pipeline import run  # imports torch: not for --help / --dry-run
 
+        if fresh and (moved := move_aside(run_dir_of(cfg))):
+            typer.echo(f"--fresh: the earlier run is kept in {moved}; starting a new one in {run_dir_of(cfg)}")
         start = time.monotonic()
         launched = (Launcher(env_services=services, log_dir=run_dir_of(cfg) / "services") if services
                     else contextlib.nullcontext())

@@ -1,13 +1,16 @@
 """The run directory `{project.exp_dir}/{project.name}` and its rules, for every recipe.
 
 A new run refuses a directory that already holds an earlier run (checkpoints or logged
-metrics): pass `--resume` to continue it, or choose another name. `--resume` means continue:
-it refuses a run directory that does not exist. `config.yaml` records the resolved config
+metrics; for a pipeline also its pipeline.json, stage dirs and eval reports, refused before
+its first stage): pass `--resume` to continue it, `--fresh` to move it aside first
+(`move_aside`: nothing is deleted), or choose another name. `--resume` means continue: it
+refuses a run directory that does not exist. `config.yaml` records the resolved config
 (written atomically: a kill never leaves half of it).
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from ajet.config import to_yaml
@@ -40,7 +43,45 @@ def prepare_run_dir(cfg: AjetConfig, *, resume: bool, backbone_checkpoints: str 
         what = "checkpoints" if has_checkpoint else "metrics (metrics.jsonl)"
         raise UserError(
             f"{run_dir} already holds {what} of an earlier run. Pass --resume to continue it, "
-            "or choose another project.name / --exp-dir.")
+            "--fresh to move it aside and start again, or choose another project.name / --exp-dir.")
     run_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(run_dir / "config.yaml", to_yaml(cfg))
     return run_dir
+
+
+def earlier_pipeline_run(run_dir: Path) -> str:
+    """What an earlier staged run left in `run_dir` ("" when nothing): its pipeline.json, a
+    stage's run dir, or an eval stage's report (eval_NN_<label>.json; `ajet eval --name`'s own
+    reports beside them are not a pipeline's)."""
+    if (run_dir / "pipeline.json").is_file():
+        return "a pipeline run (pipeline.json)"
+    stages = run_dir / "stages"
+    if stages.is_dir() and any(stages.iterdir()):
+        return f"stage runs ({stages})"
+    reports = sorted((run_dir / "eval").glob("eval_[0-9][0-9]_*.json")) if (run_dir / "eval").is_dir() else []
+    return f"evaluations ({reports[0]})" if reports else ""
+
+
+def refuse_earlier_pipeline_run(run_dir: Path, *, resume: bool) -> None:
+    """Refuse a new staged run over an earlier one before any stage runs: its first eval stage
+    would overwrite the earlier report and a later stage would refuse the earlier checkpoints."""
+    what = "" if resume else earlier_pipeline_run(run_dir)
+    if what:
+        raise UserError(
+            f"{run_dir} already holds {what} of an earlier run. Pass --resume to continue it, "
+            "--fresh to move it aside and start again, or choose another project.name / --exp-dir.")
+
+
+def move_aside(run_dir: Path) -> Path | None:
+    """`--fresh`: rename a non-empty `run_dir` to `<run_dir>.<date-time>` (nothing is deleted);
+    return the new path, or None when there was nothing to move."""
+    if not run_dir.is_dir() or not any(run_dir.iterdir()):
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target = run_dir.with_name(f"{run_dir.name}.{stamp}")
+    suffix = 1
+    while target.exists():
+        target = run_dir.with_name(f"{run_dir.name}.{stamp}-{suffix}")
+        suffix += 1
+    run_dir.rename(target)
+    return target

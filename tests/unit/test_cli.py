@@ -115,3 +115,26 @@ def test_dry_run_imports_neither_torch_nor_transformers(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr[-2000:]
     assert "# checked: workflow" in out.stdout
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_fresh_and_resume_together_exit_2(tmp_path: Path) -> None:
+    conf = _conf(tmp_path, "")
+    result = runner.invoke(train_cmd.app, ["--conf", str(conf), "--fresh", "--resume"])
+    assert result.exit_code == 2 and "--fresh" in result.output and "--resume" in result.output
+
+
+def test_fresh_moves_the_earlier_run_aside_before_the_new_one_starts(tmp_path: Path, monkeypatch) -> None:
+    import ajet.pipeline
+
+    conf = _conf(tmp_path, "project:\n  name: demo\n")
+    earlier = tmp_path / "exp" / "demo"
+    (earlier / "stages" / "02_sft").mkdir(parents=True)
+    (earlier / "pipeline.json").write_text('{"stages": []}')
+    seen: list[bool] = []
+    monkeypatch.setattr(ajet.pipeline, "run", lambda cfg, runner, **kw: seen.append(earlier.exists()))
+    result = runner.invoke(train_cmd.app, ["--conf", str(conf), "--fresh", "--exp-dir", str(tmp_path / "exp")])
+    assert result.exit_code == 0, result.output
+    assert seen == [False]  # the run started in an empty place
+    (kept,) = [p for p in (tmp_path / "exp").iterdir() if p.name.startswith("demo.")]
+    assert (kept / "pipeline.json").read_text() == '{"stages": []}' and (kept / "stages" / "02_sft").is_dir()
+    assert str(kept) in result.output

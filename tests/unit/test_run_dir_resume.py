@@ -122,3 +122,40 @@ def test_the_gpu_backbones_keep_the_same_run_directory_rules(cfg, monkeypatch, b
     (run_dir_of(cfg) / checkpoints).mkdir(parents=True)
     with pytest.raises(UserError, match=r"already holds checkpoints .*--resume"):
         driver.prepare(cfg, resume=False)
+
+
+def test_a_pipeline_refuses_an_earlier_pipeline_run_before_its_first_stage(cfg, monkeypatch) -> None:
+    import ajet.pipeline
+    from ajet.training.run_dir import earlier_pipeline_run
+
+    run_dir = run_dir_of(cfg)
+    (run_dir / "eval").mkdir(parents=True)
+    # `ajet eval --name`'s own reports are not a pipeline run's
+    (run_dir / "eval" / "eval_teacher.json").write_text("{}")
+    assert earlier_pipeline_run(run_dir) == ""
+    report = run_dir / "eval" / "eval_01_base.json"
+    report.write_text('{"earlier": 1}')
+    assert "evaluations" in earlier_pipeline_run(run_dir)
+    ran: list[str] = []
+    monkeypatch.setattr(ajet.pipeline, "evaluate", lambda *a, **kw: ran.append("eval"))
+    cfg.pipeline.stages = ["eval", "grpo"]
+    with pytest.raises(UserError, match=r"already holds evaluations .*--resume.*--fresh"):
+        ajet.pipeline.run_pipeline(cfg)
+    assert ran == [] and report.read_text() == '{"earlier": 1}'  # nothing ran, nothing overwritten
+
+
+def test_move_aside_keeps_every_earlier_run_under_its_own_name(tmp_path: Path) -> None:
+    from ajet.training.run_dir import move_aside
+
+    run_dir = tmp_path / "demo"
+    assert move_aside(run_dir) is None  # nothing there
+    run_dir.mkdir()
+    assert move_aside(run_dir) is None and run_dir.is_dir()  # empty: nothing to keep
+    kept = []
+    for n in range(2):  # twice within one second: two names
+        run_dir.mkdir(exist_ok=True)
+        (run_dir / "metrics.jsonl").write_text(f"{n}\n")
+        kept.append(move_aside(run_dir))
+        assert not run_dir.exists()
+    assert kept[0] != kept[1] and all(p.name.startswith("demo.") for p in kept)
+    assert [p.joinpath("metrics.jsonl").read_text() for p in kept] == ["0\n", "1\n"]
