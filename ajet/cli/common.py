@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from ajet.errors import AjetError, ConfigError
+from ajet.errors import AjetError, ConfigError, UserError
 
 err_console = Console(stderr=True, highlight=False)
 
@@ -27,6 +27,18 @@ Fresh = Annotated[bool, typer.Option(
     "--fresh", help="Start a new run where the run directory holds an earlier one: that one is moved to "
                     "RUN.<date-time> first (nothing is deleted).")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Plain log lines, no live display.")]
+
+
+def fresh_start(run_dir: Path | None, *, fresh: bool, resume: bool) -> None:
+    """`--fresh` / `--resume`: refuse both at once; with `--fresh`, move an earlier run in
+    `run_dir` aside (`ajet.training.run_dir.move_aside`). `run_dir` None (--dry-run): check only."""
+    if fresh and resume:
+        raise UserError("--fresh starts a new run and --resume continues the earlier one: pass one of them.")
+    if fresh and run_dir is not None:
+        from ajet.training.run_dir import move_aside
+
+        if moved := move_aside(run_dir):
+            typer.echo(f"--fresh: the earlier run is kept in {moved}; starting a new one in {run_dir}")
 
 
 def config_overrides(overrides: list[str] | None, **options: object) -> list[str]:

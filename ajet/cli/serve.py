@@ -14,11 +14,22 @@ from typing import Annotated, Any
 import typer
 
 from ajet.backbones.registry import checked_backbone
-from ajet.cli.common import Conf, ExpDir, Overrides, Quiet, Resume, config_overrides, user_errors
+from ajet.cli.common import (
+    Conf,
+    ExpDir,
+    Fresh,
+    Overrides,
+    Quiet,
+    Resume,
+    config_overrides,
+    fresh_start,
+    user_errors,
+)
 from ajet.config import load_config
 from ajet.config.schema import RL_ALGORITHMS
 from ajet.errors import UserError
 from ajet.logging.setup import configure_logging
+from ajet.training.run_dir import run_dir_of
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +51,7 @@ def serve(
     port: Annotated[int | None, typer.Option("--port", help="Port; 0 = a free one [default: serve.port].")] = None,
     exp_dir: ExpDir = None,
     resume: Resume = False,
+    fresh: Fresh = False,
     quiet: Quiet = False,
 ) -> None:
     with user_errors():
@@ -51,6 +63,7 @@ def serve(
         from ajet.rollout.remote import RemoteWorkflow  # imports agentscope: not for --help
 
         checked_backbone("debug", cfg, str(conf))
+        fresh_start(run_dir_of(cfg), fresh=fresh, resume=resume)
         configure_logging(cfg.logging.level, quiet=cfg.logging.quiet)
         train(cfg, resume=resume, workflow=RemoteWorkflow(), episode_source=served_episodes)
 

@@ -4,9 +4,20 @@ from __future__ import annotations
 
 import typer
 
-from ajet.cli.common import Conf, ExpDir, Overrides, Quiet, Resume, config_overrides, user_errors
+from ajet.cli.common import (
+    Conf,
+    ExpDir,
+    Fresh,
+    Overrides,
+    Quiet,
+    Resume,
+    config_overrides,
+    fresh_start,
+    user_errors,
+)
 from ajet.config import load_config
 from ajet.logging.setup import configure_logging
+from ajet.training.run_dir import run_dir_of
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)
 
@@ -20,7 +31,7 @@ app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 def sft(conf: Conf, overrides: Overrides = None, exp_dir: ExpDir = None, resume: Resume = False,
-        quiet: Quiet = False) -> None:
+        fresh: Fresh = False, quiet: Quiet = False) -> None:
     with user_errors():
         extra = config_overrides(overrides, project__exp_dir=exp_dir, logging__quiet=quiet)
         cfg = load_config(conf, extra, require_workflow=False)
@@ -28,6 +39,7 @@ def sft(conf: Conf, overrides: Overrides = None, exp_dir: ExpDir = None, resume:
         from ajet.sft.recipe import train_sft  # imports torch: not for --help
 
         cfg = single_stage_config(cfg, "sft")
+        fresh_start(run_dir_of(cfg), fresh=fresh, resume=resume)
         configure_logging(cfg.logging.level, quiet=cfg.logging.quiet)
         run_dir = train_sft(cfg, resume=resume)
         typer.echo(f"sft done: {run_dir / 'final_model'}")

@@ -18,17 +18,17 @@ from ajet.cli.common import (
     Quiet,
     Resume,
     config_overrides,
+    fresh_start,
     user_errors,
 )
 from ajet.cli.main import commands_epilog
 from ajet.cli.preflight import preflight
 from ajet.config import load_config, to_yaml
 from ajet.config.choices import Backbone
-from ajet.errors import UserError
 from ajet.launcher import Launcher, LaunchError, env_service_specs, free_gpus, vllm_service_specs
 from ajet.logging.setup import configure_logging
 from ajet.logging.summary import render_summary, summarize_run
-from ajet.training.run_dir import move_aside, run_dir_of
+from ajet.training.run_dir import run_dir_of
 
 if TYPE_CHECKING:  # pragma: no cover
     from ajet.config.schema import AjetConfig
@@ -76,8 +76,6 @@ def train(
     quiet: Quiet = False,
 ) -> None:
     with user_errors():
-        if fresh and resume:
-            raise UserError("--fresh starts a new run and --resume continues the earlier one: pass one of them.")
         extra = config_overrides(overrides, project__exp_dir=exp_dir, logging__quiet=quiet,
                                  ray__address=with_ray_cluster)
         with_ray = with_ray or bool(with_ray_cluster)
@@ -88,6 +86,7 @@ def train(
         services = env_service_specs(cfg.env_services, with_env or [])
         if with_vllm and not dry_run:
             services.update(vllm_services(cfg, with_vllm))
+        fresh_start(None if dry_run else run_dir_of(cfg), fresh=fresh, resume=resume)
         if dry_run:
             checked = preflight(cfg)
             typer.echo("# resolved ajet config")
@@ -100,8 +99,6 @@ def train(
             return
         from ajet.pipeline import run  # imports torch: not for --help / --dry-run
 
-        if fresh and (moved := move_aside(run_dir_of(cfg))):
-            typer.echo(f"--fresh: the earlier run is kept in {moved}; starting a new one in {run_dir_of(cfg)}")
         start = time.monotonic()
         launched = (Launcher(env_services=services, log_dir=run_dir_of(cfg) / "services") if services
                     else contextlib.nullcontext())
