@@ -120,6 +120,7 @@ class EnvServiceReaderConfig:
     env_type: str = ""
     num_train_tasks: int = bounded(8, Ge(0))
     num_val_tasks: int = bounded(0, Ge(0))
+    num_test_tasks: int = bounded(0, Ge(0))  # the service's split 'test': `ajet eval --split test`
     request_timeout_s: float = bounded(30.0, Gt(0))
 
 

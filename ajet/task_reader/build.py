@@ -47,7 +47,7 @@ async def abuild_reader(cfg: TaskReaderConfig, *, seed: int, llm: LLM | None = N
         train, val, skipped = load_hf_tasks(cfg.hf_dataset)
         source = cfg.hf_dataset.path
     elif reader_type == ReaderType.env_service:
-        train, val = load_env_tasks(cfg.env_service)
+        train, val, test = load_env_tasks(cfg.env_service)
         source = f"{cfg.env_service.base_url} ({cfg.env_service.env_type})"
     elif reader_type == ReaderType.generate:
         train, skipped = await aload_generated_tasks(cfg.generate, llm)

@@ -18,9 +18,11 @@ from ajet.workflow import WorkflowTask
 logger = logging.getLogger(__name__)
 
 
-def load_env_tasks(cfg: EnvServiceReaderConfig) -> tuple[list[WorkflowTask], list[WorkflowTask]]:
-    """(train, val) tasks: the first `num_train_tasks` of split 'train' (<= 0: all) and the
-    first `num_val_tasks` of split 'val' (0: none)."""
+def load_env_tasks(
+    cfg: EnvServiceReaderConfig,
+) -> tuple[list[WorkflowTask], list[WorkflowTask], list[WorkflowTask]]:
+    """(train, val, test) tasks: the first `num_train_tasks` of split 'train' (<= 0: all), the
+    first `num_val_tasks` of split 'val' and the first `num_test_tasks` of split 'test' (0: none)."""
     with EnvServiceClient(cfg.base_url, timeout=cfg.request_timeout_s) as client:
         try:
             offered = client.health().get("env_types", [])
@@ -39,6 +41,7 @@ def load_env_tasks(cfg: EnvServiceReaderConfig) -> tuple[list[WorkflowTask], lis
             )
         train_ids = client.list_tasks(cfg.env_type, "train")
         val_ids = client.list_tasks(cfg.env_type, "val") if cfg.num_val_tasks > 0 else []
+        test_ids = client.list_tasks(cfg.env_type, "test") if cfg.num_test_tasks > 0 else []
     if cfg.num_train_tasks > 0:
         if len(train_ids) < cfg.num_train_tasks:
             logger.warning(
@@ -46,12 +49,11 @@ def load_env_tasks(cfg: EnvServiceReaderConfig) -> tuple[list[WorkflowTask], lis
                 len(train_ids), cfg.num_train_tasks,
             )
         train_ids = train_ids[: cfg.num_train_tasks]
-    if len(val_ids) < cfg.num_val_tasks:
-        logger.warning(
-            "env service offers %d val tasks, fewer than num_val_tasks=%d; using all",
-            len(val_ids), cfg.num_val_tasks,
-        )
-    val_ids = val_ids[: cfg.num_val_tasks]
+    for split, ids, wanted in (("val", val_ids, cfg.num_val_tasks), ("test", test_ids, cfg.num_test_tasks)):
+        if len(ids) < wanted:
+            logger.warning("env service offers %d %s tasks, fewer than num_%s_tasks=%d; using all",
+                           len(ids), split, split, wanted)
+    val_ids, test_ids = val_ids[: cfg.num_val_tasks], test_ids[: cfg.num_test_tasks]
 
     def to_task(task_id: str, split: str) -> WorkflowTask:
         return WorkflowTask(
@@ -60,4 +62,5 @@ def load_env_tasks(cfg: EnvServiceReaderConfig) -> tuple[list[WorkflowTask], lis
             metadata={"env_base_url": cfg.base_url, "split": split},
         )
 
-    return [to_task(t, "train") for t in train_ids], [to_task(t, "val") for t in val_ids]
+    return ([to_task(t, "train") for t in train_ids], [to_task(t, "val") for t in val_ids],
+            [to_task(t, "test") for t in test_ids])

@@ -47,9 +47,9 @@ class InstanceRequest(BaseModel):
     instance_id: str
 
 
-def create_app(num_train: int = 32, num_val: int = 8) -> FastAPI:
+def create_app(num_train: int = 32, num_val: int = 8, num_test: int = 16) -> FastAPI:
     """The app with a fresh instance table (one per server)."""
-    envs = {KVStoreEnv.env_type: KVStoreEnv(num_train=num_train, num_val=num_val)}
+    envs = {KVStoreEnv.env_type: KVStoreEnv(num_train=num_train, num_val=num_val, num_test=num_test)}
     instances: dict[str, tuple[KVStoreEnv, KVEpisode]] = {}
     lock = threading.Lock()
     counter = itertools.count()
@@ -117,9 +117,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--num-train", type=int, default=32)
     parser.add_argument("--num-val", type=int, default=8)
+    parser.add_argument("--num-test", type=int, default=16)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
-    app = create_app(num_train=args.num_train, num_val=args.num_val)
+    app = create_app(num_train=args.num_train, num_val=args.num_val, num_test=args.num_test)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 
 

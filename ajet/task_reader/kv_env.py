@@ -106,14 +106,15 @@ def parse_action(action: Any) -> dict:
 
 
 class KVStoreEnv:
-    """`num_train` + `num_val` tasks; episodes are plain objects the server keeps by id."""
+    """`num_train` + `num_val` + `num_test` tasks (each split's from its own seeds, so no task
+    is in two splits); episodes are plain objects the server keeps by id."""
 
     env_type = "kv_store"
 
-    def __init__(self, num_train: int = 32, num_val: int = 8) -> None:
+    def __init__(self, num_train: int = 32, num_val: int = 8, num_test: int = 16) -> None:
         self._tasks = {
             t.task_id: t
-            for split, n in (("train", num_train), ("val", num_val))
+            for split, n in (("train", num_train), ("val", num_val), ("test", num_test))
             for t in (make_task(split, i) for i in range(n))
         }
 

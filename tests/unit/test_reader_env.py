@@ -55,7 +55,7 @@ def serve(app) -> Iterator[str]:
 def server_url() -> Iterator[str]:
     from ajet.task_reader.env_server import create_app
 
-    with serve(create_app(num_train=12, num_val=4)) as url:
+    with serve(create_app(num_train=12, num_val=4, num_test=3)) as url:
         yield url
 
 
@@ -95,6 +95,23 @@ def test_reader_lists_tasks_from_service(server_url: str) -> None:
     # num_train_tasks <= 0 means all the service offers
     assert len(build_reader(env_cfg(server_url, env_type="kv_store", num_train_tasks=0),
                             seed=0).train_tasks()) == 12
+    assert reader.test_tasks() == []  # num_test_tasks=0: no test split
+
+
+def test_reader_reads_the_services_test_split_apart_from_train_and_val(server_url: str) -> None:
+    reader = build_reader(env_cfg(server_url, env_type="kv_store", num_train_tasks=0, num_val_tasks=4,
+                                  num_test_tasks=5), seed=0)
+    test = reader.test_tasks()
+    # fewer offered (3) than asked (5): all of them, with a warning
+    assert [t.task_id for t in test] == ["kv-test-000", "kv-test-001", "kv-test-002"]
+    assert all(t.metadata["split"] == "test" for t in test)
+    train_val = {t.task_id for t in reader.train_tasks() + reader.val_tasks()}
+    assert not train_val & {t.task_id for t in test}
+    # held out as tasks, not only as ids: no test instruction and start store is a train or val one's
+    seen = {(make_task(s, i).instruction, tuple(sorted(make_task(s, i).initial.items())))
+            for s, n in (("train", 12), ("val", 4)) for i in range(n)}
+    assert not seen & {(make_task("test", i).instruction, tuple(sorted(make_task("test", i).initial.items())))
+                       for i in range(3)}
 
 
 def test_env_type_must_be_offered(server_url: str) -> None:
