@@ -39,10 +39,12 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -54,6 +56,18 @@ OUT = REPO / "docs" / "learning"
 # (GRPO train row, SFT train row): the trained samples' tokens, and what packing forwarded
 TRAINED_KEYS = ("context/tokens_merged", "sft/tokens")
 FORWARDED_KEYS = ("context/tokens_packed", "sft/tokens_packed")
+
+
+@dataclass(frozen=True)
+class Served:
+    """An example trained by `ajet serve` on episodes that client processes run (no workflow):
+    the run is `ajet eval` of the base model on test, `ajet serve` with `clients` copies of
+    `client` until it has handed out its episodes, and `ajet eval` of its final model on test."""
+
+    client: tuple[str, ...]  # a client's argv after the Python interpreter, relative to the repository
+    clients: int  # how many run at once
+    eval_workflow: str  # `ajet eval`'s workflow.target: the client's own agent code, in-process
+    eval_n: int = 1  # episodes per test task
 
 
 @dataclass(frozen=True)
@@ -71,6 +85,10 @@ class Example:
     quick: bool = False
     also: tuple[str, ...] = ()  # more test metrics to report beside `metric` (behaviour, a second judge)
     seed: int = 0  # project.seed of the run (--seed); a seed other than 0 names the run <name>_seed<N>
+    # A server the run needs (an environment service), started beside it and stopped after:
+    # its argv after the Python interpreter; "{port}" here and in `overrides` is a free port.
+    service: tuple[str, ...] = ()
+    served: Served | None = None  # trained by `ajet serve` and clients instead of a pipeline (`stages`: ("serve",))
 
     def threshold_text(self) -> str:
         return f">= base + {self.threshold:.2f}" if self.gain else f">= {self.threshold:.2f}"
@@ -171,6 +189,31 @@ REGISTRY: tuple[Example, ...] = (
             "0.562 after 5 steps, 2026-11-26), so the YAML does not take it.",
     ),
     Example(
+        name="appworld", conf="tutorial/example_appworld/appworld_warmup.yaml", stages=("sft", "grpo"),
+        overrides=("task_reader.env_service.base_url=http://127.0.0.1:{port}",),
+        service=("-m", "ajet.task_reader.env_server", "--port", "{port}"),
+        budget_min=20, threshold=0.05, gain=True, metric="reward/mean",
+        also=("success/rate", "workflow/action_errors", "workflow/turns"),
+        why="the env-service agent against the reference server (key-value chores), started by the bench "
+            "on a free port. The base model's replies are no actions (8 errors in 8 turns on val), so "
+            "its reward is the untouched store's (0.531 on val) and GRPO alone has no signal: an SFT "
+            "warm-up on scripted train-task demos first (make_demos.py), frozenlake_warmup's settings. "
+            "Metric: the fraction of keys in their goal state (success, all keys, stays rare). On val "
+            "(2026-11-27): 0.531 base, 0.566 after SFT, 0.628 after 6 GRPO steps (16 episodes): the "
+            "threshold asks for half of that gain.",
+    ),
+    Example(
+        name="remote_agent", conf="tutorial/example_remote_agent/remote_agent.yaml", stages=("serve",),
+        overrides=(), budget_min=15, threshold=0.0, gain=True,
+        served=Served(client=("tutorial/example_remote_agent/agent.py",), clients=2,
+                      eval_workflow="tutorial/example_remote_agent/in_process.py:RemoteAgentInProcess"),
+        why="the math task answered without a tool by agent.py (the OpenAI SDK) in two client "
+            "processes through `ajet serve`, remote_agent.yaml's 10 steps; scored on the math agent's "
+            "test split with agent.py's own solve in-process (in_process.py). The base model solved 0 "
+            "of 32 val tasks (2026-11-27), so no learning is documented: the threshold only asks that "
+            "training does not fall below the base model.",
+    ),
+    Example(
         name="werewolves_selfplay", conf="tutorial/example_werewolves/werewolves_selfplay.yaml",
         stages=("grpo",), overrides=("eval.n=4", "trainer.total_steps=6", "trainer.val_every=3"),
         budget_min=30, threshold=0.0, gain=True, metric="workflow/vote_hit/villager",
@@ -246,35 +289,153 @@ def registry_order(name: str) -> int:
 # ---------------------------------------------------------------------- running
 
 
-def command(example: Example, exp_dir: Path, cached_base: bool) -> list[str]:
+def command(example: Example, exp_dir: Path, cached_base: bool, port: int | None = None) -> list[str]:
+    """The run's argv; `port` is where the example's service listens (see `service`)."""
+    if example.service and port is None:
+        raise ValueError(f"{example.name} needs its service's port (bench_learning.service)")
     stages = [*([] if cached_base else ["eval"]), *example.stages, "eval"]
     return [sys.executable, "-m", "ajet.cli.main", "--conf", str(REPO / example.conf), "--backbone=debug",
             f"project.name={example.name}", f"project.exp_dir={exp_dir}", f"project.seed={example.seed}",
             "logging.quiet=true", "eval.split=test", f"pipeline.stages=[{','.join(stages)}]",
-            *example.overrides]
+            *(o.replace("{port}", str(port)) for o in example.overrides)]
+
+
+@contextmanager
+def service(example: Example, log: Path, timeout_s: float = 60.0) -> Iterator[int | None]:
+    """The example's service on a free local port, running while the block runs (None: it has
+    none); its output goes to `log`. A RuntimeError with the log's tail when it does not listen."""
+    if not example.service:
+        yield None
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = [sys.executable, *(a.replace("{port}", str(port)) for a in example.service)]
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
+                                env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                tail = log.read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"{example.name}'s service ({' '.join(argv)}) did not listen on port {port} "
+                                   f"within {timeout_s:.0f} s; its output:\n{tail}")
+            time.sleep(0.2)
+        yield port
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def served_commands(example: Example, exp_dir: Path, port: int, token: str) -> dict[str, list[str]]:
+    """A served example's commands: "base" and "trained" (`ajet eval` on test, reports
+    RUN/eval/eval_base.json and eval_trained.json), "serve" (on `port`, clients use `token`)."""
+    assert example.served is not None
+    s, run = example.served, exp_dir / example.name
+    ajet = [sys.executable, "-m", "ajet.cli.main"]
+    common = [f"project.name={example.name}", f"project.exp_dir={exp_dir}", f"project.seed={example.seed}",
+              "logging.quiet=true", *example.overrides]
+
+    def evaluate(name: str, model: Path | None) -> list[str]:
+        return [*ajet, "eval", "--conf", str(REPO / example.conf), "--split", "test", "--n", str(s.eval_n),
+                "--name", name, *(["--model", str(model)] if model else []), *common,
+                f"workflow.target={REPO / s.eval_workflow}"]
+
+    return {"base": evaluate("base", None),
+            "serve": [*ajet, "serve", "--conf", str(REPO / example.conf), "--port", str(port), *common,
+                      f"serve.client_token={token}"],
+            "trained": evaluate("trained", run / "final_model")}
+
+
+def run_served(example: Example, exp_dir: Path, cached_base: bool, timeout_s: float) -> tuple[str, list[str]]:
+    """A served example's three commands, one after the other, `example.served.clients` client
+    processes beside `ajet serve`; then RUN/pipeline.json in the shape a pipeline run leaves, so
+    that `collect` reads it as one: (status, the serve command)."""
+    assert example.served is not None
+    run, deadline = exp_dir / example.name, time.monotonic() + timeout_s
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    token = f"bench-{os.getpid()}"
+    cmds = served_commands(example, exp_dir, port, token)
+    left = lambda: max(1.0, deadline - time.monotonic())  # noqa: E731
+    stages: list[dict[str, Any]] = []
+    if not cached_base:
+        print("$", " ".join(cmds["base"]), flush=True)
+        if subprocess.run(cmds["base"], env=env, timeout=left()).returncode != 0:
+            return "error: the base evaluation failed", cmds["serve"]
+        stages.append({"stage": "eval", "eval": str(run / "eval" / "eval_base.json")})
+    print("$", " ".join(cmds["serve"]), flush=True)
+    serve = subprocess.Popen(cmds["serve"], env=env)
+    clients: list[subprocess.Popen] = []
+    try:
+        while not (run / "serve.json").is_file():
+            if serve.poll() is not None:
+                return f"error: ajet serve exited {serve.returncode}", cmds["serve"]
+            time.sleep(0.5)
+        client_env = {**env, "AJET_URL": f"http://127.0.0.1:{port}", "AJET_TOKEN": token}
+        clients = [subprocess.Popen([sys.executable, *example.served.client], env=client_env, cwd=REPO,
+                                    stdout=subprocess.DEVNULL) for _ in range(example.served.clients)]
+        if serve.wait(timeout=left()) != 0:
+            return f"error: ajet serve exited {serve.returncode}", cmds["serve"]
+    finally:
+        for proc in (serve, *clients):
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+    stages.append({"stage": "serve", "run_dir": str(run)})
+    print("$", " ".join(cmds["trained"]), flush=True)
+    if subprocess.run(cmds["trained"], env=env, timeout=left()).returncode != 0:
+        return "error: the trained model's evaluation failed", cmds["serve"]
+    stages.append({"stage": "eval", "eval": str(run / "eval" / "eval_trained.json")})
+    (run / "pipeline.json").write_text(json.dumps({"stages": stages, "written_by": "scripts/bench_learning.py"}))
+    return "ok", cmds["serve"]
 
 
 def run_example(example: Example, exp_dir: Path, cached_base: bool) -> Result:
-    """Train and evaluate one example in a child process; what it left on disk is the result."""
+    """Train and evaluate one example in child processes; what they left on disk is the result."""
     run_dir = exp_dir / example.name
     if run_dir.is_dir():  # the bench's own run dir: a new run starts from nothing (ajet refuses old ones)
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
-    cmd = command(example, exp_dir, cached_base)
-    launch = {"time": time.time(), "seed": example.seed, "cmd": cmd, "cached_base": cached_base, "machine": machine()}
+    launch: dict[str, Any] = {"time": time.time(), "seed": example.seed, "cached_base": cached_base,
+                              "machine": machine(), "cmd": []}
     (run_dir / "launch.json").write_text(json.dumps(launch))  # learning_curve.points counts minutes from it
-    print("$", " ".join(cmd), flush=True)
-    status = "ok"
+    timeout_s = example.budget_min * 180  # a hard stop at 3x the budget: a hung run must not hold the bench
     try:
-        # A hard stop at 3x the budget: a run that hangs must not hold the bench forever.
-        proc = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=example.budget_min * 180)
-        if proc.returncode != 0:
-            status = f"error: ajet exited {proc.returncode}"
+        if example.served is not None:
+            status, launch["cmd"] = run_served(example, exp_dir, cached_base, timeout_s)
+        else:
+            status, launch["cmd"] = run_pipeline(example, exp_dir, cached_base, timeout_s)
     except subprocess.TimeoutExpired:
         status = f"error: stopped after {example.budget_min * 3:.0f} min (3x the budget)"
+    except RuntimeError as exc:  # the service did not start
+        print(f"error: {exc}", file=sys.stderr)
+        status = f"error: {str(exc).splitlines()[0]}"
     launch["machine"]["load_average_end"] = machine()["load_average"]
     (run_dir / "launch.json").write_text(json.dumps({**launch, "end": time.time(), "status": status}))
     return reread(example, exp_dir)
+
+
+def run_pipeline(example: Example, exp_dir: Path, cached_base: bool, timeout_s: float) -> tuple[str, list[str]]:
+    """The example's `ajet --conf` pipeline, its service (if any) running beside it: (status, argv)."""
+    with service(example, exp_dir / example.name / "service.log") as port:
+        cmd = command(example, exp_dir, cached_base, port)
+        print("$", " ".join(cmd), flush=True)
+        proc = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=timeout_s)
+    return ("ok" if proc.returncode == 0 else f"error: ajet exited {proc.returncode}"), cmd
 
 
 def reread(example: Example, exp_dir: Path) -> Result:

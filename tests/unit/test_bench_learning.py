@@ -22,7 +22,7 @@ def bench(monkeypatch: pytest.MonkeyPatch) -> Any:
     return importlib.import_module("bench_learning")
 
 
-def test_registry_pins_loadable_configs_with_a_test_split(bench: Any) -> None:
+def test_registry_pins_loadable_configs_with_a_test_split(bench: Any, tmp_path: Path) -> None:
     from ajet.config import load_config
     from ajet.task_reader import build_reader
 
@@ -32,12 +32,40 @@ def test_registry_pins_loadable_configs_with_a_test_split(bench: Any) -> None:
     assert quick and all(e.budget_min <= 6 for e in quick)  # checkable before a change lands
     for e in bench.REGISTRY:
         assert e.budget_min > 0 and 0 <= e.threshold <= 1 and e.why
-        cmd = bench.command(e, Path("/tmp/x"), cached_base=False)
-        overrides = cmd[cmd.index("--backbone=debug") + 1:]
-        cfg = load_config(REPO / e.conf, [o for o in overrides if not o.startswith("project.exp_dir")])
-        assert cfg.eval.split.value == "test"
-        assert [s.value for s in cfg.pipeline.stages] == ["eval", *e.stages, "eval"]
-        assert build_reader(cfg.task_reader, seed=0).test_tasks(), f"{e.name}: no test tasks"
+        # an example with a service (the env server) reads its tasks from it: started as the bench does
+        with bench.service(e, tmp_path / f"{e.name}.log") as port:
+            if e.served is not None:  # ajet eval on test, ajet serve: the same config
+                cmds = bench.served_commands(e, Path("/tmp/x"), port=8765, token="t")
+                assert "--split" in cmds["base"] and cmds["base"][cmds["base"].index("--split") + 1] == "test"
+                assert cmds["trained"][cmds["trained"].index("--model") + 1] == "/tmp/x/" + e.name + "/final_model"
+                overrides = [o for o in cmds["base"] if "=" in o and not o.startswith("project.exp_dir")]
+                cfg = load_config(REPO / e.conf, overrides)
+                assert cfg.workflow.target and load_config(REPO / e.conf, [], require_workflow=False)
+                assert e.stages == ("serve",)
+            else:
+                cmd = bench.command(e, Path("/tmp/x"), cached_base=False, port=port)
+                overrides = cmd[cmd.index("--backbone=debug") + 1:]
+                cfg = load_config(REPO / e.conf, [o for o in overrides if not o.startswith("project.exp_dir")])
+                assert cfg.eval.split.value == "test"
+                assert [s.value for s in cfg.pipeline.stages] == ["eval", *e.stages, "eval"]
+            assert build_reader(cfg.task_reader, seed=0).test_tasks(), f"{e.name}: no test tasks"
+
+
+def test_a_service_listens_while_its_run_runs_and_stops_after(bench: Any, tmp_path: Path) -> None:
+    import httpx
+
+    (e,) = bench.select("appworld")
+    with pytest.raises(ValueError, match="needs its service's port"):
+        bench.command(e, tmp_path, cached_base=False)
+    with bench.service(e, tmp_path / "service.log") as port:
+        assert f"task_reader.env_service.base_url=http://127.0.0.1:{port}" in bench.command(e, tmp_path, False, port)
+        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).json()["env_types"] == ["kv_store"]
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
+    broken = bench.replace(e, service=("-c", "import sys; print('no such server'); sys.exit(3)"))
+    with pytest.raises(RuntimeError, match=r"did not listen(.|\n)*no such server"):
+        with bench.service(broken, tmp_path / "broken.log"):
+            pass
 
 
 def test_command_skips_the_base_eval_with_a_cached_base(bench: Any) -> None:

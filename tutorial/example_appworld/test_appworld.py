@@ -77,3 +77,57 @@ def test_one_step_drives_the_env_server(one_step, env_server: _EnvServer) -> Non
     # Multi-turn: each episode's calls extend one conversation, one sample per episode.
     assert metrics["context/samples"] == metrics["rollout/ok"]
     assert {r["task_id"] for r in run.records(1)} <= {f"kv-train-{i:03d}" for i in range(8)}
+
+
+@pytest.fixture
+def own_make_modules():
+    """Other examples have modules named make_demos too: this test imports the appworld one and
+    leaves none of them in sys.modules for the next test."""
+    import sys
+
+    names = ("make_demos", "env_agent")
+    saved = {n: sys.modules.pop(n) for n in names if n in sys.modules}
+    yield
+    for n in names:
+        sys.modules.pop(n, None)
+    sys.modules.update(saved)
+
+
+def test_demos_reach_the_goal_of_train_tasks_never_val_or_test(monkeypatch: pytest.MonkeyPatch,
+                                                             own_make_modules: None) -> None:
+    """demos.jsonl (the SFT warm-up) is what make_demos.py makes: real workflow dialogs on train
+    tasks, one JSON action a reply, that leave the store in its goal state when replayed."""
+    import json
+
+    from ajet.task_reader.kv_env import KVStoreEnv, make_task
+
+    monkeypatch.syspath_prepend(str(HERE))
+    import make_demos
+
+    shipped = [json.loads(line) for line in (HERE / "demos.jsonl").read_text().splitlines()]
+    assert len(shipped) == 256
+    assert make_demos.make(3) == shipped[:3]  # deterministic, and the shipped file is current
+    held_out = make_demos.held_out()
+    assert len(held_out) == make_demos.NUM_VAL + make_demos.NUM_TEST
+    env = KVStoreEnv(num_train=400, num_val=0, num_test=0)
+    for dialog in shipped:
+        split, index = dialog["id"].removeprefix("appworld-kv-").split("-")
+        task = make_task(split, int(index))
+        assert split == "train" and (task.instruction, tuple(sorted(task.initial.items()))) not in held_out
+        messages = dialog["messages"]
+        assert messages[0]["role"] == "system" and task.instruction in messages[1]["content"]
+        episode, _, _ = env.create(task.task_id)
+        replies = [m["content"] for m in messages if m["role"] == "assistant"]
+        for reply in replies:
+            json.loads(reply)  # one JSON object, nothing around it
+            env.step(episode, reply)
+        assert env.evaluate(episode)["is_success"] and replies[-1] == '{"action": "done"}'
+
+
+def test_the_warmup_config_trains_on_the_demos_and_reports_on_test() -> None:
+    from ajet.config import load_config
+
+    cfg = load_config(HERE / "appworld_warmup.yaml")
+    assert [s.value for s in cfg.pipeline.stages] == ["eval", "sft", "grpo", "eval"]
+    assert cfg.eval.split.value == "test" and cfg.task_reader.env_service.num_test_tasks > 0
+    assert Path(cfg.sft.train_path).resolve() == (HERE / "demos.jsonl").resolve()

@@ -116,7 +116,8 @@ def serving(tmp_path: Path, tiny_model_dir: Path, *overrides: str) -> Iterator[S
     serve = subprocess.Popen(
         [sys.executable, "-m", "ajet.cli.main", "serve", "--conf", str(conf), "--port", "0", "--quiet",
          f"model.path={tiny_model_dir}", f"project.exp_dir={tmp_path / 'exp'}", "judge.type=vowel_judge.py:VowelJudge",
-         "task_reader.jsonl.train_path=" + str(REPO / "tutorial/example_math_agent/train.jsonl"),
+         *(f"task_reader.jsonl.{split}_path=" + str(REPO / f"tutorial/example_math_agent/{split}.jsonl")
+           for split in ("train", "val", "test")),
          "rollout.n=4", "rollout.max_tokens=12", "rollout.episode_timeout_s=20", "trainer.batch_size=2",
          "trainer.lr=0.01", "trainer.save_every=0", "logging.tensorboard=false", *overrides],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)

@@ -1,0 +1,55 @@
+"""scripts/bench_learning.py's served row for real, on the tiny model: `ajet eval` of the base
+model on test, `ajet serve` with agent.py clients for one step, `ajet eval` of its final model,
+read back like a pipeline run (base -> trained, the serve stage's tokens, the curve)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Reward = share of vowels in the answer: the tiny model's random replies differ, so the step trains.
+JUDGE = """
+class VowelJudge:
+    def compute_reward(self, task, output):
+        text = str(output.metadata.get("final_answer", ""))
+        reward = sum(ch in "aeiou" for ch in text) / max(1, len(text))
+        return reward, reward > 0.3
+"""
+
+
+@pytest.fixture
+def bench(monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    return importlib.import_module("bench_learning")
+
+
+def test_the_remote_agent_row_evaluates_serves_to_clients_and_evaluates_again(
+        bench: Any, tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    (e,) = bench.select("remote_agent")
+    (tmp_path / "vowel_judge.py").write_text(JUDGE)
+    e = bench.replace(e, overrides=(f"judge.type={tmp_path / 'vowel_judge.py'}:VowelJudge",
+        f"model.path={tiny_model_dir}", "rollout.n=2", "rollout.max_tokens=8", "trainer.batch_size=2",
+        "trainer.total_steps=1", "trainer.save_every=0", "trainer.lr=0.01", "logging.tensorboard=false"))
+    result = bench.run_example(e, tmp_path / "exp", cached_base=False)
+    run = tmp_path / "exp" / "remote_agent"
+    assert result.status in ("pass", "FAIL"), result.status  # the tiny model scores what it scores
+    assert result.command[result.command.index("--conf") - 1] == "serve"
+    base = json.loads((run / "eval" / "eval_base.json").read_text())
+    trained = json.loads((run / "eval" / "eval_trained.json").read_text())
+    assert base["split"] == trained["split"] == "test" and base["metrics"]["episodes"] == 32
+    assert trained["model"] == str(run / "final_model")
+    # agent.py's own solve ran in-process: one call an episode, none failed
+    assert base["metrics"]["steps/calls_per_episode"] == 1 and base["metrics"]["failed"] == 0
+    assert (result.base, result.trained) == (base["metrics"]["success/rate"], trained["metrics"]["success/rate"])
+    # the serve stage trained on the clients' episodes: 2 tasks x 2 episodes, one call each
+    train = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    assert [r["step"] for r in train if r.get("split") == "train"] == [1]
+    assert result.tokens_trained > 0
+    assert [p["label"] for p in result.points] == ["eval base (test)", "eval trained (test)"]
