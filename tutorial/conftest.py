@@ -127,3 +127,29 @@ def one_step(tmp_path: Path, tiny_model_dir: Path):
         return read_run(runs[0], result.returncode, result.stderr)
 
     return run
+
+
+@pytest.fixture
+def example_modules() -> Any:
+    """`use(directory, *names)`: import an example's own modules by their plain names (make_data,
+    make_demos, ...). Several examples have modules of the same names, so `directory` goes first
+    on sys.path and `names` leave sys.modules now and again after the test (the modules they
+    replaced come back)."""
+    names: list[str] = []
+    saved: dict[str, Any] = {}
+    added: list[str] = []
+
+    def use(directory: Path, *modules: str) -> None:
+        sys.path.insert(0, str(directory))
+        added.append(str(directory))
+        for name in modules:
+            names.append(name)
+            if name in sys.modules:
+                saved.setdefault(name, sys.modules.pop(name))
+
+    yield use
+    for name in names:
+        sys.modules.pop(name, None)
+    sys.modules.update(saved)
+    for directory in added:
+        sys.path.remove(directory)

@@ -17,7 +17,11 @@ from __future__ import annotations
 import argparse
 import itertools
 import logging
+import socket
 import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from fastapi import FastAPI, HTTPException
@@ -107,6 +111,31 @@ def create_app(num_train: int = 32, num_val: int = 8, num_test: int = 16) -> Fas
         return {"released": released}
 
     return app
+
+
+@contextmanager
+def serve_in_thread(app: Any, timeout_s: float = 20.0) -> Iterator[str]:
+    """`app` (an ASGI app, e.g. `create_app()`) served by uvicorn on a free local port in a
+    daemon thread while the block runs; yields its base URL. For scripts and tests that need a
+    server beside them (make_demos.py's scripted agent, the env-service tests)."""
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the server did not start within {timeout_s:.0f} s")
+            time.sleep(0.02)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 
@@ -22,6 +20,7 @@ from ajet.task_reader import (
     TaskReaderError,
     build_reader,
 )
+from ajet.task_reader.env_server import serve_in_thread as serve
 from ajet.task_reader.kv_env import make_task
 
 
@@ -29,26 +28,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def serve(app) -> Iterator[str]:
-    """Run an ASGI app on a free local port in a thread; yield its base URL."""
-    import uvicorn
-
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    try:
-        while not server.started:
-            assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-            time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
 
 
 @pytest.fixture(scope="module")

@@ -19,11 +19,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import socket
-import threading
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -118,35 +113,12 @@ def demo_task_ids(count: int) -> list[str]:
     return ids
 
 
-@contextmanager
-def reference_server(num_train: int) -> Iterator[str]:
-    """The reference env server on a free local port, in a thread."""
-    import uvicorn
-
-    from ajet.task_reader.env_server import create_app
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    app = create_app(num_train=num_train, num_val=NUM_VAL, num_test=NUM_TEST)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    try:
-        while not server.started:
-            if not thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the reference env server did not start")
-            time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-
-
 def make(count: int) -> list[dict]:
     ids = demo_task_ids(count)
-    with reference_server(num_train=int(ids[-1].rsplit("-", 1)[1]) + 1) as url:
+    from ajet.task_reader.env_server import create_app, serve_in_thread
+
+    app = create_app(num_train=int(ids[-1].rsplit("-", 1)[1]) + 1, num_val=NUM_VAL, num_test=NUM_TEST)
+    with serve_in_thread(app) as url:
         return [asyncio.run(demo(task_id, url)) for task_id in ids]
 
 

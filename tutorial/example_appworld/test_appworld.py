@@ -4,11 +4,9 @@ and releases its own instance."""
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -16,48 +14,29 @@ import pytest
 HERE = Path(__file__).parent
 
 
+@dataclass
 class _EnvServer:
-    """`ajet.task_reader.env_server` in a thread, counting requests per path."""
-
-    def __init__(self) -> None:
-        import uvicorn
-
-        from ajet.task_reader.env_server import create_app
-
-        self.hits: Counter[str] = Counter()
-        app = create_app(num_train=8, num_val=2)
-
-        @app.middleware("http")
-        async def count(request, call_next):  # noqa: ANN001, ANN202
-            response = await call_next(request)
-            if response.status_code < 400:
-                self.hits[request.url.path] += 1
-            return response
-
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-
-    def __enter__(self) -> _EnvServer:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            assert time.monotonic() < deadline, "the env server did not start"
-            time.sleep(0.01)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
-        self.sock.close()
+    url: str
+    hits: Counter[str]  # successful requests per path
 
 
 @pytest.fixture
 def env_server() -> Iterator[_EnvServer]:
-    with _EnvServer() as server:
-        yield server
+    """`ajet.task_reader.env_server` in a thread, counting requests per path."""
+    from ajet.task_reader.env_server import create_app, serve_in_thread
+
+    hits: Counter[str] = Counter()
+    app = create_app(num_train=8, num_val=2)
+
+    @app.middleware("http")
+    async def count(request, call_next):  # noqa: ANN001, ANN202
+        response = await call_next(request)
+        if response.status_code < 400:
+            hits[request.url.path] += 1
+        return response
+
+    with serve_in_thread(app) as url:
+        yield _EnvServer(url, hits)
 
 
 @pytest.mark.tutorial
@@ -79,29 +58,14 @@ def test_one_step_drives_the_env_server(one_step, env_server: _EnvServer) -> Non
     assert {r["task_id"] for r in run.records(1)} <= {f"kv-train-{i:03d}" for i in range(8)}
 
 
-@pytest.fixture
-def own_make_modules():
-    """Other examples have modules named make_demos too: this test imports the appworld one and
-    leaves none of them in sys.modules for the next test."""
-    import sys
-
-    names = ("make_demos", "env_agent")
-    saved = {n: sys.modules.pop(n) for n in names if n in sys.modules}
-    yield
-    for n in names:
-        sys.modules.pop(n, None)
-    sys.modules.update(saved)
-
-
-def test_demos_reach_the_goal_of_train_tasks_never_val_or_test(monkeypatch: pytest.MonkeyPatch,
-                                                             own_make_modules: None) -> None:
+def test_demos_reach_the_goal_of_train_tasks_never_val_or_test(example_modules) -> None:  # noqa: ANN001
     """demos.jsonl (the SFT warm-up) is what make_demos.py makes: real workflow dialogs on train
     tasks, one JSON action a reply, that leave the store in its goal state when replayed."""
     import json
 
     from ajet.task_reader.kv_env import KVStoreEnv, make_task
 
-    monkeypatch.syspath_prepend(str(HERE))
+    example_modules(HERE, "make_demos", "env_agent")
     import make_demos
 
     shipped = [json.loads(line) for line in (HERE / "demos.jsonl").read_text().splitlines()]

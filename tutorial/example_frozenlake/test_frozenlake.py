@@ -99,27 +99,12 @@ def test_shortest_moves_walk_around_the_holes(env_module) -> None:
     assert env_module.shortest_moves(["SH", "HG"], (0, 0)) == []
 
 
-@pytest.fixture
-def own_make_modules():
-    """Other examples have modules named make_data / make_demos too: this test imports
-    frozenlake's and leaves none of them in sys.modules for the next test."""
-    import sys
-
-    names = ("make_data", "make_demos", "frozenlake_env", "frozenlake")
-    saved = {n: sys.modules.pop(n) for n in names if n in sys.modules}
-    yield
-    for n in names:
-        sys.modules.pop(n, None)
-    sys.modules.update(saved)
-
-
-def test_demos_walk_shortest_paths_on_maps_never_in_val_or_test(monkeypatch: pytest.MonkeyPatch,
-                                                               own_make_modules: None) -> None:
+def test_demos_walk_shortest_paths_on_maps_never_in_val_or_test(example_modules) -> None:  # noqa: ANN001
     """demos.jsonl (the SFT warm-up) is what make_demos.py makes: real workflow dialogs whose
     replies are one move each, reaching G on a map that is neither a val nor a test map."""
     import json
 
-    monkeypatch.syspath_prepend(str(HERE))
+    example_modules(HERE, "make_data", "make_demos", "frozenlake_env", "frozenlake")
     import frozenlake_env
     import make_demos
 
