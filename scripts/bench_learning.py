@@ -205,10 +205,11 @@ REGISTRY: tuple[Example, ...] = (
     Example(
         name="remote_agent", conf="tutorial/example_remote_agent/remote_agent.yaml", stages=("serve",),
         overrides=(), budget_min=15, threshold=0.0, gain=True,
-        served=Served(client=("tutorial/example_remote_agent/agent.py",), clients=2,
+        served=Served(client=("tutorial/example_remote_agent/agent.py",), clients=16,
                       eval_workflow="tutorial/example_remote_agent/in_process.py:RemoteAgentInProcess"),
-        why="the math task answered without a tool by agent.py (the OpenAI SDK) in two client "
-            "processes through `ajet serve`, remote_agent.yaml's 10 steps; scored on the math agent's "
+        why="the math task answered without a tool by agent.py (the OpenAI SDK) in 16 client "
+            "processes (a client runs one episode at a time; a step is 16 episodes) through `ajet "
+            "serve`, remote_agent.yaml's 10 steps; scored on the math agent's "
             "test split with agent.py's own solve in-process (in_process.py). The base model solved 0 "
             "of 32 val tasks (2026-11-27), so no learning is documented: the threshold only asks that "
             "training does not fall below the base model.",

@@ -34,7 +34,7 @@ def test_the_remote_agent_row_evaluates_serves_to_clients_and_evaluates_again(
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     (e,) = bench.select("remote_agent")
     (tmp_path / "vowel_judge.py").write_text(JUDGE)
-    e = bench.replace(e, overrides=(f"judge.type={tmp_path / 'vowel_judge.py'}:VowelJudge",
+    e = bench.replace(e, served=bench.replace(e.served, clients=2), overrides=(f"judge.type={tmp_path / 'vowel_judge.py'}:VowelJudge",
         f"model.path={tiny_model_dir}", "rollout.n=2", "rollout.max_tokens=8", "trainer.batch_size=2",
         "trainer.total_steps=1", "trainer.save_every=0", "trainer.lr=0.01", "logging.tensorboard=false"))
     result = bench.run_example(e, tmp_path / "exp", cached_base=False)
