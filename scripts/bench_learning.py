@@ -11,7 +11,11 @@ threshold: a change can be checked before it lands.
 One run of an example is one `ajet --conf YAML --backbone=debug` pipeline,
 `[eval, <its training stages>, eval]` with `eval.split=test`, plus the example's pinned
 overrides (steps sized to its budget): the base model on test, training (validating on val
-every `trainer.val_every` steps, as the example does), the trained model on test. With
+every `trainer.val_every` steps, as the example does), the trained model on test. A server the
+example needs (appworld's env service) is started beside it on a free port. An example trained
+on episodes that run elsewhere (the remote agent: no workflow) is three commands instead,
+`ajet eval` of the base model on test, `ajet serve` with client processes, `ajet eval` of its
+final model, recorded in a pipeline run's shape. With
 `--cached-base` the first eval is skipped and the registry's cached base score is used.
 Recorded per example: the test metric base -> trained, the minutes from launch to the end
 (model loading and both evaluations included), the tokens trained (the tokens of the samples
@@ -301,6 +305,12 @@ def command(example: Example, exp_dir: Path, cached_base: bool, port: int | None
             *(o.replace("{port}", str(port)) for o in example.overrides)]
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 @contextmanager
 def service(example: Example, log: Path, timeout_s: float = 60.0) -> Iterator[int | None]:
     """The example's service on a free local port, running while the block runs (None: it has
@@ -308,9 +318,7 @@ def service(example: Example, log: Path, timeout_s: float = 60.0) -> Iterator[in
     if not example.service:
         yield None
         return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     argv = [sys.executable, *(a.replace("{port}", str(port)) for a in example.service)]
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("wb") as out:
@@ -363,10 +371,7 @@ def run_served(example: Example, exp_dir: Path, cached_base: bool, timeout_s: fl
     assert example.served is not None
     run, deadline = exp_dir / example.name, time.monotonic() + timeout_s
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    token = f"bench-{os.getpid()}"
+    port, token = free_port(), f"bench-{os.getpid()}"
     cmds = served_commands(example, exp_dir, port, token)
     left = lambda: max(1.0, deadline - time.monotonic())  # noqa: E731
     stages: list[dict[str, Any]] = []
