@@ -14,7 +14,9 @@
 
 Rows of one module run in one forward: the policy's adapters through peft's mixed-batch LoRA
 forward (`adapter_names`, one adapter per row; each row's KV is its own, in prefill and decode
-alike), so a mixed batch computes what one forward per adapter would. A frozen copy or a loaded
+alike), so a mixed batch computes what one forward per adapter would. For plain LoRA linears
+the engine batches that forward itself (`_gathered_mixed_forward`: each row gathers its
+adapter's A and B, two batched matmuls a layer instead of peft's few small ops per adapter). A frozen copy or a loaded
 checkpoint is another module (a `unit`): the engine keeps one decode batch per unit. The
 prefix cache keys its entries by `Target.namespace` (unit, adapter) as well as by tokens:
 KV of one adapter never serves another's request. Frozen modules are served in the dtype they
@@ -27,6 +29,7 @@ import copy
 import json
 import logging
 import threading
+import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -271,10 +274,43 @@ def install_row_adapters(model: Any) -> None:
     would pick them up. These hooks read a thread-local: other threads never see the names."""
     if getattr(model, "_ajet_row_adapters", False):
         return
+    from peft.tuners.lora.layer import Linear as LoraLinear
+
     for module in model.modules():
         if hasattr(module, "_mixed_batch_forward"):  # a peft LoRA layer
             module.register_forward_pre_hook(_inject_adapter_names, with_kwargs=True)
+            if isinstance(module, LoraLinear):  # its rows' LoRA terms batched (see below)
+                module._mixed_batch_forward = types.MethodType(_gathered_mixed_forward, module)
     model._ajet_row_adapters = True
+
+
+def _gathered_mixed_forward(self: Any, x: Any, *args: Any, adapter_names: list[str], **kwargs: Any) -> Any:
+    """peft's mixed-batch LoRA forward for a `lora.Linear`, batched: each row gathers its
+    adapter's A and scaled B, and every row's LoRA term is two batched matmuls whatever the
+    number of adapters (peft loops over the adapters, several small ops each, in every layer of
+    every step). A row of "__base__" (or of an adapter this layer lacks) adds nothing. Layers
+    whose adapters differ in rank or have a bias, dropout in training mode or a variant (DoRA,
+    ...) take peft's own path."""
+    from peft.tuners.lora.layer import VARIANT_KWARG_KEYS
+
+    present = [name for name in dict.fromkeys(adapter_names) if name in self.lora_A]
+    if not present or any(
+            name in self.lora_variant or self.lora_B[name].bias is not None
+            or self.lora_A[name].weight.shape != self.lora_A[present[0]].weight.shape
+            or (self.training and not isinstance(self.lora_dropout[name], torch.nn.Identity))
+            for name in present):
+        return type(self)._mixed_batch_forward(self, x, *args, adapter_names=adapter_names, **kwargs)
+    for key in VARIANT_KWARG_KEYS:
+        kwargs.pop(key, None)
+    result = self.base_layer(x, *args, **kwargs)
+    a = {name: self.lora_A[name].weight for name in present}
+    b = {name: self.lora_B[name].weight * self.scaling[name] for name in present}
+    zero_a, zero_b = a[present[0]].new_zeros(a[present[0]].shape), b[present[0]].new_zeros(b[present[0]].shape)
+    rows_a = torch.stack([a.get(name, zero_a) for name in adapter_names])  # (rows, r, in)
+    rows_b = torch.stack([b.get(name, zero_b) for name in adapter_names])  # (rows, out, r)
+    flat = x.to(rows_a.dtype).reshape(x.shape[0], -1, x.shape[-1])  # (rows, tokens, in)
+    lora = torch.bmm(torch.bmm(flat, rows_a.transpose(1, 2)), rows_b.transpose(1, 2))
+    return result + lora.reshape(result.shape).to(result.dtype)
 
 
 def _inject_adapter_names(module: Any, args: Any, kwargs: dict) -> Any:
