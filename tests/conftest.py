@@ -174,3 +174,23 @@ def pytest_configure(config: pytest.Config) -> None:
         shown = os.path.relpath(SKIP_ALLOWLIST, config.rootpath)
         guard = SkipGuard(read_skip_allowlist(SKIP_ALLOWLIST), shown)
         config.pluginmanager.register(guard, "ajet-skip-guard")
+
+
+VOWEL_JUDGE = '''
+class VowelJudge:
+    """Reward = share of vowels in the final answer: a random model's replies differ, so GRPO
+    groups have signal where a real judge would give every reply 0."""
+
+    def compute_reward(self, task, output):
+        text = str(output.metadata.get("final_answer", ""))
+        reward = sum(ch in "aeiou" for ch in text) / max(1, len(text))
+        return reward, reward > 0.3
+'''
+
+
+@pytest.fixture()
+def vowel_judge(tmp_path: Path) -> str:
+    """`judge.type` of a judge file in tmp_path (`VOWEL_JUDGE`), for runs on the tiny model."""
+    path = tmp_path / "vowel_judge.py"
+    path.write_text(VOWEL_JUDGE)
+    return f"{path}:VowelJudge"

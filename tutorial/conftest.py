@@ -34,6 +34,7 @@ def _load_tests_conftest() -> Any:
 _shared = _load_tests_conftest()
 bundled_model_dir = _shared.bundled_model_dir
 tiny_model_dir = _shared.tiny_model_dir
+vowel_judge = _shared.vowel_judge
 
 # One short step on the tiny model: 2 tasks x 2 episodes, few tokens, no validation,
 # one checkpoint at the end, no TensorBoard.

@@ -13,16 +13,6 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
-# Reward = share of vowels in the answer: the tiny model's random replies differ, so the step trains.
-JUDGE = """
-class VowelJudge:
-    def compute_reward(self, task, output):
-        text = str(output.metadata.get("final_answer", ""))
-        reward = sum(ch in "aeiou" for ch in text) / max(1, len(text))
-        return reward, reward > 0.3
-"""
-
-
 @pytest.fixture
 def bench(monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.syspath_prepend(str(REPO / "scripts"))
@@ -30,11 +20,11 @@ def bench(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 def test_the_remote_agent_row_evaluates_serves_to_clients_and_evaluates_again(
-        bench: Any, tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        bench: Any, tmp_path: Path, tiny_model_dir: Path, vowel_judge: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     (e,) = bench.select("remote_agent")
-    (tmp_path / "vowel_judge.py").write_text(JUDGE)
-    e = bench.replace(e, served=bench.replace(e.served, clients=2), overrides=(f"judge.type={tmp_path / 'vowel_judge.py'}:VowelJudge",
+    e = bench.replace(e, served=bench.replace(e.served, clients=2), overrides=(f"judge.type={vowel_judge}",
         f"model.path={tiny_model_dir}", "rollout.n=2", "rollout.max_tokens=8", "trainer.batch_size=2",
         "trainer.total_steps=1", "trainer.save_every=0", "trainer.lr=0.01", "logging.tensorboard=false"))
     result = bench.run_example(e, tmp_path / "exp", cached_base=False)

@@ -27,15 +27,6 @@ import pytest
 HERE = Path(__file__).parent
 REPO = HERE.parent.parent
 
-# Reward = share of vowels in the answer: random replies differ, so GRPO groups have signal.
-JUDGE = '''
-class VowelJudge:
-    def compute_reward(self, task, output):
-        text = str(output.metadata.get("final_answer", ""))
-        reward = sum(ch in "aeiou" for ch in text) / max(1, len(text))
-        return reward, reward > 0.3
-'''
-
 # A client that takes an episode, makes one call and disappears without finishing it.
 VANISH = '''
 import sys, httpx
@@ -70,7 +61,6 @@ def node_agent_dir(tmp_path: Path) -> Path:
 
 
 def write_run(tmp_path: Path) -> Path:
-    (tmp_path / "vowel_judge.py").write_text(JUDGE)
     conf = tmp_path / "run.yaml"
     conf.write_text((HERE / "remote_agent.yaml").read_text())
     return conf
@@ -108,14 +98,14 @@ class Served:
 
 
 @contextmanager
-def serving(tmp_path: Path, tiny_model_dir: Path, *overrides: str) -> Iterator[Served]:
+def serving(tmp_path: Path, tiny_model_dir: Path, judge: str, *overrides: str) -> Iterator[Served]:
     """`ajet serve` on the tiny model (remote_agent.yaml, a vowel judge, the math tasks); after the
     block it must exit 0 by itself (the run is over), and it is killed if the block fails."""
     conf = write_run(tmp_path)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CI": "true", "PYTHONPATH": str(REPO)}
     serve = subprocess.Popen(
         [sys.executable, "-m", "ajet.cli.main", "serve", "--conf", str(conf), "--port", "0", "--quiet",
-         f"model.path={tiny_model_dir}", f"project.exp_dir={tmp_path / 'exp'}", "judge.type=vowel_judge.py:VowelJudge",
+         f"model.path={tiny_model_dir}", f"project.exp_dir={tmp_path / 'exp'}", f"judge.type={judge}",
          *(f"task_reader.jsonl.{split}_path=" + str(REPO / f"tutorial/example_math_agent/{split}.jsonl")
            for split in ("train", "val", "test")),
          "rollout.n=4", "rollout.max_tokens=12", "rollout.episode_timeout_s=20", "trainer.batch_size=2",
@@ -177,14 +167,14 @@ def assert_replies_trained_exactly(log: Path, by_episode: dict[str, list[dict]],
 
 @pytest.mark.tutorial
 @pytest.mark.integration
-def test_serve_two_steps_with_the_python_client(tmp_path: Path, tiny_model_dir: Path) -> None:
+def test_serve_two_steps_with_the_python_client(tmp_path: Path, tiny_model_dir: Path, vowel_judge: str) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
     from ajet.client import EpisodeClient
 
     log = tmp_path / "python.jsonl"
-    with serving(tmp_path, tiny_model_dir, "trainer.total_steps=2") as served:
+    with serving(tmp_path, tiny_model_dir, vowel_judge, "trainer.total_steps=2") as served:
         client = EpisodeClient(served.url, served.token)
         assert client.status()["step"] in (0, 1)
 
@@ -222,11 +212,11 @@ def test_serve_two_steps_with_the_python_client(tmp_path: Path, tiny_model_dir: 
 
 @pytest.mark.tutorial
 @pytest.mark.integration
-def test_node_client_episodes_are_trained_exactly(tmp_path: Path, tiny_model_dir: Path) -> None:
+def test_node_client_episodes_are_trained_exactly(tmp_path: Path, tiny_model_dir: Path, vowel_judge: str) -> None:
     """The Node agent alone does one step's episodes; may skip (tests/skip_allowlist.txt)."""
     node_dir = node_agent_dir(tmp_path)
     log = tmp_path / "node.jsonl"
-    with serving(tmp_path, tiny_model_dir, "trainer.total_steps=1") as served:
+    with serving(tmp_path, tiny_model_dir, vowel_judge, "trainer.total_steps=1") as served:
         run_client(["node", str(node_dir / "agent.mjs")], served, log)
 
     [train] = train_metrics(served.run)
