@@ -7,7 +7,8 @@
     `DialogDataError` (SFT data) · `ModelNotFoundError` · `RunDataError` (a run directory the
     report / viewer reads) · `AllEpisodesFailedError` · `DivergedError`
   - `SetupError` (exit 1): this machine cannot run what was asked (no GPU, a missing extra).
-    `LaunchError`: a service, cluster or GPU the run needs is not there.
+    `LaunchError`: a service, cluster or GPU the run needs is not there. `DiskFullError`: a
+    checkpoint could not be written for want of disk space.
 - `InfrastructureError`: the engine, gateway or session failed, not the workflow (the rollout
   runner retries the episode).
 - `BadOutputError`: a workflow returned something that is not a reward or a `WorkflowOutput`.
@@ -120,6 +121,10 @@ class SetupError(AjetError):
 
 class LaunchError(SetupError):
     """A service, cluster or GPU the run needs is not there (exit code 1, no traceback)."""
+
+
+class DiskFullError(SetupError):
+    """A checkpoint or model could not be written: the disk is full (exit code 1, no traceback)."""
 
 
 class InfrastructureError(Exception):
