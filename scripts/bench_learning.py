@@ -268,6 +268,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0,
                         help="project.seed of the runs; other than 0, each result is named <example>_seed<N>")
     parser.add_argument("--exp-dir", type=Path, default=REPO / "experiments" / "bench_learning")
+    parser.add_argument("--keep-checkpoints", action="store_true",
+                        help="keep each run's checkpoints/ (resume points: 1-2 GB a training stage of the bundled "
+                             "model); by default they go once the row is read, final_model/ stays")
     parser.add_argument("--out", type=Path, default=OUT, help="where the JSON, PNGs and markdown go")
     return parser.parse_args(argv)
 
@@ -442,6 +445,19 @@ def run_pipeline(example: Example, exp_dir: Path, cached_base: bool, timeout_s: 
         print("$", " ".join(cmd), flush=True)
         proc = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=timeout_s)
     return ("ok" if proc.returncode == 0 else f"error: ajet exited {proc.returncode}"), cmd
+
+
+def drop_checkpoints(run_dir: Path) -> int:
+    """Remove every `checkpoints/` dir under a finished row's run dir (the weights and AdamW
+    state a resume would need; the metrics, eval reports and final_model/ stay, and with them
+    `--reread`); the bytes freed. A whole bench kept them all: 30 GB on 2026-11-27, until the disk
+    was full."""
+    freed = 0
+    for ckpt in sorted(run_dir.rglob("checkpoints")) if run_dir.is_dir() else []:
+        if ckpt.is_dir():
+            freed += sum(f.stat().st_size for f in ckpt.rglob("*") if f.is_file())
+            shutil.rmtree(ckpt, ignore_errors=True)
+    return freed
 
 
 def reread(example: Example, exp_dir: Path) -> Result:
@@ -661,7 +677,11 @@ def main(argv: list[str], runner: Runner = run_example) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
     else:
-        results = [runner(e, args.exp_dir, args.cached_base) for e in examples]
+        results = []
+        for e in examples:
+            results.append(runner(e, args.exp_dir, args.cached_base))
+            if not args.keep_checkpoints:
+                drop_checkpoints(args.exp_dir / e.name)
     path = write_outputs(results, args.out)
     print_table(results)
     print(f"wrote {path} and the PNGs and bench_learning.md beside it")

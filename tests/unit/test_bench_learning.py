@@ -8,6 +8,7 @@ import dataclasses
 import importlib
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -251,3 +252,24 @@ def test_also_reports_more_test_metrics_base_and_trained(bench: Any, tmp_path: P
     assert cached.also["workflow/valid_choices"] == [None, 0.9]
     text = bench.markdown([result], {})
     assert "| adder | workflow/valid_choices | 0.200 -> 0.900 |" in text
+
+
+def test_a_rows_checkpoints_go_once_it_is_read_unless_kept(bench: Any, tmp_path: Path) -> None:
+    exp = tmp_path / "exp"
+
+    def runner(example: Any, exp_dir: Path, cached_base: bool) -> Any:
+        for stage in ("02_sft", "03_grpo"):
+            ckpt = exp_dir / example.name / "stages" / stage / "checkpoints" / "step_000001"
+            ckpt.mkdir(parents=True)
+            (ckpt / "weights.pt").write_bytes(b"x" * 1000)
+            (exp_dir / example.name / "stages" / stage / "final_model").mkdir()
+        return result(bench, example.name, 0.8)
+
+    assert bench.main(["--only", "adder", "--out", str(tmp_path / "out"), "--exp-dir", str(exp)], runner=runner) == 0
+    stages = exp / "adder" / "stages"
+    assert not list(stages.rglob("checkpoints")) and (stages / "03_grpo" / "final_model").is_dir()
+    shutil.rmtree(exp)
+    assert bench.main(["--only", "adder", "--out", str(tmp_path / "out"), "--exp-dir", str(exp), "--keep-checkpoints"],
+                      runner=runner) == 0
+    assert len(list(stages.rglob("checkpoints"))) == 2
+    assert bench.drop_checkpoints(exp / "adder") == 2000 and not list(stages.rglob("checkpoints"))
