@@ -12,9 +12,11 @@ The bottom layer of ajet: the standard library only, so every module may use it.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import secrets
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -65,3 +67,20 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def is_disk_full(exc: BaseException | None) -> bool:
+    """Whether `exc` or an exception it came from is "no space left on device" (or over quota):
+    torch.save reports it as a RuntimeError raised while handling the OSError."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def free_mib(path: str | os.PathLike[str]) -> float:
+    """MiB free on the file system that holds `path`."""
+    return shutil.disk_usage(path).free / 2**20

@@ -9,7 +9,6 @@ one (no torch) is `ajet.training.checkpoint_dir`.
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import random
@@ -21,7 +20,7 @@ from typing import Any
 import torch
 
 from ajet.errors import DiskFullError
-from ajet.files import fsync_dir, write_text_atomic
+from ajet.files import free_mib, fsync_dir, is_disk_full, write_text_atomic
 from ajet.training.adapters import adapter_parameters, role_adapters
 from ajet.training.checkpoint_dir import _COMPLETE
 
@@ -65,7 +64,7 @@ def save_checkpoint(ckpt_root: Path, step: int, *, model: torch.nn.Module, optim
         os.replace(tmp, final)
         write_text_atomic(ckpt_root / "latest", final.name)
     except (OSError, RuntimeError) as exc:
-        if not _disk_full(exc):
+        if not is_disk_full(exc):
             raise
         raise DiskFullError(_disk_full_message(ckpt_root, final.name)) from exc
     finally:
@@ -99,20 +98,8 @@ def load_checkpoint(path: Path, *, model: torch.nn.Module, optimizer: Any, sched
     return state
 
 
-def _disk_full(exc: BaseException | None) -> bool:
-    """Whether `exc` or an exception it came from is "no space left on device" (torch.save
-    reports it as a RuntimeError raised while handling the OSError)."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
-
-
 def _disk_full_message(ckpt_root: Path, name: str) -> str:
-    free = shutil.disk_usage(ckpt_root).free / 2**20
+    free = free_mib(ckpt_root)
     kept = sorted(p.name for p in ckpt_root.glob("step_*") if (p / _COMPLETE).is_file())
     then = (f"the checkpoints already written are intact (newest: {kept[-1]}); free space (earlier runs "
             "under project.exp_dir) or point project.exp_dir at a disk with room, then rerun with --resume "

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from ajet.config.schema import LoraConfig, ModelConfig
-from ajet.errors import ConfigError
+from ajet.errors import ConfigError, DiskFullError
+from ajet.files import free_mib, is_disk_full
 from ajet.models.load import load_model_and_tokenizer
 from ajet.training.adapters import role_adapters
 
@@ -126,8 +127,14 @@ def save_final_model(model: Any, tokenizer: Any, out: Path, *, lora: bool, per_r
             shutil.rmtree(old, ignore_errors=True)
         else:
             tmp.rename(out)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        if is_disk_full(exc):
+            raise DiskFullError(
+                f"the final model could not be written to {out}: no space left on device ({free_mib(out.parent):.0f} "
+                "MiB free there). The run's checkpoints are intact: free space (earlier runs under "
+                "project.exp_dir) or point project.exp_dir at a disk with room, then rerun with --resume, "
+                "which continues from the newest checkpoint and writes the final model.") from exc
         raise
     log.info("final model saved to %s", out)
     return out

@@ -75,3 +75,19 @@ def test_other_write_errors_are_raised_as_they_were(tmp_path: Path, monkeypatch:
     with pytest.raises((RuntimeError, OSError)) as info:
         _save(tmp_path / "checkpoints", 1, model, optimizer, scheduler)
     assert not isinstance(info.value, DiskFullError)
+
+
+def test_a_full_disk_while_the_final_model_is_written_says_resume_writes_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ajet.training.model import save_final_model
+
+    class Tokenizer:
+        def save_pretrained(self, path: Path) -> None:
+            torch_disk_full(Path(path), None)
+
+    model = tiny_llama()
+    out = tmp_path / "run" / "final_model"
+    with pytest.raises(DiskFullError) as info:
+        save_final_model(model, Tokenizer(), out, lora=False)
+    assert str(out) in str(info.value) and "--resume" in str(info.value) and "MiB free" in str(info.value)
+    assert list((tmp_path / "run").iterdir()) == []  # the temp dir is gone, no half final_model
