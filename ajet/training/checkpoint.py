@@ -22,7 +22,7 @@ import torch
 from ajet.errors import DiskFullError
 from ajet.files import free_mib, fsync_dir, is_disk_full, write_text_atomic
 from ajet.training.adapters import adapter_parameters, role_adapters
-from ajet.training.checkpoint_dir import _COMPLETE
+from ajet.training.checkpoint_dir import _COMPLETE, latest_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -98,16 +98,16 @@ def load_checkpoint(path: Path, *, model: torch.nn.Module, optimizer: Any, sched
     return state
 
 
+# What to do when the disk is full, in every DiskFullError of a run (checkpoints, the final model).
+MAKE_ROOM = "free space (earlier runs under project.exp_dir) or point project.exp_dir at a disk with room"
+
+
 def _disk_full_message(ckpt_root: Path, name: str) -> str:
-    free = free_mib(ckpt_root)
-    kept = sorted(p.name for p in ckpt_root.glob("step_*") if (p / _COMPLETE).is_file())
-    then = (f"the checkpoints already written are intact (newest: {kept[-1]}); free space (earlier runs "
-            "under project.exp_dir) or point project.exp_dir at a disk with room, then rerun with --resume "
-            "to continue from it" if kept else
-            "free space (earlier runs under project.exp_dir) or point project.exp_dir at a disk with room, "
-            "then rerun")
+    newest = latest_checkpoint(ckpt_root)
+    then = (f"the checkpoints already written are intact (newest: {newest.name}); {MAKE_ROOM}, then rerun "
+            "with --resume to continue from it" if newest else f"{MAKE_ROOM}, then rerun")
     return (f"checkpoint {name} could not be written to {ckpt_root}: no space left on device "
-            f"({free:.0f} MiB free there). Nothing was half-written: {then}.")
+            f"({free_mib(ckpt_root):.0f} MiB free there). Nothing was half-written: {then}.")
 
 
 def _save(path: Path, obj: Any) -> None:

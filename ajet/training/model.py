@@ -17,6 +17,7 @@ from ajet.errors import ConfigError, DiskFullError
 from ajet.files import free_mib, is_disk_full
 from ajet.models.load import load_model_and_tokenizer
 from ajet.training.adapters import role_adapters
+from ajet.training.checkpoint import MAKE_ROOM
 
 log = logging.getLogger(__name__)
 
@@ -132,8 +133,7 @@ def save_final_model(model: Any, tokenizer: Any, out: Path, *, lora: bool, per_r
         if is_disk_full(exc):
             raise DiskFullError(
                 f"the final model could not be written to {out}: no space left on device ({free_mib(out.parent):.0f} "
-                "MiB free there). The run's checkpoints are intact: free space (earlier runs under "
-                "project.exp_dir) or point project.exp_dir at a disk with room, then rerun with --resume, "
+                f"MiB free there). The run's checkpoints are intact: {MAKE_ROOM}, then rerun with --resume, "
                 "which continues from the newest checkpoint and writes the final model.") from exc
         raise
     log.info("final model saved to %s", out)
