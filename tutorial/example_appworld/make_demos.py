@@ -23,7 +23,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from ajet.task_reader.kv_env import make_task
+from ajet.task_reader.kv_env import KVTask, make_task
 
 HERE = Path(__file__).parent
 NUM_VAL, NUM_TEST = 8, 16  # appworld.yaml's num_val_tasks / num_test_tasks: the tasks demos avoid
@@ -95,10 +95,14 @@ async def demo(task_id: str, base_url: str) -> dict:
             "messages": [*last, {"role": "assistant", "content": reply}]}
 
 
+def task_key(task: KVTask) -> tuple[str, tuple]:
+    """What makes two tasks the same chore: the goal sentence and the start store."""
+    return task.instruction, tuple(sorted(task.initial.items()))
+
+
 def held_out() -> set[tuple[str, tuple]]:
-    """(goal, start store) of every val and test task: a demo task equal to one is skipped."""
-    return {(t.instruction, tuple(sorted(t.initial.items())))
-            for split, n in (("val", NUM_VAL), ("test", NUM_TEST)) for t in (make_task(split, i) for i in range(n))}
+    """`task_key` of every val and test task: a demo task equal to one is skipped."""
+    return {task_key(make_task(split, i)) for split, n in (("val", NUM_VAL), ("test", NUM_TEST)) for i in range(n)}
 
 
 def demo_task_ids(count: int) -> list[str]:
@@ -107,7 +111,7 @@ def demo_task_ids(count: int) -> list[str]:
     ids, index = [], 0
     while len(ids) < count:
         task = make_task("train", index)
-        if (task.instruction, tuple(sorted(task.initial.items()))) not in avoid:
+        if task_key(task) not in avoid:
             ids.append(task.task_id)
         index += 1
     return ids
