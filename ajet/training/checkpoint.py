@@ -22,7 +22,7 @@ import torch
 from ajet.errors import DiskFullError
 from ajet.files import free_mib, fsync_dir, is_disk_full, write_text_atomic
 from ajet.training.adapters import adapter_parameters, role_adapters
-from ajet.training.checkpoint_dir import _COMPLETE, latest_checkpoint
+from ajet.training.checkpoint_dir import _COMPLETE, MAKE_ROOM, latest_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -96,10 +96,6 @@ def load_checkpoint(path: Path, *, model: torch.nn.Module, optimizer: Any, sched
     torch.set_rng_state(state["rng"]["torch"])
     log.info("resumed from %s (step %d)", path, state["step"])
     return state
-
-
-# What to do when the disk is full, in every DiskFullError of a run (checkpoints, the final model).
-MAKE_ROOM = "free space (earlier runs under project.exp_dir) or point project.exp_dir at a disk with room"
 
 
 def _disk_full_message(ckpt_root: Path, name: str) -> str:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 # A checkpoint directory is complete once this marker is in it (written last).
 _COMPLETE = ".complete"
+# What to do when the disk is full, in every DiskFullError of a run (checkpoints, the final model).
+MAKE_ROOM = "free space (earlier runs under project.exp_dir) or point project.exp_dir at a disk with room"
 
 
 def checkpoint_step(ckpt: Path) -> int:

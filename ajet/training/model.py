@@ -17,7 +17,7 @@ from ajet.errors import ConfigError, DiskFullError
 from ajet.files import free_mib, is_disk_full
 from ajet.models.load import load_model_and_tokenizer
 from ajet.training.adapters import role_adapters
-from ajet.training.checkpoint import MAKE_ROOM
+from ajet.training.checkpoint_dir import MAKE_ROOM
 
 log = logging.getLogger(__name__)
 
