@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -16,7 +17,7 @@ import pytest
 from test_tuner_fakes import FakeChat, FakeEngine, FakeTracker
 
 from ajet.client import EpisodeAPIError, EpisodeClient
-from ajet.config.schema import ContextConfig, RolloutConfig
+from ajet.config.schema import ContextConfig, DynamicSamplingConfig, RolloutConfig
 from ajet.rollout.remote import EpisodeBroker
 from ajet.tuner import EpisodeSession, Gateway, ModelTuner
 from ajet.tuner.episode_api import attach_episode_api
@@ -55,11 +56,15 @@ class Sessions:
 
 
 class Reader:
+    curriculum = None
+
     def __init__(self) -> None:
         self.read = 0
+        self.steps: list[int] = []  # the step of each draw (a curriculum draws by step)
 
-    def next_batch(self, size: int) -> list[WorkflowTask]:
+    def next_batch(self, size: int, *, step: int = 1) -> list[WorkflowTask]:
         self.read += size
+        self.steps.append(step)
         return [WorkflowTask(task_id=f"t{self.read}", main_query=f"q{self.read}",
                              metadata={"answer": "ok", "topic": "greetings"})]
 
@@ -95,12 +100,15 @@ def make_server() -> Iterator[Any]:
     started: list[Server] = []
 
     def make(*, n: int = 2, batch_size: int = 1, total_steps: int = 3, max_staleness: int = 0,
-             timeout_s: float = 60.0, private_metadata_keys: list[str] | None = None) -> Server:
+             timeout_s: float = 60.0, private_metadata_keys: list[str] | None = None,
+             dynamic_rounds: int = 0) -> Server:
         gateway = Gateway().start()
         engine = FakeEngine(FakeChat(), lambda prompt: "ok", policy_version=0)
         clock = Clock()
         broker = EpisodeBroker(Reader(), Judge(), Sessions(gateway, engine),
-                               RolloutConfig(n=n, episode_timeout_s=timeout_s), batch_size=batch_size,
+                               RolloutConfig(n=n, episode_timeout_s=timeout_s, dynamic_sampling=DynamicSamplingConfig(
+                                   enabled=dynamic_rounds > 0, max_rounds=max(dynamic_rounds, 1))),
+                               batch_size=batch_size,
                                total_steps=total_steps, policy_version=lambda: engine.policy_version,
                                max_staleness=max_staleness, clock=clock,
                                private_metadata_keys=private_metadata_keys)
@@ -267,3 +275,42 @@ def test_serve_private_metadata_keys_overrides_what_the_judge_reads(make_server:
     episode = server.client.begin()
     assert episode.task["metadata"] == {"answer": "ok"}
     assert server.client.finish(episode.episode_id, metadata={"final_answer": "ok"})["reward"] == 1.0
+
+
+def test_each_group_draws_its_task_at_the_step_it_is_for(make_server: Any) -> None:
+    """A curriculum ramps by step: the groups opened ahead (max_staleness) draw at their own step."""
+    server = make_server(n=1, batch_size=2, total_steps=3, max_staleness=1)
+    server.broker.reader.curriculum = SimpleNamespace(pool_fraction=lambda step: step / 10)
+    episodes = [server.client.begin() for _ in range(4)]  # steps 1 and 2 (one ahead)
+    assert server.broker.reader.steps == [1, 1, 2, 2]
+    for episode in episodes[:2]:
+        server.client.finish(episode.episode_id, 1.0)
+    assert asyncio.run(server.broker.next_batch(1)).metrics()["data/curriculum_pool"] == 0.1
+
+
+def test_dynamic_sampling_replaces_a_group_without_signal_up_to_max_rounds(make_server: Any) -> None:
+    server = make_server(n=2, batch_size=1, total_steps=2, max_staleness=1, dynamic_rounds=2)
+    flat = [server.client.begin() for _ in range(2)]
+    for episode in flat:  # equal rewards: no signal
+        server.client.finish(episode.episode_id, 1.0)
+    refill = [server.client.begin() for _ in range(2)]  # handed out at once, for the same step
+    assert {e.task["task_id"] for e in refill} == {"t2"} and server.broker.reader.steps == [1, 1]
+    server.client.finish(refill[0].episode_id, 1.0)
+    server.client.finish(refill[1].episode_id, 0.0)
+    result = asyncio.run(server.broker.next_batch(1))
+    metrics = result.metrics()
+    assert [e.episode_id for e in result.ok_episodes] == [e.episode_id for e in refill]
+    assert len(result.episodes) == 4 and result.dropped_groups == [flat[0].episode_id.rsplit("-e", 1)[0]]
+    assert (metrics["dynamic/rounds"], metrics["dynamic/tasks"], metrics["dynamic/kept_groups"],
+            metrics["dynamic/dropped_groups"]) == (2, 2, 1, 1)
+    assert metrics["rollout/dropped_groups"] == 1
+
+    # Step 2: two groups without signal in a row; the second is the last round, so the step takes it.
+    server.engine.bump_version()
+    for _ in range(2):
+        for episode in [server.client.begin() for _ in range(2)]:
+            server.client.finish(episode.episode_id, 0.0)
+    last = asyncio.run(server.broker.next_batch(2))
+    assert len(last.episodes) == 4 and len(last.ok_episodes) == 2
+    assert last.metrics()["dynamic/kept_groups"] == 0 and last.metrics()["dynamic/rounds"] == 2
+    assert server.client.begin() is None  # refills never add groups to the run
