@@ -108,8 +108,10 @@ def serving(tmp_path: Path, tiny_model_dir: Path, judge: str, *overrides: str) -
          f"model.path={tiny_model_dir}", f"project.exp_dir={tmp_path / 'exp'}", f"judge.type={judge}",
          *(f"task_reader.jsonl.{split}_path=" + str(REPO / f"tutorial/example_math_agent/{split}.jsonl")
            for split in ("train", "val", "test")),
-         "rollout.n=4", "rollout.max_tokens=12", "rollout.episode_timeout_s=20", "trainer.batch_size=2",
-         "trainer.lr=0.01", "trainer.save_every=0", "logging.tensorboard=false", *overrides],
+         "rollout.n=4", "rollout.max_tokens=80", "rollout.episode_timeout_s=20", "trainer.batch_size=2",
+         "trainer.lr=0.01", "trainer.save_every=0", "logging.tensorboard=false",
+         "rollout.dynamic_sampling.enabled=false",  # these tests count every episode; tests/unit/test_remote_broker.py covers refills
+         *overrides],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
     run = tmp_path / "exp" / "remote_agent"
     try:
