@@ -292,14 +292,18 @@ def test_dynamic_sampling_replaces_a_group_without_signal_up_to_max_rounds(make_
     server = make_server(n=2, batch_size=1, total_steps=2, max_staleness=1, dynamic_rounds=2)
     flat = [server.client.begin() for _ in range(2)]
     for episode in flat:  # equal rewards: no signal
+        chat(episode)
         server.client.finish(episode.episode_id, 1.0)
     refill = [server.client.begin() for _ in range(2)]  # handed out at once, for the same step
     assert {e.task["task_id"] for e in refill} == {"t2"} and server.broker.reader.steps == [1, 1]
-    server.client.finish(refill[0].episode_id, 1.0)
-    server.client.finish(refill[1].episode_id, 0.0)
+    server.engine.policy_version = 2  # the replaced group is now 2 versions old: never trained, never "stale"
+    for episode, reward in zip(refill, (1.0, 0.0)):
+        chat(episode)
+        server.client.finish(episode.episode_id, reward)
     result = asyncio.run(server.broker.next_batch(1))
     metrics = result.metrics()
     assert [e.episode_id for e in result.ok_episodes] == [e.episode_id for e in refill]
+    assert metrics.get("rollout/failed/stale", 0) == 0
     assert len(result.episodes) == 4 and result.dropped_groups == [flat[0].episode_id.rsplit("-e", 1)[0]]
     assert (metrics["dynamic/rounds"], metrics["dynamic/tasks"], metrics["dynamic/kept_groups"],
             metrics["dynamic/dropped_groups"]) == (2, 2, 1, 1)
