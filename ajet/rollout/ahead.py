@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 class AheadEpisodes:
     """An episode source whose next batch can start early (see the module docstring)."""
 
+    overlaps_update = True
+
     def __init__(self, inner: Any, *, max_staleness: int, version: Callable[[], int]) -> None:
         if max_staleness < 1:
             raise ValueError(f"max_staleness={max_staleness}: the overlap needs at least 1 (0 is on-policy)")

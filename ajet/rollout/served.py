@@ -25,6 +25,11 @@ class ServedEpisodes:
     """An `EpisodeBroker` and the public gateway that serves its episode API and the
     per-episode model endpoint."""
 
+    @property
+    def overlaps_update(self) -> bool:
+        """Clients may run episodes during an update when serve.max_staleness > 0."""
+        return self.broker.max_staleness > 0
+
     def __init__(self, broker: EpisodeBroker, gateway: Gateway, token: str) -> None:
         self.broker, self.gateway, self.token = broker, gateway, token
 

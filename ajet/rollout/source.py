@@ -26,6 +26,10 @@ Phase = Callable[[str], object]  # shows what the step is doing (the progress li
 
 
 class EpisodeSource(Protocol):
+    # Whether episodes may be generated while the trainer updates (the step's tokens per second
+    # then count the time since the previous batch arrived, not only the wait).
+    overlaps_update: bool
+
     async def next_batch(self, step: int) -> RolloutResult:
         """The episodes of training step `step`."""
 
@@ -38,6 +42,8 @@ class EpisodeSource(Protocol):
 
 class ManagedEpisodes:
     """`batch_size` tasks of the reader, each rolled out `rollout.n` times by `manager`."""
+
+    overlaps_update = False
 
     def __init__(self, manager: Any, reader: Any, rollout: RolloutConfig, *, batch_size: int,
                  phase: Phase = lambda text: None) -> None:

@@ -25,6 +25,10 @@ def test_the_next_step_rolls_out_during_the_update(tmp_path: Path, tiny_model_di
     assert all(r["rollout/staleness_max"] <= 1 for r in train)
     assert [r["policy_version"] for r in train] == [1.0, 2.0, 3.0]
     assert all("actor/tis_weight" in r for r in train)
+    # A prefetched batch was generated during the previous update too: its tokens per second
+    # count the time since that batch arrived, not only the (short) wait for it.
+    assert all(r["perf/generation_s"] > r["perf/rollout_s"] for r in train if r["rollout/prefetched"])
+    assert train[0]["perf/generation_s"] == train[0]["perf/rollout_s"]
 
 
 def test_the_overlap_needs_an_engine_copy_and_tis(tmp_path: Path, tiny_model_dir: Path) -> None:

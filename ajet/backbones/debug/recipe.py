@@ -61,6 +61,7 @@ class RLRecipe:
         self.resume = resume
         self.episode_source = episode_source
         self._last_episodes: list[Any] = []
+        self._batch_arrived: float | None = None  # when the previous step's episodes arrived
 
     # ------------------------------------------------------------------ setup
     def setup(self, closers: Closers) -> None:
@@ -128,12 +129,20 @@ class RLRecipe:
         start = time.monotonic()
         self.loop.phase(f"step {step}: waiting for {cfg.trainer.batch_size} groups of episodes")
         result = self.rollout.loop.run_until_complete(self.source.next_batch(step))
-        rollout_s = time.monotonic() - start
+        arrived = time.monotonic()
+        rollout_s = arrived - start
+        # A source that rolls out during the update (ajet serve, rollout.max_staleness) generated
+        # this batch since the previous one arrived, not only while the step waited for it.
+        generation_s = rollout_s
+        if self.source.overlaps_update and self._batch_arrived is not None:
+            generation_s = arrived - self._batch_arrived
+        self._batch_arrived = arrived
         self._last_episodes = list(result.episodes)
         metrics = dict(result.metrics())
         metrics["perf/rollout_s"] = rollout_s
+        metrics["perf/generation_s"] = generation_s
         metrics.update(self.rollout.engine.take_metrics())  # prefix cache: prompt vs prefilled tokens
-        metrics["perf/tokens_per_s"] = sum(completion_tokens(ep) for ep in result.episodes) / max(rollout_s, 1e-9)
+        metrics["perf/tokens_per_s"] = sum(completion_tokens(ep) for ep in result.episodes) / max(generation_s, 1e-9)
         metrics.update(context_metrics(result.episodes))
 
         batch = build_step_batch(result.ok_episodes, cfg.context, cfg.algorithm, model_max_len=self.window)
