@@ -240,7 +240,11 @@ class EpisodeBroker:
                     if self._closed:
                         raise RunEndedError(f"the episode broker closed while step {step} waited for episodes")
                     if len(self._ready) >= self.batch_size:
-                        groups = [self._ready.popleft() for _ in range(self.batch_size)]
+                        # The oldest steps' groups first (a refill completes after groups of the
+                        # next step): a group trained later than its step may lag too far.
+                        groups = sorted(self._ready, key=lambda g: g.step)[: self.batch_size]
+                        for group in groups:
+                            self._ready.remove(group)
                         max_running, self._max_running = self._max_running, len(self._running)
                         break
                     timeout = self._poll_timeout_locked()

@@ -318,3 +318,21 @@ def test_dynamic_sampling_replaces_a_group_without_signal_up_to_max_rounds(make_
     assert len(last.episodes) == 4 and len(last.ok_episodes) == 2
     assert last.metrics()["dynamic/kept_groups"] == 0 and last.metrics()["dynamic/rounds"] == 2
     assert server.client.begin() is None  # refills never add groups to the run
+
+
+def test_a_step_takes_the_oldest_steps_groups_first(make_server: Any) -> None:
+    """A refill completes after the next step's group: the step still trains its own groups."""
+    server = make_server(n=2, batch_size=1, total_steps=2, max_staleness=1, dynamic_rounds=2)
+    first = [server.client.begin() for _ in range(2)]  # step 1
+    ahead = [server.client.begin() for _ in range(2)]  # step 2, one ahead
+    for episode, reward in zip(ahead, (1.0, 0.0)):
+        server.client.finish(episode.episode_id, reward)
+    for episode in first:  # no signal: a refill of step 1 takes its place
+        server.client.finish(episode.episode_id, 0.0)
+    refill = [server.client.begin() for _ in range(2)]
+    for episode, reward in zip(refill, (1.0, 0.0)):
+        server.client.finish(episode.episode_id, reward)
+    step_one = asyncio.run(server.broker.next_batch(1))
+    assert [e.episode_id for e in step_one.ok_episodes] == [e.episode_id for e in refill]
+    step_two = asyncio.run(server.broker.next_batch(2))
+    assert [e.episode_id for e in step_two.ok_episodes] == [e.episode_id for e in ahead]
