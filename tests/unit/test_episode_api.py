@@ -297,7 +297,7 @@ def test_dynamic_sampling_replaces_a_group_without_signal_up_to_max_rounds(make_
     refill = [server.client.begin() for _ in range(2)]  # handed out at once, for the same step
     assert {e.task["task_id"] for e in refill} == {"t2"} and server.broker.reader.steps == [1, 1]
     server.engine.policy_version = 2  # the replaced group is now 2 versions old: never trained, never "stale"
-    for episode, reward in zip(refill, (1.0, 0.0)):
+    for episode, reward in zip(refill, (1.0, 0.0), strict=True):
         chat(episode)
         server.client.finish(episode.episode_id, reward)
     result = asyncio.run(server.broker.next_batch(1))
@@ -325,12 +325,12 @@ def test_a_step_takes_the_oldest_steps_groups_first(make_server: Any) -> None:
     server = make_server(n=2, batch_size=1, total_steps=2, max_staleness=1, dynamic_rounds=2)
     first = [server.client.begin() for _ in range(2)]  # step 1
     ahead = [server.client.begin() for _ in range(2)]  # step 2, one ahead
-    for episode, reward in zip(ahead, (1.0, 0.0)):
+    for episode, reward in zip(ahead, (1.0, 0.0), strict=True):
         server.client.finish(episode.episode_id, reward)
     for episode in first:  # no signal: a refill of step 1 takes its place
         server.client.finish(episode.episode_id, 0.0)
     refill = [server.client.begin() for _ in range(2)]
-    for episode, reward in zip(refill, (1.0, 0.0)):
+    for episode, reward in zip(refill, (1.0, 0.0), strict=True):
         server.client.finish(episode.episode_id, reward)
     step_one = asyncio.run(server.broker.next_batch(1))
     assert [e.episode_id for e in step_one.ok_episodes] == [e.episode_id for e in refill]
