@@ -61,6 +61,7 @@ class ScriptedTuner:
 
     def __init__(self) -> None:
         self.calls: list[list[dict[str, Any]]] = []
+        self.replies: list[str] = []  # the reply to each call
         self.actions: list[dict[str, Any]] | None = None
 
     async def __call__(self, messages: list[dict[str, Any]]) -> Any:
@@ -74,7 +75,8 @@ class ScriptedTuner:
             if read is None:
                 raise ValueError(f"expected a value read by 'get', got {messages[-1]['content']!r}")
             action["value"] = action["value"](read.group(1))
-        return SimpleNamespace(content=[{"type": "text", "text": json.dumps(action)}])
+        self.replies.append(json.dumps(action))
+        return SimpleNamespace(content=[{"type": "text", "text": self.replies[-1]}])
 
 
 async def demo(task_id: str, base_url: str) -> dict:
@@ -89,10 +91,8 @@ async def demo(task_id: str, base_url: str) -> dict:
         tuner)
     if not output.is_success:
         raise ValueError(f"{task_id}: the scripted agent did not reach the goal ({output.metadata})")
-    last = tuner.calls[-1]
-    reply = json.dumps({"action": "done"})
     return {"id": f"appworld-{task_id}", "task_type": "kv_store",
-            "messages": [*last, {"role": "assistant", "content": reply}]}
+            "messages": [*tuner.calls[-1], {"role": "assistant", "content": tuner.replies[-1]}]}
 
 
 def task_key(task: KVTask) -> tuple[str, tuple]:
