@@ -291,6 +291,10 @@ class EpisodeBroker:
             return self._groups[0]
         total = self.total_steps * self.batch_size
         if self._opened >= total:
+            if self.rollout.dynamic_sampling.enabled and self._pending:  # a running group may yet be replaced
+                raise NoEpisodeAvailableError(
+                    f"all {total} groups of the run are handed out; retry: dynamic sampling may replace one "
+                    "still running")
             raise RunEndedError(f"all {total} groups of the run's {self.total_steps} steps are handed out")
         if self._opened >= min(total, (self._gather + self.max_staleness) * self.batch_size):
             raise NoEpisodeAvailableError(

@@ -25,7 +25,7 @@ def test_the_remote_agent_row_evaluates_serves_to_clients_and_evaluates_again(
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     (e,) = bench.select("remote_agent")
     e = bench.replace(e, served=bench.replace(e.served, clients=2), overrides=(f"judge.type={vowel_judge}",
-        f"model.path={tiny_model_dir}", "rollout.n=2", "rollout.max_tokens=8", "trainer.batch_size=2",
+        f"model.path={tiny_model_dir}", "rollout.n=2", "rollout.max_tokens=80", "trainer.batch_size=2",
         "trainer.total_steps=1", "trainer.save_every=0", "trainer.lr=0.01", "logging.tensorboard=false"))
     result = bench.run_example(e, tmp_path / "exp", cached_base=False)
     run = tmp_path / "exp" / "remote_agent"
@@ -35,10 +35,11 @@ def test_the_remote_agent_row_evaluates_serves_to_clients_and_evaluates_again(
     trained = json.loads((run / "eval" / "eval_trained.json").read_text())
     assert base["split"] == trained["split"] == "test" and base["metrics"]["episodes"] == 32
     assert trained["model"] == str(run / "final_model")
-    # agent.py's own solve ran in-process: one call an episode, none failed
-    assert base["metrics"]["steps/calls_per_episode"] == 1 and base["metrics"]["failed"] == 0
+    # agent.py's own solve ran in-process: the forced calculate call, then the answer; none failed
+    assert base["metrics"]["steps/calls_per_episode"] == 2 and base["metrics"]["failed"] == 0
+    assert base["metrics"]["agent/tool_call_rate"] == 1
     assert (result.base, result.trained) == (base["metrics"]["success/rate"], trained["metrics"]["success/rate"])
-    # the serve stage trained on the clients' episodes: 2 tasks x 2 episodes, one call each
+    # the serve stage trained on the clients' episodes
     train = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     assert [r["step"] for r in train if r.get("split") == "train"] == [1]
     assert result.tokens_trained > 0

@@ -336,3 +336,19 @@ def test_a_step_takes_the_oldest_steps_groups_first(make_server: Any) -> None:
     assert [e.episode_id for e in step_one.ok_episodes] == [e.episode_id for e in refill]
     step_two = asyncio.run(server.broker.next_batch(2))
     assert [e.episode_id for e in step_two.ok_episodes] == [e.episode_id for e in ahead]
+
+
+def test_clients_wait_while_a_running_group_may_still_be_replaced(make_server: Any) -> None:
+    """The run's last group is handed out, but dynamic sampling may replace it: a client asking
+    meanwhile gets 503 (retry), not 410 (it would leave, and the refill would never run)."""
+    server = make_server(n=2, batch_size=1, total_steps=1, dynamic_rounds=2)
+    last = [server.client.begin() for _ in range(2)]
+    with pytest.raises(EpisodeAPIError) as err:
+        server.client.begin()
+    assert err.value.status == 503 and err.value.code == "no_episode_available"
+    for episode in last:
+        server.client.finish(episode.episode_id, 0.0)
+    refill = [server.client.begin() for _ in range(2)]
+    for episode in refill:
+        server.client.finish(episode.episode_id, 0.0)
+    assert server.client.begin() is None  # the chain is at max_rounds: nothing can replace it, 410
