@@ -89,16 +89,22 @@ async def sample_with_signal(
         episodes=episodes, ok_episodes=[e for group in kept.values() for e in group],
         dropped_groups=dropped, max_in_flight=max_in_flight, extra_metrics=summed,
     )
+    return result, signal_metrics(rounds=rounds, tasks=sampled, kept=len(kept), dropped=len(dropped),
+                                  surplus=surplus, episodes=len(episodes))
+
+
+def signal_metrics(*, rounds: int, tasks: int, kept: int, dropped: int, surplus: int, episodes: int) -> dict[str, float]:
+    """The `dynamic/*` metrics of one step (the table above), wherever its groups were sampled."""
     metrics = {
         "dynamic/rounds": float(rounds),
-        "dynamic/tasks": float(sampled),
-        "dynamic/kept_groups": float(len(kept)),
-        "dynamic/dropped_groups": float(len(dropped)),
+        "dynamic/tasks": float(tasks),
+        "dynamic/kept_groups": float(kept),
+        "dynamic/dropped_groups": float(dropped),
         "dynamic/surplus_groups": float(surplus),
     }
     if kept:
-        metrics["dynamic/episodes_per_kept_group"] = len(episodes) / len(kept)
-    return result, metrics
+        metrics["dynamic/episodes_per_kept_group"] = episodes / kept
+    return metrics
 
 
 def _next_request(missing: int, kept: int, sampled: int, left: int, batch_size: int) -> int:

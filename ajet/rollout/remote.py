@@ -47,6 +47,7 @@ from ajet.config.schema import RolloutConfig
 from ajet.judge.base import JudgeError
 from ajet.judge.group_rank import GroupRankJudge
 from ajet.judge.private_keys import private_metadata_keys as judge_private_keys
+from ajet.rollout.dynamic import signal_metrics
 from ajet.rollout.episode import FAILED, OK, TIMEOUT, Episode
 from ajet.rollout.manager import RolloutResult, drop_equal_reward_groups
 from ajet.rollout.roles import has_signal
@@ -59,6 +60,7 @@ from ajet.rollout.scoring import (
     maybe_await,
     score_episode,
 )
+from ajet.rollout.source import curriculum_metrics
 from ajet.tuner.episode_api import (
     EpisodeEndedError,
     EpisodeNotFoundError,
@@ -101,6 +103,11 @@ class _Group:
     @property
     def rounds(self) -> int:
         return len(self.replaced) + 1
+
+    @property
+    def has_signal(self) -> bool:
+        """Whether its ok episodes' rewards differ (`ajet.rollout.roles.has_signal`)."""
+        return has_signal([e for e in self.ended if e.status == OK])
 
 
 @dataclass
@@ -312,8 +319,7 @@ class EpisodeBroker:
         """Dynamic sampling: replace a complete group without signal by a group of a new task
         (handed out first), while its chain has rounds left. False: the group stays."""
         sampling = self.rollout.dynamic_sampling
-        if (not sampling.enabled or self._closed or group.rounds >= sampling.max_rounds
-                or has_signal([e for e in group.ended if e.status == OK])):
+        if not sampling.enabled or self._closed or group.rounds >= sampling.max_rounds or group.has_signal:
             return False
         (task,) = self.reader.next_batch(1, step=group.step)
         slot = group.group_id.split("-", 1)[0].split("r", 1)[0]  # "g7" of "g7-task" and "g7r1-task"
@@ -404,20 +410,14 @@ class EpisodeBroker:
                 "remote/episodes_running": float(len(self._running)),
                 "remote/groups_ready": float(len(self._ready)),
             }
-        if self.rollout.dynamic_sampling.enabled:  # the names of ajet.rollout.dynamic's metrics
-            kept = sum(has_signal([e for e in g.ended if e.status == OK]) for g in groups)
-            extra.update({
-                "dynamic/rounds": float(max((g.rounds for g in groups), default=0)),
-                "dynamic/tasks": float(len(groups) + len(replaced)),
-                "dynamic/kept_groups": float(kept),
-                "dynamic/dropped_groups": float(len(replaced) + len(groups) - kept),
-            })
-            if kept:
-                extra["dynamic/episodes_per_kept_group"] = len(episodes) / kept
-        if self.reader.curriculum is not None:
-            extra["data/curriculum_pool"] = self.reader.curriculum.pool_fraction(max(g.step for g in groups))
+        if self.rollout.dynamic_sampling.enabled:
+            kept = sum(g.has_signal for g in groups)
+            extra.update(signal_metrics(
+                rounds=max(g.rounds for g in groups), tasks=len(groups) + len(replaced), kept=kept,
+                dropped=len(replaced) + len(groups) - kept, surplus=0, episodes=len(episodes)))
         result = RolloutResult(episodes=episodes, ok_episodes=ok, dropped_groups=dropped,
                                max_in_flight=max_running, extra_metrics=extra)
+        curriculum_metrics(self.reader, max(g.step for g in groups), result)
         with self._lock:
             self._last_metrics = result.metrics()
         return result

@@ -54,7 +54,7 @@ class ManagedEpisodes:
         tasks = self.reader.next_batch(self.batch_size, step=step)
         self.phase(f"step {step}: rollout of {len(tasks)} tasks × {self.rollout.n}")
         result = await self.manager.rollout(tasks, self.rollout.n, episode_prefix=f"s{step}-")
-        _curriculum_metrics(self.reader, step, result)
+        curriculum_metrics(self.reader, step, result)
         return result
 
     def record_metrics(self, step: int, metrics: dict[str, float]) -> None:
@@ -80,7 +80,7 @@ class RefilledEpisodes(ManagedEpisodes):
             one_round, functools.partial(self.reader.next_batch, step=step), batch_size=self.batch_size,
             max_rounds=self.rollout.dynamic_sampling.max_rounds)
         result.extra_metrics.update(metrics)
-        _curriculum_metrics(self.reader, step, result)
+        curriculum_metrics(self.reader, step, result)
         return result
 
 
@@ -91,6 +91,7 @@ def managed_episodes(manager: Any, reader: Any, rollout: RolloutConfig, *, batch
     return cls(manager, reader, rollout, batch_size=batch_size, phase=phase)
 
 
-def _curriculum_metrics(reader: Any, step: int, result: RolloutResult) -> None:
+def curriculum_metrics(reader: Any, step: int, result: RolloutResult) -> None:
+    """`data/curriculum_pool` of step `step` into `result`, when the reader has a curriculum."""
     if reader.curriculum is not None:
         result.extra_metrics["data/curriculum_pool"] = reader.curriculum.pool_fraction(step)
