@@ -11,6 +11,7 @@ from ajet.cli.common import Conf, ExpDir, Overrides, config_overrides, user_erro
 from ajet.config import load_config
 from ajet.logging.setup import configure_logging
 from ajet.models.load import role_adapter_dir
+from ajet.training.export import export_checkpoint, training_checkpoint
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)
 
@@ -29,7 +30,8 @@ def eval_(
     model: Annotated[
         str | None, typer.Option("--model", "-m", help=(
             "Checkpoint dir to evaluate [default: model.path]; also a peft adapter dir, merged into its "
-            "base, e.g. RUN/final_model/adapters/<role> of a per-role run."))
+            "base, e.g. RUN/final_model/adapters/<role> of a per-role run; or a training checkpoint, "
+            "RUN/checkpoints/step_N (RUN/checkpoints: the newest), exported once to step_N/model/."))
     ] = None,
     role: Annotated[str | None, typer.Option("--role", help=(
         "Evaluate this role's adapter of a per-role run (model.lora.per_role): --model (or model.path) "
@@ -53,6 +55,10 @@ def eval_(
         extra = config_overrides(overrides, model__path=path.resolve() if path and path.exists() else model,
                                  eval__split=split, eval__n=n, eval__name=name, project__exp_dir=exp_dir)
         cfg = load_config(conf, extra, require_workflow=False)
+        ckpt = training_checkpoint(cfg.model.path)
+        if ckpt is not None:
+            configure_logging(cfg.logging.level, quiet=True)
+            cfg.model.path = str(export_checkpoint(ckpt))
         if role is not None:
             cfg.model.path = str(role_adapter_dir(cfg.model.path, role).resolve())
         from rich.console import Console

@@ -27,10 +27,10 @@ def role_adapters(model: Any) -> list[str]:
 
 def adapter_parameters(model: Any, adapter: str) -> dict[str, Any]:
     """{name: parameter} of one adapter's weights (peft names them `...lora_A.<adapter>.weight`)."""
-    return {name: p for name, p in model.named_parameters() if _adapter_of(name) == adapter}
+    return {name: p for name, p in model.named_parameters() if adapter_of(name) == adapter}
 
 
-def _adapter_of(name: str) -> str | None:
+def adapter_of(name: str) -> str | None:
     """The adapter a parameter name belongs to: the part after a `lora_*` part; None for the base."""
     parts = name.split(".")
     return next((parts[i + 1] for i in range(len(parts) - 1) if parts[i].startswith("lora_")), None)

@@ -77,6 +77,19 @@ def save_checkpoint(ckpt_root: Path, step: int, *, model: torch.nn.Module, optim
 
 def load_checkpoint(path: Path, *, model: torch.nn.Module, optimizer: Any, scheduler: Any) -> dict[str, Any]:
     """Restore weights, optimizer, scheduler and RNG; return the saved state (step, reader, ...)."""
+    load_trainable_weights(path, model)
+    optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location="cpu", weights_only=False))
+    state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
+    scheduler.load_state_dict(state["scheduler"])
+    random.setstate(state["rng"]["python"])
+    torch.set_rng_state(state["rng"]["torch"])
+    log.info("resumed from %s (step %d)", path, state["step"])
+    return state
+
+
+def load_trainable_weights(path: Path, model: torch.nn.Module) -> None:
+    """Copy checkpoint `path`'s weights.pt into `model`, whose trainable parameters must be
+    exactly the ones saved (`trainable_names`)."""
     weights = torch.load(path / "weights.pt", map_location="cpu", weights_only=True)
     trainable = trainable_names(model)
     if set(weights) != trainable:
@@ -89,13 +102,6 @@ def load_checkpoint(path: Path, *, model: torch.nn.Module, optimizer: Any, sched
     with torch.no_grad():
         for name, value in weights.items():
             params[name].copy_(value.to(params[name].device, params[name].dtype))
-    optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location="cpu", weights_only=False))
-    state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
-    scheduler.load_state_dict(state["scheduler"])
-    random.setstate(state["rng"]["python"])
-    torch.set_rng_state(state["rng"]["torch"])
-    log.info("resumed from %s (step %d)", path, state["step"])
-    return state
 
 
 def _disk_full_message(ckpt_root: Path, name: str) -> str:
