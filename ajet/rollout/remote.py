@@ -96,6 +96,7 @@ class _Group:
     group_id: str
     task: WorkflowTask
     step: int  # the training step its task was drawn for (the curriculum's step)
+    slot: int  # its place among the run's groups (1, 2, ...); a refill takes its group's slot
     handed: int = 0
     ended: list[Episode] = field(default_factory=list)
     replaced: list[_Group] = field(default_factory=list)  # dynamic sampling: the groups without signal it replaces
@@ -310,7 +311,7 @@ class EpisodeBroker:
         step = self._opened // self.batch_size + 1
         (task,) = self.reader.next_batch(1, step=step)
         self._opened += 1
-        group = _Group(group_id=f"g{self._opened}-{task.task_id}", task=task, step=step)
+        group = _Group(group_id=f"g{self._opened}-{task.task_id}", task=task, step=step, slot=self._opened)
         self._groups.append(group)
         self._pending[group.group_id] = group
         return group
@@ -322,9 +323,8 @@ class EpisodeBroker:
         if not sampling.enabled or self._closed or group.rounds >= sampling.max_rounds or group.has_signal:
             return False
         (task,) = self.reader.next_batch(1, step=group.step)
-        slot = group.group_id.split("-", 1)[0].split("r", 1)[0]  # "g7" of "g7-task" and "g7r1-task"
-        refill = _Group(group_id=f"{slot}r{group.rounds}-{task.task_id}", task=task, step=group.step,
-                        replaced=[*group.replaced, group])
+        refill = _Group(group_id=f"g{group.slot}r{group.rounds}-{task.task_id}", task=task, step=group.step,
+                        slot=group.slot, replaced=[*group.replaced, group])
         self._groups.appendleft(refill)
         self._pending[refill.group_id] = refill
         log.debug("dynamic sampling: group %s has no signal; %s takes its place", group.group_id, refill.group_id)
