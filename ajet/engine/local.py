@@ -134,7 +134,7 @@ class LocalEngine:
             "generated_tokens": 0,
             "decode_steps": 0,
             "max_batch": 0,
-            "jumped_tokens": 0,  # forced by a grammar, forwarded in a jump (not a decode step)
+            "jumped_tokens": 0,  # of generated_tokens: forced by a grammar, forwarded in a jump (not a decode step)
         }
         self._batch = DecodeBatch(self._weights, tokenizer, self.eos_token_ids, self.max_model_len,
                                   self._reuse, self.stats)  # the policy's (all its adapters)
@@ -203,6 +203,11 @@ class LocalEngine:
         prefixes forwarded once included), and the share of prompt tokens served from the
         prefix cache."""
         return self._reuse.take_metrics()
+
+    def decoded_tokens(self) -> int:
+        """Tokens decoded since the engine started, by every model it serves: sampled, or forced
+        by a grammar. The trainer's tok/s is this count's growth over a step's window."""
+        return self.stats["generated_tokens"]  # jumped_tokens are among them
 
     @property
     def dtype(self) -> str:

@@ -29,6 +29,12 @@ def test_the_next_step_rolls_out_during_the_update(tmp_path: Path, tiny_model_di
     # count the time since that batch arrived, not only the (short) wait for it.
     assert all(r["perf/generation_s"] > r["perf/rollout_s"] for r in train if r["rollout/prefetched"])
     assert train[0]["perf/generation_s"] == train[0]["perf/rollout_s"]
+    # tok/s is the engine's count of decoded tokens over each window: the windows tile the run,
+    # so they add up to every completion token of the run (all trained here: one call an episode).
+    decoded = sum(r["perf/tokens_per_s"] * r["perf/generation_s"] for r in train)
+    trained = sum(sum(json.loads(line)["loss_mask"]) for path in (tmp_path / "exp" / "tiny" / "records").glob("*.jsonl")
+                  for line in path.read_text().splitlines())
+    assert trained > 0 and round(decoded) == trained
 
 
 def test_the_overlap_needs_an_engine_copy_and_tis(tmp_path: Path, tiny_model_dir: Path) -> None:

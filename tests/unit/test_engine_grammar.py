@@ -145,7 +145,10 @@ def test_forced_runs_jump_in_one_forward_with_the_same_tokens_and_logprobs(peaky
                  for i, (ids, extra) in enumerate(requests)]
         with LocalEngine(model, tokenizer, max_batch_size=8, jump_forward=jump) as engine:
             results = together(engine, calls)  # all join one batch: the step counts compare
-            return [c for cs in results for c in cs], dict(engine.stats)
+            completions = [c for cs in results for c in cs]
+            # the trainer's tok/s counts these: every completion token, sampled or jumped
+            assert engine.decoded_tokens() == sum(len(c.token_ids) for c in completions)
+            return completions, dict(engine.stats)
 
     jumped, jump_stats = run(True)
     stepped, step_stats = run(False)

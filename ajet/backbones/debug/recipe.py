@@ -62,6 +62,7 @@ class RLRecipe:
         self.episode_source = episode_source
         self._last_episodes: list[Any] = []
         self._batch_arrived: float | None = None  # when the previous step's episodes arrived
+        self._decoded_then = 0  # the engine's decoded tokens when that window began
 
     # ------------------------------------------------------------------ setup
     def setup(self, closers: Closers) -> None:
@@ -127,22 +128,28 @@ class RLRecipe:
     def train_step(self, step: int) -> dict[str, float]:
         cfg = self.cfg
         start = time.monotonic()
+        engine = self.rollout.engine
+        overlapped = self.source.overlaps_update and self._batch_arrived is not None
+        if not overlapped:
+            self._decoded_then = engine.decoded_tokens()
         self.loop.phase(f"step {step}: waiting for {cfg.trainer.batch_size} groups of episodes")
         result = self.rollout.loop.run_until_complete(self.source.next_batch(step))
         arrived = time.monotonic()
         rollout_s = arrived - start
-        # A source that rolls out during the update (ajet serve, rollout.max_staleness) generated
-        # this batch since the previous one arrived, not only while the step waited for it.
-        generation_s = rollout_s
-        if self.source.overlaps_update and self._batch_arrived is not None:
-            generation_s = arrived - self._batch_arrived
+        # A source that rolls out during the update (ajet serve, rollout.max_staleness) decoded
+        # since the previous batch arrived, not only while the step waited for this one: tok/s is
+        # what the engine decoded in that window (every model it serves, dropped groups and
+        # validation included), over it.
+        generation_s = arrived - self._batch_arrived if overlapped else rollout_s
+        decoded = engine.decoded_tokens()
+        window_tokens, self._decoded_then = decoded - self._decoded_then, decoded
         self._batch_arrived = arrived
         self._last_episodes = list(result.episodes)
         metrics = dict(result.metrics())
         metrics["perf/rollout_s"] = rollout_s
         metrics["perf/generation_s"] = generation_s
         metrics.update(self.rollout.engine.take_metrics())  # prefix cache: prompt vs prefilled tokens
-        metrics["perf/tokens_per_s"] = sum(completion_tokens(ep) for ep in result.episodes) / max(generation_s, 1e-9)
+        metrics["perf/tokens_per_s"] = window_tokens / max(generation_s, 1e-9)
         metrics.update(context_metrics(result.episodes))
 
         batch = build_step_batch(result.ok_episodes, cfg.context, cfg.algorithm, model_max_len=self.window)
@@ -240,11 +247,6 @@ class RLRecipe:
 def has_learning_signal(samples: list[Any]) -> bool:
     """Whether any trained token has a non-zero advantage (else the update would do nothing)."""
     return any(m and a != 0 for s in samples for m, a in zip(s.loss_mask, s.advantage, strict=False))
-
-
-def completion_tokens(episode: Any) -> int:
-    """Tokens the engine generated for an episode (each call's completion appears in one timeline)."""
-    return sum(end - start for tl in (episode.timelines or []) for start, end in tl.completion_spans)
 
 
 def context_metrics(episodes: list[Any]) -> dict[str, float]:
