@@ -49,9 +49,12 @@ def resolve_model_path(path: str, cache_dir: str = "") -> Path:
     local = Path(path).expanduser()
     if local.is_dir():
         if not (local / "config.json").is_file():
+            inside = [name for name in ("final_model", "checkpoints") if (local / name).is_dir()]
+            hint = (f" It looks like a run directory: give its {' or '.join(f'{n}/' for n in inside)}"
+                    " (`ajet eval` takes a run's checkpoints/ too)." if inside else "")
             raise ModelNotFoundError(
                 f"model.path={path} is a directory but holds no config.json; "
-                "point it at a Hugging Face checkpoint (save_pretrained output)."
+                f"point it at a Hugging Face checkpoint (save_pretrained output).{hint}"
             )
         return local
     if local.exists():

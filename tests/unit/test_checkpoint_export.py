@@ -16,6 +16,7 @@ from ajet.config.schema import ModelConfig
 from ajet.errors import ModelNotFoundError
 from ajet.eval import runner as eval_runner
 from ajet.models.load import load_model_and_tokenizer, role_adapter_dirs, with_role_adapters
+from ajet.models.resolve import resolve_model_path
 from ajet.training.checkpoint import save_checkpoint, trainable_names
 from ajet.training.export import export_checkpoint, training_checkpoint
 from ajet.training.model import load_trainable_model
@@ -95,6 +96,8 @@ def test_what_is_not_a_whole_checkpoint_is_refused_saying_why(tmp_path: Path, ti
     (half / ".complete").write_text("3")
     with pytest.raises(ModelNotFoundError, match="has no config.yaml"):
         export_checkpoint(half)
+    with pytest.raises(ModelNotFoundError, match=r"looks like a run directory: give its checkpoints/"):
+        resolve_model_path(str(half.parent.parent))  # the run directory itself
 
 
 def test_cli_eval_takes_a_runs_checkpoints(tmp_path: Path, two_calls_conf: Path,
