@@ -133,8 +133,7 @@ REGISTRY: tuple[Example, ...] = (
         overrides=(), budget_min=10, threshold=0.3,
         why="`make demo` as it is (SFT warm-up, 4 GRPO steps; 4.1 min quiet); val success was "
             "0.84-0.97 on the earlier data. Test has phrasings and operations (/, parentheses) "
-            "that no demonstration shows: the threshold asks for a third of val's level. Evaluated "
-            "greedily since 2026-11-27 (chosen on val: 1.000 against 0.805 at temperature 1).",
+            "that no demonstration shows: the threshold asks for a third of val's level.",
     ),
     Example(
         name="math_agent_rl", conf="tutorial/example_math_agent/math_agent_rl.yaml", stages=("grpo",),
