@@ -87,6 +87,23 @@ def two_calls_conf(tmp_path: Path, tiny_model_dir: Path) -> Path:
 
 
 @pytest.fixture()
+def evaluated_models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """`ajet eval` without evaluating: `ajet.eval.runner.evaluate` is replaced by a stand-in that
+    records the `model.path` it was given (into the returned list) and reports a fixed score."""
+    from ajet.eval import runner as eval_runner
+
+    seen: list[str] = []
+
+    def fake_evaluate(cfg, **kwargs):  # noqa: ANN001, ANN202 - stands in for the real evaluation
+        seen.append(cfg.model.path)
+        return eval_runner.EvalReport(path=tmp_path / "eval_x.json", name="x", model=cfg.model.path,
+                                      metrics={"success/rate": 0.5}, results=[])
+
+    monkeypatch.setattr(eval_runner, "evaluate", fake_evaluate)
+    return seen
+
+
+@pytest.fixture()
 def stub_run_conf(tmp_path: Path):
     """`stub_run_conf(body="")` writes tmp_path/run.yaml whose model, workflow and data only
     exist (enough for --dry-run, the backbone checks and the drivers' `prepare`); `body` adds

@@ -55,9 +55,9 @@ def eval_(
         extra = config_overrides(overrides, model__path=path.resolve() if path and path.exists() else model,
                                  eval__split=split, eval__n=n, eval__name=name, project__exp_dir=exp_dir)
         cfg = load_config(conf, extra, require_workflow=False)
+        configure_logging(cfg.logging.level, quiet=True)
         ckpt = training_checkpoint(cfg.model.path)
         if ckpt is not None:
-            configure_logging(cfg.logging.level, quiet=True)
             cfg.model.path = str(export_checkpoint(ckpt))
         if role is not None:
             cfg.model.path = str(role_adapter_dir(cfg.model.path, role).resolve())
@@ -67,7 +67,6 @@ def eval_(
         from ajet.pipeline import single_stage_config  # imports torch: not for --help
 
         cfg = single_stage_config(cfg, "eval")
-        configure_logging(cfg.logging.level, quiet=True)
         report = evaluate(cfg, dialogs=dialogs, successful_only=successful_only)
         Console().print(metrics_table([report]))
         typer.echo(f"wrote {report.path}")

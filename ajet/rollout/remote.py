@@ -93,7 +93,6 @@ class RemoteWorkflow(Workflow):
 
 @dataclass
 class _Group:
-    group_id: str
     task: WorkflowTask
     step: int  # the training step its task was drawn for (the curriculum's step)
     slot: int  # its place among the run's groups (1, 2, ...); a refill takes its group's slot
@@ -104,6 +103,12 @@ class _Group:
     @property
     def rounds(self) -> int:
         return len(self.replaced) + 1
+
+    @property
+    def group_id(self) -> str:
+        """The run's 7th group is g7-<task>, its refills g7r1-<task>, g7r2-<task>, ..."""
+        refill = f"r{len(self.replaced)}" if self.replaced else ""
+        return f"g{self.slot}{refill}-{self.task.task_id}"
 
     @property
     def has_signal(self) -> bool:
@@ -311,7 +316,7 @@ class EpisodeBroker:
         step = self._opened // self.batch_size + 1
         (task,) = self.reader.next_batch(1, step=step)
         self._opened += 1
-        group = _Group(group_id=f"g{self._opened}-{task.task_id}", task=task, step=step, slot=self._opened)
+        group = _Group(task=task, step=step, slot=self._opened)
         self._groups.append(group)
         self._pending[group.group_id] = group
         return group
@@ -323,8 +328,7 @@ class EpisodeBroker:
         if not sampling.enabled or self._closed or group.rounds >= sampling.max_rounds or group.has_signal:
             return False
         (task,) = self.reader.next_batch(1, step=group.step)
-        refill = _Group(group_id=f"g{group.slot}r{group.rounds}-{task.task_id}", task=task, step=group.step,
-                        slot=group.slot, replaced=[*group.replaced, group])
+        refill = _Group(task=task, step=group.step, slot=group.slot, replaced=[*group.replaced, group])
         self._groups.appendleft(refill)
         self._pending[refill.group_id] = refill
         log.debug("dynamic sampling: group %s has no signal; %s takes its place", group.group_id, refill.group_id)

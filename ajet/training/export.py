@@ -59,8 +59,10 @@ def export_checkpoint(ckpt: Path) -> Path:
 
     cfg = load_config(config, require_workflow=False)
     lora = cfg.model.lora
-    names = torch.load(ckpt / "weights.pt", map_location="cpu", weights_only=True).keys()
-    roles = list(dict.fromkeys(a for a in map(adapter_of, names) if a)) if lora.enabled and lora.per_role else None
+    roles = None
+    if lora.enabled and lora.per_role:  # the adapters' names, in the order training made them
+        names = torch.load(ckpt / "weights.pt", map_location="cpu", weights_only=True, mmap=True).keys()
+        roles = list(dict.fromkeys(a for a in map(adapter_of, names) if a))
     log.info("exporting training checkpoint %s (base %s%s) to %s", ckpt, cfg.model.path,
              ", LoRA" if lora.enabled else "", out)
     model, tokenizer = load_trainable_model(cfg.model, seed=cfg.project.seed, roles=roles)

@@ -14,7 +14,6 @@ from ajet.cli import eval as eval_cmd
 from ajet.config import load_config, to_yaml
 from ajet.config.schema import ModelConfig
 from ajet.errors import ModelNotFoundError
-from ajet.eval import runner as eval_runner
 from ajet.models.load import load_model_and_tokenizer, role_adapter_dirs, with_role_adapters
 from ajet.models.resolve import resolve_model_path
 from ajet.training.checkpoint import save_checkpoint, trainable_names
@@ -100,18 +99,9 @@ def test_what_is_not_a_whole_checkpoint_is_refused_saying_why(tmp_path: Path, ti
         resolve_model_path(str(half.parent.parent))  # the run directory itself
 
 
-def test_cli_eval_takes_a_runs_checkpoints(tmp_path: Path, two_calls_conf: Path,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_eval_takes_a_runs_checkpoints(tmp_path: Path, two_calls_conf: Path, evaluated_models: list[str]) -> None:
     run = tmp_path / "exp" / "run"
     _train_and_save(run, two_calls_conf, [], steps=(1,))
-    seen: list[str] = []
-
-    def fake_evaluate(cfg, **kwargs):  # noqa: ANN001, ANN202 - stands in for the real evaluation
-        seen.append(cfg.model.path)
-        return eval_runner.EvalReport(path=tmp_path / "eval_x.json", name="x", model=cfg.model.path,
-                                      metrics={"success/rate": 0.5}, results=[])
-
-    monkeypatch.setattr(eval_runner, "evaluate", fake_evaluate)
     result = runner.invoke(eval_cmd.app, ["--conf", str(two_calls_conf), "--model", str(run / "checkpoints")])
     assert result.exit_code == 0, result.output
-    assert seen == [str((run / "checkpoints" / "step_000001" / "model").resolve())]
+    assert evaluated_models == [str((run / "checkpoints" / "step_000001" / "model").resolve())]

@@ -85,21 +85,13 @@ def test_role_picks_the_roles_adapter_of_a_final_model_or_run_dir(export) -> Non
         role_adapter_dir(out / "adapters", "wolf")
 
 
-def test_cli_role_and_model_reach_evaluate_with_the_adapter(export, tmp_path: Path, two_calls_conf: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_role_and_model_reach_evaluate_with_the_adapter(export, two_calls_conf: Path,
+                                                          evaluated_models: list[str]) -> None:
     out, _ = export
-    seen: list[str] = []
-
-    def fake_evaluate(cfg, **kwargs):  # noqa: ANN001, ANN202 - stands in for the real evaluation
-        seen.append(cfg.model.path)
-        return eval_runner.EvalReport(path=tmp_path / "eval_x.json", name="x", model=cfg.model.path,
-                                      metrics={"success/rate": 0.5}, results=[])
-
-    monkeypatch.setattr(eval_runner, "evaluate", fake_evaluate)
     for args in (["--model", str(out), "--role", "villager"], ["--model", str(out / "adapters" / "villager")]):
         result = runner.invoke(eval_cmd.app, ["--conf", str(two_calls_conf), *args])
         assert result.exit_code == 0, result.output
-    assert seen == [str((out / "adapters" / "villager").resolve())] * 2
+    assert evaluated_models == [str((out / "adapters" / "villager").resolve())] * 2
     bad = runner.invoke(eval_cmd.app, ["--conf", str(two_calls_conf), "--model", str(out), "--role", "seer"])
     assert bad.exit_code != 0 and "its roles: ['villager', 'wolf']" in bad.output and "Traceback" not in bad.output
 

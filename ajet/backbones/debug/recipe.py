@@ -148,7 +148,7 @@ class RLRecipe:
         metrics = dict(result.metrics())
         metrics["perf/rollout_s"] = rollout_s
         metrics["perf/generation_s"] = generation_s
-        metrics.update(self.rollout.engine.take_metrics())  # prefix cache: prompt vs prefilled tokens
+        metrics.update(engine.take_metrics())  # prefix cache: prompt vs prefilled tokens
         metrics["perf/tokens_per_s"] = window_tokens / max(generation_s, 1e-9)
         metrics.update(context_metrics(result.episodes))
 
