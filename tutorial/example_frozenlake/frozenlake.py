@@ -8,6 +8,8 @@ Reward: 1 for reaching G, else 0 (a hole, or out of steps).
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from frozenlake_env import FrozenLake
 
 from ajet import Workflow, WorkflowOutput, WorkflowTask
@@ -22,12 +24,20 @@ SYSTEM_PROMPT = (
 
 class FrozenLakeAgent(Workflow):
     name: str = "frozenlake"
+    # List the safe moves under the grid each turn (FrozenLakeSafeMovesAgent).
+    safe_move_hints: ClassVar[bool] = False
+
+    def ask(self, env: FrozenLake) -> str:
+        """The end of each observation: the safe moves (with hints on), then the question."""
+        if self.safe_move_hints:
+            return f"Safe moves: {', '.join(env.safe_moves())}.\nYour move?"
+        return "Your move?"
 
     async def execute(self, task: WorkflowTask, tuner) -> WorkflowOutput:  # noqa: ANN001
         env = FrozenLake(list(task.metadata["map"]), max_steps=int(task.metadata["max_steps"]))
         messages = [
             {"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": f"{task.main_query}\n{env.render()}\nYour move?"},
+            {"role": "user", "content": f"{task.main_query}\n{env.render()}\n{self.ask(env)}"},
         ]
         while not env.done:
             response = await tuner(messages)
@@ -36,7 +46,7 @@ class FrozenLakeAgent(Workflow):
             messages.append({"role": "assistant", "content": reply})
             result = env.step(reply)
             if not result.done:
-                messages.append({"role": "user", "content": f"{result.observation}\nYour move?"})
+                messages.append({"role": "user", "content": f"{result.observation}\n{self.ask(env)}"})
         return WorkflowOutput(
             reward=1.0 if env.reached_goal else 0.0,
             is_success=env.reached_goal,
@@ -47,3 +57,13 @@ class FrozenLakeAgent(Workflow):
                 "reached_goal": float(env.reached_goal),
             },
         )
+
+
+class FrozenLakeSafeMovesAgent(FrozenLakeAgent):
+    """The same agent, whose observations also list the moves that neither leave the lake nor
+    step into a hole ("Safe moves: down, right."), as text environments such as ALFWorld list
+    their admissible commands. The map, the rules and the reward are unchanged; what is left to
+    the model is choosing the safe move that leads to G within max_steps."""
+
+    name: str = "frozenlake_safe_moves"
+    safe_move_hints: ClassVar[bool] = True

@@ -102,6 +102,13 @@ class FrozenLake:
             lines.append(" ".join(cells))
         return "\n".join(lines)
 
+    def safe_moves(self) -> list[str]:
+        """The moves from here that stay on the lake and miss every hole, in MOVES order: the
+        admissible actions an observation may list (as ALFWorld lists its commands)."""
+        size, (r, c) = len(self.rows), self.position
+        return [move for move, (dr, dc) in MOVES.items()
+                if 0 <= r + dr < size and 0 <= c + dc < size and self.rows[r + dr][c + dc] != "H"]
+
     def step(self, reply: str) -> StepResult:
         """Apply the move named in `reply`; an unparseable reply wastes the step."""
         if self.done:

@@ -1,7 +1,7 @@
 """Regenerate demos.jsonl: demonstrations for the SFT warm-up (`frozenlake_warmup.yaml`), made
 from the TRAIN maps and from maps of a seed range of their own, never from val or test.
 
-    python tutorial/example_frozenlake/make_demos.py
+    python tutorial/example_frozenlake/make_demos.py   # demos.jsonl and demos_safe_moves.jsonl
 
 A scripted agent plays the model behind the unchanged `FrozenLakeAgent` workflow: each turn it
 reads the grid of the last observation (where P stands) and answers with the first move of a
@@ -49,14 +49,16 @@ class ScriptedTuner:
         return SimpleNamespace(content=[{"type": "text", "text": moves[0]}])
 
 
-async def demo(task: dict) -> dict:
-    """One SFT dialog: the scripted agent walking `task`'s map through the real workflow."""
-    from frozenlake import FrozenLakeAgent
+async def demo(task: dict, safe_moves: bool = False) -> dict:
+    """One SFT dialog: the scripted agent walking `task`'s map through the real workflow
+    (FrozenLakeSafeMovesAgent's, whose observations list the safe moves, with `safe_moves`)."""
+    from frozenlake import FrozenLakeAgent, FrozenLakeSafeMovesAgent
 
     from ajet import WorkflowTask
 
     tuner = ScriptedTuner()
-    output = await FrozenLakeAgent().execute(
+    agent = FrozenLakeSafeMovesAgent() if safe_moves else FrozenLakeAgent()
+    output = await agent.execute(
         WorkflowTask(task_id=task["task_id"], main_query=task["question"], metadata=task), tuner)
     if not output.is_success:
         raise ValueError(f"{task['task_id']}: the scripted agent did not reach the goal ({output.metadata})")
@@ -86,15 +88,24 @@ def demo_tasks(count: int) -> list[dict]:
     return tasks[:count]
 
 
-def main(out_dir: Path = HERE, count: int = 256) -> Path:
+DEMO_FILES = {False: "demos.jsonl", True: "demos_safe_moves.jsonl"}
+
+
+def main(out_dir: Path = HERE, count: int = 256) -> list[Path]:
+    """Both demo files: the grid-only agent's (demos.jsonl) and the safe-moves agent's
+    (demos_safe_moves.jsonl), on the same maps."""
     import sys
 
     sys.path.insert(0, str(HERE))
-    rows = [asyncio.run(demo(task)) for task in demo_tasks(count)]
-    out = out_dir / "demos.jsonl"
-    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return out
+    tasks = demo_tasks(count)
+    written = []
+    for safe_moves, name in DEMO_FILES.items():
+        rows = [asyncio.run(demo(task, safe_moves)) for task in tasks]
+        out = out_dir / name
+        out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        written.append(out)
+    return written
 
 
 if __name__ == "__main__":
-    print(main())
+    print(*main(), sep="\n")

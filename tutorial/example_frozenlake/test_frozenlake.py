@@ -79,6 +79,42 @@ def test_rules(env_module) -> None:
     assert result.done and result.reward == 0.0 and "Out of steps" in result.observation
 
 
+def test_safe_moves_skip_the_edge_and_the_holes(env_module) -> None:
+    env = env_module.FrozenLake(["SFF", "HFH", "FFG"], max_steps=9)
+    assert env.safe_moves() == ["right"]  # up and left: the edge; down: a hole
+    env.step("right")
+    assert env.safe_moves() == ["left", "down", "right"]
+    env.step("down")
+    assert env.safe_moves() == ["down", "up"]  # left and right: holes
+
+
+def test_safe_moves_agent_lists_them_in_every_observation(example_modules) -> None:  # noqa: ANN001
+    """FrozenLakeSafeMovesAgent's observations end with the safe moves of where P stands; the
+    grid-only agent's do not."""
+    import asyncio
+    from types import SimpleNamespace
+
+    example_modules(HERE, "frozenlake_env", "frozenlake")
+    import frozenlake
+
+    from ajet import WorkflowTask
+
+    seen: list[str] = []
+
+    async def tuner(messages):  # noqa: ANN001, ANN202
+        seen.append(messages[-1]["content"])
+        return SimpleNamespace(content=[{"type": "text", "text": ["right", "down"][len(seen) - 1]}])
+
+    task = WorkflowTask(task_id="t", main_query="Reach G.", metadata={"map": ["SF", "HG"], "max_steps": 4})
+    output = asyncio.run(frozenlake.FrozenLakeSafeMovesAgent().execute(task, tuner))
+    assert output.is_success
+    assert seen[0].endswith("P F\nH G\nSafe moves: right.\nYour move?")
+    assert seen[1].endswith("S P\nH G\nSafe moves: left, down.\nYour move?")
+    seen.clear()
+    asyncio.run(frozenlake.FrozenLakeAgent().execute(task, tuner))
+    assert "Safe moves" not in seen[0] and seen[0].endswith("P F\nH G\nYour move?")
+
+
 def test_test_maps_are_held_out_and_solvable(env_module) -> None:
     """test.jsonl (only reported on, never tuned on): no map of train or val, each solvable."""
     import json
@@ -111,10 +147,17 @@ def test_demos_walk_shortest_paths_on_maps_never_in_val_or_test(example_modules)
     held_out = {"/".join(json.loads(line)["map"]) for split in ("val", "test")
                 for line in (HERE / f"{split}.jsonl").read_text().splitlines()}
     shipped = [json.loads(line) for line in (HERE / "demos.jsonl").read_text().splitlines()]
-    assert len(shipped) == 256
+    with_hints = [json.loads(line) for line in (HERE / "demos_safe_moves.jsonl").read_text().splitlines()]
+    assert len(shipped) == len(with_hints) == 256
     tasks = make_demos.demo_tasks(4)
     made = [make_demos.asyncio.run(make_demos.demo(t)) for t in tasks]
     assert made == shipped[:4]  # deterministic, and the shipped file is current
+    assert [make_demos.asyncio.run(make_demos.demo(t, safe_moves=True)) for t in tasks] == with_hints[:4]
+    for dialog, hinted in zip(shipped, with_hints, strict=True):
+        # The same walk on the same map; only the observations differ (their safe moves).
+        assert [m["content"] for m in hinted["messages"] if m["role"] == "assistant"] == \
+            [m["content"] for m in dialog["messages"] if m["role"] == "assistant"]
+        assert all("Safe moves: " in m["content"] for m in hinted["messages"] if m["role"] == "user")
     for dialog in shipped:
         messages = dialog["messages"]
         rows, start = make_demos.read_grid(messages[1]["content"])
