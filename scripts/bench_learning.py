@@ -263,7 +263,7 @@ class Result:
     points: list[dict[str, Any]] = field(default_factory=list)  # minutes, label, split, value
     command: list[str] = field(default_factory=list)
     date: str = ""
-    machine: dict[str, Any] = field(default_factory=dict)  # CPU, cores, AVX flags, load at start and end
+    machine: dict[str, Any] = field(default_factory=dict)  # CPU, cores, AVX and AMX flags, load at start and end
 
 
 Runner = Callable[[Example, Path, bool], Result]
@@ -623,14 +623,14 @@ def plot(result: Result, path: Path) -> None:
 
 
 def machine() -> dict[str, Any]:
-    """What the minutes were measured on."""
+    """What the minutes were measured on: the CPU, its cores, its AVX and AMX flags (key "avx")."""
     flags: set[str] = set()
     model = ""
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.is_file():
         for line in cpuinfo.read_text().splitlines():
             if line.startswith("flags") and not flags:
-                flags = {f for f in line.split(":", 1)[1].split() if re.match(r"avx", f)}
+                flags = {f for f in line.split(":", 1)[1].split() if re.match(r"avx|amx", f)}
             elif line.startswith("model name") and not model:
                 model = line.split(":", 1)[1].strip()
     load = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None

@@ -213,10 +213,13 @@ def test_list_prints_every_example(bench: Any, capsys: pytest.CaptureFixture) ->
     assert all(e.name in printed for e in bench.REGISTRY) and "adder (quick)" in printed
 
 
-def test_machine_names_the_cpu_and_its_avx_flags(bench: Any) -> None:
+def test_machine_names_the_cpu_and_its_avx_and_amx_flags(bench: Any) -> None:
     info = bench.machine()
     assert info["cores"] == os.cpu_count()
-    assert all(flag.startswith("avx") for flag in info["avx"])
+    assert all(flag.startswith(("avx", "amx")) for flag in info["avx"])
+    flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("flags")), []) if Path("/proc/cpuinfo").is_file() else []
+    assert sorted(f for f in flags if f.startswith(("avx", "amx"))) == info["avx"]
 
 
 def test_a_second_seed_is_its_own_run_and_row_beside_the_first(bench: Any, tmp_path: Path) -> None:
