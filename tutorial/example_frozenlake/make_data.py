@@ -3,8 +3,8 @@ a safe path).
 
     python tutorial/example_frozenlake/make_data.py
 
-It then runs make_demos.py (demos.jsonl, the SFT warm-up's demonstrations, from train maps and
-maps of their own).
+It then runs make_demos.py (demos.jsonl and demos_safe_moves.jsonl, the SFT warm-ups'
+demonstrations, from train maps and maps of their own).
 
 Each split's maps come from its own range of seeds; a test map that is already in train,
 val or test is redrawn. Val is the split to tune settings on and to validate on during
