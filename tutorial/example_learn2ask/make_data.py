@@ -6,7 +6,8 @@ Each row: the patient's vague opening line (`question`), the hidden `facts` the 
 patient answers from, and `answer`: the facts as one text, which the LLM judge sees as the
 reference ("Reference answer") when it grades the consultation. Val is the split to tune
 settings on and to validate on during training; test (its own seed) is only reported on
-(`eval.split: test`).
+(`eval.split: test`). It then runs make_demos.py (demos.jsonl, the SFT warm-up's
+consultations, from train patients and patients of their own).
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ def main() -> None:
                 "answer": f"The patient has {complaint}. The patient says: " + " ".join(facts.values()),
             })
         (here / f"{split}.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    import make_demos  # the SFT warm-up's consultations come from these train patients
+
+    make_demos.main(here)
 
 
 if __name__ == "__main__":

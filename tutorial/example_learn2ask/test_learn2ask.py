@@ -89,3 +89,36 @@ def test_summary_judge_reads_the_facts_the_summary_states(monkeypatch: pytest.Mo
     task = WorkflowTask(task_id="t", metadata={"facts": facts})
     assert SummaryJudge().compute_reward(task, WorkflowOutput(metadata={"summary": summary})) == (0.75, False)
     assert SummaryJudge().compute_reward(task, WorkflowOutput()) == (0.0, False)
+
+
+def test_demos_are_the_scripted_doctors_consultations(example_modules) -> None:  # noqa: ANN001
+    """demos.jsonl (the SFT warm-up) is what make_demos.py makes: real workflow dialogs with
+    three one-topic questions and a summary that restates exactly the answers that were facts."""
+    import json
+
+    example_modules(HERE, "make_data", "make_demos", "patient", "judge", "learn2ask")
+    import make_demos
+    import patient
+
+    # Each scripted question touches its own topic's keywords and no other's.
+    for topic, questions in make_demos.QUESTIONS.items():
+        for question in questions:
+            touched = [t for t, words in patient.TOPICS.items() if any(w in question.lower() for w in words)]
+            assert touched == [topic], question
+    shipped = [json.loads(line) for line in (HERE / "demos.jsonl").read_text().splitlines()]
+    assert len(shipped) == 256
+    tasks = make_demos.demo_tasks(256)
+    made = [make_demos.asyncio.run(make_demos.demo(t, i)) for i, t in enumerate(tasks[:4])]
+    assert made == shipped[:4]  # deterministic, and the shipped file is current
+    train_ids = {json.loads(line)["task_id"] for line in (HERE / "train.jsonl").read_text().splitlines()}
+    assert {t["task_id"] for t in tasks[:64]} == train_ids  # the train patients first, no val or test one
+    for dialog, task in zip(shipped, tasks, strict=True):
+        messages = dialog["messages"]
+        questions = [m["content"] for m in messages[:-1] if m["role"] == "assistant"]
+        assert len(questions) == 3 and len({make_demos.QUESTIONS_TOPIC[q] for q in questions}) == 3
+        sick = patient.Patient(task["facts"])
+        answers = [sick.answer(q) for q in questions]
+        told = [a for a in answers if a != patient.NOT_SURE]
+        summary = messages[-1]["content"]
+        assert all(a in summary for a in told)
+        assert not any(fact in summary for fact in set(task["facts"].values()) - set(told))
