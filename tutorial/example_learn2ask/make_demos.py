@@ -22,7 +22,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from patient import NOT_SURE, TOPICS
+from patient import NOT_SURE
 
 HERE = Path(__file__).parent
 DEMO_SEED = 3  # the extra demo patients' seed (make_data: train 0, val 1, test 2)
