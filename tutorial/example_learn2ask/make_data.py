@@ -33,20 +33,23 @@ def patient(rng: random.Random) -> tuple[str, dict[str, str]]:
     return complaint, {t: rng.choice(FACTS[t]) for t in topics}
 
 
+def patient_task(task_id: str, rng: random.Random) -> dict:
+    """One row: a patient drawn from `rng`, its opening line, facts and reference answer."""
+    complaint, facts = patient(rng)
+    return {
+        "task_id": task_id,
+        "question": f"Hello doctor, I have {complaint}.",
+        "facts": facts,
+        "max_questions": 3,
+        "answer": f"The patient has {complaint}. The patient says: " + " ".join(facts.values()),
+    }
+
+
 def main() -> None:
     here = Path(__file__).parent
     for split, count, seed in (("train", 64, 0), ("val", 16, 1), ("test", 16, 2)):
         rng = random.Random(seed)
-        rows = []
-        for i in range(count):
-            complaint, facts = patient(rng)
-            rows.append({
-                "task_id": f"{split}-{i}",
-                "question": f"Hello doctor, I have {complaint}.",
-                "facts": facts,
-                "max_questions": 3,
-                "answer": f"The patient has {complaint}. The patient says: " + " ".join(facts.values()),
-            })
+        rows = [patient_task(f"{split}-{i}", rng) for i in range(count)]
         (here / f"{split}.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     import make_demos  # the SFT warm-up's consultations come from these train patients
 

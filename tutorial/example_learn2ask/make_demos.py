@@ -89,14 +89,12 @@ def demo_tasks(count: int) -> list[dict]:
     """The train patients, then patients drawn as make_data draws them from DEMO_SEED, up to
     `count` (a profile may repeat one of val's or test's: it is 4 of 6 topics with 2-3 answers
     each, and the demos never see a val or test task's id or opening)."""
-    from make_data import patient
+    from make_data import patient_task
 
     tasks = [json.loads(line) for line in (HERE / "train.jsonl").read_text().splitlines() if line.strip()]
     rng = random.Random(DEMO_SEED)
     while len(tasks) < count:
-        complaint, facts = patient(rng)
-        tasks.append({"task_id": f"demo-{len(tasks)}", "question": f"Hello doctor, I have {complaint}.",
-                      "facts": facts, "max_questions": 3})
+        tasks.append(patient_task(f"demo-{len(tasks)}", rng))
     return tasks[:count]
 
 
