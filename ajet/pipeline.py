@@ -61,7 +61,10 @@ def stage_config(cfg: AjetConfig, stage: str, index: int, model_path: str) -> Aj
 
     stage_cfg = single_stage_config(cfg, stage, where=f"pipeline stage {index} ({stage}): ")
     stage_cfg.project = dataclasses.replace(stage_cfg.project, name=f"{cfg.project.name}/stages/{index:02d}_{stage}")
-    stage_cfg.model = dataclasses.replace(stage_cfg.model, path=model_path)
+    # "initial" (a frozen default model) stays the model the pipeline started from, not this
+    # stage's start: after an SFT stage that would be the warmed-up policy.
+    initial = cfg.model.initial_path or (cfg.model.path if model_path != cfg.model.path else "")
+    stage_cfg.model = dataclasses.replace(stage_cfg.model, path=model_path, initial_path=initial)
     stage_cfg.trainer = dataclasses.replace(stage_cfg.trainer, save_final_model=True)
     return stage_cfg
 

@@ -242,6 +242,17 @@ REGISTRY: tuple[Example, ...] = (
             "minutes; the threshold asks for about half of that gain.",
     ),
     Example(
+        name="werewolves_warmup", conf="tutorial/example_werewolves/werewolves_warmup.yaml",
+        stages=("sft", "grpo"), overrides=(), budget_min=30, threshold=0.15, gain=True,
+        also=WEREWOLVES_BEHAVIOUR,
+        why="issue 26's target with the lever of the other examples, an SFT warm-up on scripted "
+            "choices (make_demos.py: kill the last of the list, vote the first), chosen from 125 "
+            "train games of the base model: the frozen village votes the first player of its list "
+            "77-81 % of the time, whatever is said (a scripted 'I am the seer' speech: 0.562 on val). "
+            "On val (64 games, 2026-11-27) the scripted werewolf itself won 0.641, the base model 0.500. Then 5 GRPO "
+            "steps, full fine-tuning, settings as frozenlake_warmup's (untuned).",
+    ),
+    Example(
         name="werewolves_selfplay", conf="tutorial/example_werewolves/werewolves_selfplay.yaml",
         stages=("grpo",), overrides=("eval.n=4", "trainer.total_steps=6", "trainer.val_every=3"),
         budget_min=30, threshold=0.0, gain=True, metric="workflow/vote_hit/villager",

@@ -36,6 +36,9 @@ def preflight(cfg: AjetConfig) -> list[str]:
         done.append(f"judge {cfg.judge.type} imports")
     check_model_path(cfg.model.path, cfg.model.cache_dir)
     done.append(f"model.path {cfg.model.path} found")
+    if cfg.model.initial_path:
+        check_model_path(cfg.model.initial_path, cfg.model.cache_dir, key="model.initial_path")
+        done.append(f"model.initial_path {cfg.model.initial_path} found (what default_model='initial' serves)")
     if "distill" in {stage.value for stage in stage_names(cfg)}:
         done.append(check_teacher(cfg))
     return done

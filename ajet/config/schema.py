@@ -82,6 +82,11 @@ class ModelConfig:
     device: str = "auto"
     # Where the converted bundled checkpoint is cached; "" means $AJET_CACHE_DIR or ~/.cache/ajet.
     cache_dir: str = ""
+    # What a workflow's default_model="initial" serves: "" = the weights this run starts from;
+    # else a checkpoint dir (or the bundled model's name), served frozen beside the policy. A
+    # pipeline sets it for the stages after a training stage to the model it started from, so
+    # a frozen "initial" opponent stays the same model through an SFT warm-up.
+    initial_path: str = ""
     lora: LoraConfig = field(default_factory=LoraConfig)
 
 

@@ -93,11 +93,14 @@ class LocalEngine:
         dtype: str = "float32",
         fixed_weights: bool = False,
         jump_forward: bool = True,
+        initial_model: str | None = None,
     ) -> None:
         """`fixed_weights`: the weights never change (an evaluation), so the default model
         "initial" is the policy itself, served in its batches instead of a frozen copy.
         `jump_forward`: a run of tokens a grammar forces is forwarded in one go
-        (`jump_forced_runs`), not one decode step per token; False only to compare."""
+        (`jump_forced_runs`), not one decode step per token; False only to compare.
+        `initial_model`: a checkpoint directory that the default model "initial" names instead
+        of this model's own initial weights (a pipeline stage after training: ajet.pipeline)."""
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size={max_batch_size}: must be >= 1")
         self.model = model
@@ -125,7 +128,8 @@ class LocalEngine:
         self._weights = ServingWeights(model, dtype)  # what prefill and decode forward
         # A frozen default model's KV survives weight updates (`frozen_namespace`); the policy's does not.
         self._reuse = PrefixReuse(prefix_cache_tokens, keep=frozen_namespace)
-        self._served = ServedModels(self._weights, fixed=fixed_weights)  # adapters, frozen default models
+        # adapters, frozen default models
+        self._served = ServedModels(self._weights, fixed=fixed_weights, initial=initial_model)
         self._grammars: GrammarRuntime | None = None  # built on the first grammar
         # Counters for metrics; "max_batch" is the most sequences one decode step has served.
         self.stats = {

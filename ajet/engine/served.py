@@ -3,7 +3,9 @@
 - `None`: the policy, as today: the trainer's model (with LoRA, the adapter active when the
   engine started: the only one, or with `model.lora.per_role` the first role's);
 - an adapter's name (with `model.lora.per_role`, each trainable role has one, named by the role);
-- `"initial"` (`INITIAL_MODEL`): the frozen initial weights. With LoRA, the base with no adapter
+- `"initial"` (`INITIAL_MODEL`): the frozen initial weights. Given `initial` (a checkpoint
+  directory: a pipeline stage's `model.initial_path`, the model the pipeline started from), that
+  directory, served as below. Otherwise: with LoRA, the base with no adapter
   (peft's "__base__" rows: no extra weight memory). With full fine-tuning, a frozen copy of the
   weights taken on the engine thread at the first request for it, before the first update
   (policy version 0); a run that asks later (a resumed run) reloads the model's own checkpoint
@@ -69,9 +71,10 @@ class ServedModels:
     checkpoint unit (slow: call it off the engine thread); `unit(key, version)` is what the
     engine thread forwards for a unit, taking the frozen initial copy when first needed."""
 
-    def __init__(self, policy: Any, fixed: bool = False) -> None:
+    def __init__(self, policy: Any, fixed: bool = False, initial: str | None = None) -> None:
         self.policy = policy  # ServingWeights: .model is forwarded, .source is the trainer's model
         self.fixed = fixed  # the weights never change: "initial" is the policy (module docstring)
+        self.initial = initial  # a checkpoint directory "initial" names, else None (module docstring)
         source = policy.source
         self.lora = hasattr(source, "peft_config")
         self.adapters: tuple[str, ...] = tuple(source.peft_config) if self.lora else ()
@@ -92,7 +95,9 @@ class ServedModels:
                              f"{INITIAL_MODEL!r} or a local checkpoint directory")
         if name in self.adapters:
             return Target(POLICY, name, (POLICY, name))
-        if name == INITIAL_MODEL:
+        if name == INITIAL_MODEL and self.initial is not None:
+            name = self.initial
+        elif name == INITIAL_MODEL:
             if self.lora:
                 return Target(POLICY, BASE_ADAPTER, (POLICY, BASE_ADAPTER))
             if self.fixed:

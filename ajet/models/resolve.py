@@ -42,8 +42,9 @@ def cache_root(cache_dir: str = "") -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ajet"
 
 
-def resolve_model_path(path: str, cache_dir: str = "") -> Path:
-    """Return a local Hugging Face checkpoint directory for `path`."""
+def resolve_model_path(path: str, cache_dir: str = "", key: str = "model.path") -> Path:
+    """Return a local Hugging Face checkpoint directory for `path` (the config key `key`,
+    named in the errors)."""
     if path in BUNDLED_ALIASES:
         return bundled_checkpoint(cache_dir)
     local = Path(path).expanduser()
@@ -53,16 +54,16 @@ def resolve_model_path(path: str, cache_dir: str = "") -> Path:
             hint = (f" It looks like a run directory: give its {' or '.join(f'{n}/' for n in inside)}"
                     " (`ajet eval` takes a run's checkpoints/ too)." if inside else "")
             raise ModelNotFoundError(
-                f"model.path={path} is a directory but holds no config.json; "
+                f"{key}={path} is a directory but holds no config.json; "
                 f"point it at a Hugging Face checkpoint (save_pretrained output).{hint}"
             )
         return local
     if local.exists():
-        raise ModelNotFoundError(f"model.path={path} is a file; expected a checkpoint directory.")
-    return _from_hf_cache(path)
+        raise ModelNotFoundError(f"{key}={path} is a file; expected a checkpoint directory.")
+    return _from_hf_cache(path, key)
 
 
-def check_model_path(path: str, cache_dir: str = "") -> None:
+def check_model_path(path: str, cache_dir: str = "", key: str = "model.path") -> None:
     """Raise `ModelNotFoundError` when `resolve_model_path` would, without converting the
     bundled model or loading anything (for --dry-run)."""
     if path in BUNDLED_ALIASES:
@@ -70,14 +71,14 @@ def check_model_path(path: str, cache_dir: str = "") -> None:
         if not _is_complete(target):
             bundled_gguf()  # what the first run converts
         return
-    resolve_model_path(path, cache_dir)
+    resolve_model_path(path, cache_dir, key)
 
 
-def _from_hf_cache(repo_id: str) -> Path:
+def _from_hf_cache(repo_id: str, key: str = "model.path") -> Path:
     looks_like_hub_id = repo_id.count("/") == 1 and not repo_id.startswith((".", "/", "~"))
     if not looks_like_hub_id:
         raise ModelNotFoundError(
-            f"model.path={repo_id}: no such directory. Use '{BUNDLED_NAME}' (the bundled model) "
+            f"{key}={repo_id}: no such directory. Use '{BUNDLED_NAME}' (the bundled model) "
             "or a local Hugging Face checkpoint directory."
         )
     from huggingface_hub import snapshot_download
@@ -87,10 +88,10 @@ def _from_hf_cache(repo_id: str) -> Path:
         return Path(snapshot_download(repo_id, local_files_only=True))
     except (LocalEntryNotFoundError, FileNotFoundError, OSError):
         raise ModelNotFoundError(
-            f"model.path={repo_id} is a hub id that is not in the local Hugging Face cache, and "
+            f"{key}={repo_id} is a hub id that is not in the local Hugging Face cache, and "
             "ajet never downloads models at run time (this machine may be offline).\n"
             f"  Use '{BUNDLED_NAME}' (bundled), or download the checkpoint elsewhere and set "
-            "model.path to its local directory."
+            f"{key} to its local directory."
         ) from None
 
 

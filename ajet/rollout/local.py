@@ -14,6 +14,7 @@ from typing import Any
 
 from ajet.config.schema import AjetConfig, RolloutConfig
 from ajet.engine.local import LocalEngine
+from ajet.models.resolve import resolve_model_path
 from ajet.rollout.stack import RolloutStack
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,13 @@ class RecordingFactory:
         return list(tracker.calls) if tracker is not None else []
 
 
+def initial_model_dir(cfg: AjetConfig) -> str | None:
+    """The checkpoint directory default_model="initial" names (`model.initial_path`), or None
+    for the weights the run starts from."""
+    path = cfg.model.initial_path
+    return str(resolve_model_path(path, cfg.model.cache_dir, key="model.initial_path")) if path else None
+
+
 class LocalRollout:
     """`judge`: built beforehand (None: from `cfg.judge`, LLM judges on the policy model).
     `fixed_weights`: nothing will update the model (an evaluation; `LocalEngine`)."""
@@ -46,7 +54,8 @@ class LocalRollout:
         rollout = rollout or cfg.rollout
         self.engine = LocalEngine(model, tokenizer, max_batch_size=max(1, rollout.max_concurrency),
                                   max_model_len=model_max_len, prefix_cache_tokens=rollout.prefix_cache_tokens,
-                                  dtype=rollout.engine_dtype.value, fixed_weights=fixed_weights)
+                                  dtype=rollout.engine_dtype.value, fixed_weights=fixed_weights,
+                                  initial_model=initial_model_dir(cfg))
         try:
             self.stack = RolloutStack(cfg, self.engine, tokenizer, workflow, model_max_len=model_max_len,
                                       rollout=rollout, judge=judge,

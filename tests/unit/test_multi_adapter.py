@@ -196,6 +196,34 @@ def test_a_checkpoint_directory_is_served_frozen(tmp_path):
     assert again.token_ids == got.token_ids and got.logprobs != mine.logprobs
 
 
+@pytest.mark.parametrize("fixed", [True, False])
+def test_initial_names_the_pipelines_first_model_when_given(tmp_path, fixed):
+    """`initial_model` (a pipeline stage after training: model.initial_path): "initial" is that
+    checkpoint, served frozen, not this engine's own weights (here: different ones), in an
+    evaluation's engine too."""
+    from ajet.engine.local import LocalEngine
+
+    first = tiny_llama()
+    first.save_pretrained(tmp_path / "first")
+    warmed = tiny_llama()
+    with torch.no_grad():
+        for param in warmed.parameters():
+            param.mul_(1.5)
+    prompt = PROMPTS[2]
+    params = SamplingParams(temperature=0.0, max_tokens=6)
+    with LocalEngine(warmed, Tokenizer(), eos_token_ids=[], fixed_weights=fixed,
+                     initial_model=str(tmp_path / "first")) as engine:
+        engine.check_model(INITIAL_MODEL)
+        (initial,) = asyncio.run(engine.generate(prompt, params, model=INITIAL_MODEL))
+        (policy,) = asyncio.run(engine.generate(prompt, params))
+    with torch.inference_mode():
+        logits = first(torch.tensor([prompt + initial.token_ids])).logits[0]
+    expected = torch.log_softmax(logits, -1)
+    ref = [float(expected[len(prompt) - 1 + i, t]) for i, t in enumerate(initial.token_ids)]
+    assert max(abs(a - b) for a, b in zip(initial.logprobs, ref, strict=True)) < 1e-4
+    assert initial.logprobs != policy.logprobs
+
+
 def test_unknown_or_incompatible_models_are_refused_with_the_fix(tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 

@@ -98,6 +98,11 @@ def test_stage_config_applies_override_algorithm_model_and_run_dir(tmp_path: Pat
     assert sft.pipeline.stages == ["sft"] and sft.project.name == "pipe"
     ev = stage_config(cfg, "eval", 3, "/models/grpo")
     assert ev.algorithm.name == cfg.algorithm.name and ev.model.path == "/models/grpo"
+    # default_model="initial" stays the model the pipeline started from after a training stage
+    assert grpo.model.initial_path == ev.model.initial_path == cfg.model.path
+    assert stage_config(cfg, "sft", 1, cfg.model.path).model.initial_path == ""  # its own weights
+    cfg.model.initial_path = "/models/opponent"  # the user's choice wins
+    assert stage_config(cfg, "grpo", 2, "/models/sft").model.initial_path == "/models/opponent"
 
 
 def test_cli_sft_and_eval_report_bad_input_without_traceback(tmp_path: Path) -> None:

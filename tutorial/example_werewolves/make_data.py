@@ -5,7 +5,8 @@
 Each variant has three splits of distinct seatings: train (64, what the run trains on), val
 (16, validated on during the run) and test (16, held out: never trained on nor used to choose
 settings; report on it once, at the end). 4 players: train.jsonl, val.jsonl, test.jsonl;
-9 players: train9.jsonl, val9.jsonl, test9.jsonl.
+9 players: train9.jsonl, val9.jsonl, test9.jsonl. It then runs make_demos.py (demos.jsonl, the
+scripted werewolf's choices for werewolves_warmup.yaml, on train seatings and its own).
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ def main() -> None:
     for variant, seed in (("4", 0), ("9", 10)):
         for name, rows in seatings(variant, seed).items():
             (here / f"{name}.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    import make_demos  # the warm-up's seatings: the train ones first
+
+    make_demos.main(here / "demos.jsonl")
 
 
 if __name__ == "__main__":

@@ -451,3 +451,38 @@ def test_one_step_nine_players(one_step) -> None:
     records = run.records(1)
     assert records and all(r["role"] == "werewolf" for r in records)
     assert all("The werewolves are " in "".join(r["tokens"]) for r in records)  # they know each other
+
+
+# -- the warm-up's demonstrations (make_demos.py) ---------------------------------------------
+def test_demos_are_the_scripted_werewolfs_kills_and_votes(example_modules) -> None:  # noqa: ANN001
+    """demos.jsonl is what make_demos.py makes: for each seating (train first, then its own,
+    never a val or test one) the werewolf's kill of the last player of its list and its vote
+    for the first, as the structured-output tool call its real calls get."""
+    example_modules(HERE, "make_data", "make_demos", "game", "werewolves")
+    import make_demos
+
+    key = lambda players: tuple(players.items())  # noqa: E731
+    held_out = {key(json.loads(line)["players"]) for split in ("val", "test")
+                for line in (HERE / f"{split}.jsonl").read_text().splitlines()}
+    tasks = make_demos.demo_tasks(128)
+    assert len({key(t["players"]) for t in tasks}) == 128 and not {key(t["players"]) for t in tasks} & held_out
+    assert [t["task_id"] for t in tasks[:64]] == [f"train-{i}" for i in range(64)]
+
+    shipped = [json.loads(line) for line in (HERE / "demos.jsonl").read_text().splitlines()]
+    assert len(shipped) == 256
+    rng = random.Random(0)
+    made = [row for task in tasks[:3] for row in asyncio.run(make_demos.demo(task, rng))]
+    assert made == shipped[:6]  # deterministic, and the shipped file is current
+    for task, (kill, vote) in zip(tasks, zip(shipped[::2], shipped[1::2], strict=True), strict=True):
+        wolf = next(name for name, role in task["players"].items() if role == "werewolf")
+        assert kill["id"].endswith(f"{task['task_id']}-kill") and vote["id"].endswith(f"{task['task_id']}-vote")
+        for row, question, pick in ((kill, make_demos.KILL, -1), (vote, make_demos.VOTE, 0)):
+            system, history = row["messages"][0]["content"][0]["text"], row["messages"][1]["content"][0]["text"]
+            assert system.endswith(f"You are {wolf}, the werewolf.") and question in history.splitlines()[-2]
+            (tool,) = row["tools"]
+            enum = tool["function"]["parameters"]["properties"]["name"]["enum"]
+            (call,) = row["messages"][-1]["tool_calls"]
+            assert json.loads(call["function"]["arguments"]) == {"name": enum[pick]} and wolf not in enum
+        # the kill's list is the village in seating order
+        assert kill["tools"][0]["function"]["parameters"]["properties"]["name"]["enum"] == \
+            [n for n in task["players"] if n != wolf]
