@@ -100,7 +100,8 @@ class Example:
 
 # What the werewolves' players did, reported beside the win rate (game.behaviour_metrics).
 WEREWOLVES_BEHAVIOUR = ("workflow/valid_choices", "workflow/vote_hit/villager", "workflow/vote_hit/seer",
-                        "workflow/check_hit/seer")
+                        "workflow/check_hit/seer", "workflow/kill_last/werewolf", "workflow/vote_first/werewolf",
+                        "workflow/vote_first/villager")
 
 # The werewolf against the frozen village; the registry also runs it with dynamic sampling.
 WEREWOLVES_VS_INITIAL = Example(

@@ -64,6 +64,8 @@ class Game:
     answers: Counter[str] = field(default_factory=Counter)  # role -> choices asked
     invalid: Counter[str] = field(default_factory=Counter)  # role -> answers naming no valid choice
     votes: list[tuple[str, str]] = field(default_factory=list)  # (voter, voted) by day
+    # (role, question, the choice's place in the list asked from, the list's length)
+    places: list[tuple[str, str, int, int]] = field(default_factory=list)
     checks: list[str] = field(default_factory=list)  # whom the seer checked
     saves: list[str] = field(default_factory=list)
     poisons: list[str] = field(default_factory=list)
@@ -142,14 +144,17 @@ def parse_choice(text: str, candidates: list[str]) -> str | None:
     return best[1] if best else None
 
 
-def choose(game: Game, who: str, text: str, candidates: list[str], rng: random.Random) -> str:
-    """The player `who`'s answer names, or a random candidate when it names none (counted)."""
+def choose(game: Game, who: str, text: str, candidates: list[str], rng: random.Random, question: str = "") -> str:
+    """The player `who`'s answer names, or a random candidate when it names none (counted).
+    With `question` ("kill", "vote"), where in `candidates` the choice was is kept (`places`)."""
     role = game.roles[who]
     game.answers[role] += 1
     choice = parse_choice(text, candidates)
     if choice is None:
         game.invalid[role] += 1
         choice = rng.choice(candidates)
+    if question:
+        game.places.append((role, question, candidates.index(choice), len(candidates)))
     return choice
 
 
@@ -228,7 +233,9 @@ def behaviour_metrics(game: Game) -> dict[str, float]:
     werewolves_win, days, valid_choices (answers naming a valid choice), vote_hit/<role> (day
     votes against the other team: a werewolf for the village, a villager of any kind for the
     werewolves), check_hit/seer (checks that found a werewolf), save/witch (the witch used her
-    save this game), poison_hit/witch and shot_hit/hunter (on a werewolf)."""
+    save this game), poison_hit/witch and shot_hit/hunter (on a werewolf), vote_first/<role>
+    (day votes for the first player of the voter's list, in seating order) and
+    kill_last/werewolf (kills of the last player of the list)."""
     wolf = {n: TEAM[r] == WOLVES for n, r in game.roles.items()}
     out = {"werewolves_win": float(game.outcome() == WOLVES), "days": float(game.day)}
     asked = sum(game.answers.values())
@@ -238,6 +245,11 @@ def behaviour_metrics(game: Game) -> dict[str, float]:
         hits = [wolf[voter] != wolf[voted] for voter, voted in game.votes if game.roles[voter] == role]
         if hits:
             out[f"vote_hit/{role}"] = _mean(hits)
+    for role in sorted({r for r, question, _, _ in game.places if question == "vote"}):
+        out[f"vote_first/{role}"] = _mean([i == 0 for r, q, i, _ in game.places if (r, q) == (role, "vote")])
+    kills = [i == n - 1 for r, q, i, n in game.places if q == "kill"]
+    if kills:
+        out["kill_last/werewolf"] = _mean(kills)
     if game.checks:
         out["check_hit/seer"] = _mean([wolf[n] for n in game.checks])
     if "witch" in game.roles.values():

@@ -151,6 +151,17 @@ def test_behaviour_metrics(g) -> None:
     four.eliminate("C", "killed")
     # The werewolf survived the last day: its team won; nothing was asked, there is no witch.
     assert g.behaviour_metrics(four) == {"werewolves_win": 1.0, "days": 1.0}
+    # Where in its list each choice was: B and D vote the first of theirs, A the last it could kill.
+    rng = random.Random(0)
+    assert g.choose(four, "A", "D", ["B", "C", "D"], rng, "kill") == "D"
+    for voter, text in (("B", "A"), ("D", "I vote A"), ("A", "D")):
+        g.choose(four, voter, text, four.others(voter), rng, "vote")
+    g.choose(four, "B", "C", ["A", "C", "D"], rng)  # a check: not kept
+    assert four.places == [("werewolf", "kill", 2, 3), ("seer", "vote", 0, 2), ("villager", "vote", 0, 2),
+                           ("werewolf", "vote", 1, 2)]
+    metrics = g.behaviour_metrics(four)
+    assert metrics["kill_last/werewolf"] == 1.0 and metrics["vote_first/werewolf"] == 0.0
+    assert metrics["vote_first/seer"] == metrics["vote_first/villager"] == 1.0
 
 
 def test_episode_reward(g) -> None:

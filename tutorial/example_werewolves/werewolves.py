@@ -189,7 +189,7 @@ class Table:
             asyncio.gather(*(self.ask(s, pick(f"Night {n}. Whose role do you learn?", g.others(s)),
                                       name_choice(g.others(s))) for s in seers)),
         )
-        named = {w: choose(g, w, text, targets, self.rng) for w, text in zip(wolves, kills, strict=True)}
+        named = {w: choose(g, w, text, targets, self.rng, "kill") for w, text in zip(wolves, kills, strict=True)}
         victim = tally(named, self.rng)
         if len(wolves) > 1:
             await self.tell(wolves, f"The werewolves kill {victim}.")
@@ -228,7 +228,7 @@ class Table:
             await self.tell([s for s in speakers if s != speaker], speech.strip(), speaker=speaker)
         ballots = await asyncio.gather(*(self.ask(s, pick("Vote: who is out?", g.others(s)), name_choice(g.others(s)))
                                          for s in speakers))
-        votes = {s: choose(g, s, b, g.others(s), self.rng) for s, b in zip(speakers, ballots, strict=True)}
+        votes = {s: choose(g, s, b, g.others(s), self.rng, "vote") for s, b in zip(speakers, ballots, strict=True)}
         g.votes.extend(votes.items())
         out = tally(votes, self.rng)
         death = g.eliminate(out, "voted")
