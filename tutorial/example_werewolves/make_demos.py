@@ -50,6 +50,29 @@ def scripted_choice(asked: str, candidates: list[str]) -> str:
     return candidates[-1] if asked == KILL else candidates[0]
 
 
+def win_chance(seat: int, kill: int, vote_first: float, p_first: float = 0.8) -> float:
+    """The werewolf's chance to win a 4-player game from `seat` (0-3) when it kills the player
+    of seat `kill` and votes the first of its list with chance `vote_first`, against a village
+    whose two voters each vote the first of their lists with chance `p_first` (game.tally's
+    rule: the most voted is out, a tie broken at random). The README's ceiling."""
+    from itertools import product
+
+    alive = [s for s in range(4) if s != kill]
+    voters = [s for s in alive if s != seat]
+    chance = 0.0
+    for picks in product((0, 1), repeat=len(voters) + 1):  # 0: the first of the list
+        *village, own = picks
+        weight = vote_first if own == 0 else 1 - vote_first
+        votes = [[s for s in alive if s != seat][own]]
+        for voter, pick in zip(voters, village, strict=True):
+            weight *= p_first if pick == 0 else 1 - p_first
+            votes.append([s for s in alive if s != voter][pick])
+        top = max(votes.count(s) for s in alive)
+        tied = [s for s in alive if votes.count(s) == top]
+        chance += weight * (1 - 1 / len(tied) if seat in tied else 1.0)
+    return chance
+
+
 class ScriptedModel:
     """An AgentScope chat model playing one role by rule; the werewolf's choices are recorded."""
 

@@ -497,3 +497,24 @@ def test_demos_are_the_scripted_werewolfs_kills_and_votes(example_modules) -> No
         # the kill's list is the village in seating order
         assert kill["tools"][0]["function"]["parameters"]["properties"]["name"]["enum"] == \
             [n for n in task["players"] if n != wolf]
+
+
+def test_the_rule_is_the_best_werewolf_against_a_village_voting_by_position(example_modules) -> None:  # noqa: ANN001
+    """The README's ceiling: against a village that votes the first of its list 4 times in 5,
+    killing the last of the list and voting the first is the best choice from every seat (0.74
+    over the four seats), and the base model's habits (kill the first 4 times in 5, vote the
+    first 7 times in 10) win 0.60."""
+    example_modules(HERE, "make_data", "make_demos", "game", "werewolves")
+    from make_demos import win_chance
+
+    rule, best, habits = [], [], []
+    for seat in range(4):
+        targets = [s for s in range(4) if s != seat]
+        rule.append(win_chance(seat, targets[-1], vote_first=1.0))
+        best.append(max(win_chance(seat, k, v) for k in targets for v in (0.0, 1.0)))
+        habits.append(0.8 * win_chance(seat, targets[0], 0.7) + sum(0.1 * win_chance(seat, k, 0.7) for k in targets[1:]))
+    assert rule == pytest.approx(best)
+    assert [round(x, 2) for x in best] == [0.31, 0.83, 0.91, 0.91]
+    assert sum(best) / 4 == pytest.approx(0.737, abs=1e-3) and sum(habits) / 4 == pytest.approx(0.598, abs=1e-3)
+    # a village voting at random: nothing to exploit, the README's "about 2 games in 3"
+    assert {round(win_chance(s, k, 0.5, p_first=0.5), 3) for s in range(4) for k in range(4) if k != s} == {0.667}
