@@ -471,6 +471,19 @@ def test_dry_run_fails_where_the_run_would(tmp_path, stub_run_conf, body, target
     assert "# resolved ajet config" not in result.output
 
 
+def test_dry_run_names_a_missing_initial_path(stub_run_conf) -> None:
+    """model.initial_path (what default_model="initial" serves) is checked like model.path,
+    and the error names its own key."""
+    from typer.testing import CliRunner
+
+    from ajet.cli import train as train_cmd
+
+    result = CliRunner().invoke(train_cmd.app, ["--conf", str(stub_run_conf()), "--dry-run",
+                                                "model.initial_path=/no/such/opponent_dir"])
+    assert result.exit_code == 2, result.output
+    assert "model.initial_path=/no/such/opponent_dir" in result.output and "Traceback" not in result.output
+
+
 def test_dry_run_passes_and_says_what_it_checked(stub_run_conf) -> None:
     from typer.testing import CliRunner
 
