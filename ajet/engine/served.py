@@ -17,8 +17,9 @@
 Rows of one module run in one forward: the policy's adapters through peft's mixed-batch LoRA
 forward (`adapter_names`, one adapter per row; each row's KV is its own, in prefill and decode
 alike), so a mixed batch computes what one forward per adapter would. For plain LoRA linears
-the engine batches that forward itself (`_gathered_mixed_forward`: each row gathers its
-adapter's A and B, two batched matmuls a layer instead of peft's few small ops per adapter). A frozen copy or a loaded
+the engine batches that forward itself (`_gathered_mixed_forward`: every token through all the
+adapters' A and B stacked, two plain matmuls a layer, each row keeping its own adapter's
+columns, instead of peft's few small ops per adapter). A frozen copy or a loaded
 checkpoint is another module (a `unit`): the engine keeps one decode batch per unit. The
 prefix cache keys its entries by `Target.namespace` (unit, adapter) as well as by tokens:
 KV of one adapter never serves another's request. Frozen modules are served in the dtype they
@@ -290,9 +291,9 @@ def install_row_adapters(model: Any) -> None:
 
 
 def _gathered_mixed_forward(self: Any, x: Any, *args: Any, adapter_names: list[str], **kwargs: Any) -> Any:
-    """peft's mixed-batch LoRA forward for a `lora.Linear`, batched: each row gathers its
-    adapter's A and scaled B, and every row's LoRA term is two batched matmuls whatever the
-    number of adapters (peft loops over the adapters, several small ops each, in every layer of
+    """peft's mixed-batch LoRA forward for a `lora.Linear`, batched: every row goes through the
+    adapters' A matrices stacked, keeps its own adapter's columns, then through the scaled B
+    matrices side by side: two matmuls whatever the number of adapters (peft loops over the adapters, several small ops each, in every layer of
     every step). A row of "__base__" (or of an adapter this layer lacks) adds nothing. Layers
     whose adapters differ in rank or have a bias, dropout in training mode or a variant (DoRA,
     ...) take peft's own path."""
@@ -308,13 +309,17 @@ def _gathered_mixed_forward(self: Any, x: Any, *args: Any, adapter_names: list[s
     for key in VARIANT_KWARG_KEYS:
         kwargs.pop(key, None)
     result = self.base_layer(x, *args, **kwargs)
-    a = {name: self.lora_A[name].weight for name in present}
-    b = {name: self.lora_B[name].weight * self.scaling[name] for name in present}
-    zero_a, zero_b = a[present[0]].new_zeros(a[present[0]].shape), b[present[0]].new_zeros(b[present[0]].shape)
-    rows_a = torch.stack([a.get(name, zero_a) for name in adapter_names])  # (rows, r, in)
-    rows_b = torch.stack([b.get(name, zero_b) for name in adapter_names])  # (rows, out, r)
-    flat = x.to(rows_a.dtype).reshape(x.shape[0], -1, x.shape[-1])  # (rows, tokens, in)
-    lora = torch.bmm(torch.bmm(flat, rows_a.transpose(1, 2)), rows_b.transpose(1, 2))
+    # Every present adapter's A stacked (P*r, in) and scaled B side by side (out, P*r): each
+    # token goes through all of them in two plain matmuls, and a row keeps only its own
+    # adapter's r columns in between (a "__base__" row none).
+    rank = self.lora_A[present[0]].weight.shape[0]
+    a = torch.cat([self.lora_A[name].weight for name in present])
+    b = torch.cat([self.lora_B[name].weight * self.scaling[name] for name in present], dim=1)
+    block = {name: i for i, name in enumerate(present)}
+    which = torch.tensor([block.get(name, -1) for name in adapter_names])
+    keep = (which[:, None] == torch.arange(len(present))[None, :]).to(a.dtype).repeat_interleave(rank, dim=1)
+    flat = x.to(a.dtype).reshape(x.shape[0], -1, x.shape[-1])  # (rows, tokens, in)
+    lora = ((flat @ a.T) * keep[:, None, :]) @ b.T
     return result + lora.reshape(result.shape).to(result.dtype)
 
 
