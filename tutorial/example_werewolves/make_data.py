@@ -21,6 +21,21 @@ NAMES = ["Alice", "Bob", "Carol", "Dave", "Erin", "Frank", "Grace", "Heidi", "Iv
 SPLITS = (("train", 64), ("val", 16), ("test", 16))
 
 
+def draw_players(rng: random.Random, roles: tuple[str, ...]) -> dict[str, str]:
+    """A seating: names drawn from NAMES, in seating order, with the variant's roles shuffled."""
+    return dict(zip(rng.sample(NAMES, len(roles)), rng.sample(roles, len(roles)), strict=True))
+
+
+def seating_row(task_id: str, players: dict[str, str], variant: str) -> dict:
+    """One task row of a seating."""
+    return {
+        "task_id": task_id,
+        "question": f"A game of werewolves with {', '.join(players)}.",
+        "variant": variant,
+        "players": players,
+    }
+
+
 def seatings(variant: str, seed: int) -> dict[str, list[dict]]:
     """The rows of each split; no seating (names in order with their roles) is in two splits."""
     roles = VARIANTS[variant].roles
@@ -31,16 +46,11 @@ def seatings(variant: str, seed: int) -> dict[str, list[dict]]:
         rng = random.Random(seed + offset)
         rows = out[f"{split}{suffix}"] = []
         while len(rows) < count:
-            players = dict(zip(rng.sample(NAMES, len(roles)), rng.sample(roles, len(roles)), strict=True))
+            players = draw_players(rng, roles)
             if tuple(players.items()) in seen:
                 continue
             seen.add(tuple(players.items()))
-            rows.append({
-                "task_id": f"{split}{suffix}-{len(rows)}",
-                "question": f"A game of werewolves with {', '.join(players)}.",
-                "variant": variant,
-                "players": players,
-            })
+            rows.append(seating_row(f"{split}{suffix}-{len(rows)}", players, variant))
     return out
 
 

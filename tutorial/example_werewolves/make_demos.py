@@ -148,7 +148,7 @@ def demo_tasks(count: int) -> list[dict]:
     """The train seatings, then seatings drawn from DEMO_SEED (as make_data draws them), none
     of them a val or test seating, up to `count`."""
     from game import VARIANTS
-    from make_data import NAMES
+    from make_data import draw_players, seating_row
 
     def read(split: str) -> list[dict]:
         return [json.loads(line) for line in (HERE / f"{split}.jsonl").read_text().splitlines() if line.strip()]
@@ -159,12 +159,11 @@ def demo_tasks(count: int) -> list[dict]:
     seen = {key(t["players"]) for t in tasks}
     rng, roles = random.Random(DEMO_SEED), VARIANTS["4"].roles
     while len(tasks) < count:
-        players = dict(zip(rng.sample(NAMES, len(roles)), rng.sample(roles, len(roles)), strict=True))
+        players = draw_players(rng, roles)
         if key(players) in seen or key(players) in held_out:
             continue
         seen.add(key(players))
-        tasks.append({"task_id": f"demo-{len(tasks)}", "question": f"A game of werewolves with {', '.join(players)}.",
-                      "variant": "4", "players": players})
+        tasks.append(seating_row(f"demo-{len(tasks)}", players, "4"))
     return tasks
 
 
