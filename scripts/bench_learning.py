@@ -249,7 +249,7 @@ REGISTRY: tuple[Example, ...] = (
         why="issue 26's target with the lever of the other examples, an SFT warm-up on scripted "
             "choices (make_demos.py: kill the last of the list, vote the first), chosen from 125 "
             "train games of the base model: the frozen village votes the first player of its list "
-            "77-81 % of the time, whatever is said (a scripted 'I am the seer' speech: 0.562 on val). "
+            "78-81 % of the time, whatever is said (a scripted 'I am the seer' speech: 0.562 on val). "
             "On val (64 games, 2026-11-27) the scripted werewolf itself won 0.641, the base model 0.500. Then 5 GRPO "
             "steps, full fine-tuning, settings as frozenlake_warmup's (untuned).",
     ),

@@ -17,7 +17,7 @@
 Rows of one module run in one forward: the policy's adapters through peft's mixed-batch LoRA
 forward (`adapter_names`, one adapter per row; each row's KV is its own, in prefill and decode
 alike), so a mixed batch computes what one forward per adapter would. For plain LoRA linears
-the engine batches that forward itself (`_gathered_mixed_forward`: every token through all the
+the engine batches that forward itself (`_stacked_mixed_forward`: every token through all the
 adapters' A and B stacked, two plain matmuls a layer, each row keeping its own adapter's
 columns, instead of peft's few small ops per adapter). A frozen copy or a loaded
 checkpoint is another module (a `unit`): the engine keeps one decode batch per unit. The
@@ -286,17 +286,17 @@ def install_row_adapters(model: Any) -> None:
         if hasattr(module, "_mixed_batch_forward"):  # a peft LoRA layer
             module.register_forward_pre_hook(_inject_adapter_names, with_kwargs=True)
             if isinstance(module, LoraLinear):  # its rows' LoRA terms batched (see below)
-                module._mixed_batch_forward = types.MethodType(_gathered_mixed_forward, module)
+                module._mixed_batch_forward = types.MethodType(_stacked_mixed_forward, module)
     model._ajet_row_adapters = True
 
 
-def _gathered_mixed_forward(self: Any, x: Any, *args: Any, adapter_names: list[str], **kwargs: Any) -> Any:
+def _stacked_mixed_forward(self: Any, x: Any, *args: Any, adapter_names: list[str], **kwargs: Any) -> Any:
     """peft's mixed-batch LoRA forward for a `lora.Linear`, batched: every row goes through the
     adapters' A matrices stacked, keeps its own adapter's columns, then through the scaled B
-    matrices side by side: two matmuls whatever the number of adapters (peft loops over the adapters, several small ops each, in every layer of
-    every step). A row of "__base__" (or of an adapter this layer lacks) adds nothing. Layers
-    whose adapters differ in rank or have a bias, dropout in training mode or a variant (DoRA,
-    ...) take peft's own path."""
+    matrices side by side: two matmuls whatever the number of adapters (peft loops over the
+    adapters, several small ops each, in every layer of every step). A row of "__base__" (or of
+    an adapter this layer lacks) adds nothing. Layers whose adapters differ in rank or have a
+    bias, dropout in training mode or a variant (DoRA, ...) take peft's own path."""
     from peft.tuners.lora.layer import VARIANT_KWARG_KEYS
 
     present = [name for name in dict.fromkeys(adapter_names) if name in self.lora_A]

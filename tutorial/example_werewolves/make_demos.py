@@ -7,7 +7,7 @@ own, never from val or test.
 A scripted werewolf plays the unchanged 4-player `WerewolvesGame` workflow: at night it kills
 the LAST player of the list it is asked to choose from, and by day it votes the FIRST. Why
 that rule: the frozen base model, playing the village, votes for the first player of its
-list 77-81 % of the time whatever was said (105 train games, 2026-11-27; README.md). Then who
+list 78-81 % of the time whatever was said (125 train games, 2026-11-27; README.md). Then who
 the werewolf kills decides who votes for whom: a werewolf in the second seat that kills the
 first player (what the base model does 4 times in 5) leaves two villagers whose lists start
 with it. The village of these demos is scripted too (a stock sentence each, a vote for the
