@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 import torch
@@ -53,15 +53,22 @@ class Segment:
     stop: int
     keys: tuple[tuple[int, int], ...]
     mask: torch.Tensor | None
+    # The keys as indices of segments (in sequence order): what `_gather` concatenates.
+    key_segments: tuple[int, ...] = ()
 
 
 @dataclass
 class TreeLayout:
-    """What the attention function needs: the segments in sequence order. `calls` counts
-    the attention layers that used it (0 after a forward: the model ignored it)."""
+    """What the attention function needs: the segments in sequence order (they tile the
+    sequence: `sizes` are their lengths). `calls` counts the attention layers that used it
+    (0 after a forward: the model ignored it)."""
 
     segments: list[Segment]
     calls: int = field(default=0)
+
+    @property
+    def sizes(self) -> list[int]:
+        return [seg.stop - seg.start for seg in self.segments]
 
 
 def tree_layout(pieces: list[Piece], parents: list[int], device: torch.device | str) -> TreeLayout:
@@ -85,7 +92,14 @@ def tree_layout(pieces: list[Piece], parents: list[int], device: torch.device | 
         segments.append(Segment(a, b, keys, mask))
         stack.extend((child, above + ((a, b),)) for child in reversed(piece.children))
     segments.sort(key=lambda s: s.start)
-    return TreeLayout(segments)
+    if [s.start for s in segments[1:]] != [s.stop for s in segments[:-1]] or segments[0].start != 0:
+        raise ValueError("the attention segments must tile the packed sequence")  # a plan's invariant
+    index = {seg.start: k for k, seg in enumerate(segments)}
+    ends = {seg.stop: k for k, seg in enumerate(segments)}
+    return TreeLayout([
+        replace(seg, key_segments=tuple(k for lo, hi in seg.keys for k in range(index[lo], ends[hi] + 1)))
+        for seg in segments
+    ])
 
 
 def _merged(ranges: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
@@ -99,9 +113,9 @@ def _merged(ranges: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
     return tuple(out)
 
 
-def _gather(states: torch.Tensor, ranges: tuple[tuple[int, int], ...]) -> torch.Tensor:
-    parts = [states[:, :, lo:hi] for lo, hi in ranges]
-    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
+def _gather(parts: tuple[torch.Tensor, ...], indices: tuple[int, ...]) -> torch.Tensor:
+    """The segments `indices` of a state split by segment, joined along the sequence."""
+    return parts[indices[0]] if len(indices) == 1 else torch.cat([parts[k] for k in indices], dim=2)
 
 
 def tree_attention_forward(
@@ -129,14 +143,18 @@ def tree_attention_forward(
     # `attention_mask` is the placeholder `forward_packed` passes to skip building a T x T
     # mask nobody reads: each segment brings its own.
     ajet_tree.calls += 1
+    # Split once per state, not a slice per segment: in backward a slice fills a zero tensor of
+    # the whole state's size for its gradient, a split joins its parts' gradients in one copy.
+    sizes = ajet_tree.sizes
+    queries, keys, values = (states.split(sizes, dim=2) for states in (query, key, value))
     outs = []
-    for seg in ajet_tree.segments:
+    for k, seg in enumerate(ajet_tree.segments):
         causal = seg.mask is None
         out, _ = sdpa_attention_forward(
             module,
-            _gather(query, seg.keys) if causal else query[:, :, seg.start : seg.stop],
-            _gather(key, seg.keys),
-            _gather(value, seg.keys),
+            _gather(queries, seg.key_segments) if causal else queries[k],
+            _gather(keys, seg.key_segments),
+            _gather(values, seg.key_segments),
             seg.mask,
             dropout=dropout,
             scaling=scaling,
