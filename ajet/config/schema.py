@@ -438,6 +438,10 @@ class TrainerConfig:
     # pass@k during validation
     val_n: int = bounded(1, Ge(1))
     save_final_model: bool = True
+    # A checkpoint (weights, optimizer and schedule state) after the last step, so that
+    # `--resume` with more trainer.total_steps goes on where the run ended. false: only
+    # RUN/final_model (saves ~1.6 GB of writes for the bundled model: ~5-7 s on 2 cores).
+    save_last_checkpoint: bool = True
     # Wall-clock budget: the run stops after the step that ends past this many minutes since
     # its step loop began (validation included), then ends as usual (a last checkpoint and
     # RUN/final_model). 0 = off: trainer.total_steps alone. A resumed run counts afresh.

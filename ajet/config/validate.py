@@ -30,6 +30,8 @@ def validate(cfg: AjetConfig, *, require_workflow: bool = True) -> list[tuple[st
             problems.append((key, msg))
 
     need(bool(cfg.model.path), "model.path", "empty; use 'smollm2-135m-instruct' or a local checkpoint dir")
+    need(cfg.trainer.save_final_model or cfg.trainer.save_last_checkpoint, "trainer.save_last_checkpoint",
+         "false with trainer.save_final_model=false: the trained model would not be saved; set either to true")
     marks = cfg.trainer.export_at_minutes
     need(all(m > 0 and math.isfinite(m) for m in marks), "trainer.export_at_minutes",
          f"{marks}: give minutes > 0 (finite), e.g. [5, 10]")

@@ -7,8 +7,8 @@ logs the metrics, watches them for signs that the run is not learning
 (`ajet.logging.learning_signs`: a warning the first time each holds), updates the progress
 display, validates when asked, checkpoints every `trainer.save_every` steps, exports the model
 at `trainer.export_at_minutes` of wall time and stops early at `trainer.max_minutes`. At the
-end: a last checkpoint and `RUN/final_model`. Ctrl-C saves a checkpoint of the last finished step
-first, so `--resume` continues from it. Memory freed goes back to the OS
+end: a last checkpoint (unless `trainer.save_last_checkpoint` is false) and `RUN/final_model`.
+Ctrl-C saves a checkpoint of the last finished step first, so `--resume` continues from it. Memory freed goes back to the OS
 (`ajet.training.memory`): large tensors as they are freed (from the loop's start,
 `trainer.malloc_mmap_threshold_kb`), the rest after each step, so the rollout that follows
 starts from the model and optimizer state, not from the update's peak.
@@ -134,7 +134,8 @@ class TrainingLoop:
                     log.info("trainer.max_minutes=%g reached after step %d of %d: ending the run",
                              t.max_minutes, self.step, self.total_steps)
                     break
-            self.save_checkpoint()
+            if t.save_last_checkpoint:
+                self.save_checkpoint()
             if t.save_final_model:
                 self.save_final_model()
         except KeyboardInterrupt:

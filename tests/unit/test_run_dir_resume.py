@@ -159,3 +159,34 @@ def test_move_aside_keeps_every_earlier_run_under_its_own_name(tmp_path: Path) -
         assert not run_dir.exists()
     assert kept[0] != kept[1] and all(p.name.startswith("demo.") for p in kept)
     assert [p.joinpath("metrics.jsonl").read_text() for p in kept] == ["0\n", "1\n"]
+
+
+@pytest.mark.parametrize("last", [True, False])
+def test_the_last_checkpoint_is_written_unless_turned_off(cfg, last: bool) -> None:
+    """trainer.save_last_checkpoint=false ends a run with RUN/final_model alone (make demo)."""
+    import dataclasses
+
+    import torch
+
+    from ajet.training.loop import TrainingLoop
+
+    cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, save_last_checkpoint=last))
+    run_dir = prepare_run_dir(cfg, resume=False)
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    saved: list[str] = []
+    closers = Closers()
+    loop = TrainingLoop(cfg, run_dir, closers, total_steps=2)
+    loop.attach(model, Tokenizer(), optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0))
+    loop.save_final_model = lambda out=None: saved.append("final_model")  # what it writes is tested above
+    loop.run(lambda step: {"loss": float(step)})
+    closers.close_all()
+    assert saved == ["final_model"]
+    assert loop.resume_step() == (2 if last else 0)
+
+
+def test_a_run_that_would_save_nothing_is_refused(two_calls_conf: Path) -> None:
+    from ajet.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"trainer.save_last_checkpoint: false with trainer.save_final_model=false"):
+        load_config(two_calls_conf, ["trainer.save_last_checkpoint=false", "trainer.save_final_model=false"])
