@@ -15,8 +15,10 @@ BENCH_ARGS ?=
 # uv installs the packages (a fresh install: ~20 s, against ~60 s with pip). torch 2.13.0 is the
 # CPU build that lies on these machines' disk: uv takes that file when it is there, else pip
 # fetches the pin (pip's config finds the file too; uv would take a multi-GB CUDA build from PyPI).
+# --compile-bytecode as pip does: where PYTHONDONTWRITEBYTECODE is set (these machines), modules
+# not compiled at install are compiled again by every process (the test suite took 2x as long).
 TORCH_WHEEL := $(firstword $(wildcard /opt/wheels/torch-2.13.0+cpu-*.whl))
-UV := $(VENV)/bin/uv pip install -q --python $(PY)
+UV := $(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -81,7 +83,7 @@ GPU ?=
 BACKBONE_EXTRA = $(if $(GPU),$(1)-gpu,$(1)),dev
 
 # Without GPU, uv installs as in .venv (~15 s each, ~3 min with pip); with GPU=1, pip as before.
-ENV_INSTALL = $(if $(GPU),.venv-$(1)/bin/pip install -q,.venv-$(1)/bin/uv pip install -q --python .venv-$(1)/bin/python)
+ENV_INSTALL = $(if $(GPU),.venv-$(1)/bin/pip install -q,.venv-$(1)/bin/uv pip install -q --compile-bytecode --python .venv-$(1)/bin/python)
 
 .venv-%/.installed: pyproject.toml
 	$(PYTHON) -m venv .venv-$*
