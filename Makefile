@@ -82,7 +82,7 @@ lint: install
 GPU ?=
 BACKBONE_EXTRA = $(if $(GPU),$(1)-gpu,$(1)),dev
 
-# Without GPU, uv installs as in .venv (~15 s each, ~3 min with pip); with GPU=1, pip as before.
+# Without GPU, uv installs as in .venv (under a minute each, ~3 min with pip); with GPU=1, pip as before.
 ENV_INSTALL = $(if $(GPU),.venv-$(1)/bin/pip install -q,.venv-$(1)/bin/uv pip install -q --compile-bytecode --python .venv-$(1)/bin/python)
 
 .venv-%/.installed: pyproject.toml
