@@ -12,7 +12,7 @@ BENCH_ARGS ?=
 
 .PHONY: install demo test test-main test-unit bench bench-learning lint browser env-trinity env-verl test-trinity test-verl clean
 
-# uv installs the packages (a fresh install: ~20 s, against ~60 s with pip). torch 2.13.0 is the
+# uv installs the packages (a fresh install: ~40 s, against ~90 s with pip). torch 2.13.0 is the
 # CPU build that lies on these machines' disk: uv takes that file when it is there, else pip
 # fetches the pin (pip's config finds the file too; uv would take a multi-GB CUDA build from PyPI).
 # --compile-bytecode as pip does: where PYTHONDONTWRITEBYTECODE is set (these machines), modules

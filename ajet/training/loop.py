@@ -8,10 +8,10 @@ logs the metrics, watches them for signs that the run is not learning
 display, validates when asked, checkpoints every `trainer.save_every` steps, exports the model
 at `trainer.export_at_minutes` of wall time and stops early at `trainer.max_minutes`. At the
 end: a last checkpoint (unless `trainer.save_last_checkpoint` is false) and `RUN/final_model`.
-Ctrl-C saves a checkpoint of the last finished step first, so `--resume` continues from it. Memory freed goes back to the OS
-(`ajet.training.memory`): large tensors as they are freed (from the loop's start,
-`trainer.malloc_mmap_threshold_kb`), the rest after each step, so the rollout that follows
-starts from the model and optimizer state, not from the update's peak.
+Ctrl-C saves a checkpoint of the last finished step first, so `--resume` continues from it.
+Memory freed goes back to the OS (`ajet.training.memory`): large tensors as they are freed
+(from the loop's start, `trainer.malloc_mmap_threshold_kb`), the rest after each step, so the
+rollout that follows starts from the model and optimizer state, not from the update's peak.
 """
 
 from __future__ import annotations
