@@ -15,6 +15,8 @@ Decode (`--workloads decode`): for each concurrency c, c chat requests each gene
 - ours_fp16 / ours_bf16: the same with the engine's fp16 / bf16 copy of the weights
                  (`--engine-dtypes`, ajet/engine/weights.py); after the timings each prints
                  its logprob mismatch against the fp32 weights on 16 sampled completions
+- ours*_hf_step (with --hf-step): the same engines with their decode steps through the HF
+                 forward instead of the written-out Llama step (ajet/engine/fused_decode.py)
 - hf_sequential: `model.generate` once per request, one request after the other
 - hf_batched:    one `model.generate` call over a static, left-padded batch of c
 - llama_cpp:     llama.cpp's batched decoding of the c prompts in one context, on the GGUF the
@@ -108,6 +110,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--engine-dtypes",
         default="float32,float16,bfloat16",
         help="decode: the engine weight dtypes measured as 'ours' (float32), ours_fp16, ours_bf16",
+    )
+    parser.add_argument(
+        "--hf-step", action="store_true",
+        help="decode: also measure each 'ours' engine with its decode steps through the HF forward "
+             "(fused_decode=False; rows ours_hf_step, ours_fp16_hf_step, ...), to compare with the "
+             "written-out Llama step (ajet/engine/fused_decode.py)",
     )
     parser.add_argument("--workloads", default="agent,decode", help="agent and/or decode")
     parser.add_argument("--episodes", type=int, default=16, help="agent: concurrent episodes")
@@ -302,6 +310,7 @@ def hf_rates(model, tokenizer, prompts: list[list[int]], levels: list[int], new_
 
 
 OURS = {"float32": "ours", "float16": "ours_fp16", "bfloat16": "ours_bf16"}
+HF_STEP = "_hf_step"  # the same engine, its decode steps through the HF forward
 
 
 def torch_threads() -> int:
@@ -319,6 +328,8 @@ def decode_methods(args) -> list[str]:
                 if dtype not in OURS:
                     raise SystemExit(f"unknown engine dtype {dtype!r}; choose from {', '.join(OURS)}")
                 methods.append(OURS[dtype])
+                if args.hf_step:
+                    methods.append(OURS[dtype] + HF_STEP)
         elif method in ("hf_sequential", "hf_batched"):
             methods.append(method)
         elif method == "llama_cpp":
@@ -340,10 +351,12 @@ def run_decode(model, tokenizer, args) -> dict[str, dict[str, float]]:
     methods = decode_methods(args)
     prompts = chat_prompts(tokenizer, max(levels))
     runs: dict[str, dict[str, list[float]]] = {m: {str(c): [] for c in levels} for m in methods}
-    dtypes = {name: dtype for dtype, name in OURS.items() if name in methods}
+    dtypes = {name + suffix: dtype for dtype, name in OURS.items() for suffix in ("", HF_STEP)
+              if name + suffix in methods}
 
     def engine(name: str) -> LocalEngine:
-        return LocalEngine(model, tokenizer, max_batch_size=max(32, max(levels)), eos_token_ids=[], dtype=dtypes[name])
+        return LocalEngine(model, tokenizer, max_batch_size=max(32, max(levels)), eos_token_ids=[], dtype=dtypes[name],
+                           fused_decode=not name.endswith(HF_STEP))
 
     mismatch = {}
     if "llama_cpp" in methods:
@@ -375,7 +388,7 @@ def run_decode(model, tokenizer, args) -> dict[str, dict[str, float]]:
                 runs[method][str(c)].append(round(rate, 2))
                 print(f"  c={c:<3} {method:<14} {rate:8.1f} tok/s", flush=True)
     for name, dtype in dtypes.items():
-        if dtype != "float32":
+        if dtype != "float32" and not name.endswith(HF_STEP):
             with engine(name) as eng:
                 mismatch[name] = logprob_mismatch(eng, model, prompts, args.new_tokens)
     # On a shared machine the best run is the one least disturbed by other processes.

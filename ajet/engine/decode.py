@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ajet.engine.base import Completion
+from ajet.engine.fused_decode import LlamaDecodeStep
 from ajet.engine.grammar import GrammarError
 from ajet.engine.kv import BatchKV, RowKV, cache_kwarg
 from ajet.engine.requests import Request, RunningSequence, deliver
@@ -56,11 +57,14 @@ class DecodeBatch:
 
     weights: what the decode step forwards. reuse: the prefix cache finished completions go
     into. stats: the engine's counters ("generated_tokens", "decode_steps", "max_batch").
+    fused: decode with the written-out Llama step (ajet/engine/fused_decode.py) where it
+    applies; False forwards every step through the HF model (to compare).
     """
 
     def __init__(self, weights: ServingWeights, tokenizer: Any, eos_token_ids: set[int],
-                 max_model_len: int, reuse: PrefixReuse, stats: dict[str, int]) -> None:
+                 max_model_len: int, reuse: PrefixReuse, stats: dict[str, int], fused: bool = True) -> None:
         self.weights = weights
+        self.fused = LlamaDecodeStep.build(weights.model) if fused else None
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
@@ -111,17 +115,20 @@ class DecodeBatch:
         input_ids = torch.tensor([[seq.token_ids[-1]] for seq in self.active], dtype=torch.long, device=weight.device)
         position_ids = torch.tensor([[seq.position] for seq in self.active], dtype=torch.long, device=weight.device)
         mask = kv.prepare_step(weight.dtype)  # the additive mask must match the activations' dtype
-        with row_adapters(model, [seq.request.target.adapter for seq in self.active]):
-            out = model(
-                input_ids=input_ids,
-                position_ids=position_ids,
-                attention_mask=mask,
-                **{cache_kwarg(model): kv.cache},
-                use_cache=True,
-                logits_to_keep=1,
-            )
+        if self.fused is not None:  # a plain Llama: no adapters, so no row_adapters
+            logits = self.fused(input_ids[:, 0], position_ids[:, 0], mask, kv)
+        else:
+            with row_adapters(model, [seq.request.target.adapter for seq in self.active]):
+                out = model(
+                    input_ids=input_ids,
+                    position_ids=position_ids,
+                    attention_mask=mask,
+                    **{cache_kwarg(model): kv.cache},
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
+            logits = out.logits[:, -1, :]
         kv.advance()
-        logits = out.logits[:, -1, :]
         self.stats["decode_steps"] += 1
         self.stats["max_batch"] = max(self.stats["max_batch"], kv.rows)
         live = []

@@ -94,13 +94,16 @@ class LocalEngine:
         fixed_weights: bool = False,
         jump_forward: bool = True,
         initial_model: str | None = None,
+        fused_decode: bool = True,
     ) -> None:
         """`fixed_weights`: the weights never change (an evaluation), so the default model
         "initial" is the policy itself, served in its batches instead of a frozen copy.
         `jump_forward`: a run of tokens a grammar forces is forwarded in one go
         (`jump_forced_runs`), not one decode step per token; False only to compare.
         `initial_model`: a checkpoint directory that the default model "initial" names instead
-        of this model's own initial weights (a pipeline stage after training: ajet.pipeline)."""
+        of this model's own initial weights (a pipeline stage after training: ajet.pipeline).
+        `fused_decode`: decode steps of a plain Llama model run the written-out step
+        (ajet/engine/fused_decode.py) instead of the HF forward; False only to compare."""
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size={max_batch_size}: must be >= 1")
         self.model = model
@@ -140,8 +143,9 @@ class LocalEngine:
             "max_batch": 0,
             "jumped_tokens": 0,  # of generated_tokens: forced by a grammar, forwarded in a jump (not a decode step)
         }
+        self.fused_decode = fused_decode
         self._batch = DecodeBatch(self._weights, tokenizer, self.eos_token_ids, self.max_model_len,
-                                  self._reuse, self.stats)  # the policy's (all its adapters)
+                                  self._reuse, self.stats, fused_decode)  # the policy's (all its adapters)
         self._frozen: dict[str, DecodeBatch] = {}  # one per frozen model served (engine thread)
         self._cv = threading.Condition()
         self._pending: deque[Request] = deque()
@@ -379,7 +383,7 @@ class LocalEngine:
         if batch is None:
             batch = self._frozen[unit] = DecodeBatch(self._served.unit(unit, version), self.tokenizer,
                                                      self.eos_token_ids, self.max_model_len, self._reuse,
-                                                     self.stats)
+                                                     self.stats, self.fused_decode)
         return batch
 
     def _wait_for_work(self) -> bool:

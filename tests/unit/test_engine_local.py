@@ -283,24 +283,36 @@ def test_failed_request_does_not_kill_others(engine, peaky, monkeypatch):
         assert res[0].token_ids == reference_greedy(peaky[0], prompt, 6)
 
 
-def test_failed_decode_step_fails_its_batch_and_engine_keeps_serving(engine, peaky, monkeypatch):
+@pytest.mark.parametrize("fused", [True, False], ids=["fused_step", "hf_forward"])
+def test_failed_decode_step_fails_its_batch_and_engine_keeps_serving(peaky, monkeypatch, fused):
+    from ajet.engine.fused_decode import LlamaDecodeStep
+    from ajet.engine.local import LocalEngine
+
     model, tokenizer = peaky
     ps = prompts(tokenizer, 2)
-    real_forward = model.forward
     calls = {"n": 0}
 
-    def forward(*args, **kwargs):
-        if kwargs["input_ids"].shape[1] == 1:  # a decode step
+    def exploding(real):
+        def call(*args, **kwargs):
             calls["n"] += 1
             if calls["n"] == 2:
                 raise RuntimeError("decode exploded")
-        return real_forward(*args, **kwargs)
+            return real(*args, **kwargs)
+        return call
 
-    monkeypatch.setattr(model, "forward", forward)
-    results = one_batch(engine, [(p, SamplingParams(temperature=0, max_tokens=5)) for p in ps])
-    assert all(isinstance(r, RuntimeError) and "decode exploded" in str(r) for r in results)
-    monkeypatch.setattr(model, "forward", real_forward)
-    (after,) = asyncio.run(engine.generate(ps[0], SamplingParams(temperature=0, max_tokens=5)))
+    with LocalEngine(model, tokenizer, max_batch_size=8, fused_decode=fused) as engine:
+        assert (engine._batch.fused is not None) == fused  # the tiny model is a plain Llama
+        if fused:  # the decode steps; prefills go through the model's forward
+            monkeypatch.setattr(LlamaDecodeStep, "__call__", exploding(LlamaDecodeStep.__call__))
+        else:
+            real_forward = model.forward
+            decode_forward = exploding(real_forward)
+            monkeypatch.setattr(model, "forward", lambda *a, **kw: (
+                decode_forward if kw["input_ids"].shape[1] == 1 else real_forward)(*a, **kw))
+        results = one_batch(engine, [(p, SamplingParams(temperature=0, max_tokens=5)) for p in ps])
+        assert all(isinstance(r, RuntimeError) and "decode exploded" in str(r) for r in results)
+        monkeypatch.undo()
+        (after,) = asyncio.run(engine.generate(ps[0], SamplingParams(temperature=0, max_tokens=5)))
     assert after.token_ids == reference_greedy(model, ps[0], 5)
 
 

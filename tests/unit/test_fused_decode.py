@@ -1,0 +1,111 @@
+"""The written-out Llama decode step (ajet/engine/fused_decode.py): the engine decodes the same
+tokens with the same logprobs as through the HF forward, sees weight updates, and keeps the HF
+forward where the written-out step would compute something else."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+from tiny_models import load_peaky, tiny_llama
+
+from ajet.engine.base import SamplingParams
+from ajet.engine.fused_decode import LlamaDecodeStep
+
+# Same weights, same arithmetic in another order of calls: fp32 rounding only. fp16 and bf16
+# engines run the same copy either way; bf16 rounds its activations to 8 bits, so its batched
+# sums may round differently (a spacing of 0.06 at the peaky model's logits, see
+# test_engine_weights.py).
+TOLERANCE = {"float32": 1e-4, "float16": 1e-3, "bfloat16": 0.15}
+
+
+@pytest.fixture
+def peaky(tiny_model_dir):
+    return load_peaky(tiny_model_dir, 1234, logit_scale=4.0)
+
+
+def generate(peaky, dtype, fused, prompts, params, **engine_kwargs):
+    from ajet.engine.local import LocalEngine
+
+    model, tokenizer = peaky
+    with LocalEngine(model, tokenizer, max_batch_size=8, dtype=dtype, fused_decode=fused, **engine_kwargs) as engine:
+        assert (engine._batch.fused is not None) == fused
+
+        async def run():
+            return await asyncio.gather(*(engine.generate(p, params) for p in prompts))
+
+        results = [completion for (completion,) in asyncio.run(run())]
+        steps = engine.stats["decode_steps"]
+    return results, steps
+
+
+def prompts_of(tokenizer, count):
+    # Different lengths: the batch's rows are left-padded differently, so the mask is used.
+    return [tokenizer.encode(f"Question {i}: " + "tell me more " * (i % 4 + 1)) for i in range(count)]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_fused_step_decodes_what_the_hf_forward_decodes(peaky, dtype, temperature):
+    _, tokenizer = peaky
+    prompts = prompts_of(tokenizer, 5)
+    params = SamplingParams(temperature=temperature, max_tokens=12, seed=7)
+    fused, fused_steps = generate(peaky, dtype, True, prompts, params)
+    hf, hf_steps = generate(peaky, dtype, False, prompts, params)
+    assert fused_steps == hf_steps > 0
+    for a, b in zip(fused, hf, strict=True):
+        assert a.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < TOLERANCE[dtype]
+    assert len({tuple(c.token_ids) for c in fused}) > 1  # not one repeated output: a vacuous test
+
+
+def test_fused_step_sees_an_update_of_the_trainers_weights(peaky):
+    """The fp32 engine decodes with the trainer's own tensors: an optimizer step in place must
+    change the next request's tokens exactly as it changes the HF forward's."""
+    from ajet.engine.local import LocalEngine
+
+    model, tokenizer = peaky
+    prompt = prompts_of(tokenizer, 1)[0]
+    params = SamplingParams(temperature=0.0, max_tokens=10)
+    with LocalEngine(model, tokenizer, max_batch_size=4) as engine:
+        (before,) = asyncio.run(engine.generate(prompt, params))
+        with engine.paused(), torch.no_grad():
+            for layer in model.model.layers:
+                layer.mlp.down_proj.weight.mul_(-1.5)
+                layer.self_attn.v_proj.weight.mul_(0.5)
+            engine.bump_version()
+        (after,) = asyncio.run(engine.generate(prompt, params))
+    expected = []
+    ids = list(prompt)
+    with torch.inference_mode():
+        for _ in range(10):
+            logits = model(torch.tensor([ids])).logits[0, -1]
+            expected.append(int(logits.argmax()))
+            ids.append(expected[-1])
+    assert after.token_ids == expected
+    assert after.token_ids != before.token_ids
+
+
+def test_models_the_step_does_not_cover_keep_the_hf_forward(peaky):
+    from peft import LoraConfig, get_peft_model
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from ajet.engine.weights import ServingWeights
+
+    model, _ = peaky
+    assert isinstance(LlamaDecodeStep.build(model), LlamaDecodeStep)
+    assert isinstance(LlamaDecodeStep.build(ServingWeights(model, "float16").model), LlamaDecodeStep)
+    # LoRA: peft's layers apply each row's adapter; the written-out step would skip them.
+    lora = get_peft_model(tiny_llama(), LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
+    assert LlamaDecodeStep.build(lora) is None
+    assert LlamaDecodeStep.build(lora.get_base_model()) is None  # LoRA layers injected in place
+    qwen = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                        num_attention_heads=4, num_key_value_heads=2))
+    assert LlamaDecodeStep.build(qwen) is None
+    gelu = tiny_llama()
+    gelu.config.hidden_act = "gelu"
+    assert LlamaDecodeStep.build(gelu) is None
+    dynamic = tiny_llama()
+    dynamic.model.rotary_emb.rope_type = "dynamic"
+    assert LlamaDecodeStep.build(dynamic) is None
