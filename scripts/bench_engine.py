@@ -12,7 +12,7 @@ Decode (`--workloads decode`): for each concurrency c, c chat requests each gene
 --new-tokens tokens (greedy, EOS ignored):
 
 - ours:          c concurrent `LocalEngine.generate` calls (continuous batching), fp32 weights
-- ours_fp16 / ours_bf16: the same with the engine's fp16 / bf16 copy of the weights
+- ours_fp16 / ours_bf16 / ours_bf16_linear: the same with the engine's fp16 / bf16 / bf16-linear copy
                  (`--engine-dtypes`, ajet/engine/weights.py); after the timings each prints
                  its logprob mismatch against the fp32 weights on 16 sampled completions
 - ours*_hf_step (with --hf-step): the same engines with their decode steps through the HF
@@ -108,8 +108,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument(
         "--engine-dtypes",
-        default="float32,float16,bfloat16",
-        help="decode: the engine weight dtypes measured as 'ours' (float32), ours_fp16, ours_bf16",
+        default="float32,float16,bfloat16,bfloat16_linear",
+        help="decode: the engine weight dtypes measured as 'ours' (float32), ours_fp16, ours_bf16, "
+             "ours_bf16_linear (bfloat16_linear: CPUs with avx512_bf16 or AMX)",
     )
     parser.add_argument(
         "--hf-step", action="store_true",
@@ -309,7 +310,7 @@ def hf_rates(model, tokenizer, prompts: list[list[int]], levels: list[int], new_
     return [bench_hf(model, tokenizer, prompts[:c], new_tokens, batched) for c in levels]
 
 
-OURS = {"float32": "ours", "float16": "ours_fp16", "bfloat16": "ours_bf16"}
+OURS = {"float32": "ours", "float16": "ours_fp16", "bfloat16": "ours_bf16", "bfloat16_linear": "ours_bf16_linear"}
 HF_STEP = "_hf_step"  # the same engine, its decode steps through the HF forward
 
 
@@ -317,6 +318,12 @@ def torch_threads() -> int:
     import torch
 
     return torch.get_num_threads()
+
+
+def bf16_gemm() -> bool:
+    import torch
+
+    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def decode_methods(args) -> list[str]:
@@ -327,6 +334,10 @@ def decode_methods(args) -> list[str]:
             for dtype in (d for d in args.engine_dtypes.split(",") if d):
                 if dtype not in OURS:
                     raise SystemExit(f"unknown engine dtype {dtype!r}; choose from {', '.join(OURS)}")
+                if dtype == "bfloat16_linear" and not bf16_gemm():
+                    print("ours_bf16_linear: this CPU has no native bf16 GEMM (avx512_bf16 / AMX), "
+                          "its column is left out", flush=True)
+                    continue
                 methods.append(OURS[dtype])
                 if args.hf_step:
                     methods.append(OURS[dtype] + HF_STEP)

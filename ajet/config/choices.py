@@ -64,6 +64,7 @@ class EngineDType(str, Enum):
     float32 = "float32"
     bfloat16 = "bfloat16"
     float16 = "float16"
+    bfloat16_linear = "bfloat16_linear"
 
 
 class OptimizerStateDType(str, Enum):

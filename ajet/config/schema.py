@@ -243,7 +243,8 @@ class RolloutConfig:
     # Local engine: the weights decoding uses. float32 = the trainer's own (no copy); bfloat16 = a
     # bf16 copy (fast on GPUs and CPUs with avx512_bf16/AMX, ~2.6x slower on AVX2-only CPUs);
     # float16 = fp16 copies of the linear layers multiplied with fp32 activations by FBGEMM (x86
-    # CPUs). A copy (~0.27 GB for 135M) is refreshed after every weight update; the update logs
+    # CPUs); bfloat16_linear = the same with bf16 copies multiplied by oneDNN (CPUs with
+    # avx512_bf16/AMX only: ~2x faster GEMMs than float16 there, logprobs move as with bfloat16). A copy (~0.27 GB for 135M) is refreshed after every weight update; the update logs
     # the logprob mismatch it causes (rollout/logprob_mismatch; see algorithm.tis_cap).
     engine_dtype: EngineDType = EngineDType.float32
     # One-step off-policy overlap (debug backbone, ajet/rollout/ahead.py): while step k updates
@@ -251,7 +252,8 @@ class RolloutConfig:
     # weights. Episodes whose oldest call is more than this many policy versions behind are not
     # trained on (rollout/failed/stale); the update corrects for the lag with TIS
     # (algorithm.tis_cap > 0). 0 = on-policy: rollout and update take turns (the default).
-    # Needs an engine with its own copy of the weights (engine_dtype float16 or bfloat16).
+    # Needs an engine with its own copy of the weights (engine_dtype float16, bfloat16 or
+    # bfloat16_linear).
     max_staleness: int = bounded(0, Ge(0))
 
 

@@ -12,8 +12,9 @@ model's own modules' weights:
     logits = lm_head(norm(x))
 
 It reads every weight from the modules at each call, so it never holds a copy and never goes
-stale: fp32 `nn.Linear`s (the trainer's own weights), `Fp16Linear`s (engine_dtype=float16,
-repacked in place by `ServingWeights.refresh`) and a bf16 copy all work unchanged. The KV goes
+stale: fp32 `nn.Linear`s (the trainer's own weights), `Fp16Linear`s and `Bf16Linear`s
+(engine_dtype float16 / bfloat16_linear, repacked in place by `ServingWeights.refresh`) and a
+bf16 copy all work unchanged. The KV goes
 straight into `BatchKV`'s buffers, the mask is `BatchKV.prepare_step`'s.
 
 It applies only where it computes exactly what the HF forward computes (`LlamaDecodeStep.build`
@@ -31,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch  # this module is imported only where the engine runs (like kv.py, prefill.py)
 import torch.nn.functional as F
 
-from ajet.engine.weights import Fp16Linear
+from ajet.engine.weights import Bf16Linear, Fp16Linear
 
 if TYPE_CHECKING:  # pragma: no cover
     from ajet.engine.kv import BatchKV
@@ -45,6 +46,12 @@ def _linear(module: Any, x: torch.Tensor) -> torch.Tensor:
     if type(module) is torch.nn.Linear:
         return F.linear(x, module.weight, module.bias)
     return module.forward(x)
+
+
+def _gemm_input(module: Any, h: torch.Tensor) -> torch.Tensor:
+    """`h` as the module multiplies it: a `Bf16Linear` rounds its input to bf16, so round it
+    once for the two or three projections that share it (each then finds it rounded)."""
+    return h.to(torch.bfloat16) if type(module) is Bf16Linear else h
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -94,7 +101,7 @@ class LlamaDecodeStep:
             for module in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj,
                            layer.self_attn.o_proj, layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)
         ]
-        odd = {type(m).__name__ for m in linears if type(m) not in (torch.nn.Linear, Fp16Linear)}
+        odd = {type(m).__name__ for m in linears if type(m) not in (torch.nn.Linear, Fp16Linear, Bf16Linear)}
         if odd:  # e.g. peft's LoRA layers injected in place: their adapters need peft's forward
             return f"linear layers of type {sorted(odd)}"
         rope_type = str(getattr(model.model.rotary_emb, "rope_type", "default"))
@@ -119,7 +126,7 @@ class LlamaDecodeStep:
         col = kv.length
         for index, layer in enumerate(self.layers):
             attn, mlp = layer.self_attn, layer.mlp
-            h = _rms_norm(x, layer.input_layernorm.weight, self.eps)
+            h = _gemm_input(attn.q_proj, _rms_norm(x, layer.input_layernorm.weight, self.eps))
             q = _linear(attn.q_proj, h).view(rows, heads, dim)
             k = _linear(attn.k_proj, h).view(rows, kv_heads, dim)
             qk = _rope(torch.cat((q, k), dim=1), cos, sin)  # one rotation for both
@@ -134,7 +141,7 @@ class LlamaDecodeStep:
                 keys[:rows, :, : col + 1], values[:rows, :, : col + 1], attn_mask=mask, scale=self.scaling,
             )
             x = x + _linear(attn.o_proj, o.reshape(rows, heads * dim))
-            h = _rms_norm(x, layer.post_attention_layernorm.weight, self.eps)
+            h = _gemm_input(mlp.gate_proj, _rms_norm(x, layer.post_attention_layernorm.weight, self.eps))
             x = x + _linear(mlp.down_proj, F.silu(_linear(mlp.gate_proj, h)) * _linear(mlp.up_proj, h))
         x = _rms_norm(x, model.model.norm.weight, self.eps)
         return _linear(model.lm_head, x).float()

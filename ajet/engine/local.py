@@ -77,8 +77,8 @@ class LocalEngine:
     prefix_cache_tokens: budget of the prefix KV cache (ajet/engine/prefix_cache.py), in
         tokens; 0 = off. A prompt that starts with cached tokens prefills only the rest.
     dtype: the weights decoding uses (ajet/engine/weights.py): "float32" = the shared model
-        itself; "bfloat16" / "float16" = a lower-precision copy, refreshed from the shared
-        model before the first forward under each new `policy_version`.
+        itself; "bfloat16" / "float16" / "bfloat16_linear" = a lower-precision copy, refreshed
+        from the shared model before the first forward under each new `policy_version`.
     """
 
     def __init__(

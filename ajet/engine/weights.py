@@ -10,6 +10,11 @@ copy, which halves the bytes a decode step reads (decode is bound by reading the
 - `float16`: fp16 copies of the linear layers' weights only, multiplied by FBGEMM's fp16 GEMM
   with fp32 activations (x86 CPUs). Embeddings, norms and KV stay the trainer's fp32, and fp16
   keeps 3 more mantissa bits than bf16, so the logprobs move ~20x less than with bf16.
+- `bfloat16_linear`: the same layout with bf16 copies of the linear layers' weights, packed for
+  oneDNN, whose bf16 GEMM runs on AMX / avx512_bf16 (x86 CPUs with avx512_bf16: refused
+  elsewhere). The activations are rounded to bf16 around each GEMM, everything else is fp32. On
+  an Intel AMX machine at 16 rows the GEMMs of a decode step take ~20 ms against FBGEMM fp16's
+  ~43 ms; the logprobs move about as much as with `bfloat16` (docs/benchmarks.md).
 
 A copy is refreshed from the trainer's weights by `refresh(version)` before the first forward
 under a new policy version (the engine thread calls it), so stale weights never serve a
@@ -28,7 +33,7 @@ import torch  # this module is imported only where the engine runs (like kv.py, 
 
 log = logging.getLogger(__name__)
 
-ENGINE_DTYPES = ("float32", "bfloat16", "float16")
+ENGINE_DTYPES = ("float32", "bfloat16", "float16", "bfloat16_linear")
 
 
 class ServingWeights:
@@ -45,8 +50,12 @@ class ServingWeights:
             self.model = source
         elif dtype == "bfloat16":
             self.model = self._cast_copy(source)
+        elif dtype == "float16":
+            check_fp16_gemm(source)
+            self.model = self._linear_copy(source, Fp16Linear)
         else:
-            self.model = self._fp16_linear_copy(source)
+            check_bf16_gemm(source)
+            self.model = self._linear_copy(source, Bf16Linear)
         if self.model is not source:
             # eval() only: requires_grad_ would also freeze the trainer's tensors a copy shares.
             self.model.eval()
@@ -73,7 +82,7 @@ class ServingWeights:
             return 0
         shared = {p.data_ptr() for p in self.source.parameters()}
         own = sum(p.numel() * p.element_size() for p in self.model.parameters() if p.data_ptr() not in shared)
-        packed = sum(m.nbytes for m in self.model.modules() if isinstance(m, Fp16Linear))
+        packed = sum(m.nbytes for m in self.model.modules() if isinstance(m, (Fp16Linear, Bf16Linear)))
         return own + packed
 
     # ------------------------------------------------------------------ copies
@@ -95,10 +104,10 @@ class ServingWeights:
         self._refreshers.append(refresh)
         return model
 
-    def _fp16_linear_copy(self, source: Any) -> Any:
+    def _linear_copy(self, source: Any, packed_linear: type) -> Any:
         """A copy of the module tree that shares every parameter with the trainer except the
-        linear layers, which become `Fp16Linear`s packed from the trainer's weights."""
-        check_fp16_gemm(source)
+        linear layers, which become `packed_linear`s (`Fp16Linear`, `Bf16Linear`) packed from the
+        trainer's weights."""
         memo = {id(p): p for p in source.parameters()}
         model = copy.deepcopy(source, memo)
         sources = dict(source.named_modules())
@@ -108,11 +117,11 @@ class ServingWeights:
             if type(module) is not torch.nn.Linear or "lora_" in name:
                 continue
             parent_name, _, attr = name.rpartition(".")
-            fast = Fp16Linear(sources[name])
+            fast = packed_linear(sources[name])
             setattr(model.get_submodule(parent_name) if parent_name else model, attr, fast)
             replaced.append(fast)
         if not replaced:
-            raise ValueError("engine_dtype=float16 found no nn.Linear layer to pack; use float32")
+            raise ValueError(f"engine_dtype={self.dtype} found no nn.Linear layer to pack; use float32")
 
         def refresh() -> None:
             for fast in replaced:
@@ -131,6 +140,18 @@ def check_fp16_gemm(model: Any) -> None:
     if "fbgemm" not in torch.backends.quantized.supported_engines:
         raise ValueError("engine_dtype=float16 needs FBGEMM (x86 CPUs); this torch build lacks it: "
                          "use float32 or bfloat16")
+
+
+def check_bf16_gemm(model: Any) -> None:
+    """oneDNN's bf16 GEMM on the CPU needs avx512_bf16 (or AMX); elsewhere it is emulated and
+    slower than fp32. Say what to use instead."""
+    device = next(model.parameters()).device
+    if device.type != "cpu":
+        raise ValueError(f"engine_dtype=bfloat16_linear packs weights for oneDNN on the CPU; the model is on "
+                         f"{device}: use engine_dtype=bfloat16 on a GPU")
+    if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+        raise ValueError("engine_dtype=bfloat16_linear needs a CPU with native bf16 (avx512_bf16 or AMX) and "
+                         "torch built with oneDNN; this machine has neither: use float16 (x86) or float32")
 
 
 class Fp16Linear(torch.nn.Module):
@@ -158,3 +179,43 @@ class Fp16Linear(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, weight=fp16 (FBGEMM)"
+
+
+class Bf16Linear(torch.nn.Module):
+    """`y = x W^T + b` with W stored in bf16 (packed for oneDNN: AMX / avx512_bf16 kernels) and
+    x, y in fp32; x is rounded to bf16 for the GEMM, which accumulates in fp32. Like
+    `Fp16Linear`, holds no reference to the trainer's layer as a submodule.
+
+    The weights are packed at the first forward, not when the copy is made: oneDNN's reorder
+    runs an OpenMP parallel region, and one run in the thread that builds the engine (the main
+    thread) leaves that thread a pool of workers for good. With that pool and the engine
+    thread's on 2 cores, libgomp stops spinning between parallel regions and every op of a
+    decode step pays a wake-up: the step's GEMMs took 42 ms instead of 23 (16 rows, Intel
+    AMX machine; ajet/training/passing_thread.py). `refresh` packs again on the engine thread."""
+
+    def __init__(self, source: Any) -> None:
+        super().__init__()
+        self.in_features = source.in_features
+        self.out_features = source.out_features
+        self._source = (source,)  # a tuple: not registered as a submodule
+        self.packed: Any = None
+        self.bias: Any = None
+        self.nbytes = self.in_features * self.out_features * 2
+
+    def pack(self) -> None:
+        (source,) = self._source
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(source.weight.detach().to(torch.bfloat16))
+        self.bias = source.bias.detach().float() if source.bias is not None else None
+
+    def forward(self, x: Any) -> Any:
+        if self.packed is None:
+            self.pack()
+        shape = x.shape
+        y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, shape[-1]).to(torch.bfloat16), self.packed, None,
+                                               "none", [], "").float()
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, weight=bf16 (oneDNN)"

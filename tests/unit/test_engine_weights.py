@@ -11,14 +11,18 @@ from tiny_models import load_peaky
 
 from ajet.engine.base import SamplingParams
 
-LOW = ("bfloat16", "float16")
+BF16_GEMM = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+needs_bf16_gemm = pytest.mark.skipif(not BF16_GEMM, reason="bfloat16_linear needs a CPU with avx512_bf16 or AMX")
+LOW = ("bfloat16", "float16", pytest.param("bfloat16_linear", marks=needs_bf16_gemm))
 # How far the engine's logprobs may be from a plain forward of the same low-precision copy. The
 # fp16 copy multiplies with fp32 accumulation (Fp16Linear): measured 3e-6. bf16 computes in bf16
 # throughout (8 significant bits), so the engine's batched, KV-cached decode and one full forward
 # round differently: measured 0.009 at the tiny model's first weights and 0.064 once they are
 # scaled by 1.5 (logits up to ~16 in size; bf16's spacing there is 0.06). Stale weights give
 # 2.5-3.2 in the same test, so either bound still tells fresh from stale.
-LIKE_WITH_LIKE = {"float16": 0.05, "bfloat16": 0.15}
+# bfloat16_linear rounds the activations to bf16 at each GEMM only, with fp32 accumulation and
+# fp32 elsewhere: like fp16, the engine and a full forward of the copy round alike.
+LIKE_WITH_LIKE = {"float16": 0.05, "bfloat16": 0.15, "bfloat16_linear": 0.05}
 
 
 @pytest.fixture
@@ -63,6 +67,34 @@ def test_fp16_linear_matches_fp32_linear():
         assert (fast(x) - layer(x)).abs().max() < 2e-3 * layer(x).abs().max()
 
 
+@needs_bf16_gemm
+def test_bf16_linear_matches_fp32_linear_to_bf16_precision():
+    from ajet.engine.weights import Bf16Linear
+
+    layer = torch.nn.Linear(64, 96)
+    x = torch.randn(3, 5, 64)
+    fast = Bf16Linear(layer)
+    with torch.no_grad():
+        expected = layer(x)
+        got = fast(x)
+        assert got.shape == expected.shape and got.dtype == torch.float32
+        error = (got - expected).abs().max()
+        # bf16 keeps 8 significant bits: errors of ~1e-2 of the output's size, not fp32's 1e-7
+        assert 1e-6 * expected.abs().max() < error < 3e-2 * expected.abs().max()
+        layer.weight.mul_(2.0)  # the copy is stale until packed again
+        assert (fast(x) - layer(x)).abs().max() > 0.1
+        fast.pack()
+        assert (fast(x) - layer(x)).abs().max() < 3e-2 * layer(x).abs().max()
+
+
+def test_bf16_linear_is_refused_where_bf16_gemms_are_emulated(peaky, monkeypatch):
+    from ajet.engine.weights import ServingWeights
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+    with pytest.raises(ValueError, match="avx512_bf16 or AMX.*use float16"):
+        ServingWeights(peaky[0], "bfloat16_linear")
+
+
 def test_copies_hold_the_precision_and_leave_the_trainer_alone(peaky):
     from ajet.engine.weights import Fp16Linear, ServingWeights
 
@@ -80,6 +112,13 @@ def test_copies_hold_the_precision_and_leave_the_trainer_alone(peaky):
     # Embeddings and norms are the trainer's own tensors (always fresh, no copy).
     assert fp16.model.get_input_embeddings().weight is model.get_input_embeddings().weight
     assert ServingWeights(model, "float32").model is model
+    if BF16_GEMM:
+        from ajet.engine.weights import Bf16Linear
+
+        bf16_linear = ServingWeights(model, "bfloat16_linear")
+        assert len([m for m in bf16_linear.model.modules() if isinstance(m, Bf16Linear)]) == 15
+        assert bf16_linear.model.get_input_embeddings().weight is model.get_input_embeddings().weight
+        assert bf16_linear.copy_bytes() == fp16.copy_bytes()  # 2 bytes a weight either way
     assert all(p.requires_grad for p in model.parameters())  # the trainer still trains them all
     assert 0 < fp16.copy_bytes() and 0 < bf16.copy_bytes()
     with pytest.raises(ValueError, match="unknown"):

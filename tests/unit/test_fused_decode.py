@@ -17,7 +17,8 @@ from ajet.engine.fused_decode import LlamaDecodeStep
 # engines run the same copy either way; bf16 rounds its activations to 8 bits, so its batched
 # sums may round differently (a spacing of 0.06 at the peaky model's logits, see
 # test_engine_weights.py).
-TOLERANCE = {"float32": 1e-4, "float16": 1e-3, "bfloat16": 0.15}
+TOLERANCE = {"float32": 1e-4, "float16": 1e-3, "bfloat16": 0.15, "bfloat16_linear": 1e-3}
+BF16_GEMM = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 @pytest.fixture
@@ -45,7 +46,8 @@ def prompts_of(tokenizer, count):
     return [tokenizer.encode(f"Question {i}: " + "tell me more " * (i % 4 + 1)) for i in range(count)]
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", pytest.param(
+    "bfloat16_linear", marks=pytest.mark.skipif(not BF16_GEMM, reason="needs a CPU with avx512_bf16 or AMX"))])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_fused_step_decodes_what_the_hf_forward_decodes(peaky, dtype, temperature):
     _, tokenizer = peaky
