@@ -356,7 +356,7 @@ def decode_methods(args) -> list[str]:
 
 def run_decode(model, tokenizer, args) -> dict[str, dict[str, float]]:
     from ajet.engine.local import LocalEngine
-    from ajet.training.passing_thread import in_passing_thread
+    from ajet.passing_thread import in_passing_thread
 
     levels = [int(c) for c in args.concurrency.split(",") if c]
     methods = decode_methods(args)
@@ -380,7 +380,7 @@ def run_decode(model, tokenizer, args) -> dict[str, dict[str, float]]:
                 runs["llama_cpp"][c] = rates
     # One method at a time, each in threads that end with it: every thread that runs torch keeps
     # an OpenMP pool, and with more pooled threads than cores libgomp stops spinning between
-    # parallel regions (ajet/training/passing_thread.py), which slowed the method measured after
+    # parallel regions (ajet/passing_thread.py), which slowed the method measured after
     # another by 20-30 % on 2 cores. Each engine is built, warmed up, measured and closed in turn.
     for _ in range(args.repeats):
         for method in methods:

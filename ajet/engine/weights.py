@@ -191,7 +191,7 @@ class Bf16Linear(torch.nn.Module):
     thread) leaves that thread a pool of workers for good. With that pool and the engine
     thread's on 2 cores, libgomp stops spinning between parallel regions and every op of a
     decode step pays a wake-up: the step's GEMMs took 42 ms instead of 23 (16 rows, Intel
-    AMX machine; ajet/training/passing_thread.py). `refresh` packs again on the engine thread."""
+    AMX machine; ajet/passing_thread.py). `refresh` packs again on the engine thread."""
 
     def __init__(self, source: Any) -> None:
         super().__init__()

@@ -20,6 +20,7 @@ from ajet.context.budget import apply_budget
 from ajet.context.diagnostics import probe_template
 from ajet.context.types import Sample
 from ajet.engine.chat import ChatFormat
+from ajet.passing_thread import in_passing_thread
 from ajet.sft.coreset import dialog_stats, fill_losses, select_coreset, selection_summary
 from ajet.sft.data import Dialog, DialogDataError, read_dialogs, split_dev
 from ajet.sft.masks import dialog_samples
@@ -28,7 +29,6 @@ from ajet.sft.step import mean_nll, sample_nll, sft_step
 from ajet.training.loop import TrainingLoop
 from ajet.training.model import load_trainable_model, model_window
 from ajet.training.optim import build_optimizer
-from ajet.training.passing_thread import in_passing_thread
 from ajet.training.recipe import Closers, run_recipe
 from ajet.training.run_dir import prepare_run_dir
 from ajet.training.step import OptimizerStep
@@ -164,7 +164,7 @@ class SftRecipe:
         start = time.monotonic()
         batch = self.schedule[step - 1]
         samples = [s for i in batch.indices for s in self.samples[i]]
-        # In a thread of its own, whose OpenMP pool ends with it (ajet/training/passing_thread.py).
+        # In a thread of its own, whose OpenMP pool ends with it (ajet/passing_thread.py).
         metrics = in_passing_thread(sft_step, self.optimizer_step, samples, loss_agg=self.cfg.context.loss_agg,
                                     micro_batch_tokens=self._pack_tokens(),
                                     logits_chunk=self.cfg.trainer.logits_chunk_tokens, step=step)

@@ -1,4 +1,4 @@
-"""ajet/training/passing_thread.py: torch work in a thread that ends with it."""
+"""ajet/passing_thread.py: torch work in a thread that ends with it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from ajet.training.passing_thread import in_passing_thread
+from ajet.passing_thread import in_passing_thread
 
 
 def test_the_result_comes_back_from_another_thread():
@@ -35,7 +35,7 @@ def test_an_exception_is_raised_in_the_caller_with_its_type():
 # after the same matmul in the main thread (which keeps its OpenMP pool for the process's life).
 _COUNT = """
 import os, time, torch
-from ajet.training.passing_thread import in_passing_thread
+from ajet.passing_thread import in_passing_thread
 torch.set_num_threads(2)
 count = lambda: len(os.listdir("/proc/self/task"))
 x = torch.randn(512, 512)

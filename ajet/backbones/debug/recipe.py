@@ -25,12 +25,12 @@ from ajet.context.pack import pack_samples, pack_stats
 from ajet.engine.sampling import policy_temperature
 from ajet.errors import ConfigError, UserError
 from ajet.logging.records import write_step_records
+from ajet.passing_thread import in_passing_thread
 from ajet.rollout.ahead import AheadEpisodes
 from ajet.rollout.failed_steps import FailedSteps
 from ajet.rollout.loader import trainable_targets_of
 from ajet.rollout.ray_rollout import build_ray_manager, workflow_spec
 from ajet.rollout.source import EpisodeSource, managed_episodes
-from ajet.training.passing_thread import in_passing_thread
 from ajet.training.recipe import Closers, run_recipe
 from ajet.training.rollout_run import RolloutRun
 from ajet.training.step import overlapped_update, updating_weights
@@ -176,7 +176,7 @@ class RLRecipe:
         self.loop.phase(f"teacher scores {len(samples)} samples")
         start = time.monotonic()
         with self.rollout.engine.paused():
-            teacher_logprobs = in_passing_thread(self.teacher.score, samples)  # see ajet/training/passing_thread.py
+            teacher_logprobs = in_passing_thread(self.teacher.score, samples)  # see ajet/passing_thread.py
         seconds = time.monotonic() - start
         metrics = distill_advantages(samples, teacher_logprobs, self.cfg.distill.reward_coef)
         metrics["distill/teacher_s"] = seconds
