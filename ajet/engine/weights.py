@@ -31,6 +31,8 @@ from typing import Any
 
 import torch  # this module is imported only where the engine runs (like kv.py, prefill.py)
 
+from ajet.passing_thread import in_passing_thread
+
 log = logging.getLogger(__name__)
 
 ENGINE_DTYPES = ("float32", "bfloat16", "float16", "bfloat16_linear")
@@ -48,14 +50,13 @@ class ServingWeights:
         self._refreshers: list[Callable[[], None]] = []
         if dtype == "float32":
             self.model = source
-        elif dtype == "bfloat16":
-            self.model = self._cast_copy(source)
-        elif dtype == "float16":
-            check_fp16_gemm(source)
-            self.model = self._linear_copy(source, Fp16Linear)
         else:
-            check_bf16_gemm(source)
-            self.model = self._linear_copy(source, Bf16Linear)
+            # In a thread that ends with it: casting and oneDNN's reorder run OpenMP parallel
+            # regions, and one run in the caller's thread (the main thread) leaves that thread a
+            # pool of workers for good. Beside the engine thread's pool that throttles every op
+            # of a decode step: the GEMMs of a 16-row step took 42 ms instead of 23, the whole
+            # step 72 instead of 42 (Intel AMX machine, bfloat16_linear; ajet/passing_thread.py).
+            self.model = in_passing_thread(self._copy, source, dtype)
         if self.model is not source:
             # eval() only: requires_grad_ would also freeze the trainer's tensors a copy shares.
             self.model.eval()
@@ -86,6 +87,15 @@ class ServingWeights:
         return own + packed
 
     # ------------------------------------------------------------------ copies
+    def _copy(self, source: Any, dtype: str) -> Any:
+        if dtype == "bfloat16":
+            return self._cast_copy(source)
+        if dtype == "float16":
+            check_fp16_gemm(source)
+            return self._linear_copy(source, Fp16Linear)
+        check_bf16_gemm(source)
+        return self._linear_copy(source, Bf16Linear)
+
     def _cast_copy(self, source: Any) -> Any:
         """A deep copy of the module tree whose parameters are bf16 copies (buffers, such as
         the rotary frequencies, stay as they are); the fp32 model is never duplicated."""
@@ -184,14 +194,9 @@ class Fp16Linear(torch.nn.Module):
 class Bf16Linear(torch.nn.Module):
     """`y = x W^T + b` with W stored in bf16 (packed for oneDNN: AMX / avx512_bf16 kernels) and
     x, y in fp32; x is rounded to bf16 for the GEMM, which accumulates in fp32. Like
-    `Fp16Linear`, holds no reference to the trainer's layer as a submodule.
-
-    The weights are packed at the first forward, not when the copy is made: oneDNN's reorder
-    runs an OpenMP parallel region, and one run in the thread that builds the engine (the main
-    thread) leaves that thread a pool of workers for good. With that pool and the engine
-    thread's on 2 cores, libgomp stops spinning between parallel regions and every op of a
-    decode step pays a wake-up: the step's GEMMs took 42 ms instead of 23 (16 rows, Intel
-    AMX machine; ajet/passing_thread.py). `refresh` packs again on the engine thread."""
+    `Fp16Linear`, holds no reference to the trainer's layer as a submodule. Packing runs an
+    OpenMP parallel region: pack on the engine thread or in a passing thread (see
+    `ServingWeights.__init__`)."""
 
     def __init__(self, source: Any) -> None:
         super().__init__()
@@ -201,6 +206,7 @@ class Bf16Linear(torch.nn.Module):
         self.packed: Any = None
         self.bias: Any = None
         self.nbytes = self.in_features * self.out_features * 2
+        self.pack()
 
     def pack(self) -> None:
         (source,) = self._source
@@ -208,8 +214,6 @@ class Bf16Linear(torch.nn.Module):
         self.bias = source.bias.detach().float() if source.bias is not None else None
 
     def forward(self, x: Any) -> Any:
-        if self.packed is None:
-            self.pack()
         shape = x.shape
         y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, shape[-1]).to(torch.bfloat16), self.packed, None,
                                                "none", [], "").float()

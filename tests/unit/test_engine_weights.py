@@ -4,6 +4,10 @@ that it serves what a forward of the copy gives, and that it is never stale afte
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -209,3 +213,41 @@ def test_bf16_prefix_cache_holds_bf16_kv_and_matches_cache_off(peaky):
         assert a.token_ids == b.token_ids
         # bf16 rounding differs between a full prefill and a cached prefix + suffix.
         assert max_diff(a.logprobs, b.logprobs) < 0.05
+
+
+# In a fresh interpreter: the OS threads before and after building each lower-precision copy in
+# the main thread (casting and oneDNN's reorder run OpenMP parallel regions; a pool left in the
+# main thread would throttle the engine thread's decode steps, ajet/passing_thread.py).
+_COPY_THREADS = """
+import os, sys, time, torch
+from tiny_models import load_peaky
+from ajet.engine.weights import ServingWeights
+from ajet.passing_thread import in_passing_thread
+torch.set_num_threads(2)
+count = lambda: len(os.listdir("/proc/self/task"))
+model, _ = in_passing_thread(load_peaky, sys.argv[1])
+def settled():  # a passing thread's pool exits just after the thread does
+    seen = [count()]
+    while len(seen) < 100 and (len(seen) < 5 or len(set(seen[-5:])) > 1):
+        time.sleep(0.05)
+        seen.append(count())
+    return seen[-1]
+before = settled()
+copies = [ServingWeights(model, d) for d in sys.argv[2:]]
+after = settled()
+x = torch.randn(512, 512)
+[x @ x for _ in range(20)]  # the same process can leave a pool in the main thread: the count can rise
+print(before, after, count())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts threads in /proc")
+def test_copies_are_built_without_leaving_an_openmp_pool_in_the_callers_thread(tiny_model_dir):
+    dtypes = ["bfloat16", "float16"] + (["bfloat16_linear"] if BF16_GEMM else [])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), *sys.path]))
+    out = subprocess.run([sys.executable, "-c", _COPY_THREADS, str(tiny_model_dir), *dtypes], capture_output=True,
+                         text=True, timeout=180, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    before, after, direct = (int(v) for v in out.stdout.split())
+    assert after == before
+    assert direct > before  # the count does see a pool left in the main thread
