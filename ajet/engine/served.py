@@ -315,9 +315,17 @@ def _stacked_mixed_forward(self: Any, x: Any, *args: Any, adapter_names: list[st
     rank = self.lora_A[present[0]].weight.shape[0]
     a = torch.cat([self.lora_A[name].weight for name in present])
     b = torch.cat([self.lora_B[name].weight * self.scaling[name] for name in present], dim=1)
-    block = {name: i for i, name in enumerate(present)}
-    which = torch.tensor([block.get(name, -1) for name in adapter_names])
-    keep = (which[:, None] == torch.arange(len(present))[None, :]).to(a.dtype).repeat_interleave(rank, dim=1)
+    # The mask depends on the rows' adapters only: made once per forward (`row_adapters`), not
+    # in each of the forward's LoRA layers.
+    masks = getattr(_ROWS, "masks", None)
+    key = (tuple(present), rank, a.dtype)
+    keep = masks.get(key) if masks is not None else None
+    if keep is None:
+        block = {name: i for i, name in enumerate(present)}
+        which = torch.tensor([block.get(name, -1) for name in adapter_names])
+        keep = (which[:, None] == torch.arange(len(present))[None, :]).to(a.dtype).repeat_interleave(rank, dim=1)
+        if masks is not None:
+            masks[key] = keep
     flat = x.to(a.dtype).reshape(x.shape[0], -1, x.shape[-1])  # (rows, tokens, in)
     lora = ((flat @ a.T) * keep[:, None, :]) @ b.T
     return result + lora.reshape(result.shape).to(result.dtype)
@@ -341,7 +349,9 @@ def row_adapters(model: Any, adapters: list[str | None]) -> Iterator[None]:
     if active is None and any(a is None for a in adapters):
         raise ValueError("a mixed-adapter batch needs an adapter for every row")
     _ROWS.names = [a if a is not None else active for a in adapters]
+    _ROWS.masks = {}  # `_stacked_mixed_forward`'s row masks, shared by the forward's layers
     try:
         yield
     finally:
         _ROWS.names = None
+        _ROWS.masks = None
