@@ -1,11 +1,11 @@
-"""A hand-written decode step for Llama-architecture models (engine thread only).
+"""A hand-written decode step for Llama-architecture models, Qwen2 too (engine thread only).
 
 A decode step forwards one token per row. Through transformers' modules that is hundreds of
 small calls per step (module dispatch, the rotary module, the attention interface, the cache's
-`update`, mask handling) around the ~121 GEMMs that are the real work: on the bundled model
-at 16 rows (Intel AMX machine, 2 threads) the HF forward took 95-99 ms and the same
-arithmetic written out here 74-81 ms. `LlamaDecodeStep` runs that arithmetic directly on the
-model's own modules' weights:
+`update`, mask handling) around the 211 GEMMs that are the real work (7 a layer, 30 layers,
+the lm_head). On the bundled model at 16 rows and 128 columns of KV (Intel AMX machine, 2
+threads, fp16 weights) the HF forward took 95-99 ms, the same arithmetic written out here
+74-81 ms. `LlamaDecodeStep` runs that arithmetic directly on the model's own modules' weights:
 
     x = embed(token); per layer: x += o(attn(rope(q(n1(x))), rope(k(...)), v(...)));
                                  x += down(silu(gate(n2(x))) * up(n2(x)));
@@ -14,14 +14,15 @@ model's own modules' weights:
 It reads every weight from the modules at each call, so it never holds a copy and never goes
 stale: fp32 `nn.Linear`s (the trainer's own weights), `Fp16Linear`s and `Bf16Linear`s
 (engine_dtype float16 / bfloat16_linear, repacked in place by `ServingWeights.refresh`) and a
-bf16 copy all work unchanged. The KV goes
-straight into `BatchKV`'s buffers, the mask is `BatchKV.prepare_step`'s.
+bf16 copy all work unchanged. The KV goes straight into `BatchKV`'s buffers; the mask is
+`BatchKV.prepare_step`'s.
 
 It applies only where it computes exactly what the HF forward computes (`LlamaDecodeStep.build`
-returns None otherwise and the engine keeps the HF forward): a plain `LlamaForCausalLM` (no
-peft wrapper: LoRA adapters and mixed-adapter batches go through peft's layers), SiLU MLP,
-a RoPE whose frequencies do not change with the length, on the CPU. Tests compare its tokens
-and logprobs with the HF forward's (tests/unit/test_fused_decode.py).
+returns None otherwise and the engine keeps the HF forward): a plain `LlamaForCausalLM` or
+`Qwen2ForCausalLM` without sliding-window layers (no peft wrapper: LoRA adapters and
+mixed-adapter batches go through peft's layers), a SiLU MLP, a RoPE whose frequencies do not
+change with the length, on the CPU. Tests compare its tokens and logprobs with the HF
+forward's (tests/unit/test_fused_decode.py).
 """
 
 from __future__ import annotations
@@ -38,6 +39,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from ajet.engine.kv import BatchKV
 
 log = logging.getLogger(__name__)
+
+# Model classes whose decode step is the one written out here, with their config's model_type.
+# Qwen2 is Llama with biases on q/k/v (`_linear` adds them) and optional sliding-window layers
+# (refused in `_unsupported`).
+_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
 
 
 def _linear(module: Any, x: torch.Tensor) -> torch.Tensor:
@@ -89,9 +95,11 @@ class LlamaDecodeStep:
 
     @staticmethod
     def _unsupported(model: Any) -> str:
-        if type(model).__name__ != "LlamaForCausalLM" or getattr(model.config, "model_type", "") != "llama":
-            return f"{type(model).__name__} is not a plain LlamaForCausalLM"
+        if _ARCHITECTURES.get(type(model).__name__) != getattr(model.config, "model_type", ""):
+            return f"{type(model).__name__} is not one of {sorted(_ARCHITECTURES)} (without a peft wrapper)"
         config = model.config
+        if "sliding_attention" in (getattr(config, "layer_types", None) or []):
+            return "sliding-window layers"
         if config.hidden_act != "silu":
             return f"hidden_act={config.hidden_act}"
         if getattr(config, "pretraining_tp", 1) != 1:

@@ -89,6 +89,37 @@ def test_fused_step_sees_an_update_of_the_trainers_weights(peaky):
     assert after.token_ids != before.token_ids
 
 
+def tiny_qwen2(vocab_size: int):
+    """A 2-layer random Qwen2 (Llama with biases on q/k/v), seeded, with large enough weights
+    that its greedy output varies."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(3)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=vocab_size, hidden_size=64, intermediate_size=128,
+                                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                         max_position_embeddings=256, tie_word_embeddings=False))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" not in name:  # weights and biases; the norms stay ones
+                param.copy_(torch.randn_like(param) * (0.5 if param.dim() >= 2 else 0.2))
+    return model.eval()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_qwen2_decodes_through_the_written_out_step_as_through_hf(peaky, dtype):
+    _, tokenizer = peaky
+    qwen = tiny_qwen2(len(tokenizer))
+    assert any(layer.self_attn.q_proj.bias.abs().sum() > 0 for layer in qwen.model.layers)  # the biases count
+    prompts = prompts_of(tokenizer, 4)
+    params = SamplingParams(temperature=0.0, max_tokens=10)
+    fused, _ = generate((qwen, tokenizer), dtype, True, prompts, params)
+    hf, _ = generate((qwen, tokenizer), dtype, False, prompts, params)
+    for a, b in zip(fused, hf, strict=True):
+        assert a.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < TOLERANCE[dtype]
+    assert len({tuple(c.token_ids) for c in fused}) > 1
+
+
 def test_models_the_step_does_not_cover_keep_the_hf_forward(peaky):
     from peft import LoraConfig, get_peft_model
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -102,9 +133,10 @@ def test_models_the_step_does_not_cover_keep_the_hf_forward(peaky):
     lora = get_peft_model(tiny_llama(), LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
     assert LlamaDecodeStep.build(lora) is None
     assert LlamaDecodeStep.build(lora.get_base_model()) is None  # LoRA layers injected in place
-    qwen = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                        num_attention_heads=4, num_key_value_heads=2))
-    assert LlamaDecodeStep.build(qwen) is None
+    sliding = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                           num_attention_heads=4, num_key_value_heads=2, use_sliding_window=True,
+                                           sliding_window=16, max_window_layers=0))
+    assert "sliding_attention" in sliding.config.layer_types and LlamaDecodeStep.build(sliding) is None
     gelu = tiny_llama()
     gelu.config.hidden_act = "gelu"
     assert LlamaDecodeStep.build(gelu) is None
