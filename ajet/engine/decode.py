@@ -57,7 +57,7 @@ class DecodeBatch:
 
     weights: what the decode step forwards. reuse: the prefix cache finished completions go
     into. stats: the engine's counters ("generated_tokens", "decode_steps", "max_batch").
-    fused: decode with the written-out Llama step (ajet/engine/fused_decode.py) where it
+    fused: decode with the written-out step (ajet/engine/fused_decode.py) where it
     applies; False forwards every step through the HF model (to compare).
     """
 
@@ -115,7 +115,7 @@ class DecodeBatch:
         input_ids = torch.tensor([[seq.token_ids[-1]] for seq in self.active], dtype=torch.long, device=weight.device)
         position_ids = torch.tensor([[seq.position] for seq in self.active], dtype=torch.long, device=weight.device)
         mask = kv.prepare_step(weight.dtype)  # the additive mask must match the activations' dtype
-        if self.fused is not None:  # a plain Llama: no adapters, so no row_adapters
+        if self.fused is not None:  # a plain Llama or Qwen2: no adapters, so no row_adapters
             logits = self.fused(input_ids[:, 0], position_ids[:, 0], mask, kv)
         else:
             with row_adapters(model, [seq.request.target.adapter for seq in self.active]):

@@ -102,7 +102,7 @@ class LocalEngine:
         (`jump_forced_runs`), not one decode step per token; False only to compare.
         `initial_model`: a checkpoint directory that the default model "initial" names instead
         of this model's own initial weights (a pipeline stage after training: ajet.pipeline).
-        `fused_decode`: decode steps of a plain Llama model run the written-out step
+        `fused_decode`: decode steps of a plain Llama or Qwen2 model run the written-out step
         (ajet/engine/fused_decode.py) instead of the HF forward; False only to compare."""
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size={max_batch_size}: must be >= 1")
