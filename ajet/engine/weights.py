@@ -159,9 +159,12 @@ def check_bf16_gemm(model: Any) -> None:
     if device.type != "cpu":
         raise ValueError(f"engine_dtype=bfloat16_linear packs weights for oneDNN on the CPU; the model is on "
                          f"{device}: use engine_dtype=bfloat16 on a GPU")
-    if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
-        raise ValueError("engine_dtype=bfloat16_linear needs a CPU with native bf16 (avx512_bf16 or AMX) and "
-                         "torch built with oneDNN; this machine has neither: use float16 (x86) or float32")
+    if not torch.backends.mkldnn.is_available():
+        raise ValueError("engine_dtype=bfloat16_linear needs torch built with oneDNN (mkldnn); this torch build "
+                         "lacks it: use float16 (x86) or float32")
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        raise ValueError("engine_dtype=bfloat16_linear needs a CPU with native bf16 (avx512_bf16 or AMX); this "
+                         "CPU has neither, so oneDNN would emulate it: use float16 (x86) or float32")
 
 
 class Fp16Linear(torch.nn.Module):

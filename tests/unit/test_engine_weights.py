@@ -97,6 +97,9 @@ def test_bf16_linear_is_refused_where_bf16_gemms_are_emulated(peaky, monkeypatch
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
     with pytest.raises(ValueError, match="avx512_bf16 or AMX.*use float16"):
         ServingWeights(peaky[0], "bfloat16_linear")
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="built with oneDNN.*use float16"):
+        ServingWeights(peaky[0], "bfloat16_linear")
 
 
 def test_copies_hold_the_precision_and_leave_the_trainer_alone(peaky):
