@@ -83,7 +83,7 @@ class ServingWeights:
             return 0
         shared = {p.data_ptr() for p in self.source.parameters()}
         own = sum(p.numel() * p.element_size() for p in self.model.parameters() if p.data_ptr() not in shared)
-        packed = sum(m.nbytes for m in self.model.modules() if isinstance(m, (Fp16Linear, Bf16Linear)))
+        packed = sum(m.nbytes for m in self.model.modules() if isinstance(m, _PackedLinear))
         return own + packed
 
     # ------------------------------------------------------------------ copies
@@ -167,9 +167,12 @@ def check_bf16_gemm(model: Any) -> None:
                          "CPU has neither, so oneDNN would emulate it: use float16 (x86) or float32")
 
 
-class Fp16Linear(torch.nn.Module):
-    """`y = x W^T + b` with W stored in fp16 (FBGEMM-packed) and x, y in fp32. Holds no
-    reference to the trainer's layer as a submodule, so the copy's parameters stay its own."""
+class _PackedLinear(torch.nn.Module):
+    """`y = x W^T + b` with W packed in 2 bytes a weight for a CPU GEMM kernel and x, y in fp32.
+    Holds no reference to the trainer's layer as a submodule, so the copy's parameters stay its
+    own. A subclass packs (`pack`, again after each update) and multiplies 2-D inputs (`_mm`)."""
+
+    kernel = ""  # what extra_repr names
 
     def __init__(self, source: Any) -> None:
         super().__init__()
@@ -179,50 +182,48 @@ class Fp16Linear(torch.nn.Module):
         self.packed: Any = None
         self.nbytes = self.in_features * self.out_features * 2
         self.pack()
+
+    def pack(self) -> None:
+        raise NotImplementedError
+
+    def _mm(self, x: Any) -> Any:
+        raise NotImplementedError
+
+    def forward(self, x: Any) -> Any:
+        shape = x.shape
+        return self._mm(x.reshape(-1, shape[-1])).reshape(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, weight={self.kernel}"
+
+
+class Fp16Linear(_PackedLinear):
+    """W in fp16, packed for FBGEMM's fp16 GEMM (bias packed with it)."""
+
+    kernel = "fp16 (FBGEMM)"
 
     def pack(self) -> None:
         (source,) = self._source
         bias = source.bias.detach().float() if source.bias is not None else None
         self.packed = torch.ops.quantized.linear_prepack_fp16(source.weight.detach().float(), bias)
 
-    def forward(self, x: Any) -> Any:
-        shape = x.shape
-        y = torch.ops.quantized.linear_dynamic_fp16(x.reshape(-1, shape[-1]).float(), self.packed)
-        return y.reshape(*shape[:-1], self.out_features)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, weight=fp16 (FBGEMM)"
+    def _mm(self, x: Any) -> Any:
+        return torch.ops.quantized.linear_dynamic_fp16(x.float(), self.packed)
 
 
-class Bf16Linear(torch.nn.Module):
-    """`y = x W^T + b` with W stored in bf16 (packed for oneDNN: AMX / avx512_bf16 kernels) and
-    x, y in fp32; x is rounded to bf16 for the GEMM, which accumulates in fp32. Like
-    `Fp16Linear`, holds no reference to the trainer's layer as a submodule. Packing runs an
-    OpenMP parallel region: pack on the engine thread or in a passing thread (see
-    `ServingWeights.__init__`)."""
+class Bf16Linear(_PackedLinear):
+    """W in bf16, packed for oneDNN (AMX / avx512_bf16 kernels); x is rounded to bf16 for the
+    GEMM, which accumulates in fp32. Packing runs an OpenMP parallel region: pack on the engine
+    thread or in a passing thread (see `ServingWeights.__init__`)."""
 
-    def __init__(self, source: Any) -> None:
-        super().__init__()
-        self.in_features = source.in_features
-        self.out_features = source.out_features
-        self._source = (source,)  # a tuple: not registered as a submodule
-        self.packed: Any = None
-        self.bias: Any = None
-        self.nbytes = self.in_features * self.out_features * 2
-        self.pack()
+    kernel = "bf16 (oneDNN)"
+    bias: Any = None
 
     def pack(self) -> None:
         (source,) = self._source
         self.packed = torch.ops.mkldnn._reorder_linear_weight(source.weight.detach().to(torch.bfloat16))
         self.bias = source.bias.detach().float() if source.bias is not None else None
 
-    def forward(self, x: Any) -> Any:
-        shape = x.shape
-        y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, shape[-1]).to(torch.bfloat16), self.packed, None,
-                                               "none", [], "").float()
-        if self.bias is not None:
-            y = y + self.bias
-        return y.reshape(*shape[:-1], self.out_features)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, weight=bf16 (oneDNN)"
+    def _mm(self, x: Any) -> Any:
+        y = torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), self.packed, None, "none", [], "").float()
+        return y + self.bias if self.bias is not None else y
