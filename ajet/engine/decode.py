@@ -38,10 +38,10 @@ from ajet.engine.sampling import (
     make_generator,
 )
 from ajet.engine.served import row_adapters
+from ajet.engine.weights import ServingWeights
 
 if TYPE_CHECKING:  # pragma: no cover
     from ajet.engine.prefill import PrefixReuse
-    from ajet.engine.weights import ServingWeights
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,8 @@ class DecodeBatch:
     def __init__(self, weights: ServingWeights, tokenizer: Any, eos_token_ids: set[int],
                  max_model_len: int, reuse: PrefixReuse, stats: dict[str, int], fused: bool = True) -> None:
         self.weights = weights
-        self.fused = LlamaDecodeStep.build(weights.model) if fused else None
+        merged = weights.merged if isinstance(weights, ServingWeights) else None  # not a frozen model
+        self.fused = LlamaDecodeStep.build(weights.model, merged) if fused else None
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len

@@ -28,17 +28,20 @@ forward's (tests/unit/test_fused_decode.py).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch  # this module is imported only where the engine runs (like kv.py, prefill.py)
 import torch.nn.functional as F
 
-from ajet.engine.weights import Bf16Linear, Fp16Linear
+from ajet.engine.weights import Bf16Linear, Bf16SwiGLU, Fp16Linear
 
 if TYPE_CHECKING:  # pragma: no cover
     from ajet.engine.kv import BatchKV
 
 log = logging.getLogger(__name__)
+
+Merge = Callable[..., Any]  # `ServingWeights.merged`: modules -> one packed module, or None
 
 # Model classes whose decode step is the one written out here, with their config's model_type.
 # Qwen2 is Llama with biases on q/k/v (`_linear` adds them) and optional sliding-window layers
@@ -46,11 +49,15 @@ log = logging.getLogger(__name__)
 _ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
 
 
-def _linear(module: Any, x: torch.Tensor) -> torch.Tensor:
+def _linear(module: Any, x: torch.Tensor, exact: bool = True) -> torch.Tensor:
     """`module(x)` without the module call's hook machinery: an `nn.Linear`'s weight (read now,
-    so an update in place is seen), or the module's own forward (e.g. `Fp16Linear`)."""
+    so an update in place is seen), or the module's own forward (e.g. `Fp16Linear`).
+    `exact=False`: a `Bf16Linear` may return its bf16 output as it is, for a caller whose next
+    op mixes it with fp32 (an add, the rotation), which then computes in fp32 all the same."""
     if type(module) is torch.nn.Linear:
         return F.linear(x, module.weight, module.bias)
+    if not exact and type(module) is Bf16Linear:
+        return module.forward_bf16(x)
     return module.forward(x)
 
 
@@ -70,7 +77,7 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 class LlamaDecodeStep:
     """One decode step of a `LlamaForCausalLM`, written out (see the module docstring)."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, merged: Merge | None = None) -> None:
         config = model.config
         self.model = model
         self.heads = config.num_attention_heads
@@ -82,16 +89,26 @@ class LlamaDecodeStep:
         self.inv_freq = rotary.inv_freq.float()
         self.rope_scale = float(rotary.attention_scaling)
         self.scaling = self.layers[0].self_attn.scaling
+        # Per layer, q/k/v as one GEMM where `merged` packs them (float16 and bfloat16_linear
+        # copies), else None: the step then runs the modules one by one. A bfloat16_linear
+        # copy's MLP is a `Bf16SwiGLU` (three fused oneDNN calls); other MLPs run gate and up
+        # as one GEMM where `merged` packs them.
+        merge = merged or (lambda *modules: None)
+        self.qkv = [merge(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj)
+                    for layer in self.layers]
+        self.gate_up = [None if type(layer.mlp) is Bf16SwiGLU else merge(layer.mlp.gate_proj, layer.mlp.up_proj)
+                        for layer in self.layers]
 
     @classmethod
-    def build(cls, model: Any) -> LlamaDecodeStep | None:
+    def build(cls, model: Any, merged: Merge | None = None) -> LlamaDecodeStep | None:
         """The step for `model`, or None (with the reason at debug level) where it would not
-        compute what the HF forward computes."""
+        compute what the HF forward computes. `merged` (`ServingWeights.merged`) packs layers
+        that read the same input into one."""
         reason = cls._unsupported(model)
         if reason:
             log.debug("decode steps go through the HF forward: %s", reason)
             return None
-        return cls(model)
+        return cls(model, merged)
 
     @staticmethod
     def _unsupported(model: Any) -> str:
@@ -135,12 +152,18 @@ class LlamaDecodeStep:
         for index, layer in enumerate(self.layers):
             attn, mlp = layer.self_attn, layer.mlp
             h = _gemm_input(attn.q_proj, _rms_norm(x, layer.input_layernorm.weight, self.eps))
-            q = _linear(attn.q_proj, h).view(rows, heads, dim)
-            k = _linear(attn.k_proj, h).view(rows, kv_heads, dim)
-            qk = _rope(torch.cat((q, k), dim=1), cos, sin)  # one rotation for both
+            qkv = self.qkv[index]
+            if qkv is not None:  # q, k and v side by side: one rotation for q and k
+                out = _linear(qkv, h, exact=False).view(rows, heads + 2 * kv_heads, dim)
+                qk, v = _rope(out[:, : heads + kv_heads], cos, sin), out[:, heads + kv_heads:]
+            else:
+                q = _linear(attn.q_proj, h).view(rows, heads, dim)
+                k = _linear(attn.k_proj, h).view(rows, kv_heads, dim)
+                qk = _rope(torch.cat((q, k), dim=1), cos, sin)  # one rotation for both
+                v = _linear(attn.v_proj, h).view(rows, kv_heads, dim)
             keys, values = kv.keys[index], kv.values[index]
             keys[:rows, :, col] = qk[:, heads:]
-            values[:rows, :, col] = _linear(attn.v_proj, h).view(rows, kv_heads, dim)
+            values[:rows, :, col] = v
             # The query heads that share a KV head attend as that head's queries: one pass over
             # each KV head's keys (enable_gqa's kernel reads them once per query head; ~25 %
             # slower at 16 rows). The mask is the same for every query of a row.
@@ -148,9 +171,17 @@ class LlamaDecodeStep:
                 qk[:, :heads].reshape(rows, kv_heads, heads // kv_heads, dim),
                 keys[:rows, :, : col + 1], values[:rows, :, : col + 1], attn_mask=mask, scale=self.scaling,
             )
-            x = x + _linear(attn.o_proj, o.reshape(rows, heads * dim))
+            x = x + _linear(attn.o_proj, o.reshape(rows, heads * dim), exact=False)
             h = _gemm_input(mlp.gate_proj, _rms_norm(x, layer.post_attention_layernorm.weight, self.eps))
-            x = x + _linear(mlp.down_proj, F.silu(_linear(mlp.gate_proj, h)) * _linear(mlp.up_proj, h))
+            if type(mlp) is Bf16SwiGLU:
+                x = x + mlp.forward_bf16(h)  # fp32 + bf16: an fp32 sum
+                continue
+            gate_up = self.gate_up[index]
+            if gate_up is not None:
+                gate, up = gate_up(h).chunk(2, dim=-1)
+            else:
+                gate, up = _linear(mlp.gate_proj, h), _linear(mlp.up_proj, h)
+            x = x + _linear(mlp.down_proj, F.silu(gate) * up, exact=False)
         x = _rms_norm(x, model.model.norm.weight, self.eps)
         return _linear(model.lm_head, x).float()
 
@@ -161,3 +192,4 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     half = x.shape[-1] // 2
     a, b = x[..., :half], x[..., half:]
     return torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)
+

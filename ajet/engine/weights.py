@@ -48,6 +48,7 @@ class ServingWeights:
         self.dtype = dtype
         self.version = 0  # the policy version the copy was last refreshed at
         self._refreshers: list[Callable[[], None]] = []
+        self._merged: dict[tuple[int, ...], _PackedLinear] = {}  # see `merged`
         if dtype == "float32":
             self.model = source
         else:
@@ -84,7 +85,27 @@ class ServingWeights:
         shared = {p.data_ptr() for p in self.source.parameters()}
         own = sum(p.numel() * p.element_size() for p in self.model.parameters() if p.data_ptr() not in shared)
         packed = sum(m.nbytes for m in self.model.modules() if isinstance(m, _PackedLinear))
-        return own + packed
+        return own + packed + sum(m.nbytes for m in self._merged.values())
+
+    def merged(self, *modules: Any) -> _PackedLinear | None:
+        """One packed linear layer for `modules`, packed layers of the copy that read the same
+        input (e.g. a layer's q, k and v projections): its output is theirs side by side. None
+        unless they are all `Fp16Linear`s or all `Bf16Linear`s. Made once, refreshed with the
+        copy; it holds its own packed weights (the modules keep theirs for the HF forward).
+
+        At 16 rows one GEMM is much cheaper than several narrow ones (Intel AMX machine, 2
+        threads, SmolLM2-135M): q, k and v 183 us against 397 (fp16) and 186 against 415 (bf16);
+        gate and up 725 us against 850 with the MLP around them (fp16)."""
+        kinds = {type(module) for module in modules}
+        if len(kinds) != 1 or not issubclass(kind := kinds.pop(), _PackedLinear):
+            return None
+        key = tuple(id(module) for module in modules)
+        if key not in self._merged:
+            sources = [source for module in modules for source in module._source]
+            # Packing runs OpenMP parallel regions: not in the caller's thread (see __init__).
+            fast = self._merged[key] = in_passing_thread(kind, *sources)
+            self._refreshers.append(fast.pack)
+        return self._merged[key]
 
     # ------------------------------------------------------------------ copies
     def _copy(self, source: Any, dtype: str) -> Any:
@@ -132,6 +153,11 @@ class ServingWeights:
             replaced.append(fast)
         if not replaced:
             raise ValueError(f"engine_dtype={self.dtype} found no nn.Linear layer to pack; use float32")
+        if packed_linear is Bf16Linear:
+            for name, module in list(model.named_modules()):
+                if Bf16SwiGLU.applies(module):
+                    parent_name, _, attr = name.rpartition(".")
+                    setattr(model.get_submodule(parent_name) if parent_name else model, attr, Bf16SwiGLU(module))
 
         def refresh() -> None:
             for fast in replaced:
@@ -170,21 +196,41 @@ def check_bf16_gemm(model: Any) -> None:
 class _PackedLinear(torch.nn.Module):
     """`y = x W^T + b` with W packed in 2 bytes a weight for a CPU GEMM kernel and x, y in fp32.
     Holds no reference to the trainer's layer as a submodule, so the copy's parameters stay its
-    own. A subclass packs (`pack`, again after each update) and multiplies 2-D inputs (`_mm`)."""
+    own. A subclass packs (`pack`, again after each update) and multiplies 2-D inputs (`_mm`).
+
+    Given several layers that read the same input (a layer's q, k and v projections), it packs
+    their weights one above the other: one GEMM computes their outputs side by side, in the
+    order given (`ServingWeights.merged`)."""
 
     kernel = ""  # what extra_repr names
 
-    def __init__(self, source: Any) -> None:
+    def __init__(self, *sources: Any) -> None:
         super().__init__()
-        self.in_features = source.in_features
-        self.out_features = source.out_features
-        self._source = (source,)  # a tuple: not registered as a submodule
+        widths = {source.in_features for source in sources}
+        if len(widths) != 1:
+            raise ValueError(f"layers packed together must read the same input width, not {sorted(widths)}")
+        if len({source.bias is None for source in sources}) != 1:
+            raise ValueError("layers packed together must all have a bias or none")
+        self.in_features = sources[0].in_features
+        self.out_features = sum(source.out_features for source in sources)
+        self._source = sources  # a tuple: not registered as a submodule
         self.packed: Any = None
         self.nbytes = self.in_features * self.out_features * 2
         self.pack()
 
     def pack(self) -> None:
         raise NotImplementedError
+
+    def _stacked(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The sources' weights (in `dtype`) and fp32 biases, one above the other."""
+        sources = self._source
+        if len(sources) == 1:
+            weight = sources[0].weight.detach().to(dtype)
+        else:
+            weight = torch.cat([source.weight.detach().to(dtype) for source in sources])
+        if sources[0].bias is None:
+            return weight, None
+        return weight, torch.cat([source.bias.detach().float() for source in sources])
 
     def _mm(self, x: Any) -> Any:
         raise NotImplementedError
@@ -203,9 +249,7 @@ class Fp16Linear(_PackedLinear):
     kernel = "fp16 (FBGEMM)"
 
     def pack(self) -> None:
-        (source,) = self._source
-        bias = source.bias.detach().float() if source.bias is not None else None
-        self.packed = torch.ops.quantized.linear_prepack_fp16(source.weight.detach().float(), bias)
+        self.packed = torch.ops.quantized.linear_prepack_fp16(*self._stacked(torch.float32))
 
     def _mm(self, x: Any) -> Any:
         return torch.ops.quantized.linear_dynamic_fp16(x.float(), self.packed)
@@ -220,10 +264,53 @@ class Bf16Linear(_PackedLinear):
     bias: Any = None
 
     def pack(self) -> None:
-        (source,) = self._source
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(source.weight.detach().to(torch.bfloat16))
-        self.bias = source.bias.detach().float() if source.bias is not None else None
+        weight, self.bias = self._stacked(torch.bfloat16)
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight)
 
     def _mm(self, x: Any) -> Any:
-        y = torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), self.packed, None, "none", [], "").float()
-        return y + self.bias if self.bias is not None else y
+        return self._mm_bf16(x).float()
+
+    def _mm_bf16(self, x: Any) -> Any:
+        y = torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), self.packed, None, "none", [], "")
+        return y + self.bias if self.bias is not None else y  # the fp32 bias: an fp32 sum
+
+    def forward_bf16(self, x: Any) -> Any:
+        """`forward` without the cast of the output to fp32: bf16 (fp32 with a bias), for a
+        caller whose next op mixes it with fp32 anyway (one op fewer; the same values)."""
+        shape = x.shape
+        return self._mm_bf16(x.reshape(-1, shape[-1])).reshape(*shape[:-1], self.out_features)
+
+
+class Bf16SwiGLU(torch.nn.Module):
+    """A Llama / Qwen2 MLP, `down(silu(gate(x)) * up(x))`, of `Bf16Linear`s without biases,
+    in three oneDNN calls: the gate's GEMM applies the SiLU and the up's GEMM the product to
+    their fp32 sums, each rounded to bf16 once (the module it replaces rounds the gate and up
+    outputs first, then the product). Replaces those MLPs in a bfloat16_linear copy, so the
+    HF forward (prefill) and the written-out decode step compute alike. At 16 rows: 6 % more
+    decode tokens/s (Intel AMX machine), and the engine's logprobs are as close to the fp32
+    trainer's (mean |difference| 0.0237 against 0.0251)."""
+
+    MLPS = ("LlamaMLP", "Qwen2MLP")  # forward is down(act_fn(gate(x)) * up(x))
+
+    def __init__(self, mlp: Any) -> None:
+        super().__init__()
+        self.gate_proj, self.up_proj, self.down_proj = mlp.gate_proj, mlp.up_proj, mlp.down_proj
+
+    @classmethod
+    def applies(cls, module: Any) -> bool:
+        if type(module).__name__ not in cls.MLPS or type(module.act_fn).__name__ not in ("SiLU", "SiLUActivation"):
+            return False
+        linears = (module.gate_proj, module.up_proj, module.down_proj)
+        return all(type(m) is Bf16Linear and m.bias is None for m in linears)
+
+    def forward(self, x: Any) -> Any:
+        shape = x.shape
+        y = self.forward_bf16(x.reshape(-1, shape[-1]).to(torch.bfloat16))
+        return y.float().reshape(*shape[:-1], self.down_proj.out_features)
+
+    def forward_bf16(self, h: Any) -> Any:
+        """The MLP of `h` ([rows, in] in bf16), in bf16."""
+        linear = torch.ops.mkldnn._linear_pointwise
+        gate = linear(h, self.gate_proj.packed, None, "swish", [], "")
+        product = linear.binary(h, gate, self.up_proj.packed, None, "mul")
+        return linear(product, self.down_proj.packed, None, "none", [], "")

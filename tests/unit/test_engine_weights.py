@@ -85,6 +85,70 @@ def test_packed_linear_matches_fp32_linear_and_is_stale_until_packed(cls, bounds
         assert (fast(x) - layer(x)).abs().max() < repacked * layer(x).abs().max()
 
 
+@pytest.mark.parametrize("dtype", ["float16", pytest.param("bfloat16_linear", marks=needs_bf16_gemm)])
+def test_merged_layers_give_their_outputs_side_by_side_and_are_refreshed_with_the_copy(peaky, dtype):
+    from ajet.engine.weights import ServingWeights
+
+    model, _ = peaky
+    weights = ServingWeights(model, dtype)
+    attn = weights.model.model.layers[0].self_attn
+    before = weights.copy_bytes()
+    qkv = weights.merged(attn.q_proj, attn.k_proj, attn.v_proj)
+    assert qkv is not None and weights.merged(attn.q_proj, attn.k_proj, attn.v_proj) is qkv  # made once
+    assert qkv.out_features == sum(m.out_features for m in (attn.q_proj, attn.k_proj, attn.v_proj))
+    assert weights.copy_bytes() == before + qkv.nbytes
+    x = torch.randn(4, attn.q_proj.in_features)
+
+    def apart():
+        return torch.cat([attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)], dim=-1)
+
+    with torch.no_grad():
+        assert (qkv(x) - apart()).abs().max() <= 1e-2 * apart().abs().max()  # the same rows, in order
+        model.model.layers[0].self_attn.k_proj.weight.mul_(-2.0)  # the trainer's update
+        weights.refresh(1)
+        assert (qkv(x) - apart()).abs().max() <= 1e-2 * apart().abs().max()  # repacked too
+    # Only packed layers merge: the fp32 engine forwards the trainer's own layers.
+    fp32 = ServingWeights(model, "float32")
+    plain = fp32.model.model.layers[0].self_attn
+    assert fp32.merged(plain.q_proj, plain.k_proj) is None
+    assert weights.merged(attn.q_proj, plain.k_proj) is None
+
+
+@needs_bf16_gemm
+def test_a_bf16_copys_mlp_rounds_once_and_no_worse_than_its_layers(peaky):
+    """`Bf16SwiGLU` (the SiLU and the product inside oneDNN's GEMMs) against the fp32 MLP: as
+    close as the packed layers one by one, which round the gate and up outputs first; and a
+    bfloat16_linear copy's Llama MLPs are Bf16SwiGLUs, refreshed with the copy."""
+    from ajet.engine.weights import Bf16Linear, Bf16SwiGLU, ServingWeights
+
+    model, _ = peaky
+    weights = ServingWeights(model, "bfloat16_linear")
+    layer = weights.model.model.layers[0]
+    assert all(type(layer.mlp) is Bf16SwiGLU for layer in weights.model.model.layers)
+    assert type(layer.mlp.gate_proj) is Bf16Linear
+    fp32 = model.model.layers[0].mlp
+    x = torch.randn(2, 8, fp32.gate_proj.in_features)
+    with torch.no_grad():
+        for _ in range(2):
+            exact = fp32(x)
+            fused = layer.mlp(x)
+            apart = layer.mlp.down_proj(torch.nn.functional.silu(layer.mlp.gate_proj(x)) * layer.mlp.up_proj(x))
+            assert fused.dtype == torch.float32 and fused.shape == exact.shape
+            error, apart_error = (fused - exact).abs().mean(), (apart - exact).abs().mean()
+            assert 0 < error <= 1.1 * apart_error  # bf16's rounding, not more
+            fp32.up_proj.weight.mul_(-1.5)  # the trainer's update, then the copy's refresh
+            weights.refresh(weights.version + 1)
+
+
+def test_layers_that_read_different_inputs_are_not_merged():
+    from ajet.engine.weights import Fp16Linear
+
+    with pytest.raises(ValueError, match="same input width"):
+        Fp16Linear(torch.nn.Linear(8, 4), torch.nn.Linear(16, 4))
+    with pytest.raises(ValueError, match="a bias or none"):
+        Fp16Linear(torch.nn.Linear(8, 4), torch.nn.Linear(8, 4, bias=False))
+
+
 def test_bf16_linear_is_refused_where_bf16_gemms_are_emulated(peaky, monkeypatch):
     from ajet.engine.weights import ServingWeights
 

@@ -19,6 +19,7 @@ from ajet.engine.fused_decode import LlamaDecodeStep
 # test_engine_weights.py).
 TOLERANCE = {"float32": 1e-4, "float16": 1e-3, "bfloat16": 0.15, "bfloat16_linear": 1e-3}
 BF16_GEMM = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+needs_bf16_gemm = pytest.mark.skipif(not BF16_GEMM, reason="needs a CPU with avx512_bf16 or AMX")
 
 
 @pytest.fixture
@@ -32,6 +33,12 @@ def generate(peaky, dtype, fused, prompts, params, **engine_kwargs):
     model, tokenizer = peaky
     with LocalEngine(model, tokenizer, max_batch_size=8, dtype=dtype, fused_decode=fused, **engine_kwargs) as engine:
         assert (engine._batch.fused is not None) == fused
+        if fused:  # packed copies run q/k/v as one GEMM; the MLP's gate/up too, or a Bf16SwiGLU
+            step = engine._batch.fused
+            assert all((m is not None) == (dtype in ("float16", "bfloat16_linear")) for m in step.qkv)
+            assert all((m is not None) == (dtype == "float16") for m in step.gate_up)
+            swiglu = {type(layer.mlp).__name__ == "Bf16SwiGLU" for layer in step.layers}
+            assert swiglu == {dtype == "bfloat16_linear"}
 
         async def run():
             return await asyncio.gather(*(engine.generate(p, params) for p in prompts))
@@ -47,7 +54,7 @@ def prompts_of(tokenizer, count):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", pytest.param(
-    "bfloat16_linear", marks=pytest.mark.skipif(not BF16_GEMM, reason="needs a CPU with avx512_bf16 or AMX"))])
+    "bfloat16_linear", marks=needs_bf16_gemm)])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_fused_step_decodes_what_the_hf_forward_decodes(peaky, dtype, temperature):
     _, tokenizer = peaky
@@ -105,7 +112,8 @@ def tiny_qwen2(vocab_size: int):
     return model.eval()
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", pytest.param(
+    "bfloat16_linear", marks=needs_bf16_gemm)])
 def test_qwen2_decodes_through_the_written_out_step_as_through_hf(peaky, dtype):
     _, tokenizer = peaky
     qwen = tiny_qwen2(len(tokenizer))
