@@ -244,8 +244,10 @@ class RolloutConfig:
     # bf16 copy (fast on GPUs and CPUs with avx512_bf16/AMX, ~2.6x slower on AVX2-only CPUs);
     # float16 = fp16 copies of the linear layers multiplied with fp32 activations by FBGEMM (x86
     # CPUs); bfloat16_linear = the same with bf16 copies multiplied by oneDNN (CPUs with
-    # avx512_bf16/AMX only: ~2x faster GEMMs than float16 there, logprobs move as with bfloat16). A copy (~0.27 GB for 135M) is refreshed after every weight update; the update logs
-    # the logprob mismatch it causes (rollout/logprob_mismatch; see algorithm.tis_cap).
+    # avx512_bf16/AMX only: ~2x faster GEMMs than float16 there, logprobs move as with bfloat16).
+    # A copy (~0.27 GB for 135M, +0.03 GB for q/k/v packed together, +0.11 GB more for float16's
+    # gate/up) is refreshed after every weight update; the update logs the logprob mismatch it
+    # causes (rollout/logprob_mismatch; see algorithm.tis_cap).
     engine_dtype: EngineDType = EngineDType.float32
     # One-step off-policy overlap (debug backbone, ajet/rollout/ahead.py): while step k updates
     # the weights, step k+1's episodes already roll out on the engine's copy of the previous

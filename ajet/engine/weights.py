@@ -14,7 +14,12 @@ copy, which halves the bytes a decode step reads (decode is bound by reading the
   oneDNN, whose bf16 GEMM runs on AMX / avx512_bf16 (x86 CPUs with avx512_bf16: refused
   elsewhere). The activations are rounded to bf16 around each GEMM, everything else is fp32. On
   an Intel AMX machine at 16 rows the GEMMs of a decode step take ~20 ms against FBGEMM fp16's
-  ~43 ms; the logprobs move about as much as with `bfloat16` (docs/benchmarks.md).
+  ~43 ms; the logprobs move about as much as with `bfloat16` (docs/benchmarks.md). Its Llama /
+  Qwen2 MLPs become `Bf16SwiGLU`s, which apply the SiLU and the product inside the GEMMs.
+
+The written-out decode step (fused_decode.py) also asks for layers that read the same input
+packed as one (`merged`: a layer's q/k/v; gate/up under float16): one wide GEMM at 16 rows costs
+less than three narrow ones.
 
 A copy is refreshed from the trainer's weights by `refresh(version)` before the first forward
 under a new policy version (the engine thread calls it), so stale weights never serve a
