@@ -16,8 +16,8 @@ stale: fp32 `nn.Linear`s (the trainer's own weights), `Fp16Linear`s and `Bf16Lin
 (engine_dtype float16 / bfloat16_linear, repacked in place by `ServingWeights.refresh`) and a
 bf16 copy all work unchanged. Under float16 and bfloat16_linear it runs a layer's q/k/v as one
 GEMM (gate/up too under float16), packed by `ServingWeights.merged` and refreshed with the copy;
-a bfloat16_linear copy's MLP is a `Bf16SwiGLU` (SiLU and product inside the GEMMs). The KV goes straight into `BatchKV`'s buffers; the mask is
-`BatchKV.prepare_step`'s.
+a bfloat16_linear copy's MLP is a `Bf16SwiGLU` (SiLU and product inside the GEMMs). The KV goes
+straight into `BatchKV`'s buffers; the mask is `BatchKV.prepare_step`'s.
 
 It applies only where it computes exactly what the HF forward computes (`LlamaDecodeStep.build`
 returns None otherwise and the engine keeps the HF forward): a plain `LlamaForCausalLM` or
