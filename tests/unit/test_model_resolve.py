@@ -29,3 +29,20 @@ def test_hub_id_not_in_cache_gives_offline_error(monkeypatch: pytest.MonkeyPatch
 def test_nonexistent_path_names_the_bundled_alternative() -> None:
     with pytest.raises(ModelNotFoundError, match="smollm2-135m-instruct"):
         resolve_model_path("./no/such/dir")
+
+
+def test_converting_the_bundled_gguf_parses_it_once_and_restores_gguf() -> None:
+    import gguf
+
+    from ajet.models import resolve
+
+    real_reader, real_name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    path = resolve.bundled_gguf()
+    with resolve._gguf_parsed_once():
+        first = gguf.GGUFReader(path)
+        assert gguf.GGUFReader(str(path)) is first  # one parse, whatever the path's type
+        assert isinstance(first, real_reader) and len(first.tensors) == 272
+        arch = gguf.MODEL_ARCH.LLAMA
+        assert gguf.get_tensor_name_map(arch, 30) is gguf.get_tensor_name_map(arch, 30)
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (real_reader, real_name_map)
+    assert gguf.get_tensor_name_map(arch, 30) is not gguf.get_tensor_name_map(arch, 30)
