@@ -51,8 +51,12 @@ test-main: install browser
 test-unit: install
 	$(PY) -m pytest --ignore=tests/backbones -m "not integration and not tutorial" $(PYTEST_ARGS)
 
+# The bench extra builds llama.cpp from source (~6-10 min on 2 cores, once); on a CPU with AMX
+# without its AMX kernels, whose native build crashes there (scripts/bench_llamacpp.py).
+BENCH_INSTALL = CMAKE_ARGS="$${CMAKE_ARGS:-$$($(PY) scripts/bench_llamacpp.py --cmake-args)}" $(PIP) install -q -e '.[dev,bench]'
+
 bench: install
-	$(PIP) install -q -e '.[dev,bench]'
+	$(BENCH_INSTALL)
 	$(PY) scripts/bench_engine.py --workloads agent,decode,choices
 	$(PY) scripts/bench_thread_pools.py
 	$(PY) scripts/bench_context.py
@@ -66,7 +70,7 @@ bench: install
 # test split against a threshold (scripts/bench_learning.py --list). The quick one, in a few
 # minutes: make bench-learning BENCH_ARGS='--only adder'.
 bench-learning: install
-	$(PIP) install -q -e '.[dev,bench]'
+	$(BENCH_INSTALL)
 	$(PY) scripts/bench_learning.py $(BENCH_ARGS)
 
 lint: install

@@ -52,10 +52,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import multiprocessing
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import bench_llamacpp
@@ -371,13 +369,15 @@ def run_decode(model, tokenizer, args) -> dict[str, dict[str, float]]:
 
     mismatch = {}
     if "llama_cpp" in methods:
-        # In a process of its own: llama.cpp's OpenMP threads would join torch's libgomp (one
-        # soname, one runtime) and slow every method measured after it (see below).
+        # In a process of its own (bench_isolated says why); a crash there leaves its column out.
         threads = args.threads or torch_threads()
-        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-            measured = pool.submit(bench_llamacpp.bench, prompts, args.new_tokens, levels, args.repeats, threads)
-            for c, rates in measured.result().items():
-                runs["llama_cpp"][c] = rates
+        measured, why = bench_llamacpp.bench_isolated(prompts, args.new_tokens, levels, args.repeats, threads)
+        if measured is None:
+            print(f"llama_cpp: {why}; its column is left out", flush=True)
+            methods.remove("llama_cpp")
+            del runs["llama_cpp"]
+        else:
+            runs["llama_cpp"].update(measured)
     # One method at a time, each in threads that end with it: every thread that runs torch keeps
     # an OpenMP pool, and with more pooled threads than cores libgomp stops spinning between
     # parallel regions (ajet/passing_thread.py), which slowed the method measured after

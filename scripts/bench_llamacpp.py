@@ -152,13 +152,72 @@ def bench(prompts: list[list[int]], new_tokens: int, levels: list[int], repeats:
     return runs
 
 
+# What a build of llama.cpp for an AMX CPU needs: the native build (GGML_NATIVE, what pip builds)
+# dies in its first decode with a general protection fault in libggml-cpu's AMX kernels, which
+# request the AMX tile permission on the main thread only (docs/benchmarks.md, 2026-11-28). The
+# Makefile's `bench` target builds with these flags where /proc/cpuinfo lists amx_tile.
+NO_AMX_CMAKE_ARGS = (
+    "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON "
+    "-DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON "
+    "-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+)
+
+
+def bench_isolated(*args, target=None, **kwargs) -> tuple[dict[str, list[float]] | None, str]:
+    """`bench(*args)` in a process of its own: (its runs, "") or (None, why it gave none).
+
+    Its own process for two reasons: llama.cpp's OpenMP threads would join torch's libgomp (one
+    soname, one runtime) and slow every method measured after it; and a llama.cpp that crashes
+    (a native build on an AMX CPU) takes only that process down, not the benchmark.
+    """
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    try:
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            return pool.submit(target or bench, *args, **kwargs).result(), ""
+    except BrokenProcessPool:
+        why = "llama.cpp's process died"
+        if "amx_tile" in _cpu_flags():
+            why += (
+                " (this CPU has AMX, and a native llama.cpp build crashes in its AMX kernels: rebuild it "
+                f'without them: CMAKE_ARGS="{NO_AMX_CMAKE_ARGS}" pip install --no-cache-dir '
+                "--force-reinstall --no-deps llama-cpp-python)"
+            )
+        return None, why
+    except Exception as exc:  # noqa: BLE001 - any failure of the reference leaves its column out
+        return None, f"llama.cpp failed: {type(exc).__name__}: {exc}"
+
+
+def build_cmake_args() -> str:
+    """The CMAKE_ARGS for building llama-cpp-python on this CPU: "" where its native build runs."""
+    return NO_AMX_CMAKE_ARGS if "amx_tile" in _cpu_flags() else ""
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--concurrency", default="1,4,16")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--cmake-args", action="store_true",
+                        help="print the CMAKE_ARGS that llama-cpp-python needs on this CPU (empty: none) and exit")
     args = parser.parse_args(argv)
+    if args.cmake_args:
+        print(build_cmake_args())
+        return 0
     if not available():
         print("llama-cpp-python is not installed: pip install -e '.[bench]' (builds llama.cpp, ~10 min)")
         return 1
@@ -169,7 +228,10 @@ def main(argv: list[str]) -> int:
 
     levels = [int(c) for c in args.concurrency.split(",") if c]
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("smollm2-135m-instruct"))
-    runs = bench(chat_prompts(tokenizer, max(levels)), args.new_tokens, levels, args.repeats, args.threads)
+    runs, why = bench_isolated(chat_prompts(tokenizer, max(levels)), args.new_tokens, levels, args.repeats, args.threads)
+    if runs is None:
+        print(why)
+        return 1
     print({c: max(r) for c, r in runs.items()})
     return 0
 
