@@ -205,7 +205,12 @@ def _wrong_type_message(exc: ValidationError, source: str) -> str:
     full_key = exc.full_key or "?"
     expected = _expected_type(full_key)
     message = f"{source}: {full_key}: {_first_line(exc).rstrip('.')}."
-    return message + (f" Expected {expected}." if expected else "")
+    message += f" Expected {expected}." if expected else ""
+    if expected == "str" and "'None'" in message:
+        # `key=` (or `key: null`) is null to OmegaConf, never the empty string.
+        leaf = full_key.rpartition(".")[2]
+        message += f" For an empty string write {leaf}: \"\" in YAML, or '{full_key}=\"\"' on the command line."
+    return message
 
 
 def _first_line(exc: Exception) -> str:

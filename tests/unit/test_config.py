@@ -104,6 +104,15 @@ def test_wrong_type_in_override(tmp_path: Path) -> None:
         load_config(minimal(tmp_path), ["rollout.n=many"])
 
 
+def test_empty_override_of_a_string_says_how_to_write_one(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(minimal(tmp_path), ["rollout.first_call_tool_choice="])
+    assert "rollout.first_call_tool_choice" in str(err.value)
+    assert '\'rollout.first_call_tool_choice=""\'' in str(err.value)
+    cfg = load_config(minimal(tmp_path), ['rollout.first_call_tool_choice=""'])
+    assert cfg.rollout.first_call_tool_choice == ""
+
+
 def test_override_without_equals(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not KEY=VALUE"):
         load_config(minimal(tmp_path), ["rollout.n"])
