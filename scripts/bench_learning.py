@@ -103,8 +103,14 @@ WEREWOLVES_BEHAVIOUR = ("workflow/valid_choices", "workflow/vote_hit/villager", 
                         "workflow/check_hit/seer", "workflow/kill_last/werewolf", "workflow/vote_first/werewolf",
                         "workflow/vote_first/villager")
 
-# math_agent_rl's test evaluations: 4 episodes a task (128), so that its ablations can be told apart.
-MATH_RL_EVAL = ("eval.n=4",)
+# GRPO alone on the math agent; the registry also runs it without one of its levers at a time.
+MATH_AGENT_RL = Example(
+    name="math_agent_rl", conf="tutorial/example_math_agent/math_agent_rl.yaml", stages=("grpo",),
+    overrides=("eval.n=4",), budget_min=15, threshold=0.15,
+    why="GRPO alone as math_agent_rl.yaml (24 steps, 12-13 min quiet); val success was "
+        "0.31-0.38 on the earlier data: the threshold asks for about half of that on test. "
+        "4 episodes a test task (128) since 2026-11-29: one each was +-0.08.",
+)
 
 # The werewolf against the frozen village; the registry also runs it with dynamic sampling.
 WEREWOLVES_VS_INITIAL = Example(
@@ -139,25 +145,18 @@ REGISTRY: tuple[Example, ...] = (
             "0.84-0.97 on the earlier data. Test has phrasings and operations (/, parentheses) "
             "that no demonstration shows: the threshold asks for a third of val's level.",
     ),
-    Example(
-        name="math_agent_rl", conf="tutorial/example_math_agent/math_agent_rl.yaml", stages=("grpo",),
-        overrides=MATH_RL_EVAL, budget_min=15, threshold=0.15,
-        why="GRPO alone as math_agent_rl.yaml (24 steps, 12-13 min quiet); val success was "
-            "0.31-0.38 on the earlier data: the threshold asks for about half of that on test. "
-            "4 episodes a test task (128) since 2026-11-29: one each was +-0.08.",
-    ),
+    MATH_AGENT_RL,
     # Issue 27 asks what each of math_agent_rl's levers brings: the same run without one of them.
-    Example(
-        name="math_agent_rl_unforced", conf="tutorial/example_math_agent/math_agent_rl.yaml", stages=("grpo",),
-        overrides=(*MATH_RL_EVAL, 'rollout.first_call_tool_choice=""'), budget_min=15, threshold=0.0, gain=True,
+    replace(
+        MATH_AGENT_RL, name="math_agent_rl_unforced",
+        overrides=(*MATH_AGENT_RL.overrides, 'rollout.first_call_tool_choice=""'), threshold=0.0, gain=True,
         why="ablation of math_agent_rl: the first call not forced to `calculate` (the model calls the "
             "tool or not, as it likes). Its base evaluation against math_agent_rl's is the gain of "
             "the forced call alone; no target of its own (>= base).",
     ),
-    Example(
-        name="math_agent_rl_no_curriculum", conf="tutorial/example_math_agent/math_agent_rl.yaml",
-        stages=("grpo",), overrides=(*MATH_RL_EVAL, 'task_reader.curriculum.key=""'), budget_min=15,
-        threshold=0.0, gain=True,
+    replace(
+        MATH_AGENT_RL, name="math_agent_rl_no_curriculum",
+        overrides=(*MATH_AGENT_RL.overrides, 'task_reader.curriculum.key=""'), threshold=0.0, gain=True,
         why="ablation of math_agent_rl: no curriculum (every step draws from the whole train set, "
             "not from the one-operation tasks first); no target of its own (>= base).",
     ),
