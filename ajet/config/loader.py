@@ -204,9 +204,10 @@ def _unknown_key_message(exc: ConfigKeyError, source: str) -> str:
 def _wrong_type_message(exc: ValidationError, source: str) -> str:
     full_key = exc.full_key or "?"
     expected = _expected_type(full_key)
-    message = f"{source}: {full_key}: {_first_line(exc).rstrip('.')}."
+    detail = _first_line(exc).rstrip(".")
+    message = f"{source}: {full_key}: {detail}."
     message += f" Expected {expected}." if expected else ""
-    if expected == "str" and "'None'" in message:
+    if expected == "str" and "'None'" in detail:
         # `key=` (or `key: null`) is null to OmegaConf, never the empty string.
         leaf = full_key.rpartition(".")[2]
         message += f" For an empty string write {leaf}: \"\" in YAML, or '{full_key}=\"\"' on the command line."
