@@ -42,6 +42,14 @@ Usage:
     .venv/bin/python scripts/bench_engine.py [--json FILE] [--workloads agent,decode,adapters,choices]
         [--new-tokens 128] [--concurrency 1,4,16] [--episodes 16] [--turns 8]
         [--engine-dtypes float32,float16,bfloat16] [--repeats 2] [--adapters 4]
+        [--cpu-isa native|avx512_bf16|avx512|avx2]
+
+`--cpu-isa avx2|avx512|avx512_bf16` caps the instruction sets torch's kernels may use (ATen's
+dispatch, oneDNN, MKL, FBGEMM: each has an environment variable for it; the script re-runs
+itself with them set): on an AMX machine, `avx512_bf16` runs the kernels an AVX-512 CPU with
+avx512_bf16 but no AMX would, `avx2` those of an AVX2-only CPU. It answers which kernels win on
+which instruction set; the memory, caches and clocks are still this machine's, so it does not
+stand in for a measurement on the other machine. llama.cpp (built for this CPU) is left out.
 
 A benchmark measures; it asserts nothing about speed. The machine may be shared: repeat
 runs and compare like with like.
@@ -52,6 +60,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -115,6 +124,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="decode: also measure each 'ours' engine with its decode steps through the HF forward "
              "(fused_decode=False; rows ours_hf_step, ours_fp16_hf_step, ...), to compare with the "
              "written-out Llama step (ajet/engine/fused_decode.py)",
+    )
+    parser.add_argument(
+        "--cpu-isa", choices=sorted(CPU_ISA), default="native",
+        help="cap the instruction sets torch's CPU kernels may use (see the module docstring)",
     )
     parser.add_argument("--workloads", default="agent,decode", help="agent and/or decode")
     parser.add_argument("--episodes", type=int, default=16, help="agent: concurrent episodes")
@@ -312,6 +325,27 @@ OURS = {"float32": "ours", "float16": "ours_fp16", "bfloat16": "ours_bf16", "bfl
 HF_STEP = "_hf_step"  # the same engine, its decode steps through the HF forward
 
 
+# Per instruction-set cap: the environment variables that make ATen's dispatch, oneDNN, MKL and
+# FBGEMM pick no wider kernels. Each library reads its variable once, at load or first use.
+CPU_ISA = {
+    "native": {},
+    "avx512_bf16": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"},  # AVX-512 and avx512_bf16, no AMX
+    "avx512": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"},
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+             "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2"},
+}
+ISA_MARK = "AJET_BENCH_CPU_ISA"  # set in the re-run process, so that it does not re-run again
+
+
+def cap_cpu_isa(isa: str, argv: list[str]) -> None:
+    """Re-run this script with `isa`'s caps in its environment (before torch is imported)."""
+    if isa == "native" or os.environ.get(ISA_MARK) == isa:
+        return
+    env = os.environ | CPU_ISA[isa] | {ISA_MARK: isa}
+    print(f"cpu-isa {isa}: re-running with " + " ".join(f"{k}={v}" for k, v in CPU_ISA[isa].items()), flush=True)
+    os.execve(sys.executable, [sys.executable, __file__, *argv], env)
+
+
 def torch_threads() -> int:
     import torch
 
@@ -342,7 +376,10 @@ def decode_methods(args) -> list[str]:
         elif method in ("hf_sequential", "hf_batched"):
             methods.append(method)
         elif method == "llama_cpp":
-            if bench_llamacpp.available():
+            if args.cpu_isa != "native":
+                print(f"llama_cpp: built for this CPU, it ignores --cpu-isa {args.cpu_isa}; its column is left out",
+                      flush=True)
+            elif bench_llamacpp.available():
                 methods.append(method)
             else:
                 print("llama_cpp: llama-cpp-python is not installed, its column is left out "
@@ -353,7 +390,10 @@ def decode_methods(args) -> list[str]:
 
 
 def run_decode(model, tokenizer, args) -> dict[str, dict[str, float]]:
+    import torch
+
     from ajet.engine.local import LocalEngine
+    from ajet.engine.weights import fastest_engine_dtype
     from ajet.passing_thread import in_passing_thread
 
     levels = [int(c) for c in args.concurrency.split(",") if c]
@@ -418,7 +458,12 @@ def run_decode(model, tokenizer, args) -> dict[str, dict[str, float]]:
     for name, m in mismatch.items():
         print(f"{name}: |engine - fp32 trainer| logprob over {m['tokens']} sampled tokens: "
               f"mean {m['mean']:.4f}, max {m['max']:.4f}")
-    return {"tok_s": results, "runs": runs, "logprob_mismatch": mismatch}
+    auto = fastest_engine_dtype(torch.device("cpu"))
+    if OURS[auto] in results and "hf_batched" in results:
+        top = str(max(levels))
+        print(f"engine_dtype auto decodes with {auto} here: {results[OURS[auto]][top] / results['hf_batched'][top]:.2f}x "
+              f"HF's static batch at {top} concurrent")
+    return {"tok_s": results, "runs": runs, "logprob_mismatch": mismatch, "auto": auto}
 
 
 def run_adapters(model, tokenizer, args) -> dict[str, dict[str, float]]:
@@ -554,12 +599,14 @@ def peak_rss_gb() -> float:
 
 
 def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    cap_cpu_isa(args.cpu_isa, argv)
+
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ajet.models.resolve import resolve_model_path
 
-    args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     workloads = [w for w in args.workloads.split(",") if w]
@@ -569,8 +616,10 @@ def main(argv: list[str]) -> int:
     path = resolve_model_path(args.model)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
-    print(f"model={path.name} threads={torch.get_num_threads()}", flush=True)
-    payload: dict = {"model": str(path), "threads": torch.get_num_threads(), "time": time.time()}
+    print(f"model={path.name} threads={torch.get_num_threads()} cpu-isa={args.cpu_isa} "
+          f"(ATen: {torch.backends.cpu.get_cpu_capability()})", flush=True)
+    payload: dict = {"model": str(path), "threads": torch.get_num_threads(), "time": time.time(),
+                     "cpu_isa": args.cpu_isa}
     if "agent" in workloads:
         payload["agent"] = run_agent(model, tokenizer, args)
     if "decode" in workloads:
