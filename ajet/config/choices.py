@@ -65,6 +65,7 @@ class EngineDType(str, Enum):
     bfloat16 = "bfloat16"
     float16 = "float16"
     bfloat16_linear = "bfloat16_linear"
+    auto = "auto"
 
 
 class OptimizerStateDType(str, Enum):

@@ -244,7 +244,9 @@ class RolloutConfig:
     # bf16 copy (fast on GPUs and CPUs with avx512_bf16/AMX, ~2.6x slower on AVX2-only CPUs);
     # float16 = fp16 copies of the linear layers multiplied with fp32 activations by FBGEMM (x86
     # CPUs); bfloat16_linear = the same with bf16 copies multiplied by oneDNN (CPUs with
-    # avx512_bf16/AMX only: ~2x faster GEMMs than float16 there, logprobs move as with bfloat16).
+    # avx512_bf16/AMX only: ~2x faster GEMMs than float16 there, logprobs move as with bfloat16);
+    # auto = the fastest of these on this machine (GPU: bfloat16; CPU with AMX: bfloat16_linear;
+    # other x86: float16; else float32), logged at start.
     # A copy (~0.27 GB for 135M, +0.03 GB for q/k/v packed together, +0.11 GB more for float16's
     # gate/up) is refreshed after every weight update; the update logs the logprob mismatch it
     # causes (rollout/logprob_mismatch; see algorithm.tis_cap).
@@ -254,8 +256,8 @@ class RolloutConfig:
     # weights. Episodes whose oldest call is more than this many policy versions behind are not
     # trained on (rollout/failed/stale); the update corrects for the lag with TIS
     # (algorithm.tis_cap > 0). 0 = on-policy: rollout and update take turns (the default).
-    # Needs an engine with its own copy of the weights (engine_dtype float16, bfloat16 or
-    # bfloat16_linear).
+    # Needs an engine with its own copy of the weights (engine_dtype float16, bfloat16,
+    # bfloat16_linear, or auto where it picks one of them).
     max_staleness: int = bounded(0, Ge(0))
 
 

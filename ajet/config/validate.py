@@ -79,7 +79,7 @@ def validate(cfg: AjetConfig, *, require_workflow: bool = True) -> list[tuple[st
             r.engine_dtype != "float32",
             "rollout.max_staleness",
             f"={r.max_staleness} rolls out the next step while the trainer updates the weights, so the engine "
-            "must decode with its own copy of them: set rollout.engine_dtype=float16 (x86 CPUs) or bfloat16, "
+            "must decode with its own copy of them: set rollout.engine_dtype=float16 (x86 CPUs), bfloat16 (GPUs) or auto, "
             "or max_staleness=0",
         )
         need(

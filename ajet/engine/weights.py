@@ -16,6 +16,7 @@ copy, which halves the bytes a decode step reads (decode is bound by reading the
   an Intel AMX machine at 16 rows the GEMMs of a decode step take ~20 ms against FBGEMM fp16's
   ~43 ms; the logprobs move about as much as with `bfloat16` (docs/benchmarks.md). Its Llama /
   Qwen2 MLPs become `Bf16SwiGLU`s, which apply the SiLU and the product inside the GEMMs.
+- `auto`: the one of these that decodes fastest where the model is (`fastest_engine_dtype`).
 
 The written-out decode step (fused_decode.py) also asks for layers that read the same input
 packed as one (`merged`: a layer's q/k/v; gate/up under float16): one wide GEMM at 16 rows costs
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -40,7 +42,40 @@ from ajet.passing_thread import in_passing_thread
 
 log = logging.getLogger(__name__)
 
-ENGINE_DTYPES = ("float32", "bfloat16", "float16", "bfloat16_linear")
+ENGINE_DTYPES = ("float32", "bfloat16", "float16", "bfloat16_linear", "auto")
+
+
+def fastest_engine_dtype(device: torch.device) -> str:
+    """What `engine_dtype: auto` decodes with on `device`: the fastest 2-byte copy measured
+    there (docs/benchmarks.md), float32 where no 2-byte kernel beats it.
+
+    - a GPU: bfloat16 (native bf16 matmuls; the copy, KV and activations in bf16);
+    - a CPU with AMX: bfloat16_linear (oneDNN's AMX bf16 GEMM; 2.3x HF's fp32 static batch at
+      16 concurrent, float16 1.4x, on the Intel AMX machine type);
+    - another x86 CPU: float16 (FBGEMM). With avx512_bf16 but oneDNN kept below AMX,
+      bfloat16_linear decoded only 9 % faster than float16 (288.8 against 264.7 tok/s) for 20x
+      its logprob mismatch;
+    - a CPU without FBGEMM (ARM): float32."""
+    if device.type != "cpu":
+        return "bfloat16"
+    if _amx_gemm():
+        return "bfloat16_linear"
+    if has_fbgemm():
+        return "float16"
+    return "float32"
+
+
+def has_fbgemm() -> bool:
+    """Whether this torch build has FBGEMM (x86), whose fp16 GEMM `float16` multiplies with."""
+    return "fbgemm" in torch.backends.quantized.supported_engines
+
+
+def _amx_gemm() -> bool:
+    """Whether oneDNN's bf16 GEMM runs on AMX here: the CPU has it, and ONEDNN_MAX_CPU_ISA (or
+    its old name DNNL_MAX_CPU_ISA) does not keep oneDNN below it."""
+    cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "ALL").upper()
+    return (torch.cpu._is_amx_tile_supported() and (cap == "ALL" or "AMX" in cap)
+            and torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 class ServingWeights:
@@ -50,6 +85,9 @@ class ServingWeights:
         if dtype not in ENGINE_DTYPES:
             raise ValueError(f"engine dtype {dtype!r} unknown; use one of {ENGINE_DTYPES}")
         self.source = source
+        if dtype == "auto":
+            dtype = fastest_engine_dtype(next(source.parameters()).device)
+            log.info("engine_dtype auto: %s on this machine", dtype)
         self.dtype = dtype
         self.version = 0  # the policy version the copy was last refreshed at
         self._refreshers: list[Callable[[], None]] = []
@@ -178,7 +216,7 @@ def check_fp16_gemm(model: Any) -> None:
     if device.type != "cpu":
         raise ValueError(f"engine_dtype=float16 packs weights for FBGEMM on the CPU; the model is on "
                          f"{device}: use engine_dtype=bfloat16 on a GPU")
-    if "fbgemm" not in torch.backends.quantized.supported_engines:
+    if not has_fbgemm():
         raise ValueError("engine_dtype=float16 needs FBGEMM (x86 CPUs); this torch build lacks it: "
                          "use float32 or bfloat16")
 

@@ -159,7 +159,7 @@ def test_lora_with_kl_to_the_lora_disabled_base(tmp_path: Path, tiny_model_dir: 
     assert any(not torch.equal(before[k], after[k]) for k in before if "q_proj" in k)
 
 
-@pytest.mark.parametrize("engine_dtype, lora", [("float16", True), ("bfloat16", False)])
+@pytest.mark.parametrize("engine_dtype, lora", [("float16", True), ("bfloat16", False), ("auto", False)])
 def test_lower_precision_engine_logs_its_mismatch_and_trains_with_tis(
         tmp_path: Path, tiny_model_dir: Path, engine_dtype: str, lora: bool) -> None:
     conf = make_run(tmp_path, tiny_model_dir)
@@ -167,6 +167,14 @@ def test_lower_precision_engine_logs_its_mismatch_and_trains_with_tis(
     result = ajet("--conf", str(conf), "trainer.val_every=0", "trainer.lr=0.05",
                   f"rollout.engine_dtype={engine_dtype}", "algorithm.tis_cap=2.0", *extra)
     assert result.returncode == 0, result.stderr[-3000:]
+    if engine_dtype == "auto":  # the fastest copy this machine has; a 2-byte one on any x86 CPU
+        import torch
+
+        from ajet.engine.weights import fastest_engine_dtype
+
+        engine_dtype = fastest_engine_dtype(torch.device("cpu"))
+        assert f"engine_dtype auto: {engine_dtype} on this machine" in result.stderr
+        assert engine_dtype != "float32"
     rows = [json.loads(line) for line in (tmp_path / "exp" / "tiny" / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if r["split"] == "train" and "actor/loss" in r]
     assert len(train) == 2

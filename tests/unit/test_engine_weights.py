@@ -160,6 +160,32 @@ def test_bf16_linear_is_refused_where_bf16_gemms_are_emulated(peaky, monkeypatch
         ServingWeights(peaky[0], "bfloat16_linear")
 
 
+def test_auto_picks_the_fastest_copy_the_machine_has(peaky, monkeypatch):
+    from ajet.engine import weights
+    from ajet.engine.weights import ServingWeights, fastest_engine_dtype
+
+    cpu = torch.device("cpu")
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: True)
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
+    assert fastest_engine_dtype(cpu) == "bfloat16_linear"
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")  # oneDNN kept below AMX
+    assert fastest_engine_dtype(cpu) == "float16"
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "avx512_core_amx")
+    assert fastest_engine_dtype(cpu) == "bfloat16_linear"
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)  # avx512_bf16 or AVX2 only
+    assert fastest_engine_dtype(cpu) == "float16"
+    monkeypatch.setattr(weights, "has_fbgemm", lambda: False)  # no FBGEMM (ARM)
+    assert fastest_engine_dtype(cpu) == "float32"
+    assert fastest_engine_dtype(torch.device("cuda", 0)) == "bfloat16"
+    assert ServingWeights(peaky[0], "auto").dtype == "float32"  # and it builds what it picked
+    monkeypatch.undo()
+    picked = ServingWeights(peaky[0], "auto")
+    assert picked.dtype == fastest_engine_dtype(cpu) and picked.is_copy == (picked.dtype != "float32")
+
+
 def test_copies_hold_the_precision_and_leave_the_trainer_alone(peaky):
     from ajet.engine.weights import Fp16Linear, ServingWeights
 

@@ -101,7 +101,8 @@ class RLRecipe:
         engine = self.rollout.engine
         if not engine.decodes_a_copy:
             raise ConfigError("rollout.max_staleness > 0 needs the engine to decode with its own copy of the "
-                              "weights while the trainer updates them: set rollout.engine_dtype=float16 or bfloat16")
+                              "weights while the trainer updates them: set rollout.engine_dtype=float16 or bfloat16 "
+                              f"(engine_dtype={self.cfg.rollout.engine_dtype.value} decodes with {engine.dtype} here)")
         log.info("rollout overlaps the update: up to %d policy version(s) of staleness, TIS cap %g",
                  self.cfg.rollout.max_staleness, self.cfg.algorithm.tis_cap)
         return AheadEpisodes(source, max_staleness=self.cfg.rollout.max_staleness,
