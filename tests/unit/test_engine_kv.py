@@ -104,3 +104,28 @@ def test_leading_pad_columns_are_dropped_when_the_long_row_leaves():
     kv.keep_rows([1])
     assert (kv.length, kv.starts) == (3, [0])
     assert_row(kv, 0, short)
+
+
+def test_growing_frees_each_old_layer_before_allocating_the_next(monkeypatch):
+    """A reallocation holds the new cache and at most one old layer, not both caches whole."""
+    import weakref
+
+    rows = [row(3, 0), row(5, 1)]
+    kv = BatchKV.from_rows(rows)
+    old = [weakref.ref(t) for t in kv.keys + kv.values]
+    alive_at_each_allocation = []
+    zeros = torch.zeros
+
+    def counting_zeros(*args, **kwargs):
+        alive_at_each_allocation.append(sum(ref() is not None for ref in old))
+        return zeros(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "zeros", counting_zeros)
+    kv.add_rows([row(kv.col_capacity + 4, 2)])  # longer than the buffers: a reallocation
+    monkeypatch.undo()
+    # Two allocations a layer (keys, values); before layer i's, only layers i.. are left.
+    assert alive_at_each_allocation == [2 * (LAYERS - i) for i in range(LAYERS) for _ in (0, 1)]
+    assert all(ref() is None for ref in old)
+    assert kv.rows == 3
+    for r, data in enumerate(rows):  # moved whole, right-aligned to the new length
+        assert_row(kv, r, data)
