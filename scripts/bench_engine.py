@@ -352,21 +352,17 @@ def torch_threads() -> int:
     return torch.get_num_threads()
 
 
-def bf16_gemm() -> bool:
-    import torch
-
-    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-
-
 def decode_methods(args) -> list[str]:
     """--methods with "ours" expanded into one row per --engine-dtypes entry."""
+    from ajet.engine.weights import has_bf16_gemm
+
     methods = []
     for method in (m for m in args.methods.split(",") if m):
         if method == "ours":
             for dtype in (d for d in args.engine_dtypes.split(",") if d):
                 if dtype not in OURS:
                     raise SystemExit(f"unknown engine dtype {dtype!r}; choose from {', '.join(OURS)}")
-                if dtype == "bfloat16_linear" and not bf16_gemm():
+                if dtype == "bfloat16_linear" and not has_bf16_gemm():
                     print("ours_bf16_linear: this CPU has no native bf16 GEMM (avx512_bf16 / AMX), "
                           "its column is left out", flush=True)
                     continue

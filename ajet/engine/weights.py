@@ -70,12 +70,16 @@ def has_fbgemm() -> bool:
     return "fbgemm" in torch.backends.quantized.supported_engines
 
 
+def has_bf16_gemm() -> bool:
+    """Whether oneDNN multiplies bf16 natively here (avx512_bf16 or AMX), as `bfloat16_linear` needs."""
+    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
 def _amx_gemm() -> bool:
     """Whether oneDNN's bf16 GEMM runs on AMX here: the CPU has it, and ONEDNN_MAX_CPU_ISA (or
     its old name DNNL_MAX_CPU_ISA) does not keep oneDNN below it."""
     cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "ALL").upper()
-    return (torch.cpu._is_amx_tile_supported() and (cap == "ALL" or "AMX" in cap)
-            and torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return torch.cpu._is_amx_tile_supported() and (cap == "ALL" or "AMX" in cap) and has_bf16_gemm()
 
 
 class ServingWeights:

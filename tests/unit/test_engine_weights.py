@@ -14,8 +14,9 @@ import torch
 from tiny_models import load_peaky
 
 from ajet.engine.base import SamplingParams
+from ajet.engine.weights import has_bf16_gemm
 
-BF16_GEMM = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+BF16_GEMM = has_bf16_gemm()
 needs_bf16_gemm = pytest.mark.skipif(not BF16_GEMM, reason="bfloat16_linear needs a CPU with avx512_bf16 or AMX")
 LOW = ("bfloat16", "float16", pytest.param("bfloat16_linear", marks=needs_bf16_gemm))
 # How far the engine's logprobs may be from a plain forward of the same low-precision copy. The

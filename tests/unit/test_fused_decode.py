@@ -12,13 +12,14 @@ from tiny_models import load_peaky, tiny_llama
 
 from ajet.engine.base import SamplingParams
 from ajet.engine.fused_decode import LlamaDecodeStep
+from ajet.engine.weights import has_bf16_gemm
 
 # Same weights, same arithmetic in another order of calls: fp32 rounding only. fp16 and bf16
 # engines run the same copy either way; bf16 rounds its activations to 8 bits, so its batched
 # sums may round differently (a spacing of 0.06 at the peaky model's logits, see
 # test_engine_weights.py).
 TOLERANCE = {"float32": 1e-4, "float16": 1e-3, "bfloat16": 0.15, "bfloat16_linear": 1e-3}
-BF16_GEMM = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+BF16_GEMM = has_bf16_gemm()
 needs_bf16_gemm = pytest.mark.skipif(not BF16_GEMM, reason="needs a CPU with avx512_bf16 or AMX")
 
 
