@@ -34,6 +34,14 @@ from its docs and issues:
   default, CPU generation with transformers (vLLM has no CPU path here), gradient checkpointing.
 TRL cannot force the first call to be a tool call, nor refill groups without signal.
 
+`trl_helped` is TRL with two more levers, since plain TRL gets no signal on this task (its base
+model made no tool call in any step of the runs in docs/benchmarks.md, so every reward was 0):
+- the curriculum's start as its whole train set: the difficulty-1 tasks (one product or sum, 112
+  of 256), which ajet's curriculum starts on and which are 22 of the 32 test tasks;
+- a shaping reward beside the math judge, as TRL's own GRPO examples add a format reward:
+  +0.2 when a `calculate` call ran, else +0.1 when the completion wrote the `<tool_call>` markup
+  TRL could not parse. ajet's reward pays for the answer alone, so this favours TRL.
+
 Writes OUT/bench_vs_trl.json and OUT/bench_vs_trl.md (test success against training minutes, per
 method) and prints the table. The goal (issue 28): ajet reaches TRL's success at the budget in
 at most a third of the budget (with the default marks: ajet at 5 min >= TRL at 15 min).
@@ -55,12 +63,13 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "tutorial" / "example_math_agent"
 CONF = EXAMPLE / "math_agent_rl.yaml"
-METHODS = ("ajet", "trl")
+METHODS = ("ajet", "trl", "trl_helped")
+TRLS = ("trl", "trl_helped")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--methods", default="ajet,trl", help="comma-separated: ajet, trl")
+    parser.add_argument("--methods", default="ajet,trl,trl_helped", help="comma-separated: ajet, trl, trl_helped")
     parser.add_argument("--budget-min", type=float, default=15.0, help="training wall minutes per method")
     parser.add_argument("--marks", default="5,10", help="minutes at which each method writes its model")
     parser.add_argument("--seed", type=int, default=0)
@@ -69,6 +78,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--eval-only", action="store_true", help="evaluate the models an earlier run wrote")
     parser.add_argument("--train-only", action="store_true", help="train and write the models, evaluate nothing")
     parser.add_argument("--trl-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--trl-helped", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -102,12 +112,13 @@ def train_ajet(args: argparse.Namespace, marks: list[float]) -> dict[float, Path
     return models
 
 
-def train_trl(args: argparse.Namespace, marks: list[float]) -> dict[float, Path]:
+def train_trl(args: argparse.Namespace, marks: list[float], method: str = "trl") -> dict[float, Path]:
     """TRL's GRPOTrainer in a child process (its own OpenMP pool and memory); {minutes: model dir}."""
-    out = args.exp_dir / f"trl_seed{args.seed}"
+    out = args.exp_dir / f"{method}_seed{args.seed}"
     if not args.eval_only:
         run([sys.executable, __file__, "--trl-child", "--budget-min", f"{args.budget_min:g}",
-             "--marks", ",".join(f"{m:g}" for m in marks), "--seed", str(args.seed), "--exp-dir", str(out)])
+             "--marks", ",".join(f"{m:g}" for m in marks), "--seed", str(args.seed), "--exp-dir", str(out),
+             *(["--trl-helped"] if method == "trl_helped" else [])])
     models = {m: mark_dir(out, m) for m in marks}
     models[args.budget_min] = out / "final_model"
     return models
@@ -141,7 +152,7 @@ def trl_child(args: argparse.Namespace) -> None:
         try:
             return f"{_evaluate(ast.parse(expression, mode='eval').body):g}"
         except (SyntaxError, ValueError, ZeroDivisionError, TypeError) as exc:
-            return f"error: {exc}"
+            return f"{TOOL_ERROR} {exc}"
 
     judge = MathJudge()
 
@@ -155,6 +166,9 @@ def trl_child(args: argparse.Namespace) -> None:
         return rewards
 
     rows = [json.loads(line) for line in (EXAMPLE / "train.jsonl").read_text().splitlines() if line.strip()]
+    if args.trl_helped:
+        rows = [r for r in rows if r.get("difficulty") == 1]  # the curriculum's start (module docstring)
+    print(f"trl: {len(rows)} train tasks{', helped' if args.trl_helped else ''}", flush=True)
     dataset = Dataset.from_list([{"prompt": [{"role": "system", "content": SYSTEM_PROMPT},
                                              {"role": "user", "content": r["question"]}],
                                   "answer": str(r["answer"])} for r in rows])
@@ -199,10 +213,28 @@ def trl_child(args: argparse.Namespace) -> None:
         max_tool_calling_iterations=2, gradient_checkpointing=True, logging_steps=1, save_strategy="no",
         report_to=[], bf16=False, dataloader_num_workers=0,
     )
-    trainer = GRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=[math_reward], args=config,
+    rewards = [math_reward, *([tool_shaping_reward] if args.trl_helped else [])]
+    trainer = GRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=rewards, args=config,
                           train_dataset=dataset, tools=[calculate], callbacks=[WallClock()])
     trainer.train()
     save(out / "final_model")
+
+
+TOOL_ERROR = "error:"  # how the TRL side's calculate() starts a failure; TRL's own failures are {'error': ...}
+
+
+def tool_shaping_reward(completions: list[list[dict[str, Any]]], **_: Any) -> list[float]:
+    """trl_helped's shaping: 0.2 when a calculate call ran, 0.1 for unparsed <tool_call> markup, else 0."""
+    rewards = []
+    for turns in completions:
+        results = [str(t.get("content") or "") for t in turns if t.get("role") == "tool"]
+        if any(not r.startswith((TOOL_ERROR, "{'error'")) for r in results):
+            rewards.append(0.2)
+        elif any(t.get("role") == "assistant" and "<tool_call>" in str(t.get("content") or "") for t in turns):
+            rewards.append(0.1)
+        else:
+            rewards.append(0.0)
+    return rewards
 
 
 # ---------------------------------------------------------------------- evaluation
@@ -223,16 +255,21 @@ def evaluate(args: argparse.Namespace, method: str, minutes: float, model: Path 
 
 
 def goal_text(curves: dict[str, dict[float, float | None]], budget: float) -> str:
-    """Does ajet reach TRL's success at the budget within a third of it?"""
-    trl_end = (curves.get("trl") or {}).get(budget)
+    """Does ajet reach each TRL variant's success at the budget within a third of it?"""
     ajet = curves.get("ajet") or {}
-    if trl_end is None or not ajet:
-        return "not judged: both methods need a result at the budget"
-    reached = [m for m, v in sorted(ajet.items()) if m > 0 and v is not None and v >= trl_end]
-    if not reached:
-        return f"missed: ajet never reached TRL's {trl_end:.3f} at {budget:g} min"
-    verdict = "met" if reached[0] <= budget / 3 + 1e-9 else "missed"
-    return f"{verdict}: ajet reached TRL's {trl_end:.3f} (at {budget:g} min) by {reached[0]:g} min"
+    verdicts = []
+    for trl in [m for m in TRLS if m in curves]:
+        trl_end = curves[trl].get(budget)
+        if trl_end is None or not ajet:
+            verdicts.append(f"not judged against {trl}: both methods need a result at the budget")
+            continue
+        reached = [m for m, v in sorted(ajet.items()) if m > 0 and v is not None and v >= trl_end]
+        if not reached:
+            verdicts.append(f"missed: ajet never reached {trl}'s {trl_end:.3f} at {budget:g} min")
+            continue
+        verdict = "met" if reached[0] <= budget / 3 + 1e-9 else "missed"
+        verdicts.append(f"{verdict}: ajet reached {trl}'s {trl_end:.3f} (at {budget:g} min) by {reached[0]:g} min")
+    return "; ".join(verdicts) or "not judged: no TRL method ran"
 
 
 def write(args: argparse.Namespace, curves: dict[str, dict[float, float | None]]) -> str:
@@ -275,13 +312,13 @@ def main(argv: list[str]) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if "trl" in methods:
+    if set(methods) & set(TRLS):
         try:
             import trl  # noqa: F401 - only checks that it is installed
         except ImportError:
             print("error: TRL is not installed: pip install trl (or pip install -e '.[bench]')", file=sys.stderr)
             return 2
-    trained = {m: (train_ajet if m == "ajet" else train_trl)(args, marks) for m in methods}
+    trained = {m: train_ajet(args, marks) if m == "ajet" else train_trl(args, marks, m) for m in methods}
     if args.train_only:
         print("\n".join(f"{m} at {t:g} min: {d}" for m, models in trained.items() for t, d in models.items()))
         return 0
