@@ -3,7 +3,7 @@ task (issue 28 §1). Both train the bundled model from the same start for the sa
 the same CPU, one after the other; both are scored by the same evaluation at the same minutes.
 
     .venv/bin/pip install trl                                   # or: pip install -e '.[bench]'
-    .venv/bin/python scripts/bench_vs_trl_learning.py           # 15 min each + evaluations
+    .venv/bin/python scripts/bench_vs_trl_learning.py           # ajet, trl, trl_helped: 15 min each + evaluations
     .venv/bin/python scripts/bench_vs_trl_learning.py --budget-min 1 --marks 0.5 --methods trl  # a smoke run
 
 What is equal:
