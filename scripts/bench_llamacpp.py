@@ -8,8 +8,8 @@ shipped file, not a like-for-like precision).
 
     .venv/bin/python scripts/bench_llamacpp.py [--concurrency 1,4,16] [--new-tokens 128]
 
-`llama-cpp-python` is in the `bench` extra (`make bench` installs it; pip builds llama.cpp from
-source: ~10 min on 2 cores, once). Without it, `available()` is False and bench_engine.py says so.
+`llama-cpp-python` is in the `bench` extra (`make bench` installs it; uv builds llama.cpp from
+source: ~3.5 min on 2 cores, once). Without it, `available()` is False and bench_engine.py says so.
 """
 
 from __future__ import annotations
@@ -219,7 +219,7 @@ def main(argv: list[str]) -> int:
         print(build_cmake_args())
         return 0
     if not available():
-        print("llama-cpp-python is not installed: pip install -e '.[bench]' (builds llama.cpp, ~10 min)")
+        print("llama-cpp-python is not installed: make bench installs it (builds llama.cpp from source, ~3.5 min on 2 cores with uv)")
         return 1
     from bench_engine import chat_prompts
     from transformers import AutoTokenizer
