@@ -241,8 +241,10 @@ def tool_shaping_reward(completions: list[list[dict[str, Any]]], **_: Any) -> li
 
 
 def evaluate(args: argparse.Namespace, method: str, minutes: float, model: Path | None) -> float | None:
-    """`ajet eval` of one model on the test split; its success rate (None when it was not written)."""
-    name = f"{method}_min_{minutes:g}"
+    """`ajet eval` of one model on the test split; its success rate (None when it was not written).
+    A report already in the experiment dir is read, not made again: the name holds the seed, so
+    another seed's run in the same dir is evaluated afresh."""
+    name = f"{method}_seed{args.seed}_min_{minutes:g}"
     report = args.exp_dir / "eval" / "eval" / f"eval_{name}.json"  # RUN/eval/ of project.name=eval
     if model is not None and not model.is_dir():
         print(f"{method} at {minutes:g} min: {model} was not written (the run ended before it)", flush=True)

@@ -42,3 +42,27 @@ def test_the_goal_is_judged_against_each_trl_variant(bench: Any) -> None:
     curves["trl_helped"][15.0] = None
     assert "not judged against trl_helped" in bench.goal_text(curves, 15.0)
     assert bench.goal_text({"ajet": curves["ajet"]}, 15.0) == "not judged: no TRL method ran"
+
+
+def test_each_seed_is_evaluated_afresh_in_a_shared_experiment_dir(bench: Any, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second seed's run in the same --exp-dir must not read the first seed's reports."""
+    evaluated = []
+
+    def fake_run(cmd: list[str]) -> None:  # `ajet eval` writes RUN/eval/eval_NAME.json
+        name = cmd[cmd.index("--name") + 1]
+        evaluated.append(name)
+        report = tmp_path / "eval" / "eval" / f"eval_{name}.json"
+        report.parent.mkdir(parents=True, exist_ok=True)
+        report.write_text(f'{{"metrics": {{"success/rate": {len(evaluated) / 10}}}}}')
+
+    monkeypatch.setattr(bench, "run", fake_run)
+    model = tmp_path / "model"
+    model.mkdir()
+    seed0 = bench.parse_args(["--exp-dir", str(tmp_path), "--seed", "0"])
+    seed1 = bench.parse_args(["--exp-dir", str(tmp_path), "--seed", "1"])
+    assert bench.evaluate(seed0, "ajet", 5.0, model) == 0.1
+    assert bench.evaluate(seed1, "ajet", 5.0, model) == 0.2
+    assert bench.evaluate(seed0, "ajet", 5.0, model) == 0.1  # read back, not evaluated again
+    assert evaluated == ["ajet_seed0_min_5", "ajet_seed1_min_5"]
+    assert bench.evaluate(seed0, "ajet", 10.0, tmp_path / "never_written") is None
