@@ -1,12 +1,15 @@
-"""Shared fixtures (the bundled model, a tiny random model with the same tokenizer, run YAMLs),
-and the CI skip check: with CI=true a skipped test fails the session unless
+"""Shared fixtures (the bundled model, a tiny random model with the same tokenizer, run YAMLs,
+the benchmark scripts as modules), and the CI skip check: with CI=true a skipped test fails the session unless
 tests/skip_allowlist.txt allows it."""
 
 from __future__ import annotations
 
+import importlib
 import os
+from collections.abc import Callable
 from fnmatch import fnmatchcase
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -15,6 +18,17 @@ pytest_plugins = ["pytester"]
 
 # Tests run with the library's defaults but never touch the user's real cache.
 os.environ.setdefault("AJET_CACHE_DIR", str(Path.home() / ".cache" / "ajet"))
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+@pytest.fixture
+def script(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], ModuleType]:
+    """`script("bench_engine")`: a module of scripts/, imported as the scripts import each other
+    (scripts/ first on sys.path for this test)."""
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    return importlib.import_module
+
 
 # A workflow that imports and loads (what --dry-run checks).
 STUB_WORKFLOW = "from ajet import Workflow\n\n\nclass W(Workflow):\n    async def execute(self, task, tuner): ...\n"

@@ -4,19 +4,16 @@ read back like a pipeline run (base -> trained, the serve stage's tokens, the cu
 
 from __future__ import annotations
 
-import importlib
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
-def bench(monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.syspath_prepend(str(REPO / "scripts"))
-    return importlib.import_module("bench_learning")
+def bench(script: Any) -> Any:
+    return script("bench_learning")
 
 
 def test_the_remote_agent_row_evaluates_serves_to_clients_and_evaluates_again(

@@ -3,7 +3,6 @@ and the caps reach torch's kernels (and `engine_dtype: auto`'s choice)."""
 
 from __future__ import annotations
 
-import importlib
 import os
 import subprocess
 import sys
@@ -16,9 +15,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def bench_engine(monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.syspath_prepend(str(REPO / "scripts"))
-    return importlib.import_module("bench_engine")
+def bench_engine(script: Any) -> Any:
+    return script("bench_engine")
 
 
 def test_cpu_isa_re_runs_the_script_with_the_caps_once(bench_engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,7 +5,6 @@ the table, JSON, PNGs and markdown are written (a fake runner stands in for the 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import os
 import shutil
@@ -18,9 +17,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def bench(monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.syspath_prepend(str(REPO / "scripts"))
-    return importlib.import_module("bench_learning")
+def bench(script: Any) -> Any:
+    return script("bench_learning")
 
 
 def test_registry_pins_loadable_configs_with_a_test_split(bench: Any, tmp_path: Path) -> None:

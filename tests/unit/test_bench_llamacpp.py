@@ -4,20 +4,15 @@ the rest of the benchmark goes on."""
 
 from __future__ import annotations
 
-import importlib
 import os
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture
-def llamacpp(monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.syspath_prepend(str(REPO / "scripts"))
-    return importlib.import_module("bench_llamacpp")
+def llamacpp(script: Any) -> Any:
+    return script("bench_llamacpp")
 
 
 def test_the_result_of_the_isolated_run_comes_back(llamacpp: Any) -> None:

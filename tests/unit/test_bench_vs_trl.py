@@ -3,19 +3,15 @@ variant that ran (without TRL installed: the script imports TRL only in its chil
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture
-def bench(monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.syspath_prepend(str(REPO / "scripts"))
-    return importlib.import_module("bench_vs_trl_learning")
+def bench(script: Any) -> Any:
+    return script("bench_vs_trl_learning")
 
 
 def test_shaping_pays_a_call_that_ran_more_than_markup_trl_could_not_parse(bench: Any) -> None:
