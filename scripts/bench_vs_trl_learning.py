@@ -63,8 +63,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "tutorial" / "example_math_agent"
 CONF = EXAMPLE / "math_agent_rl.yaml"
-METHODS = ("ajet", "trl", "trl_helped")
 TRLS = ("trl", "trl_helped")
+METHODS = ("ajet", *TRLS)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
