@@ -244,7 +244,8 @@ class RolloutConfig:
     # bf16 copy (fast on GPUs and CPUs with avx512_bf16/AMX, ~2.6x slower on AVX2-only CPUs);
     # float16 = fp16 copies of the linear layers multiplied with fp32 activations by FBGEMM (x86
     # CPUs); bfloat16_linear = the same with bf16 copies multiplied by oneDNN (CPUs with
-    # avx512_bf16/AMX only: ~2x faster GEMMs than float16 there, logprobs move as with bfloat16);
+    # avx512_bf16/AMX only: 1.3x float16's decode at 16 concurrent with avx512_bf16, 1.8x with AMX;
+    # logprobs move as with bfloat16);
     # auto = the fastest of these on this machine (GPU: bfloat16; CPU with AMX: bfloat16_linear;
     # other x86: float16; else float32), logged at start.
     # A copy (~0.27 GB for 135M, +0.03 GB for q/k/v packed together, +0.11 GB more for float16's

@@ -52,9 +52,9 @@ def fastest_engine_dtype(device: torch.device) -> str:
     - a GPU: bfloat16 (native bf16 matmuls; the copy, KV and activations in bf16);
     - a CPU with AMX: bfloat16_linear (oneDNN's AMX bf16 GEMM; 2.3x HF's fp32 static batch at
       16 concurrent, float16 1.4x, on the Intel AMX machine type);
-    - another x86 CPU: float16 (FBGEMM). With avx512_bf16 but oneDNN kept below AMX,
-      bfloat16_linear decoded only 9 % faster than float16 (288.8 against 264.7 tok/s) for 20x
-      its logprob mismatch;
+    - another x86 CPU: float16 (FBGEMM). On the AMD machine type (avx512_bf16, no AMX)
+      bfloat16_linear decodes 25-31 % faster at 16 concurrent (2.5-2.7x HF's batch against
+      float16's 1.9-2.1x) but 8-22 % slower at 1 and 4, for 20x float16's logprob mismatch;
     - a CPU without FBGEMM (ARM): float32."""
     if device.type != "cpu":
         return "bfloat16"
