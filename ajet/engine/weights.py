@@ -53,7 +53,7 @@ def fastest_engine_dtype(device: torch.device) -> str:
     - a CPU with AMX: bfloat16_linear (oneDNN's AMX bf16 GEMM; 2.3x HF's fp32 static batch at
       16 concurrent, float16 1.4x, on the Intel AMX machine type);
     - another x86 CPU: float16 (FBGEMM). On the AMD machine type (avx512_bf16, no AMX)
-      bfloat16_linear decodes 25-31 % faster at 16 concurrent (2.5-2.7x HF's batch against
+      bfloat16_linear decodes 30-32 % faster at 16 concurrent (2.5-2.7x HF's batch against
       float16's 1.9-2.1x) but 8-22 % slower at 1 and 4, for 20x float16's logprob mismatch;
     - a CPU without FBGEMM (ARM): float32."""
     if device.type != "cpu":
