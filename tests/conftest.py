@@ -1,11 +1,13 @@
 """Shared fixtures (the bundled model, a tiny random model with the same tokenizer, run YAMLs,
-the benchmark scripts as modules), and the CI skip check: with CI=true a skipped test fails the session unless
-tests/skip_allowlist.txt allows it."""
+the benchmark scripts as modules), and the skip checks: with CI=true a skipped test fails the
+session unless tests/skip_allowlist.txt allows it; on every machine, a skipif on a CPU feature
+that the allow-list does not name stops the run before it starts."""
 
 from __future__ import annotations
 
 import importlib
 import os
+import re
 from collections.abc import Callable
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -160,6 +162,10 @@ def read_skip_allowlist(path: Path) -> list[str]:
     return patterns
 
 
+def allowed(nodeid: str, patterns: list[str]) -> bool:
+    return any(fnmatchcase(nodeid, pattern) for pattern in patterns)
+
+
 class SkipGuard:
     """Collects the skips whose nodeid no allow-list pattern matches and fails the session."""
 
@@ -171,7 +177,7 @@ class SkipGuard:
     def check(self, report: pytest.CollectReport | pytest.TestReport) -> None:
         if not report.skipped or hasattr(report, "wasxfail"):  # an xfail is not a skip
             return
-        if not any(fnmatchcase(report.nodeid, pattern) for pattern in self.patterns):
+        if not allowed(report.nodeid, self.patterns):
             longrepr = report.longrepr
             reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
             self.offending.append((report.nodeid, reason.removeprefix("Skipped: ")))
@@ -202,9 +208,44 @@ class SkipGuard:
 
 def pytest_configure(config: pytest.Config) -> None:
     if os.environ.get("CI", "").lower() == "true":
-        shown = os.path.relpath(SKIP_ALLOWLIST, config.rootpath)
-        guard = SkipGuard(read_skip_allowlist(SKIP_ALLOWLIST), shown)
+        guard = SkipGuard(read_skip_allowlist(SKIP_ALLOWLIST), shown_allowlist(config))
         config.pluginmanager.register(guard, "ajet-skip-guard")
+
+
+def shown_allowlist(config: pytest.Config) -> str:
+    return os.path.relpath(SKIP_ALLOWLIST, config.rootpath)
+
+
+# --- Every machine: a skip on a CPU feature is in the allow-list ------------------------------
+# CI's and the developers' machines are of three CPU types (AVX2 only; AVX-512 with avx512_bf16;
+# AVX-512 with AMX), drawn by chance. A test that needs a feature skips on the types without it,
+# where the guard above fails the run unless the allow-list names the test: a missing line once
+# turned CI red on the AVX2 type only. On a machine that has the feature the skipif never fires,
+# so this check reads each skipif's reason rather than its outcome, and runs on every machine.
+CPU_FEATURE = re.compile(r"\b(avx\w*|amx\w*|sse\d\w*|fma|f16c|vnni|fbgemm|onednn|mkldnn)\b"
+                         r"|cpu (with|feature|flag)|instruction set", re.IGNORECASE)
+
+
+def cpu_feature_skips(items: list[pytest.Item]) -> list[tuple[str, str]]:
+    """(nodeid, reason) of each `skipif` mark whose reason names a CPU feature."""
+    return [(item.nodeid, reason) for item in items for mark in item.iter_markers("skipif")
+            if CPU_FEATURE.search(reason := str(mark.kwargs.get("reason", "")))]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skips = cpu_feature_skips(items)
+    if not skips:
+        return
+    patterns = read_skip_allowlist(SKIP_ALLOWLIST)
+    unlisted = [(nodeid, reason) for nodeid, reason in skips if not allowed(nodeid, patterns)]
+    if unlisted:
+        shown = shown_allowlist(config)
+        lines = "\n".join(f"  {nodeid}: {reason}" for nodeid, reason in unlisted)
+        raise pytest.UsageError(
+            f"{len(unlisted)} test(s) skip on a CPU feature that {shown} does not name:\n{lines}\n"
+            "They would skip, and so fail CI (CI=true), on a machine type without that feature (AVX2 "
+            "only; AVX-512 with avx512_bf16; AVX-512 with AMX). Add `NODEID-PATTERN  # the feature it "
+            f"needs` to {shown}, or make the test run on every type (cap or emulate the feature).")
 
 
 VOWEL_JUDGE = '''

@@ -93,3 +93,55 @@ def test_every_pattern_of_the_real_allowlist_names_an_existing_test_file() -> No
     assert patterns
     missing = [p for p in patterns if not (REPO / p.split("::")[0].rstrip("*")).is_file()]
     assert not missing, f"{shared.SKIP_ALLOWLIST}: no such test file for {missing}"
+
+
+CPU_SUITE = """
+import pytest
+
+has_bf16_gemm = True  # this machine's type has the feature: the skipif does not fire here
+
+@pytest.mark.skipif(not has_bf16_gemm, reason="needs a CPU with avx512_bf16 or AMX")
+def test_bf16_kernel():
+    assert True
+
+@pytest.mark.parametrize("dtype", ["float16", pytest.param("bf16", marks=pytest.mark.skipif(
+    not has_bf16_gemm, reason="needs AMX"))])
+def test_dtype(dtype):
+    assert True
+
+@pytest.mark.skipif(False, reason="counts threads in /proc")
+def test_linux_only():
+    assert True
+"""
+
+
+@pytest.mark.parametrize("ci", [True, False])
+def test_a_cpu_feature_skipif_without_an_allowlist_line_stops_the_run_on_a_machine_that_has_it(
+        pytester: pytest.Pytester, suite, ci: bool) -> None:
+    pytester.makepyfile(test_cpu=CPU_SUITE)
+    result = suite("test_suite.py::test_needs_a_gpu  # no GPU in CI\n", ci=ci)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([
+        "*2 test(s) skip on a CPU feature that skip_allowlist.txt does not name:",
+        "  test_cpu.py::test_bf16_kernel: needs a CPU with avx512_bf16 or AMX",
+        "  test_cpu.py::test_dtype[[]bf16]: needs AMX",
+        "*AVX2 only*Add `NODEID-PATTERN  # the feature it needs` to skip_allowlist.txt*",
+    ])
+    assert "test_linux_only" not in result.stderr.str()  # not a CPU feature
+
+
+def test_a_cpu_feature_skipif_with_its_allowlist_line_runs(pytester: pytest.Pytester, suite) -> None:
+    pytester.makepyfile(test_cpu=CPU_SUITE)
+    result = suite("test_suite.py::test_needs_a_gpu  # no GPU in CI\n"
+                   "test_cpu.py::test_bf16_kernel  # needs avx512_bf16 or AMX\n"
+                   "test_cpu.py::test_dtype*bf16]  # needs AMX\n")
+    assert result.ret == pytest.ExitCode.OK
+    result.assert_outcomes(passed=5, skipped=1, xfailed=1)
+
+
+def test_the_real_suites_cpu_feature_skips_are_all_in_the_allowlist(pytester: pytest.Pytester) -> None:
+    """The check itself on the real test files that skip on a CPU feature: collection passes."""
+    result = pytester.runpytest_subprocess(
+        "--collect-only", "-q", "-p", "no:cacheprovider", f"--rootdir={REPO}",
+        str(TESTS / "unit" / "test_engine_weights.py"), str(TESTS / "unit" / "test_fused_decode.py"))
+    assert result.ret == pytest.ExitCode.OK, result.stderr.str()
