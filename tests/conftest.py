@@ -1,7 +1,8 @@
 """Shared fixtures (the bundled model, a tiny random model with the same tokenizer, run YAMLs,
 the benchmark scripts as modules), and the skip checks: with CI=true a skipped test fails the
-session unless tests/skip_allowlist.txt allows it; on every machine, a skipif on a CPU feature
-that the allow-list does not name stops the run before it starts."""
+session unless tests/skip_allowlist.txt allows it; on every machine, a test with a skipif on a
+CPU feature that the allow-list does not name fails (whether or not this machine has it); and
+the order in which the tests run (the longest first)."""
 
 from __future__ import annotations
 
@@ -226,26 +227,54 @@ CPU_FEATURE = re.compile(r"\b(avx\w*|amx\w*|sse\d\w*|fma|f16c|vnni|fbgemm|onednn
                          r"|cpu (with|feature|flag)|instruction set", re.IGNORECASE)
 
 
-def cpu_feature_skips(items: list[pytest.Item]) -> list[tuple[str, str]]:
-    """(nodeid, reason) of each `skipif` mark whose reason names a CPU feature."""
-    return [(item.nodeid, reason) for item in items for mark in item.iter_markers("skipif")
-            if CPU_FEATURE.search(reason := str(mark.kwargs.get("reason", "")))]
+def cpu_feature_skip(item: pytest.Item) -> str | None:
+    """The reason of the item's first `skipif` mark that names a CPU feature, if any."""
+    reasons = (str(mark.kwargs.get("reason", "")) for mark in item.iter_markers("skipif"))
+    return next((reason for reason in reasons if CPU_FEATURE.search(reason)), None)
+
+
+UNLISTED_CPU_SKIP = pytest.StashKey[str]()  # on an item: why it fails at setup
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    skips = cpu_feature_skips(items)
+    longest_first(items)
+    mark_unlisted_cpu_feature_skips(config, items)
+
+
+def mark_unlisted_cpu_feature_skips(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skips = [(item, reason) for item in items if (reason := cpu_feature_skip(item))]
     if not skips:
         return
     patterns = read_skip_allowlist(SKIP_ALLOWLIST)
-    unlisted = [(nodeid, reason) for nodeid, reason in skips if not allowed(nodeid, patterns)]
-    if unlisted:
-        shown = shown_allowlist(config)
-        lines = "\n".join(f"  {nodeid}: {reason}" for nodeid, reason in unlisted)
-        raise pytest.UsageError(
-            f"{len(unlisted)} test(s) skip on a CPU feature that {shown} does not name:\n{lines}\n"
-            "They would skip, and so fail CI (CI=true), on a machine type without that feature (AVX2 "
-            "only; AVX-512 with avx512_bf16; AVX-512 with AMX). Add `NODEID-PATTERN  # the feature it "
-            f"needs` to {shown}, or make the test run on every type (cap or emulate the feature).")
+    shown = shown_allowlist(config)
+    for item, reason in skips:
+        if not allowed(item.nodeid, patterns):
+            item.stash[UNLISTED_CPU_SKIP] = (
+                f"this test skips on a CPU feature ({reason!r}) and {shown} has no line for it: on a "
+                "machine type without that feature (AVX2 only; AVX-512 with avx512_bf16; AVX-512 with "
+                f"AMX) it would skip, and so fail CI (CI=true). Add `NODEID-PATTERN  # the feature it "
+                f"needs` to {shown}, or make the test run on every type (cap or emulate the feature).")
+
+
+@pytest.hookimpl(tryfirst=True)  # before the skipif is evaluated: it fails where the feature is missing too
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if UNLISTED_CPU_SKIP in item.stash:
+        pytest.fail(item.stash[UNLISTED_CPU_SKIP], pytrace=False)
+
+
+# --- Order: the longest tests first ----------------------------------------------------------
+# `make test` runs the suite on two pytest-xdist workers, one test file at a time each, in this
+# order (--dist loadfile --no-loadscope-reorder). Started last, one long file keeps a worker busy
+# while the other idles (the chaos run, 3.5 min, once ended a run 4 minutes after everything
+# else); started first, the many short unit tests fill in around the long ones.
+RUN_ORDER = ("slow", "integration", "tutorial")  # markers, in order; unmarked tests come last
+
+
+def longest_first(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        return next((i for i, name in enumerate(RUN_ORDER) if item.get_closest_marker(name)), len(RUN_ORDER))
+
+    items.sort(key=rank)  # stable: a file's tests stay together and in their order
 
 
 VOWEL_JUDGE = '''
