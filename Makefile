@@ -10,8 +10,9 @@ CONF   ?= tutorial/example_math_agent/math_agent.yaml
 PYTEST_ARGS ?=
 # The suite runs on pytest-xdist workers, one test file at a time each (module fixtures are set
 # up once), the longest files first (tests/conftest.py, longest_first). On 2 cores two workers
-# took the AMX type's main suite from 12:19 to ~7 min: the CLI tests wait on subprocesses,
-# servers and timeouts, and one worker's waits are the other's CPU time. TEST_WORKERS=0: serial.
+# took the AMX type's main suite from 12:19 to 9:06 (scripts/bench_suite.py): the CLI tests wait
+# on subprocesses, servers and timeouts, and one worker's waits are the other's CPU time.
+# TEST_WORKERS=0: serial.
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 BENCH_ARGS ?=
