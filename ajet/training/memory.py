@@ -17,14 +17,23 @@ Two levers:
   sit in a reference cycle), then `malloc_trim(0)`, which returns the free pages of every
   arena: what stays below the threshold.
 On other C libraries both do nothing but collect garbage.
+
+The garbage collection itself is cheap only if it skips what lives for the whole run: the
+modules torch, transformers and AgentScope import hold ~530,000 objects, and one full
+collection over them took 0.4 s (Intel AMX machine) while a step's own garbage takes
+milliseconds. `long_lived_frozen()` moves what exists once a recipe is set up out of the
+collector's sight for its training (`gc.freeze`) and back at its end, so that an earlier
+pipeline stage's model, in a reference cycle, is still collected before the next stage.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import gc
 import logging
+from collections.abc import Iterator
 from functools import cache
 
 log = logging.getLogger(__name__)
@@ -68,3 +77,15 @@ def release_memory() -> bool:
         return False
     libc.malloc_trim(0)
     return True
+
+
+@contextlib.contextmanager
+def long_lived_frozen() -> Iterator[None]:
+    """Inside: what exists now (imports, model, optimizer) is left out of garbage collections
+    (`gc.freeze` after a last collection); at the end it is collectable again."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()

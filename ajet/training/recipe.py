@@ -5,7 +5,8 @@
 them in reverse order and always runs: after training, after an error or Ctrl-C, and also
 when `setup` itself failed halfway (setup runs inside the `try`). Memory freed by an earlier
 run in the process (a pipeline's previous stage) goes back to the OS before setup, and this
-run's after cleanup (`ajet.training.memory`).
+run's after cleanup; during `train` the garbage collector skips what setup built
+(`ajet.training.memory.long_lived_frozen`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from ajet.training.memory import release_memory
+from ajet.training.memory import long_lived_frozen, release_memory
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,8 @@ def run_recipe(recipe: Recipe) -> Path:
     closers = Closers()
     try:
         recipe.setup(closers)
-        return recipe.train()
+        with long_lived_frozen():  # each step's garbage collections skip what lives for the run
+            return recipe.train()
     finally:
         closers.close_all()
         release_memory()
