@@ -18,7 +18,6 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ajet.backbones.debug.recipe import train as train_rl
 from ajet.config.schema import AjetConfig, Algorithm, PipelineConfig, Stage
 from ajet.config.stages import apply_override, stage_overrides
 from ajet.config.validate import validate
@@ -26,6 +25,7 @@ from ajet.dpo.recipe import train_dpo
 from ajet.errors import ConfigError, UserError
 from ajet.eval.runner import evaluate, metrics_table
 from ajet.files import write_json_atomic
+from ajet.rl.recipe import train as train_rl
 from ajet.sft.recipe import train_sft
 from ajet.training.memory import release_memory
 from ajet.training.run_dir import refuse_earlier_pipeline_run, run_dir_of

@@ -228,9 +228,9 @@ def demo_batch(vocab: int, seed: int = 0) -> list:
 
 
 def update_mode(args: argparse.Namespace) -> int:
-    from ajet.backbones.debug.update import PolicyUpdater
     from ajet.config.loader import load_config
     from ajet.context.pack import loss_weights, pack_samples
+    from ajet.rl.update import PolicyUpdater
     from ajet.training.memory import limit_heap_retention, release_memory
     from ajet.training.model import load_trainable_model
     from ajet.training.optim import build_optimizer

@@ -96,13 +96,13 @@ def install() -> None:
     import torch
     import torch.optim.optimizer  # noqa: F401 - the module, for its global step hooks
 
-    import ajet.backbones.debug.recipe as rl
-    import ajet.backbones.debug.update as update
     import ajet.engine.local as engine
     import ajet.eval.runner as eval_runner
     import ajet.forward.packed as packed_forward
     import ajet.models.load as load
     import ajet.pipeline  # noqa: F401 - loads the modules that import the wrapped functions
+    import ajet.rl.recipe as rl
+    import ajet.rl.update as update
     import ajet.rollout.local as rollout
     import ajet.sft.step as sft_step
     import ajet.training.loop as loop

@@ -59,7 +59,7 @@ def serve(
                                  logging__quiet=quiet)
         cfg = load_config(conf, extra, require_workflow=False)
         _check(cfg)
-        from ajet.backbones.debug.recipe import train  # imports torch: not for --help
+        from ajet.rl.recipe import train  # imports torch: not for --help
         from ajet.rollout.remote import RemoteWorkflow  # imports agentscope: not for --help
 
         checked_backbone("debug", cfg, str(conf))

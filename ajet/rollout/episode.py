@@ -48,7 +48,7 @@ class Episode:
     reward: float = 0.0
     is_success: bool = False
     # Per-role rewards ({role: reward}) when the workflow or judge gave a dict; {} otherwise.
-    # Advantages are then computed per (task, role) group (`ajet.backbones.samples`).
+    # Advantages are then computed per (task, role) group (`ajet.rl.samples`).
     role_rewards: dict[str, float] = field(default_factory=dict)
     timelines: list[Any] = field(default_factory=list)  # ajet.context.types.Timeline
     tracker_stats: dict[str, Any] = field(default_factory=dict)

@@ -3,7 +3,7 @@
 A workflow with several trained roles (multi-agent, self-play) may return
 `WorkflowOutput(reward={"wolf": 1.0, "villager": 0.0})`: the episode then keeps the dict in
 `Episode.role_rewards` and their mean in `Episode.reward`. Advantages are computed per (task,
-role) group (`ajet.backbones.samples`), so each role learns from how *its* reward varied across
+role) group (`ajet.rl.samples`), so each role learns from how *its* reward varied across
 the group's episodes. An episode of the same batch that returned a single reward counts it for
 every role of its group.
 

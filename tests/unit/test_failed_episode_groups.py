@@ -30,11 +30,11 @@ import pytest
 
 from ajet.algorithms.advantages import grpo_advantages
 from ajet.backbones.gpu import EpisodeRuntime
-from ajet.backbones.samples import build_step_batch
 from ajet.backbones.trinity.convert import episode_experience_fields
 from ajet.backbones.verl.convert import episode_outputs, task_to_verl_row
 from ajet.config.schema import AjetConfig
 from ajet.context.types import Timeline
+from ajet.rl.samples import build_step_batch
 from ajet.rollout.episode import FAILED, Episode
 from ajet.rollout.manager import RolloutManager
 from ajet.workflow import WorkflowTask

@@ -15,7 +15,6 @@ import pytest
 from typer.testing import CliRunner
 
 from ajet.backbones.gpu import common_refusals
-from ajet.backbones.samples import build_step_batch
 from ajet.cli import serve as serve_cmd
 from ajet.cli import train as train_cmd
 from ajet.config import load_config
@@ -32,6 +31,7 @@ from ajet.judge.group_rank import (
     rank_scores,
     render_trajectory,
 )
+from ajet.rl.samples import build_step_batch
 from ajet.rollout.episode import OK
 from ajet.rollout.manager import RolloutManager
 from ajet.rollout.runner import TaskRunner

@@ -11,11 +11,11 @@ import statistics
 import pytest
 import torch
 
-from ajet.backbones.debug.update import PolicyUpdater
-from ajet.backbones.samples import build_step_batch
 from ajet.config.schema import AlgorithmConfig, ContextConfig, TrainerConfig
 from ajet.context.pack import pack_samples
 from ajet.context.types import Timeline
+from ajet.rl.samples import build_step_batch
+from ajet.rl.update import PolicyUpdater
 from ajet.rollout.episode import Episode
 from ajet.training.optim import build_optimizer, lr_factor
 from ajet.workflow import WorkflowTask

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ajet.backbones.debug.update import PolicyUpdater
 from ajet.config.schema import AlgorithmConfig, TrainerConfig
 from ajet.context.pack import loss_weights, pack_samples
+from ajet.rl.update import PolicyUpdater
 from ajet.training.adapters import adapter_parameters
 from ajet.training.checkpoint import load_checkpoint, save_checkpoint
 from ajet.training.model import save_final_model

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ajet.backbones.debug.update import PolicyUpdater
 from ajet.config.schema import AlgorithmConfig, TrainerConfig
 from ajet.context.pack import loss_weights, pack_samples
 from ajet.context.types import Sample
+from ajet.rl.update import PolicyUpdater
 from ajet.training.adapters import active_adapter, adapter_parameters
 from ajet.training.optim import build_optimizer
 from tests.unit.tiny_models import tiny_llama

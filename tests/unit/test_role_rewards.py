@@ -15,10 +15,10 @@ from test_episode_api import chat, make_server  # noqa: F401 - make_server is a 
 
 from ajet.algorithms.advantages import compute_role_advantages
 from ajet.backbones.gpu import refuse_role_rewards
-from ajet.backbones.samples import build_step_batch
 from ajet.config.schema import AlgorithmConfig, ContextConfig, RolloutConfig
 from ajet.context.types import LLMCall, Timeline
 from ajet.errors import UserError
+from ajet.rl.samples import build_step_batch
 from ajet.rollout.dynamic import _split_groups
 from ajet.rollout.episode import Episode
 from ajet.rollout.manager import RolloutResult, drop_equal_reward_groups, zero_std_frac

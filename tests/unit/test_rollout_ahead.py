@@ -10,10 +10,10 @@ import copy
 import pytest
 import torch
 
-from ajet.backbones.debug.update import PolicyUpdater
-from ajet.backbones.samples import build_step_batch
 from ajet.config.schema import AlgorithmConfig, ContextConfig, TrainerConfig
 from ajet.context.pack import pack_samples
+from ajet.rl.samples import build_step_batch
+from ajet.rl.update import PolicyUpdater
 from ajet.rollout.ahead import AheadEpisodes, keep_fresh
 from ajet.rollout.episode import FAILED, OK, Episode
 from ajet.rollout.manager import RolloutResult

@@ -55,7 +55,7 @@ def test_rl_setup_failure_after_the_gateway_started_closes_gateway_and_engine(
         two_calls_conf: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import ajet.rollout.local
     import ajet.training.rollout_run
-    from ajet.backbones.debug.recipe import train
+    from ajet.rl.recipe import train
 
     built: list[ajet.rollout.local.LocalRollout] = []
     init = ajet.rollout.local.LocalRollout.__init__
@@ -118,7 +118,7 @@ def test_training_loop_steps_the_schedule_once_per_step_and_logs_each_step_once(
 def test_rl_step_with_dynamic_sampling_refills_groups_without_signal(two_calls_conf: Path, tmp_path: Path) -> None:
     """TwoCalls always scores 0.25: every group has equal rewards, so each round is dropped and
     refilled until the cap, and the step trains on nothing."""
-    from ajet.backbones.debug.recipe import train
+    from ajet.rl.recipe import train
 
     cfg = load_config(two_calls_conf, [f"project.exp_dir={tmp_path / 'exp'}", "logging.quiet=true",
                                        "logging.tensorboard=false", "trainer.total_steps=1", "trainer.batch_size=1",
@@ -133,8 +133,8 @@ def test_rl_step_with_dynamic_sampling_refills_groups_without_signal(two_calls_c
 
 
 def test_rl_run_stops_after_max_failed_steps_of_only_failed_episodes(two_calls_conf: Path, tmp_path: Path) -> None:
-    from ajet.backbones.debug.recipe import train
     from ajet.errors import AllEpisodesFailedError
+    from ajet.rl.recipe import train
 
     (two_calls_conf.parent / "agent.py").write_text(
         "from ajet import Workflow\n\n\nclass TwoCalls(Workflow):\n"

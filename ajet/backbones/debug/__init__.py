@@ -30,6 +30,6 @@ def translate(cfg: AjetConfig) -> str | None:
 def run(cfg: AjetConfig, *, with_ray: bool, resume: bool, workflow: Any = None) -> None:
     """The RL recipe (staged runs and SFT/DPO are dispatched by `ajet.pipeline.run`)."""
     # imports torch: this package is on the path of ajet --dry-run (registry.checked_backbone)
-    from ajet.backbones.debug.recipe import train
+    from ajet.rl.recipe import train
 
     train(cfg, with_ray=with_ray, resume=resume, workflow=workflow)

@@ -1,4 +1,4 @@
-"""The weight update of the debug backbone: packed sequences in, one optimizer step out.
+"""The RL recipe's weight update: packed sequences in, one optimizer step out.
 
 Loss weights are normalised over the whole step before packing, so summing the
 micro-batch losses gives exactly the full-batch gradient (accumulation is exact).

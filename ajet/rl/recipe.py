@@ -1,4 +1,4 @@
-"""The RL recipe of the debug backbone (GRPO family), in one process: setup -> train -> cleanup.
+"""The RL recipe (GRPO family), in one process: setup -> train -> cleanup. The debug backbone runs it.
 
 One step: read tasks -> run episodes (the engine batches every episode's calls) -> merge and
 pack samples -> advantages -> update the shared weights -> bump the policy version. The engine
@@ -18,14 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from ajet.algorithms.distill import distill_advantages
-from ajet.backbones.debug.update import PolicyUpdater
-from ajet.backbones.samples import build_step_batch
 from ajet.config.schema import RL_ALGORITHMS, AjetConfig, Algorithm
 from ajet.context.pack import pack_samples, pack_stats
 from ajet.engine.sampling import policy_temperature
 from ajet.errors import ConfigError, UserError
 from ajet.logging.records import write_step_records
 from ajet.passing_thread import in_passing_thread
+from ajet.rl.samples import build_step_batch
+from ajet.rl.update import PolicyUpdater
 from ajet.rollout.ahead import AheadEpisodes
 from ajet.rollout.failed_steps import FailedSteps
 from ajet.rollout.loader import trainable_targets_of

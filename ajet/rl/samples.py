@@ -1,4 +1,4 @@
-"""Episodes -> trainable samples, shared by every backbone: merge, advantages, budgets, weights."""
+"""Episodes -> trainable samples for the RL recipe: merge, advantages, budgets, weights."""
 
 from __future__ import annotations
 
