@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ class MetricsLogger:
         record = {"step": step, "split": split, "time": time.time(), **clean}
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
+        os.fsync(self._file.fileno())  # a logged step survives a power cut as its checkpoint does
         if self._tb is not None:
             for key, value in clean.items():
                 self._tb.add_scalar(key if split == "train" or key.startswith("val/") else f"{split}/{key}", value, step)
@@ -102,12 +104,30 @@ def _optional_sink(name: str, run_dir: Path, run_name: str, config_dict: dict[st
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """All records of a metrics.jsonl; for a resumed run the last record of a (step, split) wins."""
+    """All records of a metrics.jsonl; for a resumed run the last record of a (step, split) wins.
+    A line a kill cut short is skipped with a warning (`read_jsonl`)."""
     latest: dict[tuple[int, str], dict[str, Any]] = {}
-    with open(path, encoding="utf-8") as handle:
-        for line in handle:
-            line = line.strip()
-            if line:
-                rec = json.loads(line)
-                latest[(rec["step"], rec.get("split", "train"))] = rec
+    for rec in read_jsonl(path):
+        if isinstance(rec.get("step"), int):
+            latest[(rec["step"], rec.get("split", "train"))] = rec
     return [latest[k] for k in sorted(latest)]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Rows of a JSON-lines file; a malformed line (a live run mid-write, or one a kill cut
+    short) is skipped with a warning."""
+    rows: list[dict] = []
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                log.warning("%s:%d: skipping a malformed line (%s)", path, lineno, exc.msg)
+                continue
+            if isinstance(row, dict):
+                rows.append(row)
+            else:
+                log.warning("%s:%d: skipping a line that is not a JSON object", path, lineno)
+    return rows

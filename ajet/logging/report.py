@@ -14,7 +14,6 @@ from __future__ import annotations
 import base64
 import fnmatch
 import html
-import json
 import logging
 import math
 from dataclasses import asdict, dataclass, field
@@ -23,6 +22,7 @@ from pathlib import Path
 from ajet.errors import RunDataError
 from ajet.files import atomic_open, write_json_atomic, write_text_atomic
 from ajet.logging.learning_signs import find_learning_signs
+from ajet.logging.metrics import read_jsonl
 
 logger = logging.getLogger(__name__)
 
@@ -118,25 +118,6 @@ class Run:
     name: str
     path: Path
     rows: list[dict] = field(default_factory=list)
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    """Rows of a JSON-lines file; a malformed line (a live run mid-write) is skipped with a warning."""
-    rows: list[dict] = []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                logger.warning("%s:%d: skipping a malformed line (%s)", path, lineno, exc.msg)
-                continue
-            if isinstance(row, dict):
-                rows.append(row)
-            else:
-                logger.warning("%s:%d: skipping a line that is not a JSON object", path, lineno)
-    return rows
 
 
 def load_run(run_dir: Path, name: str | None = None) -> Run:

@@ -17,7 +17,8 @@ from collections.abc import Iterable, Iterator
 from functools import partial
 from pathlib import Path
 
-from ajet.logging.report import RunDataError, read_jsonl
+from ajet.logging.metrics import read_jsonl
+from ajet.logging.report import RunDataError
 
 logger = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ shares (run dir, checkpoints, optimizer and schedule, the model, validation, pro
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -196,13 +196,35 @@ class RLRecipe:
         if not isinstance(self.source, AheadEpisodes) or step >= self.cfg.trainer.total_steps:
             return self.update(batch, step=step)
         source = self.source
+        # A stop (Ctrl-C) reaches this thread while the update runs in the worker: it waits for
+        # an update that has begun (a checkpoint must never copy half-updated weights), and one
+        # that has not begun never will.
+        gate, finished = threading.Lock(), threading.Event()
+        began, stopping = [False], [False]
+
+        def update() -> dict[str, float]:
+            with gate:
+                if stopping[0]:
+                    return {}
+                began[0] = True
+            try:
+                return self.update(batch, step=step, overlap=True)
+            finally:
+                finished.set()
 
         async def update_while_rolling_out() -> dict[str, float]:
             source.prefetch(step + 1)
-            update = functools.partial(self.update, batch, step=step, overlap=True)
             return await asyncio.get_running_loop().run_in_executor(None, update)
 
-        return self.rollout.loop.run_until_complete(update_while_rolling_out())
+        try:
+            return self.rollout.loop.run_until_complete(update_while_rolling_out())
+        except BaseException:
+            with gate:
+                stopping[0] = True
+            if began[0]:
+                log.warning("stopping: letting step %d's update finish first (the weights stay whole)", step)
+                finished.wait()
+            raise
 
     def update(self, batch: Any, *, step: int | None = None, overlap: bool = False) -> dict[str, float]:
         """Pack (per role, with per-role adapters), one optimizer step, bump the policy version

@@ -66,7 +66,7 @@ class SftRecipe:
         self.optimizer_step = OptimizerStep(self.model, optimizer, trainer_cfg)
         self.loop = TrainingLoop(cfg, self.run_dir, closers, total_steps=len(self.schedule), resume=self.resume)
         self.loop.attach(self.model, self.tokenizer, optimizer, scheduler,
-                         state=lambda: {"schedule_len": len(self.schedule)})
+                         state=lambda step: {"schedule_len": len(self.schedule)})
         if self.resume and (state := self.loop.restore()) is not None:
             if state.get("schedule_len") != len(self.schedule):
                 raise DialogDataError(

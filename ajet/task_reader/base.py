@@ -6,6 +6,11 @@ tuned on and training validates on; test is only reported on (`eval.split: test`
 class owns what they share: the deterministic validation hold-out, epoch shuffling by
 `seed + epoch`, and a `state_dict` so a resumed run continues with exactly the batches an
 uninterrupted run would have drawn.
+
+A checkpoint of step N saves `state_at_end_of(N)`: the reader as it was before step N+1's
+first draw. Batches are drawn ahead of their step (the next step's rollout during an update,
+`ajet serve`'s groups opened early, a stop during step N+1's rollout); the tasks of a step that
+was never committed go back to the reader on resume instead of being skipped.
 """
 
 from __future__ import annotations
@@ -89,6 +94,7 @@ class TaskReader:
         # With a curriculum, batches are drawn from its pool instead of walking epochs.
         self.curriculum = curriculum
         self._draws = 0
+        self._before_step: dict[int, dict] = {}  # step -> state before its first draw
 
     def __repr__(self) -> str:
         return (
@@ -116,6 +122,7 @@ class TaskReader:
         With a curriculum, the tasks come from its pool at training step `step`."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self._before_step.setdefault(step, self.state_dict())
         if self.curriculum is not None:
             idx = self.curriculum.draw(batch_size, step, self._draws)
             self._draws += 1
@@ -143,6 +150,14 @@ class TaskReader:
             "curriculum_draws": self._draws,
         }
 
+    def state_at_end_of(self, step: int) -> dict:
+        """The state as of the end of `step`: before the first draw of any later step (drawn
+        ahead), else now. What was recorded for `step` and earlier is forgotten."""
+        later = [s for s in self._before_step if s > step]
+        state = self._before_step[min(later)] if later else self.state_dict()
+        self._before_step = {s: v for s, v in self._before_step.items() if s > step}
+        return state
+
     def load_state_dict(self, state: dict) -> None:
         """Continue where the saved reader stopped. The train set must be the same."""
         if state.get("train_fingerprint") != _fingerprint(self._train):
@@ -157,6 +172,7 @@ class TaskReader:
         self._position = int(state["position"])
         self._draws = int(state.get("curriculum_draws", 0))
         self._order = self._epoch_order(self._epoch)
+        self._before_step = {}
 
     def _epoch_order(self, epoch: int) -> list[int]:
         order = list(range(len(self._train)))

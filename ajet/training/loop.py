@@ -8,7 +8,14 @@ logs the metrics, watches them for signs that the run is not learning
 display, validates when asked, checkpoints every `trainer.save_every` steps, exports the model
 at `trainer.export_at_minutes` of wall time and stops early at `trainer.max_minutes`. At the
 end: a last checkpoint (unless `trainer.save_last_checkpoint` is false) and `RUN/final_model`.
-Ctrl-C saves a checkpoint of the last finished step first, so `--resume` continues from it.
+
+A run that stops early (Ctrl-C, an error: a diverged update, every episode failing, a judge
+or teacher that fails) saves the checkpoint of its last finished step first, so `--resume`
+continues from it, unless an update of the next step had already begun changing the weights:
+a checkpoint labelled N must hold step N's weights, never N+1's (resuming would apply that
+update twice), so the newest checkpoint on disk stays the one to resume from. The recipe's
+own state (`attach(state=...)`) is asked for the state as of the end of the step it saves
+(the task reader's position before any later step's draw: see `TaskReader.state_at_end_of`).
 Memory freed goes back to the OS (`ajet.training.memory`): large tensors as they are freed
 (from the loop's start, `trainer.malloc_mmap_threshold_kb`), the rest after each step, so the
 rollout that follows starts from the model and optimizer state, not from the update's peak.
@@ -25,6 +32,7 @@ from typing import Any
 
 from ajet.config import to_yaml
 from ajet.config.schema import AjetConfig
+from ajet.errors import DiskFullError
 from ajet.logging.learning_signs import LearningSignsMonitor
 from ajet.logging.metrics import MetricsLogger, read_metrics
 from ajet.logging.progress import TrainingProgress
@@ -62,13 +70,30 @@ class TrainingLoop:
         self._tokenizer: Any = None
         self.optimizer: Any = None
         self.scheduler: Any = None
-        self._state: Callable[[], dict[str, Any]] = dict
+        self._state: Callable[[int], dict[str, Any]] = lambda step: {}
+        # Optimizer steps begun so far, and how many of them the last finished step had: more
+        # means the weights are (partly) the next step's.
+        self._updates_begun = 0
+        self._updates_at_step_end = 0
 
     def attach(self, model: Any, tokenizer: Any, optimizer: Any, scheduler: Any,
-               state: Callable[[], dict[str, Any]] = dict) -> None:
-        """What the loop checkpoints; `state()` adds the recipe's own resumable state."""
+               state: Callable[[int], dict[str, Any]] | None = None) -> None:
+        """What the loop checkpoints; `state(step)` adds the recipe's own resumable state as of
+        the end of `step`."""
         self._model, self._tokenizer = model, tokenizer
-        self.optimizer, self.scheduler, self._state = optimizer, scheduler, state
+        self.optimizer, self.scheduler = optimizer, scheduler
+        if state is not None:
+            self._state = state
+        if optimizer is not None:  # None: a loop that never updates (tests of the loop alone)
+            optimizer.register_step_pre_hook(self._update_begins)
+
+    def _update_begins(self, *_: Any) -> None:
+        self._updates_begun += 1
+
+    @property
+    def weights_are_of_last_step(self) -> bool:
+        """Whether no optimizer step has begun since the last finished step (or the restore)."""
+        return self._updates_begun == self._updates_at_step_end
 
     def resume_step(self) -> int:
         """The step of the newest complete checkpoint (0 when there is none)."""
@@ -83,6 +108,7 @@ class TrainingLoop:
             return None
         state = load_checkpoint(ckpt, model=self._model, optimizer=self.optimizer, scheduler=self.scheduler)
         self.step = int(state["step"])
+        self._updates_at_step_end = self._updates_begun
         return state
 
     def log(self, metrics: dict[str, float], split: str = "train") -> None:
@@ -119,6 +145,7 @@ class TrainingLoop:
                     self.scheduler.step()
                 metrics["actor/lr"] = lr
                 self.step += 1
+                self._updates_at_step_end = self._updates_begun
                 self.log(metrics)
                 self.signs.observe(self.step, metrics)
                 self.progress.step_done(self.step, metrics, signs=self.signs.active)
@@ -138,17 +165,39 @@ class TrainingLoop:
                 self.save_checkpoint()
             if t.save_final_model:
                 self.save_final_model()
-        except KeyboardInterrupt:
-            log.warning("interrupted: saving a checkpoint of step %d before exiting", self.step)
-            if self.step > 0:
-                self.save_checkpoint()
+        except BaseException as exc:  # Ctrl-C, SystemExit, any error: keep what is finished, then re-raise
+            self.save_on_stop(exc)
             raise
         finally:
             self.progress.close()
 
+    def save_on_stop(self, exc: BaseException) -> None:
+        """The checkpoint of the last finished step, if it is whole and not yet on disk."""
+        ckpt_root = self.run_dir / "checkpoints"
+        newest = latest_checkpoint(ckpt_root)
+        on_disk = f"the newest checkpoint is {newest}" if newest else "no checkpoint was saved"
+        why = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"stopping on {type(exc).__name__}"
+        if self.step == 0 or (newest is not None and checkpoint_step(newest) == self.step):
+            log.warning("%s at step %d: %s", why, self.step, on_disk)
+            return
+        if not self.weights_are_of_last_step:
+            log.warning("%s while step %d's update was changing the weights: step %d's checkpoint "
+                        "cannot be saved from them; %s (--resume continues from it)",
+                        why, self.step + 1, self.step, on_disk)
+            return
+        if isinstance(exc, DiskFullError):  # writing another one would fail the same way
+            log.warning("%s: %s", why, on_disk)
+            return
+        log.warning("%s: saving the checkpoint of step %d (the last finished step) before exiting", why, self.step)
+        try:
+            self.save_checkpoint()
+        except (OSError, RuntimeError) as save_error:  # the original error is the one to report
+            log.error("could not save the checkpoint of step %d (%s); %s", self.step, save_error, on_disk)
+
     def save_checkpoint(self) -> None:
         save_checkpoint(self.run_dir / "checkpoints", self.step, model=self._model, optimizer=self.optimizer,
-                        scheduler=self.scheduler, extra=self._state(), keep_last=self.cfg.trainer.keep_checkpoints)
+                        scheduler=self.scheduler, extra=self._state(self.step),
+                        keep_last=self.cfg.trainer.keep_checkpoints)
 
     def save_final_model(self, out: Path | None = None) -> None:
         lora = self.cfg.model.lora

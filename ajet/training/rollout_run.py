@@ -55,7 +55,7 @@ class RolloutRun:
         rollout.append(LocalRollout(cfg, model, tokenizer, workflow, model_max_len=window, judge=judge))
         closers.push(rollout[0].close, "rollout")
         optimizer, scheduler = build_optimizer(model, cfg.trainer, seed=cfg.project.seed)
-        loop.attach(model, tokenizer, optimizer, scheduler, state=lambda: {"reader": reader.state_dict()})
+        loop.attach(model, tokenizer, optimizer, scheduler, state=lambda step: {"reader": reader.state_at_end_of(step)})
         return cls(run_dir, workflow, reader, judge, loop, model, tokenizer, window, rollout[0], optimizer,
                    scheduler)
 

@@ -128,7 +128,8 @@ class OptimizerStep:
         if self.nonfinite_in_a_row >= self.max_nonfinite:
             raise DivergedError(
                 f"{where}: {self.nonfinite_in_a_row} updates in a row had a non-finite {terms}; the "
-                "training diverged. Nothing was written with NaN weights: the last checkpoint is intact. "
+                "training diverged. No non-finite update was applied: the weights are the last finished "
+                "step's, and the run saves them as its checkpoint before it exits (the log says where). "
                 "Try a lower trainer.lr, a cap on the importance ratio (algorithm.tis_cap, e.g. 2), or a "
                 "tighter trainer.grad_clip, then --resume or start again.")
 

@@ -105,3 +105,16 @@ def test_not_a_run_dir_is_a_user_error(tmp_path: Path) -> None:
     assert result.exit_code != 0
     assert "neither metrics.jsonl nor pipeline.json" in result.output
     assert "Traceback" not in result.output
+
+
+def test_a_line_a_kill_cut_short_is_skipped_with_one_warning(tmp_path: Path, caplog) -> None:
+    """A run killed mid-write leaves a torn last line; before, `ajet summary` failed on it
+    with a JSONDecodeError."""
+    run = training_run(tmp_path)
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 3, "split": "train", "time": 2')
+    result = runner.invoke(app, [str(run), "--wall-s", "600"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert "0.562" in result.output  # the whole lines are all there
+    warned = [r.getMessage() for r in caplog.records if "malformed line" in r.getMessage()]
+    assert len(warned) == 1 and "metrics.jsonl:5" in warned[0]

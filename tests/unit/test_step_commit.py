@@ -1,0 +1,175 @@
+"""What a run that stops early leaves on disk (issue 52): the checkpoint of its last finished
+step, never one labelled N that holds step N+1's weights (a resume would apply that update
+twice), and the task reader as of the end of that step (a batch drawn for a step that was never
+finished goes back to the reader instead of being skipped)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from ajet.config import load_config
+from ajet.errors import DiskFullError
+from ajet.task_reader.base import TaskReader
+from ajet.training.checkpoint_dir import checkpoint_step, latest_checkpoint
+from ajet.training.loop import TrainingLoop
+from ajet.training.recipe import Closers
+from ajet.training.run_dir import prepare_run_dir
+from ajet.workflow import WorkflowTask
+
+
+class Tokenizer:
+    def save_pretrained(self, path: Path) -> None:
+        (Path(path) / "tokenizer.json").write_text("{}")
+
+
+def tasks(count: int) -> list[WorkflowTask]:
+    return [WorkflowTask(task_id=f"t{i}", main_query=f"q{i}") for i in range(count)]
+
+
+@pytest.fixture()
+def run(two_calls_conf: Path, tmp_path: Path):
+    """`run(save_every)`: a loop over a Linear model and SGD, whose steps each draw a batch of 2
+    from a reader of 10 tasks and take one optimizer step; `fail(step, where)` makes a step
+    raise: "before" the update (after drawing), "after" it (the Ctrl-C that in_passing_thread
+    raises once the update finished)."""
+    cfg = load_config(two_calls_conf, [f"project.exp_dir={tmp_path / 'exp'}", "logging.quiet=true",
+                                       "logging.tensorboard=false", "trainer.save_final_model=false",
+                                       "trainer.keep_checkpoints=0"])
+
+    class Run:
+        def __init__(self, save_every: int) -> None:
+            self.cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, save_every=save_every))
+            self.run_dir = prepare_run_dir(self.cfg, resume=False)
+            torch.manual_seed(0)
+            self.model = torch.nn.Linear(3, 1, bias=False)
+            self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
+            self.reader = TaskReader(tasks(10), seed=0)
+            self.weights: dict[int, torch.Tensor] = {0: self.model.weight.detach().clone()}
+            self.batches: dict[int, list[str]] = {}
+            self.failure: tuple[int, str, BaseException] | None = None
+
+        def step(self, step: int) -> dict[str, float]:
+            self.batches[step] = [t.task_id for t in self.reader.next_batch(2, step=step)]
+            if self.failure and self.failure[:2] == (step, "before"):
+                raise self.failure[2]
+            self.optimizer.zero_grad()
+            self.model(torch.ones(1, 3)).sum().backward()
+            self.optimizer.step()
+            if self.failure and self.failure[:2] == (step, "after"):
+                raise self.failure[2]
+            self.weights[step] = self.model.weight.detach().clone()
+            return {"loss": float(step)}
+
+        def train(self, total_steps: int, fail: tuple[int, str, BaseException] | None = None) -> TrainingLoop:
+            self.failure = fail
+            closers = Closers()
+            loop = TrainingLoop(self.cfg, self.run_dir, closers, total_steps=total_steps)
+            scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _: 1.0)
+            loop.attach(self.model, Tokenizer(), self.optimizer, scheduler,
+                        state=lambda step: {"reader": self.reader.state_at_end_of(step)})
+            try:
+                loop.run(self.step)
+            finally:
+                closers.close_all()
+            return loop
+
+        def newest(self) -> tuple[int, torch.Tensor, dict]:
+            ckpt = latest_checkpoint(self.run_dir / "checkpoints")
+            assert ckpt is not None
+            weights = torch.load(ckpt / "weights.pt", weights_only=True)["weight"]
+            return checkpoint_step(ckpt), weights, torch.load(ckpt / "state.pt", weights_only=False)
+
+    return Run
+
+
+def test_ctrl_c_after_an_update_keeps_the_checkpoint_of_the_step_before_it(run) -> None:
+    """Before: the loop saved a checkpoint labelled 2 with step 3's weights over the good one."""
+    r = run(save_every=1)
+    with pytest.raises(KeyboardInterrupt):
+        r.train(5, fail=(3, "after", KeyboardInterrupt()))
+    step, weights, _ = r.newest()
+    assert step == 2
+    assert torch.equal(weights, r.weights[2])
+    assert not torch.equal(r.model.weight, r.weights[2])  # the model did move on: step 3's update
+
+
+def test_an_error_before_the_update_saves_the_last_finished_step(run) -> None:
+    """Before: only Ctrl-C saved; with save_every=0 (the default) an error lost every step."""
+    r = run(save_every=0)
+    with pytest.raises(RuntimeError, match="judge down"):
+        r.train(5, fail=(3, "before", RuntimeError("judge down")))
+    step, weights, _ = r.newest()
+    assert step == 2 and torch.equal(weights, r.weights[2])
+
+
+def test_the_batch_of_a_step_that_never_finished_goes_back_to_the_reader(run) -> None:
+    r = run(save_every=0)
+    with pytest.raises(KeyboardInterrupt):
+        r.train(5, fail=(3, "before", KeyboardInterrupt()))
+    _, _, state = r.newest()
+    resumed = TaskReader(tasks(10), seed=0)
+    resumed.load_state_dict(state["reader"])
+    assert [t.task_id for t in resumed.next_batch(2, step=3)] == r.batches[3]  # not skipped
+
+
+def test_a_full_disk_is_not_written_to_again(run, caplog: pytest.LogCaptureFixture) -> None:
+    r = run(save_every=0)
+    with pytest.raises(DiskFullError):
+        r.train(5, fail=(3, "before", DiskFullError("no space left")))
+    assert latest_checkpoint(r.run_dir / "checkpoints") is None
+    assert "stopping on DiskFullError: no checkpoint was saved" in caplog.text
+
+
+def test_a_reader_drawn_ahead_saves_its_position_before_the_later_draws() -> None:
+    """Prefetch (rollout.max_staleness), `ajet serve`'s early groups: step 3's and 4's batches
+    are drawn before step 2 ends; its state is the reader's before step 3's first draw."""
+    reader = TaskReader(tasks(10), seed=0)
+    drawn = {step: [t.task_id for t in reader.next_batch(2, step=step)] for step in (1, 2, 3, 4)}
+    reader.next_batch(1, step=3)  # a refill of step 3's groups does not move its start
+    again = TaskReader(tasks(10), seed=0)
+    again.load_state_dict(reader.state_at_end_of(2))
+    assert [t.task_id for t in again.next_batch(2, step=3)] == drawn[3]
+    assert reader.state_at_end_of(4) == reader.state_dict()  # nothing drawn past step 4: now
+
+
+def test_ctrl_c_during_an_overlapped_update_waits_for_it_to_finish() -> None:
+    """rollout.max_staleness > 0: the update runs in a worker thread while the event loop rolls
+    out the next step. Ctrl-C reaches the main thread; before, it left at once and the loop
+    then copied the weights into a checkpoint while optimizer.step() was still changing them."""
+    import asyncio
+    import signal
+    import time
+    from types import SimpleNamespace
+
+    from ajet.rl.recipe import RLRecipe
+    from ajet.rollout.ahead import AheadEpisodes
+
+    recipe = RLRecipe.__new__(RLRecipe)  # only what _update_step uses
+    recipe.source = AheadEpisodes.__new__(AheadEpisodes)
+    recipe.source.prefetch = lambda step: None
+    recipe.cfg = SimpleNamespace(trainer=SimpleNamespace(total_steps=5))
+    recipe.rollout = SimpleNamespace(loop=asyncio.new_event_loop())
+    events: list[str] = []
+
+    def update(batch, *, step, overlap):  # noqa: ANN001, ANN202 - stands in for RLRecipe.update
+        events.append("update begins")
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C
+        time.sleep(0.5)
+        events.append("update ends")
+        return {}
+
+    recipe.update = update
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            recipe._update_step(None, 1)
+        events.append("stopped")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        recipe.rollout.loop.close()
+    assert events == ["update begins", "update ends", "stopped"]
