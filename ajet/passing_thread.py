@@ -21,6 +21,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from ajet.signals import STOP_SIGNALS, StopNow, defer_stop, stops_the_run
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -28,8 +30,11 @@ T = TypeVar("T")
 
 def in_passing_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """`fn(*args, **kwargs)` run in a new thread, waited for; its result, or its exception
-    re-raised here. Ctrl-C while it runs waits for it to finish (the weights are never left
-    half-updated), then raises KeyboardInterrupt as usual."""
+    re-raised here. Ctrl-C (or SIGTERM / SIGHUP inside `ajet.signals.stop_on_signals`) while it
+    runs waits for it to finish (the weights are never left half-updated), then raises
+    KeyboardInterrupt as usual, or, inside a training step (`ajet.signals.stop_at_step_end`),
+    leaves the stop to the loop at the step's end. A second one raises at once: what was
+    committed survives."""
     outcome: dict[str, Any] = {}
     name = getattr(fn, "__name__", "work")
 
@@ -43,24 +48,29 @@ def in_passing_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     interrupts: list[int] = []
 
     def on_interrupt(signum: int, frame: Any) -> None:
-        if not interrupts:
-            log.warning("interrupted: letting the running %s finish first (the weights stay whole)", name)
+        if interrupts:  # the second stop: leave now, with the work still running (saves nothing more)
+            raise StopNow(signal.Signals(signum).name)
+        log.warning("%s: letting the running %s finish first (the weights stay whole); "
+                    "a second one stops at once", signal.Signals(signum).name, name)
         interrupts.append(signum)
 
-    # Ctrl-C is delivered to the main thread, between any two bytecodes: while the work runs,
-    # it is only noted (a KeyboardInterrupt raised there could leave this function early).
-    takes_ctrl_c = (threading.current_thread() is threading.main_thread()
-                    and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
-    previous = signal.signal(signal.SIGINT, on_interrupt) if takes_ctrl_c else None
+    # A stop signal is handled in the main thread, between any two bytecodes: while the work
+    # runs, the first is only noted (a KeyboardInterrupt raised there could leave this function
+    # early, with the work still changing the weights).
+    deferred: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, *STOP_SIGNALS):
+            if stops_the_run(signal.getsignal(signum)):
+                deferred[signum] = signal.signal(signum, on_interrupt)
     try:
         thread.start()
         thread.join()
     finally:
-        if takes_ctrl_c:
-            signal.signal(signal.SIGINT, previous)
+        for signum, handler in deferred.items():
+            signal.signal(signum, handler)
     if "error" in outcome:
         raise outcome["error"]
-    if interrupts:
-        raise KeyboardInterrupt
+    if interrupts and not defer_stop(signal.Signals(interrupts[0]).name):  # else: at the step's end
+        raise KeyboardInterrupt(signal.Signals(interrupts[0]).name)
     return outcome["result"]
 

@@ -15,6 +15,8 @@ from rich.console import Console
 from rich.text import Text
 
 from ajet.errors import AjetError, ConfigError, UserError
+from ajet.signals import stop_on_signals
+from ajet.training.checkpoint_dir import latest_checkpoint
 
 err_console = Console(stderr=True, highlight=False)
 
@@ -63,3 +65,23 @@ def user_errors() -> Iterator[None]:
     except AjetError as exc:
         err_console.print(Text.assemble(("ajet: ", "bold red"), str(exc)), soft_wrap=True)
         raise typer.Exit(exc.exit_code) from None
+
+
+# The exit code of a run stopped by a signal (as a shell reports Ctrl-C: 128 + SIGINT).
+STOPPED_EXIT = 130
+
+
+@contextmanager
+def clean_stop(run_dir: Path, resume_command: str) -> Iterator[None]:
+    """Inside: Ctrl-C, SIGTERM and SIGHUP stop the run cleanly (`ajet.signals`); the command
+    then says where the run stands and how to continue, and exits 130."""
+    try:
+        with stop_on_signals():
+            yield
+    except KeyboardInterrupt as exc:
+        runs = [run_dir, *sorted((run_dir / "stages").glob("*"))]  # a pipeline: its stages' runs
+        newest = [ckpt for d in runs if (ckpt := latest_checkpoint(d / "checkpoints")) is not None]
+        where = f"the newest checkpoint is {newest[-1]}" if newest else "no checkpoint of this run was saved"
+        err_console.print(Text.assemble(("ajet: stopped ", "bold red"), f"({exc or 'SIGINT'}); {where}. "
+                                        f"Continue with: {resume_command}"), soft_wrap=True)
+        raise typer.Exit(STOPPED_EXIT) from None

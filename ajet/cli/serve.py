@@ -21,6 +21,7 @@ from ajet.cli.common import (
     Overrides,
     Quiet,
     Resume,
+    clean_stop,
     config_overrides,
     fresh_start,
     user_errors,
@@ -65,7 +66,8 @@ def serve(
         checked_backbone("debug", cfg, str(conf))
         fresh_start(run_dir_of(cfg), fresh=fresh, resume=resume)
         configure_logging(cfg.logging.level, quiet=cfg.logging.quiet)
-        train(cfg, resume=resume, workflow=RemoteWorkflow(), episode_source=served_episodes)
+        with clean_stop(run_dir_of(cfg), f"ajet serve --conf {conf} --resume (and the same overrides)"):
+            train(cfg, resume=resume, workflow=RemoteWorkflow(), episode_source=served_episodes)
 
 
 def served_episodes(recipe: Any) -> Any:

@@ -11,6 +11,7 @@ from ajet.cli.common import (
     Overrides,
     Quiet,
     Resume,
+    clean_stop,
     config_overrides,
     fresh_start,
     user_errors,
@@ -41,5 +42,6 @@ def sft(conf: Conf, overrides: Overrides = None, exp_dir: ExpDir = None, resume:
         cfg = single_stage_config(cfg, "sft")
         fresh_start(run_dir_of(cfg), fresh=fresh, resume=resume)
         configure_logging(cfg.logging.level, quiet=cfg.logging.quiet)
-        run_dir = train_sft(cfg, resume=resume)
+        with clean_stop(run_dir_of(cfg), f"ajet sft --conf {conf} --resume (and the same overrides)"):
+            run_dir = train_sft(cfg, resume=resume)
         typer.echo(f"sft done: {run_dir / 'final_model'}")

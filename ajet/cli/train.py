@@ -17,6 +17,7 @@ from ajet.cli.common import (
     Overrides,
     Quiet,
     Resume,
+    clean_stop,
     config_overrides,
     fresh_start,
     user_errors,
@@ -102,7 +103,7 @@ def train(
         start = time.monotonic()
         launched = (Launcher(env_services=services, log_dir=run_dir_of(cfg) / "services") if services
                     else contextlib.nullcontext())
-        with launched:
+        with launched, clean_stop(run_dir_of(cfg), f"ajet --conf {conf} --resume (and the same overrides)"):
             run(cfg, runner, backbone=backbone.value, with_ray=with_ray, resume=resume)
         print_summary(run_dir_of(cfg), time.monotonic() - start)
 

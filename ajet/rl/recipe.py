@@ -31,6 +31,7 @@ from ajet.rollout.failed_steps import FailedSteps
 from ajet.rollout.loader import trainable_targets_of
 from ajet.rollout.ray_rollout import build_ray_manager, workflow_spec
 from ajet.rollout.source import EpisodeSource, managed_episodes
+from ajet.signals import defer_stop
 from ajet.training.recipe import Closers, run_recipe
 from ajet.training.rollout_run import RolloutRun
 from ajet.training.step import overlapped_update, updating_weights
@@ -200,7 +201,7 @@ class RLRecipe:
         # an update that has begun (a checkpoint must never copy half-updated weights), and one
         # that has not begun never will.
         gate, finished = threading.Lock(), threading.Event()
-        began, stopping = [False], [False]
+        began, stopping, done = [False], [False], []
 
         def update() -> dict[str, float]:
             with gate:
@@ -208,7 +209,8 @@ class RLRecipe:
                     return {}
                 began[0] = True
             try:
-                return self.update(batch, step=step, overlap=True)
+                done.append(self.update(batch, step=step, overlap=True))
+                return done[0]
             finally:
                 finished.set()
 
@@ -218,12 +220,14 @@ class RLRecipe:
 
         try:
             return self.rollout.loop.run_until_complete(update_while_rolling_out())
-        except BaseException:
+        except KeyboardInterrupt as stop:
             with gate:
                 stopping[0] = True
             if began[0]:
                 log.warning("stopping: letting step %d's update finish first (the weights stay whole)", step)
                 finished.wait()
+            if done and defer_stop(str(stop) or "SIGINT"):  # updated: the step finishes, then the run stops
+                return done[0]
             raise
 
     def update(self, batch: Any, *, step: int | None = None, overlap: bool = False) -> dict[str, float]:

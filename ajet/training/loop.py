@@ -37,6 +37,7 @@ from ajet.logging.learning_signs import LearningSignsMonitor
 from ajet.logging.metrics import MetricsLogger, read_metrics
 from ajet.logging.progress import TrainingProgress
 from ajet.logging.records import drop_records_after
+from ajet.signals import StopNow, stop_at_step_end, take_requested_stop
 from ajet.training.checkpoint import load_checkpoint, save_checkpoint
 from ajet.training.checkpoint_dir import checkpoint_step, latest_checkpoint
 from ajet.training.memory import limit_heap_retention, release_memory
@@ -75,6 +76,7 @@ class TrainingLoop:
         # means the weights are (partly) the next step's.
         self._updates_begun = 0
         self._updates_at_step_end = 0
+        self._finishing = False  # the running step's train_step has returned
 
     def attach(self, model: Any, tokenizer: Any, optimizer: Any, scheduler: Any,
                state: Callable[[int], dict[str, Any]] | None = None) -> None:
@@ -131,26 +133,23 @@ class TrainingLoop:
         self.progress = TrainingProgress(self.total_steps, self.step, quiet=self.cfg.logging.quiet,
                                          max_minutes=t.max_minutes)
         clock = WallClock(t.max_minutes, t.export_at_minutes)
+        take_requested_stop()  # none is pending when a loop begins
         try:
             if validate is not None and self.step == 0 and validate_at(0):
                 validate()  # the starting point; a resumed run validated it before its checkpoint
             while self.step < self.total_steps:
-                lr = self.scheduler.get_last_lr()[0]
-                metrics = train_step(self.step + 1)
-                release_memory()
-                with warnings.catch_warnings():
-                    # The schedule advances once per training step by design (ajet.training.optim),
-                    # also after a step without a learning signal, which skips optimizer.step().
-                    warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
-                    self.scheduler.step()
-                metrics["actor/lr"] = lr
-                self.step += 1
-                self._updates_at_step_end = self._updates_begun
-                self.log(metrics)
-                self.signs.observe(self.step, metrics)
-                self.progress.step_done(self.step, metrics, signs=self.signs.active)
-                if after_step is not None:
-                    after_step(self.step)
+                # A stop before the step changes anything abandons it; once its update has begun
+                # (or its metrics are being logged) the step runs to its end, then the run stops.
+                self._finishing = False
+                with stop_at_step_end(self._step_has_begun_to_commit):
+                    lr = self.scheduler.get_last_lr()[0]
+                    metrics = train_step(self.step + 1)
+                    self._finishing = True
+                    self.finish_step(metrics, lr)
+                    if after_step is not None:
+                        after_step(self.step)
+                if stop := take_requested_stop():
+                    raise KeyboardInterrupt(stop)
                 if validate is not None and validate_at(self.step):
                     validate()
                 if t.save_every and self.step % t.save_every == 0 and self.step < self.total_steps:
@@ -166,10 +165,29 @@ class TrainingLoop:
             if t.save_final_model:
                 self.save_final_model()
         except BaseException as exc:  # Ctrl-C, SystemExit, any error: keep what is finished, then re-raise
+            take_requested_stop()  # the step did not finish: the stop kept for its end is this one
             self.save_on_stop(exc)
             raise
         finally:
             self.progress.close()
+
+    def _step_has_begun_to_commit(self) -> bool:
+        return self._finishing or not self.weights_are_of_last_step
+
+    def finish_step(self, metrics: dict[str, float], lr: float) -> None:
+        """After a step's train_step: the schedule, the step count, the metrics line, the display."""
+        release_memory()
+        with warnings.catch_warnings():
+            # The schedule advances once per training step by design (ajet.training.optim),
+            # also after a step without a learning signal, which skips optimizer.step().
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
+            self.scheduler.step()
+        metrics["actor/lr"] = lr
+        self.step += 1
+        self._updates_at_step_end = self._updates_begun
+        self.log(metrics)
+        self.signs.observe(self.step, metrics)
+        self.progress.step_done(self.step, metrics, signs=self.signs.active)
 
     def save_on_stop(self, exc: BaseException) -> None:
         """The checkpoint of the last finished step, if it is whole and not yet on disk."""
@@ -187,6 +205,9 @@ class TrainingLoop:
             return
         if isinstance(exc, DiskFullError):  # writing another one would fail the same way
             log.warning("%s: %s", why, on_disk)
+            return
+        if isinstance(exc, StopNow):  # a second stop: an update may still be running
+            log.warning("stopped at once by a second signal: nothing more is saved; %s", on_disk)
             return
         log.warning("%s: saving the checkpoint of step %d (the last finished step) before exiting", why, self.step)
         try:

@@ -6,7 +6,10 @@ finished goes back to the reader instead of being skipped)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +17,7 @@ import torch
 
 from ajet.config import load_config
 from ajet.errors import DiskFullError
+from ajet.passing_thread import in_passing_thread
 from ajet.task_reader.base import TaskReader
 from ajet.training.checkpoint_dir import checkpoint_step, latest_checkpoint
 from ajet.training.loop import TrainingLoop
@@ -59,7 +63,11 @@ def run(two_calls_conf: Path, tmp_path: Path):
                 raise self.failure[2]
             self.optimizer.zero_grad()
             self.model(torch.ones(1, 3)).sum().backward()
-            self.optimizer.step()
+            if self.failure and self.failure[:2] == (step, "during"):  # Ctrl-C while the update runs
+                in_passing_thread(lambda: (os.kill(os.getpid(), signal.SIGINT), time.sleep(0.3),
+                                           self.optimizer.step()))
+            else:
+                self.optimizer.step()
             if self.failure and self.failure[:2] == (step, "after"):
                 raise self.failure[2]
             self.weights[step] = self.model.weight.detach().clone()
@@ -96,6 +104,27 @@ def test_ctrl_c_after_an_update_keeps_the_checkpoint_of_the_step_before_it(run) 
     assert step == 2
     assert torch.equal(weights, r.weights[2])
     assert not torch.equal(r.model.weight, r.weights[2])  # the model did move on: step 3's update
+
+
+def test_ctrl_c_during_an_update_finishes_the_step_commits_it_and_stops(run) -> None:
+    """The update ran to its end (in_passing_thread), so the step is finished, not abandoned:
+    logged, checkpointed with its own weights, then the run stops."""
+    r = run(save_every=0)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt, match="SIGINT"):
+            r.train(5, fail=(3, "during", KeyboardInterrupt()))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    step, weights, state = r.newest()
+    assert step == 3 and torch.equal(weights, r.weights[3])
+    rows = [json.loads(line) for line in (r.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows if row["split"] == "train"] == [1, 2, 3]
+    resumed = TaskReader(tasks(10), seed=0)
+    resumed.load_state_dict(state["reader"])
+    uninterrupted = TaskReader(tasks(10), seed=0)
+    step4 = [[t.task_id for t in uninterrupted.next_batch(2, step=k)] for k in (1, 2, 3, 4)][-1]
+    assert [t.task_id for t in resumed.next_batch(2, step=4)] == step4  # step 3's batch was trained
 
 
 def test_an_error_before_the_update_saves_the_last_finished_step(run) -> None:
@@ -173,3 +202,36 @@ def test_ctrl_c_during_an_overlapped_update_waits_for_it_to_finish() -> None:
         signal.signal(signal.SIGINT, previous)
         recipe.rollout.loop.close()
     assert events == ["update begins", "update ends", "stopped"]
+
+
+def test_ctrl_c_during_an_overlapped_update_inside_a_step_finishes_the_step() -> None:
+    """Inside the loop's step (`stop_at_step_end`) the finished update's metrics come back and
+    the stop waits for the step's end."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from ajet.rl.recipe import RLRecipe
+    from ajet.rollout.ahead import AheadEpisodes
+    from ajet.signals import stop_at_step_end, take_requested_stop
+
+    recipe = RLRecipe.__new__(RLRecipe)
+    recipe.source = AheadEpisodes.__new__(AheadEpisodes)
+    recipe.source.prefetch = lambda step: None
+    recipe.cfg = SimpleNamespace(trainer=SimpleNamespace(total_steps=5))
+    recipe.rollout = SimpleNamespace(loop=asyncio.new_event_loop())
+
+    def update(batch, *, step, overlap):  # noqa: ANN001, ANN202 - stands in for RLRecipe.update
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.3)
+        return {"actor/loss": 1.5}
+
+    recipe.update = update
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with stop_at_step_end(lambda: False):  # the stop reaches _update_step: it finishes the update
+            metrics = recipe._update_step(None, 1)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        recipe.rollout.loop.close()
+    assert metrics == {"actor/loss": 1.5}
+    assert take_requested_stop() == "SIGINT" and take_requested_stop() is None
