@@ -6,10 +6,18 @@ its first stage): pass `--resume` to continue it, `--fresh` to move it aside fir
 (`move_aside`: nothing is deleted), or choose another name. `--resume` means continue: it
 refuses a run directory that does not exist. `config.yaml` records the resolved config
 (written atomically: a kill never leaves half of it).
+
+A run holds `RUN/.lock` (`fcntl.flock`) from `prepare_run_dir` until its process ends: two
+runs in one directory would interleave metrics.jsonl and prune each other's checkpoints, so
+the second is refused with the holder's pid and command. The kernel frees the lock with the
+process, SIGKILL included: no stale lock is ever left behind.
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
+import sys
 import time
 from pathlib import Path
 
@@ -25,17 +33,45 @@ def run_dir_of(cfg: AjetConfig) -> Path:
     return Path(cfg.project.exp_dir).expanduser() / cfg.project.name
 
 
+# The run directories this process holds, and the open lock file of each.
+_HELD: dict[Path, int] = {}
+LOCK_FILE = ".lock"
+
+
+def lock_run_dir(run_dir: Path) -> None:
+    """Hold `run_dir`'s lock for the rest of this process (again: nothing); a run directory
+    another process holds is refused with its pid and command."""
+    key = run_dir.resolve()
+    if key in _HELD:
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip() or "a process"
+        os.close(fd)
+        raise UserError(
+            f"{run_dir} is in use by another run ({holder}): two runs in one directory would mix their "
+            "metrics and checkpoints. Wait for it to end or stop it, or choose another project.name / "
+            "--exp-dir.") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()}: {' '.join(sys.argv)}\n".encode(), 0)
+    _HELD[key] = fd
+
+
 def prepare_run_dir(cfg: AjetConfig, *, resume: bool, backbone_checkpoints: str = "") -> Path:
-    """Check the resume rules, write config.yaml; return the run directory. `backbone_checkpoints`:
-    a glob under the run directory where a GPU backbone keeps its own checkpoints (they count as
-    an earlier run's, like ajet's `checkpoints/`)."""
+    """Check the resume rules, lock the run directory, write config.yaml; return the run
+    directory. `backbone_checkpoints`: a glob under the run directory where a GPU backbone keeps
+    its own checkpoints (they count as an earlier run's, like ajet's `checkpoints/`)."""
     run_dir = run_dir_of(cfg)
     ckpt_root = run_dir / "checkpoints"
-    cleanup_partial(ckpt_root)
     if resume and not run_dir.is_dir():
         raise UserError(
             f"--resume: {run_dir} does not exist, so there is no run to continue. Check project.name / "
             "--exp-dir, or drop --resume to start a new run.")
+    lock_run_dir(run_dir)  # before anything is cleaned up or written: it may be another run's
+    cleanup_partial(ckpt_root)
     metrics = run_dir / "metrics.jsonl"
     has_checkpoint = latest_checkpoint(ckpt_root) is not None or (
         bool(backbone_checkpoints) and any(p.is_dir() for p in run_dir.glob(backbone_checkpoints)))
@@ -77,6 +113,8 @@ def move_aside(run_dir: Path) -> Path | None:
     return the new path, or None when there was nothing to move."""
     if not run_dir.is_dir() or not any(run_dir.iterdir()):
         return None
+    lock_run_dir(run_dir)  # refuses a live run's directory
+    os.close(_HELD.pop(run_dir.resolve()))  # it moves away: nothing of ours is left there
     stamp = time.strftime("%Y%m%d-%H%M%S")
     target = run_dir.with_name(f"{run_dir.name}.{stamp}")
     suffix = 1

@@ -190,3 +190,38 @@ def test_a_run_that_would_save_nothing_is_refused(two_calls_conf: Path) -> None:
 
     with pytest.raises(ConfigError, match=r"trainer.save_last_checkpoint: false with trainer.save_final_model=false"):
         load_config(two_calls_conf, ["trainer.save_last_checkpoint=false", "trainer.save_final_model=false"])
+
+
+def test_a_run_directory_in_use_by_another_process_is_refused_with_its_pid(cfg) -> None:
+    """Two runs in one directory interleaved metrics.jsonl and pruned each other's checkpoints.
+    The lock goes with its process, SIGKILL included: then the directory is free again."""
+    import subprocess
+    import sys
+    import time
+
+    from ajet.training.run_dir import move_aside
+
+    run_dir = run_dir_of(cfg)
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from pathlib import Path; from ajet.training.run_dir import lock_run_dir; "
+        f"lock_run_dir(Path({str(run_dir)!r})); print('locked', flush=True); time.sleep(60)")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(UserError, match=rf"is in use by another run \(pid {holder.pid}: -c\)"):
+            prepare_run_dir(cfg, resume=False)
+        with pytest.raises(UserError, match="in use by another run"):  # --fresh does not move it away
+            move_aside(run_dir)
+        assert not (run_dir / "config.yaml").exists()  # nothing was written
+    finally:
+        holder.kill()
+        holder.wait()
+    deadline = time.monotonic() + 10
+    while True:  # the kernel frees the lock with the process
+        try:
+            assert prepare_run_dir(cfg, resume=False) == run_dir
+            break
+        except UserError:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    prepare_run_dir(cfg, resume=True)  # this process holds it: again is fine
