@@ -48,6 +48,7 @@ class DpoRecipe:
         # Built before any update (and before a resumed run's weights load): the stage's initial policy.
         self.reference = None if a.dpo_reference_free else ReferencePolicy(self.model, a.dpo_reference.value)
         self.optimizer_step = OptimizerStep(self.model, run.optimizer, cfg.trainer)
+        self.optimizer_step.keep_in(self.loop)
         if self.resume:
             run.restore()
 

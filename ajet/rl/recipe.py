@@ -80,6 +80,7 @@ class RLRecipe:
         self.updater = PolicyUpdater(self.model, run.optimizer, cfg.trainer, cfg.algorithm,
                                      temperature=policy_temperature(cfg.rollout.temperature),
                                      per_role_adapters=self.per_role)
+        self.updater.step.keep_in(self.loop)
         if self.resume:
             run.restore()
         # On-policy distillation: built last, after the optimizer (an adapter teacher is never in it).

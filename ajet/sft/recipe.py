@@ -67,6 +67,7 @@ class SftRecipe:
         self.loop = TrainingLoop(cfg, self.run_dir, closers, total_steps=len(self.schedule), resume=self.resume)
         self.loop.attach(self.model, self.tokenizer, optimizer, scheduler,
                          state=lambda step: {"schedule_len": len(self.schedule)})
+        self.optimizer_step.keep_in(self.loop)
         if self.resume and (state := self.loop.restore()) is not None:
             if state.get("schedule_len") != len(self.schedule):
                 raise DialogDataError(

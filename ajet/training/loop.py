@@ -77,6 +77,7 @@ class TrainingLoop:
         self._updates_begun = 0
         self._updates_at_step_end = 0
         self._finishing = False  # the running step's train_step has returned
+        self._kept: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {}  # see `keep`
 
     def attach(self, model: Any, tokenizer: Any, optimizer: Any, scheduler: Any,
                state: Callable[[int], dict[str, Any]] | None = None) -> None:
@@ -88,6 +89,11 @@ class TrainingLoop:
             self._state = state
         if optimizer is not None:  # None: a loop that never updates (tests of the loop alone)
             optimizer.register_step_pre_hook(self._update_begins)
+
+    def keep(self, name: str, state: Callable[[], Any], load: Callable[[Any], None]) -> None:
+        """Also checkpoint `state()` under `name`, and hand it to `load` when the run resumes
+        (call before `restore`)."""
+        self._kept[name] = (state, load)
 
     def _update_begins(self, *_: Any) -> None:
         self._updates_begun += 1
@@ -111,6 +117,9 @@ class TrainingLoop:
         state = load_checkpoint(ckpt, model=self._model, optimizer=self.optimizer, scheduler=self.scheduler)
         self.step = int(state["step"])
         self._updates_at_step_end = self._updates_begun
+        for name, (_, load) in self._kept.items():
+            if name in state:  # a checkpoint written before `name` was kept has none
+                load(state[name])
         return state
 
     def log(self, metrics: dict[str, float], split: str = "train") -> None:
@@ -217,7 +226,8 @@ class TrainingLoop:
 
     def save_checkpoint(self) -> None:
         save_checkpoint(self.run_dir / "checkpoints", self.step, model=self._model, optimizer=self.optimizer,
-                        scheduler=self.scheduler, extra=self._state(self.step),
+                        scheduler=self.scheduler,
+                        extra={**self._state(self.step), **{n: state() for n, (state, _) in self._kept.items()}},
                         keep_last=self.cfg.trainer.keep_checkpoints)
 
     def save_final_model(self, out: Path | None = None) -> None:

@@ -136,6 +136,17 @@ class OptimizerStep:
     def metrics(self) -> dict[str, float]:
         return {"actor/nonfinite_steps": float(self.nonfinite_total)}
 
+    def state_dict(self) -> dict[str, int]:
+        """The non-finite counters: a resumed run keeps counting towards max_nonfinite_steps."""
+        return {"in_a_row": self.nonfinite_in_a_row, "total": self.nonfinite_total}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.nonfinite_in_a_row, self.nonfinite_total = int(state["in_a_row"]), int(state["total"])
+
+    def keep_in(self, loop: Any) -> None:
+        """Checkpoint the counters with `loop`'s checkpoints."""
+        loop.keep("nonfinite_steps", self.state_dict, self.load_state_dict)
+
 
 @contextlib.contextmanager
 def updating_weights(engine: Any) -> Iterator[None]:

@@ -235,3 +235,27 @@ def test_ctrl_c_during_an_overlapped_update_inside_a_step_finishes_the_step() ->
         recipe.rollout.loop.close()
     assert metrics == {"actor/loss": 1.5}
     assert take_requested_stop() == "SIGINT" and take_requested_stop() is None
+
+
+def test_the_non_finite_counters_survive_a_resume(run) -> None:
+    """Before, a resume reset trainer.max_nonfinite_steps' count: a run that diverged every few
+    steps and was resumed each time never hit the limit."""
+    from ajet.training.step import OptimizerStep
+
+    r = run(save_every=1)
+    counters = OptimizerStep(r.model, r.optimizer, r.cfg.trainer)
+    counters.nonfinite_in_a_row, counters.nonfinite_total = 2, 5
+    closers = Closers()
+    loop = TrainingLoop(r.cfg, r.run_dir, closers, total_steps=1)
+    loop.attach(r.model, Tokenizer(), r.optimizer, torch.optim.lr_scheduler.LambdaLR(r.optimizer, lambda _: 1.0))
+    counters.keep_in(loop)
+    loop.run(r.step)
+    closers.close_all()
+
+    again = OptimizerStep(r.model, r.optimizer, r.cfg.trainer)
+    loop = TrainingLoop(r.cfg, r.run_dir, closers, total_steps=2, resume=True)
+    loop.attach(r.model, Tokenizer(), r.optimizer, torch.optim.lr_scheduler.LambdaLR(r.optimizer, lambda _: 1.0))
+    again.keep_in(loop)
+    loop.restore()
+    closers.close_all()
+    assert (again.nonfinite_in_a_row, again.nonfinite_total) == (2, 5)
