@@ -5,7 +5,8 @@ A recipe builds its model, optimizer and schedule, hands them over with `attach`
 the LR schedule once (the documented event: one training step, see `ajet.training.optim`),
 logs the metrics, watches them for signs that the run is not learning
 (`ajet.logging.learning_signs`: a warning the first time each holds), updates the progress
-display, validates when asked, checkpoints every `trainer.save_every` steps, exports the model
+display, validates when asked, checkpoints every `trainer.save_every` steps and after the first step
+that ends `trainer.save_every_minutes` after the last checkpoint, exports the model
 at `trainer.export_at_minutes` of wall time and stops early at `trainer.max_minutes`. At the
 end: a last checkpoint (unless `trainer.save_last_checkpoint` is false) and `RUN/final_model`.
 
@@ -77,6 +78,7 @@ class TrainingLoop:
         self._updates_begun = 0
         self._updates_at_step_end = 0
         self._finishing = False  # the running step's train_step has returned
+        self._saved_at = time.monotonic()  # trainer.save_every_minutes counts from here
         self._kept: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {}  # see `keep`
 
     def attach(self, model: Any, tokenizer: Any, optimizer: Any, scheduler: Any,
@@ -143,6 +145,7 @@ class TrainingLoop:
                                          max_minutes=t.max_minutes)
         clock = WallClock(t.max_minutes, t.export_at_minutes)
         take_requested_stop()  # none is pending when a loop begins
+        self._saved_at = time.monotonic()
         try:
             if validate is not None and self.step == 0 and validate_at(0):
                 validate()  # the starting point; a resumed run validated it before its checkpoint
@@ -161,7 +164,9 @@ class TrainingLoop:
                     raise KeyboardInterrupt(stop)
                 if validate is not None and validate_at(self.step):
                     validate()
-                if t.save_every and self.step % t.save_every == 0 and self.step < self.total_steps:
+                if self.step < self.total_steps and (
+                        (t.save_every and self.step % t.save_every == 0)
+                        or (t.save_every_minutes and self._minutes_since_save() >= t.save_every_minutes)):
                     self.save_checkpoint()
                 for mark in clock.exports_due():
                     self.save_final_model(self.run_dir / "exports" / f"min_{mark:g}")
@@ -224,7 +229,11 @@ class TrainingLoop:
         except (OSError, RuntimeError) as save_error:  # the original error is the one to report
             log.error("could not save the checkpoint of step %d (%s); %s", self.step, save_error, on_disk)
 
+    def _minutes_since_save(self) -> float:
+        return (time.monotonic() - self._saved_at) / 60
+
     def save_checkpoint(self) -> None:
+        self._saved_at = time.monotonic()
         save_checkpoint(self.run_dir / "checkpoints", self.step, model=self._model, optimizer=self.optimizer,
                         scheduler=self.scheduler,
                         extra={**self._state(self.step), **{n: state() for n, (state, _) in self._kept.items()}},

@@ -259,3 +259,18 @@ def test_the_non_finite_counters_survive_a_resume(run) -> None:
     loop.restore()
     closers.close_all()
     assert (again.nonfinite_in_a_row, again.nonfinite_total) == (2, 5)
+
+
+@pytest.mark.parametrize(("minutes", "saved"), [(1e-9, [1, 2, 3]), (0.0, [])])
+def test_checkpoints_by_time_are_on_by_default_and_bounded(run, minutes: float, saved: list[int]) -> None:
+    """trainer.save_every_minutes (default 10): a crash loses at most that much training. Here
+    the interval is a nanosecond (every step) or off; the last step's is save_last_checkpoint's."""
+    from ajet.config.schema import TrainerConfig
+
+    assert TrainerConfig().save_every_minutes == 10 and TrainerConfig().keep_checkpoints == 2
+    r = run(save_every=0)
+    r.cfg = dataclasses.replace(r.cfg, trainer=dataclasses.replace(
+        r.cfg.trainer, save_every_minutes=minutes, save_last_checkpoint=False))
+    r.train(4)
+    steps = sorted(checkpoint_step(p) for p in (r.run_dir / "checkpoints").glob("step_*"))
+    assert steps == saved
