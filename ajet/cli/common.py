@@ -25,6 +25,9 @@ Conf = Annotated[Path, typer.Option("--conf", "-c", help="The run's YAML config.
 Overrides = Annotated[list[str] | None, typer.Argument(help="Dotted overrides, KEY=VALUE.", show_default=False)]
 ExpDir = Annotated[Path | None, typer.Option("--exp-dir", help="Experiment root (overrides project.exp_dir).")]
 Resume = Annotated[bool, typer.Option("--resume", help="Continue from the run's last checkpoint.")]
+ResumeChanged = Annotated[bool, typer.Option(
+    "--resume-changed", help="--resume although the model, the data files or the batch shape differ from "
+                             "the ones the run started with.")]
 Fresh = Annotated[bool, typer.Option(
     "--fresh", help="Start a new run where the run directory holds an earlier one: that one is moved to "
                     "RUN.<date-time> first (nothing is deleted).")]

@@ -21,6 +21,7 @@ from ajet.cli.common import (
     Overrides,
     Quiet,
     Resume,
+    ResumeChanged,
     clean_stop,
     config_overrides,
     fresh_start,
@@ -52,12 +53,14 @@ def serve(
     port: Annotated[int | None, typer.Option("--port", help="Port; 0 = a free one [default: serve.port].")] = None,
     exp_dir: ExpDir = None,
     resume: Resume = False,
+    resume_changed: ResumeChanged = False,
     fresh: Fresh = False,
     quiet: Quiet = False,
 ) -> None:
     with user_errors():
+        resume = resume or resume_changed
         extra = config_overrides(overrides, serve__host=host, serve__port=port, project__exp_dir=exp_dir,
-                                 logging__quiet=quiet)
+                                 logging__quiet=quiet, project__resume_changed=resume_changed)
         cfg = load_config(conf, extra, require_workflow=False)
         _check(cfg)
         from ajet.rl.recipe import train  # imports torch: not for --help

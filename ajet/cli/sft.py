@@ -11,6 +11,7 @@ from ajet.cli.common import (
     Overrides,
     Quiet,
     Resume,
+    ResumeChanged,
     clean_stop,
     config_overrides,
     fresh_start,
@@ -32,9 +33,11 @@ app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 def sft(conf: Conf, overrides: Overrides = None, exp_dir: ExpDir = None, resume: Resume = False,
-        fresh: Fresh = False, quiet: Quiet = False) -> None:
+        resume_changed: ResumeChanged = False, fresh: Fresh = False, quiet: Quiet = False) -> None:
     with user_errors():
-        extra = config_overrides(overrides, project__exp_dir=exp_dir, logging__quiet=quiet)
+        resume = resume or resume_changed
+        extra = config_overrides(overrides, project__exp_dir=exp_dir, logging__quiet=quiet,
+                                 project__resume_changed=resume_changed)
         cfg = load_config(conf, extra, require_workflow=False)
         from ajet.pipeline import single_stage_config  # imports torch: not for --help
         from ajet.sft.recipe import train_sft  # imports torch: not for --help

@@ -17,6 +17,7 @@ from ajet.cli.common import (
     Overrides,
     Quiet,
     Resume,
+    ResumeChanged,
     clean_stop,
     config_overrides,
     fresh_start,
@@ -73,12 +74,14 @@ def train(
         bool, typer.Option("--dry-run", help="Load and validate the config, import the workflow and judge, find the model; print the resolved config and exit.")
     ] = False,
     resume: Resume = False,
+    resume_changed: ResumeChanged = False,
     fresh: Fresh = False,
     quiet: Quiet = False,
 ) -> None:
     with user_errors():
+        resume = resume or resume_changed
         extra = config_overrides(overrides, project__exp_dir=exp_dir, logging__quiet=quiet,
-                                 ray__address=with_ray_cluster)
+                                 ray__address=with_ray_cluster, project__resume_changed=resume_changed)
         with_ray = with_ray or bool(with_ray_cluster)
         cfg = load_config(conf, extra)
         if not dry_run:

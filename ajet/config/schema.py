@@ -52,6 +52,9 @@ class ProjectConfig:
     # Outputs (resolved config, metrics, checkpoints, token records) go under exp_dir/name.
     exp_dir: str = "experiments"
     seed: int = 42
+    # --resume-changed: resume although the model, the data files or the batch shape differ
+    # from the checkpoint's (ajet.training.run_dir.resume_changes).
+    resume_changed: bool = False
 
 
 @dataclass

@@ -11,11 +11,17 @@ A run holds `RUN/.lock` (`fcntl.flock`) from `prepare_run_dir` until its process
 runs in one directory would interleave metrics.jsonl and prune each other's checkpoints, so
 the second is refused with the holder's pid and command. The kernel frees the lock with the
 process, SIGKILL included: no stale lock is ever left behind.
+
+`--resume` refuses a config whose model, data files (their sha256) or batch shape differ from
+the ones the run started with (`RUN/resume_keys.json`), naming each: resuming would continue
+another run's optimizer state on other data. `--resume-changed` resumes anyway.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
+import json
 import os
 import sys
 import time
@@ -81,8 +87,58 @@ def prepare_run_dir(cfg: AjetConfig, *, resume: bool, backbone_checkpoints: str 
             f"{run_dir} already holds {what} of an earlier run. Pass --resume to continue it, "
             "--fresh to move it aside and start again, or choose another project.name / --exp-dir.")
     run_dir.mkdir(parents=True, exist_ok=True)
+    keys = resume_keys(cfg)
+    if resume and not cfg.project.resume_changed and (changes := resume_changes(run_dir, keys)):
+        lines = "\n".join(f"  {key}: {then!r} in the run, {now!r} now" for key, then, now in changes)
+        raise UserError(f"--resume: this config differs from the one {run_dir} was trained with:\n{lines}\n"
+                        "Resuming would continue its optimizer state on another model, other data or another "
+                        "batch shape. Restore those settings, start a new run (--fresh), or pass "
+                        "--resume-changed to resume anyway.")
     write_text_atomic(run_dir / "config.yaml", to_yaml(cfg))
+    write_text_atomic(run_dir / RESUME_KEYS_FILE, json.dumps(keys, indent=1, sort_keys=True) + "\n")
     return run_dir
+
+
+RESUME_KEYS_FILE = "resume_keys.json"
+# What a resumed run must share with the run it continues (the data files by content).
+RESUME_KEYS = ("model.path", "model.lora.enabled", "model.lora.r", "model.lora.per_role", "algorithm.name",
+               "trainer.batch_size", "rollout.n")
+DATA_KEYS = ("task_reader.jsonl.train_path", "task_reader.jsonl.val_path", "sft.train_path")
+
+
+def resume_keys(cfg: AjetConfig) -> dict[str, object]:
+    """RESUME_KEYS' values, and the sha256 of each data file (DATA_KEYS) that exists."""
+    def value(key: str) -> object:
+        node: object = cfg
+        for part in key.split("."):
+            node = getattr(node, part)
+        return getattr(node, "value", node)  # an enum: its value
+
+    keys = {key: value(key) for key in RESUME_KEYS}
+    for key in DATA_KEYS:
+        path = Path(str(value(key))).expanduser()
+        if str(value(key)) and path.is_file():
+            keys[f"{key} (sha256)"] = _sha256(path)
+    return keys
+
+
+def resume_changes(run_dir: Path, keys: dict[str, object]) -> list[tuple[str, object, object]]:
+    """(key, the run's value, this config's) for each key that differs; none for a run written
+    before resume_keys.json existed."""
+    path = run_dir / RESUME_KEYS_FILE
+    if not path.is_file():
+        return []
+    then = json.loads(path.read_text(encoding="utf-8"))
+    return [(key, then.get(key), keys.get(key)) for key in sorted(set(then) | set(keys))
+            if then.get(key) != keys.get(key)]
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:16]
 
 
 def earlier_pipeline_run(run_dir: Path) -> str:

@@ -225,3 +225,42 @@ def test_a_run_directory_in_use_by_another_process_is_refused_with_its_pid(cfg) 
             assert time.monotonic() < deadline
             time.sleep(0.05)
     prepare_run_dir(cfg, resume=True)  # this process holds it: again is fine
+
+
+def test_resume_refuses_another_model_data_or_batch_shape_naming_each(cfg, two_calls_conf: Path) -> None:
+    import dataclasses
+
+    run_dir = prepare_run_dir(cfg, resume=False)
+    (run_dir / "metrics.jsonl").write_text('{"step": 1, "split": "train"}\n')
+    assert prepare_run_dir(cfg, resume=True) == run_dir  # the same config: fine
+    Path(cfg.task_reader.jsonl.train_path).write_text('{"task_id": "other", "question": "q"}\n')
+    changed = dataclasses.replace(
+        cfg, trainer=dataclasses.replace(cfg.trainer, batch_size=cfg.trainer.batch_size + 1, total_steps=99),
+        model=dataclasses.replace(cfg.model, path="/elsewhere/model"))
+    config_before = (run_dir / "config.yaml").read_text()
+    with pytest.raises(UserError) as refused:
+        prepare_run_dir(changed, resume=True)
+    message = str(refused.value)
+    assert "model.path: " in message and "'/elsewhere/model' now" in message
+    assert f"trainer.batch_size: {cfg.trainer.batch_size} in the run, {cfg.trainer.batch_size + 1} now" in message
+    assert "task_reader.jsonl.train_path (sha256)" in message and "--resume-changed" in message
+    assert "total_steps" not in message  # more steps is what --resume is for
+    assert (run_dir / "config.yaml").read_text() == config_before  # nothing changed
+    anyway = dataclasses.replace(changed, project=dataclasses.replace(changed.project, resume_changed=True))
+    assert prepare_run_dir(anyway, resume=True) == run_dir
+    assert prepare_run_dir(changed, resume=True) == run_dir  # the run now continues with these
+
+
+def test_the_cli_takes_resume_changed(two_calls_conf: Path, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from ajet.cli.train import app
+
+    args = ["--conf", str(two_calls_conf), "--exp-dir", str(tmp_path / "exp"), "--quiet"]
+    first = CliRunner().invoke(app, [*args, "trainer.total_steps=1", "trainer.save_final_model=false"])
+    assert first.exit_code == 0, first.output
+    refused = CliRunner().invoke(app, [*args, "--resume", "trainer.total_steps=2", "trainer.batch_size=3"])
+    assert refused.exit_code != 0 and "trainer.batch_size: " in refused.output and ", 3 now" in refused.output, refused.output
+    assert "--resume-changed" in refused.output
+    anyway = CliRunner().invoke(app, [*args, "--resume-changed", "trainer.total_steps=2", "trainer.batch_size=3"])
+    assert anyway.exit_code == 0, anyway.output
