@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ajet.errors import DiskFullError
+from ajet.errors import DiskFullError, RunDataError
 from ajet.files import free_mib, fsync_dir, is_disk_full, write_text_atomic
 from ajet.training.adapters import adapter_parameters, role_adapters
 from ajet.training.checkpoint_dir import _COMPLETE, MAKE_ROOM, latest_checkpoint
@@ -78,8 +78,9 @@ def save_checkpoint(ckpt_root: Path, step: int, *, model: torch.nn.Module, optim
 def load_checkpoint(path: Path, *, model: torch.nn.Module, optimizer: Any, scheduler: Any) -> dict[str, Any]:
     """Restore weights, optimizer, scheduler and RNG; return the saved state (step, reader, ...)."""
     load_trainable_weights(path, model)
-    optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location="cpu", weights_only=False))
-    state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
+    # weights_only: a checkpoint from elsewhere is loaded without running any code it holds.
+    optimizer.load_state_dict(_load(path / "optimizer.pt"))
+    state = _load(path / "state.pt")
     scheduler.load_state_dict(state["scheduler"])
     random.setstate(state["rng"]["python"])
     torch.set_rng_state(state["rng"]["torch"])
@@ -87,10 +88,23 @@ def load_checkpoint(path: Path, *, model: torch.nn.Module, optimizer: Any, sched
     return state
 
 
+def _load(path: Path) -> Any:
+    """A checkpoint file's tensors and plain data; never code (`weights_only=True`)."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise RunDataError(f"{path} is missing: the checkpoint {path.parent} is not whole. Delete it to resume "
+                           "from the one before.") from None
+    except Exception as exc:  # noqa: BLE001 - a torn or crafted file fails in many ways inside the unpickler
+        first = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+        raise RunDataError(f"{path} cannot be loaded safely ({first}): it is torn, or holds more than tensors "
+                           "and plain data. Delete that checkpoint to resume from the one before.") from exc
+
+
 def load_trainable_weights(path: Path, model: torch.nn.Module) -> None:
     """Copy checkpoint `path`'s weights.pt into `model`, whose trainable parameters must be
     exactly the ones saved (`trainable_names`)."""
-    weights = torch.load(path / "weights.pt", map_location="cpu", weights_only=True)
+    weights = _load(path / "weights.pt")
     trainable = trainable_names(model)
     if set(weights) != trainable:
         missing, unexpected = sorted(trainable - set(weights))[:3], sorted(set(weights) - trainable)[:3]

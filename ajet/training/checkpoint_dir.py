@@ -6,8 +6,11 @@ import torch; writing and loading a checkpoint (torch) is `ajet.training.checkpo
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
+
+from ajet.errors import RunDataError
 
 # A checkpoint directory is complete once this marker is in it (written last).
 _COMPLETE = ".complete"
@@ -21,12 +24,19 @@ def checkpoint_step(ckpt: Path) -> int:
 
 
 def latest_checkpoint(ckpt_root: Path) -> Path | None:
-    """The newest complete checkpoint, or None. Half-written temp dirs are ignored."""
+    """The newest complete checkpoint, or None. Half-written temp dirs are ignored. The `latest`
+    pointer names a checkpoint of this directory, `step_NNNNNN`, and nothing else: a run
+    directory from elsewhere must not lead a resume to load files outside it."""
     if not ckpt_root.is_dir():
         return None
     pointer = ckpt_root / "latest"
     if pointer.is_file():
-        candidate = ckpt_root / pointer.read_text().strip()
+        name = pointer.read_text(errors="replace").strip()
+        if not re.fullmatch(r"step_\d{6,}", name):
+            raise RunDataError(f"{pointer} names {name[:80]!r}, not a checkpoint of {ckpt_root} (step_NNNNNN): "
+                               "this run directory was changed by hand or comes from elsewhere. Delete the file "
+                               "to resume from the newest complete checkpoint there.")
+        candidate = ckpt_root / name
         if (candidate / _COMPLETE).is_file():
             return candidate
     complete = sorted(p for p in ckpt_root.glob("step_*") if (p / _COMPLETE).is_file())

@@ -274,3 +274,30 @@ def test_checkpoints_by_time_are_on_by_default_and_bounded(run, minutes: float, 
     r.train(4)
     steps = sorted(checkpoint_step(p) for p in (r.run_dir / "checkpoints").glob("step_*"))
     assert steps == saved
+
+
+def test_resume_refuses_a_latest_pointer_outside_the_checkpoints_and_a_file_that_runs_code(run) -> None:
+    """A run directory from elsewhere: `latest` may name any path, and a pickle any code."""
+    from ajet.errors import RunDataError
+    from ajet.training.checkpoint import load_checkpoint
+
+    r = run(save_every=1)
+    r.train(2)
+    ckpt_root = r.run_dir / "checkpoints"
+    (ckpt_root / "latest").write_text("../../../etc")
+    with pytest.raises(RunDataError, match=r"latest names '\.\./\.\./\.\./etc', not a checkpoint"):
+        latest_checkpoint(ckpt_root)
+    (ckpt_root / "latest").write_text("step_000002")
+
+    class Exploit:
+        def __reduce__(self):  # noqa: ANN204 - what a crafted file does
+            return (os.system, ("touch pwned",))
+
+    torch.save({"step": 2, "exploit": Exploit()}, ckpt_root / "step_000002" / "state.pt")
+    scheduler = torch.optim.lr_scheduler.LambdaLR(r.optimizer, lambda _: 1.0)
+    with pytest.raises(RunDataError, match="cannot be loaded safely"):
+        load_checkpoint(ckpt_root / "step_000002", model=r.model, optimizer=r.optimizer, scheduler=scheduler)
+    assert not Path("pwned").exists()
+    (ckpt_root / "step_000002" / "optimizer.pt").write_bytes(b"\x80\x02torn")
+    with pytest.raises(RunDataError, match="optimizer.pt cannot be loaded safely"):
+        load_checkpoint(ckpt_root / "step_000002", model=r.model, optimizer=r.optimizer, scheduler=scheduler)
