@@ -130,6 +130,9 @@ class EnvServiceReaderConfig:
     num_val_tasks: int = bounded(0, Ge(0))
     num_test_tasks: int = bounded(0, Ge(0))  # the service's split 'test': `ajet eval --split test`
     request_timeout_s: float = bounded(30.0, Gt(0))
+    # A request the service did not take (it restarts, answers 503) is sent again for up to this
+    # long, with backoff (ajet/retry.py); then the run stops with the service's URL.
+    retry_s: float = bounded(30.0, Ge(0))
 
 
 @dataclass

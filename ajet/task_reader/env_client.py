@@ -2,7 +2,8 @@
 
 `EnvServiceClient` is synchronous (the reader lists tasks with it); `AsyncEnvServiceClient`
 has the same methods as coroutines, for workflows that drive an environment inside the
-rollout's event loop. Both raise `EnvServiceError` with the URL and what to do.
+rollout's event loop. Both retry what is safe to send again (`ajet.retry`), then raise
+`EnvServiceError` with the URL and what to do.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 import httpx
 
 from ajet.errors import EnvServiceError
+from ajet.retry import asend_with_retries, send_with_retries
 
 logger = logging.getLogger(__name__)
 
@@ -20,6 +22,10 @@ START_HINT = (
     "The env service must be running; start the reference server with "
     "`python -m ajet.task_reader.env_server --port 8765` (or set task_reader.env_service.base_url)"
 )
+
+
+# Sent again only if they never reached the server: a timed-out step or create may have been applied.
+NOT_IDEMPOTENT = frozenset({"/create", "/step"})
 
 
 def _unreachable(url: str, exc: Exception) -> EnvServiceError:
@@ -44,8 +50,9 @@ def _result(url: str, response: httpx.Response) -> Any:
 class EnvServiceClient:
     """Blocking client: `create`, `step`, `evaluate`, `release`, `list_tasks`, `health`."""
 
-    def __init__(self, base_url: str, timeout: float = 30.0) -> None:
+    def __init__(self, base_url: str, timeout: float = 30.0, retry_s: float = 30.0) -> None:
         self.base_url = base_url.rstrip("/")
+        self.retry_s = retry_s
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout)
 
     def close(self) -> None:
@@ -60,7 +67,8 @@ class EnvServiceClient:
     def _call(self, method: str, path: str, body: dict | None = None) -> Any:
         url = f"{self.base_url}{path}"
         try:
-            response = self._http.request(method, path, json=body)
+            response = send_with_retries(lambda: self._http.request(method, path, json=body), what=f"env service {url}",
+                                         idempotent=path not in NOT_IDEMPOTENT, max_wait_s=self.retry_s)
         except httpx.TransportError as exc:
             raise _unreachable(url, exc) from exc
         return _result(url, response)
@@ -90,8 +98,9 @@ class EnvServiceClient:
 class AsyncEnvServiceClient:
     """The same protocol as `EnvServiceClient`, as coroutines."""
 
-    def __init__(self, base_url: str, timeout: float = 30.0) -> None:
+    def __init__(self, base_url: str, timeout: float = 30.0, retry_s: float = 30.0) -> None:
         self.base_url = base_url.rstrip("/")
+        self.retry_s = retry_s
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout)
 
     async def aclose(self) -> None:
@@ -106,7 +115,11 @@ class AsyncEnvServiceClient:
     async def _call(self, method: str, path: str, body: dict | None = None) -> Any:
         url = f"{self.base_url}{path}"
         try:
-            response = await self._http.request(method, path, json=body)
+            async def send() -> httpx.Response:
+                return await self._http.request(method, path, json=body)
+
+            response = await asend_with_retries(send, what=f"env service {url}", idempotent=path not in NOT_IDEMPOTENT,
+                                                max_wait_s=self.retry_s)
         except httpx.TransportError as exc:
             raise _unreachable(url, exc) from exc
         return _result(url, response)

@@ -23,7 +23,7 @@ def load_env_tasks(
 ) -> tuple[list[WorkflowTask], list[WorkflowTask], list[WorkflowTask]]:
     """(train, val, test) tasks: the first `num_train_tasks` of split 'train' (<= 0: all), the
     first `num_val_tasks` of split 'val' and the first `num_test_tasks` of split 'test' (0: none)."""
-    with EnvServiceClient(cfg.base_url, timeout=cfg.request_timeout_s) as client:
+    with EnvServiceClient(cfg.base_url, timeout=cfg.request_timeout_s, retry_s=cfg.retry_s) as client:
         try:
             offered = client.health().get("env_types", [])
         except EnvServiceError as exc:

@@ -28,12 +28,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
+import httpx
+
 from ajet.config.schema import AjetConfig
 from ajet.context.pack import pack_samples
 from ajet.context.types import Sample
 from ajet.engine.served import check_directory, load_directory
-from ajet.errors import ConfigError
+from ajet.errors import ConfigError, UserError
 from ajet.forward.packed import forward_packed
+from ajet.retry import send_with_retries
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +44,10 @@ TEACHER_ADAPTER = "__teacher__"  # the adapter name of an AdapterTeacher (never 
 # Special-token attributes that must name the same tokens (pad is left out: ajet sets a missing
 # pad token to eos itself, `ajet.models.load.load_tokenizer`).
 _SPECIAL = ("bos_token", "eos_token", "unk_token")
+
+
+class TeacherUnavailable(UserError):
+    """A teacher endpoint that did not answer, or answered no logprobs, after its retries."""
 
 
 class Teacher(Protocol):
@@ -240,8 +247,6 @@ class EndpointTeacher:
 
     def __init__(self, url: str, tokenizer: Any, *, model: str = "", timeout_s: float = 120.0, api_key: str = "",
                  temperature: float = 1.0, concurrency: int = 8, transport: Any = None) -> None:
-        import httpx
-
         self.url = url.rstrip("/")
         self.what = f"the endpoint {self.url}"
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -297,8 +302,13 @@ class EndpointTeacher:
     def _prompt_logprobs(self, ids: list[int]) -> list[float | None]:
         """The server's logprob of each token of `ids` (None for the first); ValueError when the
         reply has none."""
-        reply = self.client.post(f"{self.url}/completions", json={
-            "model": self.model, "prompt": ids, "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0})
+        payload = {"model": self.model, "prompt": ids, "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0}
+        try:  # scoring is idempotent: timeouts and 5xx are retried too, within a bounded wait
+            reply = send_with_retries(lambda: self.client.post(f"{self.url}/completions", json=payload),
+                                      what=f"distill.teacher {self.url}", idempotent=True)
+        except httpx.TransportError as exc:
+            raise TeacherUnavailable(f"distill.teacher {self.url} did not answer ({exc!r}), after retries for "
+                                     "60 s: check that the server runs and is reachable, then --resume") from exc
         if reply.status_code != 200:
             raise ValueError(f"HTTP {reply.status_code} from /completions with prompt_logprobs: "
                              f"{reply.text[:300]}. The teacher endpoint must return prompt logprobs "
@@ -324,7 +334,10 @@ class EndpointTeacher:
 
     def score(self, samples: Sequence[Sample]) -> list[list[float]]:
         def one(sample: Sample) -> list[float]:
-            values = self._prompt_logprobs(list(sample.input_ids))
+            try:
+                values = self._prompt_logprobs(list(sample.input_ids))
+            except ValueError as exc:  # an answer without logprobs, or an error status after the retries
+                raise TeacherUnavailable(f"distill.teacher {self.url}: {exc}") from exc
             if len(values) != len(sample.input_ids):
                 raise ValueError(f"{len(values)} prompt logprobs for {len(sample.input_ids)} tokens")
             return [float(v) if (m and v is not None) else 0.0 for v, m in zip(values, sample.loss_mask, strict=True)]

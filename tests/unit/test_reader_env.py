@@ -56,7 +56,7 @@ def oracle_actions(task_id: str) -> list[dict]:
 def test_unreachable_service_says_url_and_how_to_start() -> None:
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     with pytest.raises(TaskReaderError) as info:
-        build_reader(env_cfg(url, env_type="kv_store", request_timeout_s=2), seed=0)
+        build_reader(env_cfg(url, env_type="kv_store", request_timeout_s=2, retry_s=1), seed=0)
     message = str(info.value)
     assert url in message
     assert "must be running" in message
