@@ -113,6 +113,10 @@ class RunDataError(UserError):
     """A run directory lacks the files the viewer or report reads, or holds malformed data."""
 
 
+class TeacherUnavailable(UserError):
+    """A distillation teacher endpoint that did not answer, or answered no logprobs, after its retries."""
+
+
 class SetupError(AjetError):
     """The environment cannot run this (no GPU, a missing optional extra, ...)."""
 

@@ -34,7 +34,7 @@ from ajet.config.schema import AjetConfig
 from ajet.context.pack import pack_samples
 from ajet.context.types import Sample
 from ajet.engine.served import check_directory, load_directory
-from ajet.errors import ConfigError, UserError
+from ajet.errors import ConfigError, TeacherUnavailable
 from ajet.forward.packed import forward_packed
 from ajet.retry import send_with_retries
 
@@ -44,10 +44,6 @@ TEACHER_ADAPTER = "__teacher__"  # the adapter name of an AdapterTeacher (never 
 # Special-token attributes that must name the same tokens (pad is left out: ajet sets a missing
 # pad token to eos itself, `ajet.models.load.load_tokenizer`).
 _SPECIAL = ("bos_token", "eos_token", "unk_token")
-
-
-class TeacherUnavailable(UserError):
-    """A teacher endpoint that did not answer, or answered no logprobs, after its retries."""
 
 
 class Teacher(Protocol):
