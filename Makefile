@@ -73,6 +73,7 @@ bench: install
 	$(PY) scripts/bench_train.py
 	$(PY) scripts/bench_sft_step.py --steps 3 --repeats 2
 	$(PY) scripts/bench_optimizer.py
+	$(PY) scripts/bench_checkpoint.py
 	$(PY) scripts/bench_tool_choice.py
 	$(PY) scripts/bench_memory.py --conf $(CONF) trainer.total_steps=2 trainer.val_every=0 trainer.save_every=0
 
