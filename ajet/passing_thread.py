@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ajet.signals import STOP_SIGNALS, StopNow, defer_stop, stops_the_run
+from ajet.signals import StopNow, defer_stop, handling_stops
 
 log = logging.getLogger(__name__)
 
@@ -57,17 +57,9 @@ def in_passing_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     # A stop signal is handled in the main thread, between any two bytecodes: while the work
     # runs, the first is only noted (a KeyboardInterrupt raised there could leave this function
     # early, with the work still changing the weights).
-    deferred: dict[int, Any] = {}
-    if threading.current_thread() is threading.main_thread():
-        for signum in (signal.SIGINT, *STOP_SIGNALS):
-            if stops_the_run(signal.getsignal(signum)):
-                deferred[signum] = signal.signal(signum, on_interrupt)
-    try:
+    with handling_stops(on_interrupt):
         thread.start()
         thread.join()
-    finally:
-        for signum, handler in deferred.items():
-            signal.signal(signum, handler)
     if "error" in outcome:
         raise outcome["error"]
     if interrupts and not defer_stop(signal.Signals(interrupts[0]).name):  # else: at the step's end

@@ -88,18 +88,28 @@ def stop_at_step_end(defer_now: Callable[[], bool]) -> Iterator[None]:
                     name)
 
     on_stop.stops_the_run = True  # type: ignore[attr-defined]  # in_passing_thread defers it too
+    with handling_stops(on_stop):
+        _deferred.allowed = True
+        try:
+            yield
+        finally:
+            _deferred.allowed = False
+
+
+@contextlib.contextmanager
+def handling_stops(handler: Callable[[int, Any], None]) -> Iterator[None]:
+    """Inside, in the main thread: `handler` for each of SIGINT, SIGTERM and SIGHUP whose
+    handler now stops the run (`stops_the_run`); the earlier ones are back at the end."""
     replaced: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGINT, *STOP_SIGNALS):
             if stops_the_run(signal.getsignal(signum)):
-                replaced[signum] = signal.signal(signum, on_stop)
-    _deferred.allowed = True
+                replaced[signum] = signal.signal(signum, handler)
     try:
         yield
     finally:
-        _deferred.allowed = False
-        for signum, handler in replaced.items():
-            signal.signal(signum, handler)
+        for signum, previous in replaced.items():
+            signal.signal(signum, previous)
 
 
 def defer_stop(name: str) -> bool:
