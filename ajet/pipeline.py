@@ -6,9 +6,10 @@ Training stages write their own run directory under `RUN/stages/`; eval stages w
 `RUN/eval/eval_NN_<model label>.json`; `RUN/pipeline.json` lists what each stage did.
 With `--resume`, stages whose outputs exist are skipped and the first unfinished one resumes.
 
-`run` is what `ajet train` and `ajet.tune` call: on the debug backbone it runs staged
-configs and the SFT/DPO recipes; everything else goes to the backbone's own `run`. The
-stage checks that run at config load are in `ajet.config.stages`.
+`run` is what `ajet train` and `ajet.tune` call: a staged config on a backbone that runs
+stages (`RUNS_STAGES`: the debug backbone) runs here, stage by stage, each stage through the
+backbone's own `run`; anything else is the backbone's `run` directly. The stage checks that
+run at config load are in `ajet.config.stages`.
 """
 
 from __future__ import annotations
@@ -18,41 +19,17 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ajet.config.schema import AjetConfig, Algorithm, PipelineConfig, Stage
-from ajet.config.stages import apply_override, stage_overrides
-from ajet.config.validate import validate
-from ajet.dpo.recipe import train_dpo
-from ajet.errors import ConfigError, UserError
+from ajet.config.schema import AjetConfig, Stage
+from ajet.config.validate import single_stage_config
+from ajet.errors import UserError
 from ajet.eval.runner import evaluate, metrics_table
 from ajet.files import write_json_atomic
-from ajet.rl.recipe import train as train_rl
-from ajet.sft.recipe import train_sft
 from ajet.training.memory import release_memory
 from ajet.training.run_dir import refuse_earlier_pipeline_run, run_dir_of
 
 log = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------- running
-
-
-def single_stage_config(cfg: AjetConfig, stage: str, *, where: str = "") -> AjetConfig:
-    """`cfg` as one stage runs it: its `pipeline.overrides` merged in, its algorithm set, validated."""
-    import dataclasses
-
-    if stage not in {s.value for s in Stage}:
-        raise ConfigError(f"{where}unknown stage '{stage}'; use one of {[s.value for s in Stage]}")
-    try:
-        stage_cfg = apply_override(cfg, stage_overrides(cfg).get(stage, {}))
-    except ValueError as exc:
-        raise ConfigError(f"{where}pipeline.overrides.{stage}: {exc}") from None
-    stage_cfg.pipeline = PipelineConfig(stages=[Stage(stage)])
-    if stage != "eval":
-        stage_cfg.algorithm = dataclasses.replace(stage_cfg.algorithm, name=Algorithm(stage))
-    problems = validate(stage_cfg)
-    if problems:
-        lines = "\n".join(f"  {key}: {msg}" for key, msg in problems)
-        raise ConfigError(f"{where}invalid config for the {stage} stage:\n{lines}")
-    return stage_cfg
 
 
 def stage_config(cfg: AjetConfig, stage: str, index: int, model_path: str) -> AjetConfig:
@@ -71,30 +48,16 @@ def stage_config(cfg: AjetConfig, stage: str, index: int, model_path: str) -> Aj
 
 def run(cfg: AjetConfig, runner: Any, *, backbone: str, with_ray: bool = False, resume: bool = False,
         workflow: Any = None) -> None:
-    """Train `cfg` on a backbone (`runner`: its module from `ajet.backbones.registry`). On the
-    debug backbone, staged runs and the SFT/DPO algorithms run here; the rest is the backbone's."""
-    if backbone == "debug" and (cfg.pipeline.stages or cfg.algorithm.name in (Algorithm.sft, Algorithm.dpo)):
+    """Train `cfg` on a backbone (`runner`: its module from `ajet.backbones.registry`)."""
+    if cfg.pipeline.stages and getattr(runner, "RUNS_STAGES", False):
         if with_ray:
             raise UserError("--with-ray is not implemented for sft, dpo or staged runs; run without it.")
-        if cfg.pipeline.stages:
-            run_pipeline(cfg, workflow=workflow, resume=resume)
-        else:
-            stage = cfg.algorithm.name.value
-            run_stage(single_stage_config(cfg, stage), stage, workflow=workflow, resume=resume)
+        run_pipeline(cfg, runner, workflow=workflow, resume=resume)
         return
     runner.run(cfg, with_ray=with_ray, resume=resume, workflow=workflow)
 
 
-def run_stage(cfg: AjetConfig, stage: str, *, workflow: Any = None, resume: bool = False) -> Path:
-    """Run one training stage; return its run directory (the model is in RUN/final_model)."""
-    if stage == "sft":
-        return train_sft(cfg, resume=resume)
-    if stage == "dpo":
-        return train_dpo(cfg, resume=resume, workflow=workflow)
-    return train_rl(cfg, resume=resume, workflow=workflow)
-
-
-def run_pipeline(cfg: AjetConfig, *, workflow: Any = None, resume: bool = False) -> Path:
+def run_pipeline(cfg: AjetConfig, runner: Any, *, workflow: Any = None, resume: bool = False) -> Path:
     """Run every stage in order; return the pipeline's run directory."""
     run_dir = run_dir_of(cfg)
     refuse_earlier_pipeline_run(run_dir, resume=resume)
@@ -120,7 +83,7 @@ def run_pipeline(cfg: AjetConfig, *, workflow: Any = None, resume: bool = False)
             log.info("pipeline: stage %d (%s) already done: %s", index, stage, final)
         else:
             log.info("pipeline: stage %d/%d (%s) from %s", index, len(cfg.pipeline.stages), stage, model_path)
-            run_stage(stage_cfg, stage, workflow=workflow, resume=resume and stage_dir.is_dir())
+            runner.run(stage_cfg, with_ray=False, resume=resume and stage_dir.is_dir(), workflow=workflow)
         model_path, label = str(final), stage
         done.append({"stage": stage, "index": index, "run_dir": str(stage_dir), "model": model_path})
         write_json_atomic(run_dir / "pipeline.json", {"stages": done})  # a kill never leaves half of it

@@ -63,8 +63,8 @@ def eval_(
             cfg.model.path = str(role_adapter_dir(cfg.model.path, role).resolve())
         from rich.console import Console
 
+        from ajet.config.validate import single_stage_config
         from ajet.eval.runner import evaluate, metrics_table  # imports torch: not for --help
-        from ajet.pipeline import single_stage_config  # imports torch: not for --help
 
         cfg = single_stage_config(cfg, "eval")
         report = evaluate(cfg, dialogs=dialogs, successful_only=successful_only)

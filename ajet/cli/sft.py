@@ -39,7 +39,7 @@ def sft(conf: Conf, overrides: Overrides = None, exp_dir: ExpDir = None, resume:
         extra = config_overrides(overrides, project__exp_dir=exp_dir, logging__quiet=quiet,
                                  project__resume_changed=resume_changed)
         cfg = load_config(conf, extra, require_workflow=False)
-        from ajet.pipeline import single_stage_config  # imports torch: not for --help
+        from ajet.config.validate import single_stage_config
         from ajet.sft.recipe import train_sft  # imports torch: not for --help
 
         cfg = single_stage_config(cfg, "sft")

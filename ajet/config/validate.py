@@ -7,6 +7,7 @@ are declared in the schema (`bounded`) and checked by `range_problems`, not writ
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -15,10 +16,20 @@ from ajet.config.schema import (
     BUILTIN_JUDGES,
     GROUP_ALGORITHMS,
     AjetConfig,
+    Algorithm,
+    PipelineConfig,
     ReaderType,
     ReferenceModel,
+    Stage,
 )
-from ajet.config.stages import needs_workflow, stage_names, stage_problems
+from ajet.config.stages import (
+    apply_override,
+    needs_workflow,
+    stage_names,
+    stage_overrides,
+    stage_problems,
+)
+from ajet.errors import ConfigError
 
 
 def validate(cfg: AjetConfig, *, require_workflow: bool = True) -> list[tuple[str, str]]:
@@ -173,3 +184,21 @@ def group_rank_problems(cfg: AjetConfig) -> list[tuple[str, str]]:
                                                         f"{cfg.context.max_call_tokens} (the policy judges); "
                                                         "lower it or raise context.max_call_tokens"))
     return problems
+
+
+def single_stage_config(cfg: AjetConfig, stage: str, *, where: str = "") -> AjetConfig:
+    """`cfg` as one stage runs it: its `pipeline.overrides` merged in, its algorithm set, validated."""
+    if stage not in {s.value for s in Stage}:
+        raise ConfigError(f"{where}unknown stage '{stage}'; use one of {[s.value for s in Stage]}")
+    try:
+        stage_cfg = apply_override(cfg, stage_overrides(cfg).get(stage, {}))
+    except ValueError as exc:
+        raise ConfigError(f"{where}pipeline.overrides.{stage}: {exc}") from None
+    stage_cfg.pipeline = PipelineConfig(stages=[Stage(stage)])
+    if stage != "eval":
+        stage_cfg.algorithm = dataclasses.replace(stage_cfg.algorithm, name=Algorithm(stage))
+    problems = validate(stage_cfg)
+    if problems:
+        lines = "\n".join(f"  {key}: {msg}" for key, msg in problems)
+        raise ConfigError(f"{where}invalid config for the {stage} stage:\n{lines}")
+    return stage_cfg

@@ -53,7 +53,9 @@ class DpoRecipe:
             run.restore()
 
     def train(self) -> Path:
-        self.loop.run(self.train_step, validate=self.validate)
+        with self.loop.steps(validate=self.validate) as steps:
+            for step in steps:  # roll out -> pairs -> one DPO optimizer step -> commit
+                self.loop.commit(self.train_step(step))
         return self.run_dir
 
     def train_step(self, step: int) -> dict[str, float]:

@@ -22,6 +22,7 @@ from ajet.config.schema import RL_ALGORITHMS, AjetConfig, Algorithm
 from ajet.context.pack import pack_samples, pack_stats
 from ajet.engine.sampling import policy_temperature
 from ajet.errors import ConfigError, UserError
+from ajet.faults import fault_point
 from ajet.logging.records import write_step_records
 from ajet.passing_thread import in_passing_thread
 from ajet.rl.samples import build_step_batch
@@ -61,7 +62,6 @@ class RLRecipe:
         self.with_ray = with_ray
         self.resume = resume
         self.episode_source = episode_source
-        self._last_episodes: list[Any] = []
         self._batch_arrived: float | None = None  # when the previous step's episodes arrived
         self._decoded_then = 0  # the engine's decoded tokens when that window began
 
@@ -122,13 +122,39 @@ class RLRecipe:
 
     # ------------------------------------------------------------------ train
     def train(self) -> Path:
+        """The RL loop. One step: draw the tasks and roll them out -> samples and advantages ->
+        (teacher scores, for distillation) -> pack -> loss -> optimizer step -> commit."""
+        cfg = self.cfg
         # Stops the run after `rollout.max_failed_steps` steps in which every episode failed.
-        failed = FailedSteps(self.cfg.rollout.max_failed_steps)
-        self.loop.run(self.train_step, validate=self.validate,
-                      after_step=lambda step: failed.observe(step, self._last_episodes))
+        failed = FailedSteps(cfg.rollout.max_failed_steps)
+        with self.loop.steps(validate=self.validate) as steps:
+            for step in steps:
+                start = time.monotonic()
+                result, metrics = self.roll_out(step)  # the reader's next batch, rollout.n episodes each
+                fault_point("rollout", step)
+                # Merged samples of the episodes that ended, each token's advantage (GRPO family).
+                batch = build_step_batch(result.ok_episodes, cfg.context, cfg.algorithm, model_max_len=self.window)
+                metrics.update(batch.metrics)
+                if self.teacher is not None and batch.samples:
+                    metrics.update(self.distill(batch.samples))
+                if not has_learning_signal(batch.samples):
+                    metrics["actor/skipped_update"] = 1.0
+                    log.info("step %d: no learning signal (no trainable tokens or all advantages 0); "
+                             "weights unchanged", step)
+                else:
+                    self.loop.phase(f"step {step}: update on {len(batch.samples)} samples")
+                    metrics.update(self._update_step(batch, step))  # pack -> loss -> optimizer.step()
+                if cfg.logging.token_records and batch.samples:
+                    self._write_records(step, batch.samples, result.ok_episodes)
+                metrics["perf/step_time_s"] = time.monotonic() - start
+                metrics["policy_version"] = float(self.rollout.engine.policy_version)
+                self.source.record_metrics(step, metrics)
+                self.loop.commit(metrics)
+                failed.observe(step, result.episodes)
         return self.run_dir
 
-    def train_step(self, step: int) -> dict[str, float]:
+    def roll_out(self, step: int) -> tuple[Any, dict[str, float]]:
+        """Step `step`'s episodes (from the episode source) and the rollout's metrics."""
         cfg = self.cfg
         start = time.monotonic()
         engine = self.rollout.engine
@@ -147,30 +173,13 @@ class RLRecipe:
         decoded = engine.decoded_tokens()
         window_tokens, self._decoded_then = decoded - self._decoded_then, decoded
         self._batch_arrived = arrived
-        self._last_episodes = list(result.episodes)
         metrics = dict(result.metrics())
         metrics["perf/rollout_s"] = rollout_s
         metrics["perf/generation_s"] = generation_s
         metrics.update(engine.take_metrics())  # prefix cache: prompt vs prefilled tokens
         metrics["perf/tokens_per_s"] = window_tokens / max(generation_s, 1e-9)
         metrics.update(context_metrics(result.episodes))
-
-        batch = build_step_batch(result.ok_episodes, cfg.context, cfg.algorithm, model_max_len=self.window)
-        metrics.update(batch.metrics)
-        if self.teacher is not None and batch.samples:
-            metrics.update(self.distill(batch.samples))
-        if not has_learning_signal(batch.samples):
-            metrics["actor/skipped_update"] = 1.0
-            log.info("step %d: no learning signal (no trainable tokens or all advantages 0); weights unchanged", step)
-        else:
-            self.loop.phase(f"step {step}: update on {len(batch.samples)} samples")
-            metrics.update(self._update_step(batch, step))
-        if cfg.logging.token_records and batch.samples:
-            self._write_records(step, batch.samples, result.ok_episodes)
-        metrics["perf/step_time_s"] = time.monotonic() - start
-        metrics["policy_version"] = float(self.rollout.engine.policy_version)
-        self.source.record_metrics(step, metrics)
-        return metrics
+        return result, metrics
 
     def distill(self, samples: list[Any]) -> dict[str, float]:
         """The teacher scores the step's samples (engine paused: an adapter teacher forwards the

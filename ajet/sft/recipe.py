@@ -148,7 +148,9 @@ class SftRecipe:
     def train(self) -> Path:
         if self.loop.step == 0:
             self.loop.log(self.setup_metrics)
-        self.loop.run(self.train_step, validate=self.dev_loss, validate_at=self.dev_loss_at)
+        with self.loop.steps(validate=self.dev_loss, validate_at=self.dev_loss_at) as steps:
+            for step in steps:  # one optimizer step on each planned batch of dialogs
+                self.loop.commit(self.train_step(step))
         return self.run_dir
 
     def dev_loss_at(self, step: int) -> bool:

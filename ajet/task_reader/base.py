@@ -21,6 +21,7 @@ import random
 from collections.abc import Sequence
 
 from ajet.errors import TaskReaderError
+from ajet.faults import fault_point
 from ajet.task_reader.curriculum import Curriculum
 from ajet.workflow import WorkflowTask
 
@@ -122,6 +123,7 @@ class TaskReader:
         With a curriculum, the tasks come from its pool at training step `step`."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        fault_point("draw")
         self._before_step.setdefault(step, self.state_dict())
         if self.curriculum is not None:
             idx = self.curriculum.draw(batch_size, step, self._draws)

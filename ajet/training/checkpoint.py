@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from ajet.errors import DiskFullError, RunDataError
+from ajet.faults import fault_point
 from ajet.files import free_mib, fsync_dir, is_disk_full, write_text_atomic
 from ajet.training.adapters import adapter_parameters, role_adapters
 from ajet.training.checkpoint_dir import _COMPLETE, MAKE_ROOM, latest_checkpoint
@@ -59,6 +60,7 @@ def save_checkpoint(ckpt_root: Path, step: int, *, model: torch.nn.Module, optim
         _save(tmp / "state.pt", state)
         (tmp / _COMPLETE).write_text(str(step))
         fsync_dir(tmp)
+        fault_point("commit")
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)

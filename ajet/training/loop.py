@@ -27,13 +27,15 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from ajet.config import to_yaml
 from ajet.config.schema import AjetConfig
 from ajet.errors import DiskFullError
+from ajet.faults import at_step, fault_point
 from ajet.logging.learning_signs import LearningSignsMonitor
 from ajet.logging.metrics import MetricsLogger, read_metrics
 from ajet.logging.progress import TrainingProgress
@@ -77,7 +79,9 @@ class TrainingLoop:
         # means the weights are (partly) the next step's.
         self._updates_begun = 0
         self._updates_at_step_end = 0
-        self._finishing = False  # the running step's train_step has returned
+        self._finishing = False  # the running step is being committed
+        self._lr = 0.0  # the running step's learning rate (the schedule's, as the step began)
+        self._out_of_time = False  # trainer.max_minutes ended the step loop
         self._saved_at = time.monotonic()  # trainer.save_every_minutes counts from here
         self._kept: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {}  # see `keep`
 
@@ -99,6 +103,7 @@ class TrainingLoop:
 
     def _update_begins(self, *_: Any) -> None:
         self._updates_begun += 1
+        fault_point("update")
 
     @property
     def weights_are_of_last_step(self) -> bool:
@@ -131,72 +136,93 @@ class TrainingLoop:
         if self.progress is not None:
             self.progress.phase(text)
 
-    def run(self, train_step: Callable[[int], dict[str, float]], *,
-            validate: Callable[[], object] | None = None,
-            validate_at: Callable[[int], bool] | None = None,
-            after_step: Callable[[int], object] | None = None) -> None:
-        """Train steps `self.step + 1 .. total_steps`. `validate_at(step)` (default: every
-        `trainer.val_every` steps, and before the first) says when to call `validate()`.
-        `after_step(step)` runs once the step is logged (it may stop the run by raising)."""
+    @contextmanager
+    def steps(self, *, validate: Callable[[], object] | None = None,
+              validate_at: Callable[[int], bool] | None = None) -> Iterator[Iterator[int]]:
+        """The run: `with loop.steps(...) as steps: for step in steps: ...; loop.commit(metrics)`.
+
+        Yields the numbers of the steps to train, `self.step + 1 .. total_steps`; each must end
+        with `commit`. Between steps: validation (`validate_at(step)`, default every
+        `trainer.val_every` steps and before the first), checkpoints when due, exports, the
+        `trainer.max_minutes` clock. After the last step: the last checkpoint and the final
+        model. Anything that ends the block early (Ctrl-C, SIGTERM, an error) saves the checkpoint
+        of the last committed step first (`save_on_stop`), then goes on up."""
         t = self.cfg.trainer
         if validate_at is None:
             validate_at = lambda step: bool(t.val_every) and step % t.val_every == 0  # noqa: E731
         self.progress = TrainingProgress(self.total_steps, self.step, quiet=self.cfg.logging.quiet,
                                          max_minutes=t.max_minutes)
-        clock = WallClock(t.max_minutes, t.export_at_minutes)
         take_requested_stop()  # none is pending when a loop begins
         self._saved_at = time.monotonic()
+        steps = self._steps(validate, validate_at)
         try:
-            if validate is not None and self.step == 0 and validate_at(0):
-                validate()  # the starting point; a resumed run validated it before its checkpoint
-            while self.step < self.total_steps:
-                # A stop before the step changes anything abandons it; once its update has begun
-                # (or its metrics are being logged) the step runs to its end, then the run stops.
-                self._finishing = False
-                with stop_at_step_end(self._step_has_begun_to_commit):
-                    lr = self.scheduler.get_last_lr()[0]
-                    metrics = train_step(self.step + 1)
-                    self._finishing = True
-                    self.finish_step(metrics, lr)
-                    if after_step is not None:
-                        after_step(self.step)
-                if stop := take_requested_stop():
-                    raise KeyboardInterrupt(stop)
-                if validate is not None and validate_at(self.step):
-                    validate()
-                if self.step < self.total_steps and (
-                        (t.save_every and self.step % t.save_every == 0)
-                        or (t.save_every_minutes and self._minutes_since_save() >= t.save_every_minutes)):
-                    self.save_checkpoint()
-                for mark in clock.exports_due():
-                    self.save_final_model(self.run_dir / "exports" / f"min_{mark:g}")
-                if clock.out_of_time() and self.step < self.total_steps:
-                    log.info("trainer.max_minutes=%g reached after step %d of %d: ending the run",
-                             t.max_minutes, self.step, self.total_steps)
-                    break
+            yield steps
+            if self.step < self.total_steps and not self._out_of_time:  # the block left the loop early
+                raise RuntimeError(f"the step loop ended at step {self.step} of {self.total_steps} "
+                                   "without an error: a recipe's `for step in steps` must not break")
+            fault_point("export")
             if t.save_last_checkpoint:
                 self.save_checkpoint()
             if t.save_final_model:
                 self.save_final_model()
-        except BaseException as exc:  # Ctrl-C, SystemExit, any error: keep what is finished, then re-raise
+        except BaseException as exc:  # Ctrl-C, SystemExit, any error: keep what is committed, then re-raise
+            steps.close()  # the step's stop handler goes (a stop during this save stops at once)
             take_requested_stop()  # the step did not finish: the stop kept for its end is this one
             self.save_on_stop(exc)
             raise
         finally:
             self.progress.close()
 
+    def _steps(self, validate: Callable[[], object] | None, validate_at: Callable[[int], bool]) -> Iterator[int]:
+        t = self.cfg.trainer
+        clock = WallClock(t.max_minutes, t.export_at_minutes)
+        self._out_of_time = False
+        if validate is not None and self.step == 0 and validate_at(0):
+            validate()  # the starting point; a resumed run validated it before its checkpoint
+        while self.step < self.total_steps:
+            # A stop before the step changes anything abandons it; once its update has begun
+            # (or it is being committed) the step runs to its end, then the run stops.
+            self._finishing = False
+            self._lr = self.scheduler.get_last_lr()[0]
+            step = self.step + 1
+            at_step(step)
+            with stop_at_step_end(self._step_has_begun_to_commit):
+                yield step
+                if self.step != step:
+                    raise RuntimeError(f"step {step} ended without loop.commit(metrics)")
+            if stop := take_requested_stop():
+                raise KeyboardInterrupt(stop)
+            fault_point("committed", step)
+            if validate is not None and validate_at(self.step):
+                fault_point("validation", step)
+                validate()
+            if self.step < self.total_steps and (
+                    (t.save_every and self.step % t.save_every == 0)
+                    or (t.save_every_minutes and self._minutes_since_save() >= t.save_every_minutes)):
+                self.save_checkpoint()
+            for mark in clock.exports_due():
+                self.save_final_model(self.run_dir / "exports" / f"min_{mark:g}")
+            if clock.out_of_time() and self.step < self.total_steps:
+                log.info("trainer.max_minutes=%g reached after step %d of %d: ending the run",
+                         t.max_minutes, self.step, self.total_steps)
+                self._out_of_time = True
+                return
+
     def _step_has_begun_to_commit(self) -> bool:
         return self._finishing or not self.weights_are_of_last_step
 
-    def finish_step(self, metrics: dict[str, float], lr: float) -> None:
-        """After a step's train_step: the schedule, the step count, the metrics line, the display."""
+    def commit(self, metrics: dict[str, float]) -> None:
+        """End the running step: the LR schedule advances, the step count, the metrics line, the
+        display. From here a stop lets the step end (and be checkpointed) before the run stops."""
+        self._finishing = True
+        fault_point("updated", self.step + 1)
         release_memory()
         with warnings.catch_warnings():
             # The schedule advances once per training step by design (ajet.training.optim),
             # also after a step without a learning signal, which skips optimizer.step().
             warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
             self.scheduler.step()
-        metrics["actor/lr"] = lr
+        metrics["actor/lr"] = self._lr
         self.step += 1
         self._updates_at_step_end = self._updates_begun
         self.log(metrics)

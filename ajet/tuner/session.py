@@ -29,6 +29,7 @@ from ajet.engine.chat import chosen_function, tool_choice_prefix
 from ajet.engine.grammar import json_grammar, tool_call_grammar
 from ajet.engine.sampling import policy_temperature
 from ajet.errors import InfrastructureError
+from ajet.faults import fault_point
 from ajet.tuner.streaming import TextStream, completion_text
 
 log = logging.getLogger(__name__)
@@ -315,6 +316,7 @@ class EpisodeSession:
             options["model"] = model
         try:
             completions = await self.engine.generate(list(prompt_ids), params, **options)
+            fault_point("episode")
         except ValueError:  # the engine rejected this request (e.g. prompt too long)
             self._count_failure()
             raise

@@ -329,7 +329,7 @@ def test_gpu_backbones_refuse_distillation(tmp_path) -> None:
 def test_a_distill_config_can_be_evaluated_and_staged(tmp_path) -> None:
     """`ajet eval` and a pipeline's eval stages run a distill config's other stages."""
     from ajet.config import load_config
-    from ajet.pipeline import single_stage_config
+    from ajet.config.validate import single_stage_config
 
     conf = distill_conf(tmp_path, "pipeline: {stages: [eval, distill, eval]}\n")
     cfg = load_config(conf, ["distill.teacher=http://t:8000/v1"])

@@ -157,7 +157,9 @@ def test_the_training_loop_warns_and_shows_the_sign_on_the_progress_line(
     loop.attach(None, None, None, _Schedule())
     loop.save_checkpoint = lambda: None  # nothing to save here
     with caplog.at_level(logging.INFO):
-        loop.run(lambda step: {"reward/mean": 0.0, "reward/zero_std_frac": 1.0})
+        with loop.steps() as steps:
+            for _ in steps:
+                loop.commit({"reward/mean": 0.0, "reward/zero_std_frac": 1.0})
     closers.close_all()
     warned = [r.getMessage() for r in caplog.records if r.name == "ajet.logging.learning_signs"]
     assert len(warned) == 1 and warned[0].startswith("step 3: ")

@@ -125,6 +125,7 @@ def test_the_gpu_backbones_keep_the_same_run_directory_rules(cfg, monkeypatch, b
 
 
 def test_a_pipeline_refuses_an_earlier_pipeline_run_before_its_first_stage(cfg, monkeypatch) -> None:
+    import ajet.backbones.debug
     import ajet.pipeline
     from ajet.training.run_dir import earlier_pipeline_run
 
@@ -140,7 +141,7 @@ def test_a_pipeline_refuses_an_earlier_pipeline_run_before_its_first_stage(cfg, 
     monkeypatch.setattr(ajet.pipeline, "evaluate", lambda *a, **kw: ran.append("eval"))
     cfg.pipeline.stages = ["eval", "grpo"]
     with pytest.raises(UserError, match=r"already holds evaluations .*--resume.*--fresh"):
-        ajet.pipeline.run_pipeline(cfg)
+        ajet.pipeline.run_pipeline(cfg, ajet.backbones.debug)
     assert ran == [] and report.read_text() == '{"earlier": 1}'  # nothing ran, nothing overwritten
 
 
@@ -179,7 +180,9 @@ def test_the_last_checkpoint_is_written_unless_turned_off(cfg, last: bool) -> No
     loop = TrainingLoop(cfg, run_dir, closers, total_steps=2)
     loop.attach(model, Tokenizer(), optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0))
     loop.save_final_model = lambda out=None: saved.append("final_model")  # what it writes is tested above
-    loop.run(lambda step: {"loss": float(step)})
+    with loop.steps() as steps:
+        for step in steps:
+            loop.commit({"loss": float(step)})
     closers.close_all()
     assert saved == ["final_model"]
     assert loop.resume_step() == (2 if last else 0)

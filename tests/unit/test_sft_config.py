@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 
 from ajet.config import ConfigError, load_config
 from ajet.config.schema import Algorithm
-from ajet.pipeline import single_stage_config, stage_config
+from ajet.config.validate import single_stage_config
+from ajet.pipeline import stage_config
 
 DIALOG = {"messages": [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "2"}]}
 
@@ -130,15 +131,17 @@ def test_help_lists_the_new_commands() -> None:
 
 def test_debug_backbone_dispatches_sft_dpo_and_pipelines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import ajet.backbones.debug as backbone
+    import ajet.dpo.recipe
     import ajet.pipeline
+    import ajet.sft.recipe
     from ajet.errors import UserError
 
     calls: list[tuple[str, object]] = []
-    monkeypatch.setattr(ajet.pipeline, "train_sft", lambda cfg, resume=False: calls.append(("sft", cfg)))
-    monkeypatch.setattr(ajet.pipeline, "train_dpo",
+    monkeypatch.setattr(ajet.sft.recipe, "train_sft", lambda cfg, resume=False: calls.append(("sft", cfg)))
+    monkeypatch.setattr(ajet.dpo.recipe, "train_dpo",
                         lambda cfg, resume=False, workflow=None: calls.append(("dpo", cfg)))
     monkeypatch.setattr(ajet.pipeline, "run_pipeline",
-                        lambda cfg, workflow=None, resume=False: calls.append(("pipeline", cfg)))
+                        lambda cfg, runner, workflow=None, resume=False: calls.append(("pipeline", cfg)))
     conf = write(tmp_path, "sft:\n  train_path: dialogs.jsonl\n")
     def run(cfg: object, **kw: bool) -> None:
         ajet.pipeline.run(cfg, backbone, backbone="debug", **kw)

@@ -81,7 +81,9 @@ def run(two_calls_conf: Path, tmp_path: Path):
             loop.attach(self.model, Tokenizer(), self.optimizer, scheduler,
                         state=lambda step: {"reader": self.reader.state_at_end_of(step)})
             try:
-                loop.run(self.step)
+                with loop.steps() as steps:
+                    for step in steps:
+                        loop.commit(self.step(step))
             finally:
                 closers.close_all()
             return loop
@@ -249,7 +251,9 @@ def test_the_non_finite_counters_survive_a_resume(run) -> None:
     loop = TrainingLoop(r.cfg, r.run_dir, closers, total_steps=1)
     loop.attach(r.model, Tokenizer(), r.optimizer, torch.optim.lr_scheduler.LambdaLR(r.optimizer, lambda _: 1.0))
     counters.keep_in(loop)
-    loop.run(r.step)
+    with loop.steps() as steps:
+        for step in steps:
+            loop.commit(r.step(step))
     closers.close_all()
 
     again = OptimizerStep(r.model, r.optimizer, r.cfg.trainer)

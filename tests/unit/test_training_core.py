@@ -103,7 +103,9 @@ def test_training_loop_steps_the_schedule_once_per_step_and_logs_each_step_once(
         return {"reward/mean": float(n)}
 
     try:
-        loop.run(step)
+        with loop.steps() as numbers:
+            for n in numbers:
+                loop.commit(step(n))
     finally:
         closers.close_all()
     assert steps == [1, 2, 3, 4]
@@ -183,7 +185,9 @@ def test_max_minutes_ends_the_run_and_exports_fall_at_their_minutes(
         return {"reward/mean": 0.0}
 
     try:
-        loop.run(step)
+        with loop.steps() as numbers:
+            for n in numbers:
+                loop.commit(step(n))
     finally:
         closers.close_all()
     assert steps == [1, 2, 3]  # 6 minutes after step 3 >= 5

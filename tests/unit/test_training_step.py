@@ -107,7 +107,9 @@ def test_a_step_without_an_optimizer_step_does_not_warn_about_the_schedule(model
     loop.save_checkpoint = lambda: None  # nothing to check here
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        loop.run(lambda step: {"actor/skipped_update": 1.0})
+        with loop.steps() as steps:
+            for _ in steps:
+                loop.commit({"actor/skipped_update": 1.0})
     closers.close_all()
     assert scheduler.last_epoch == 2
     assert not [w for w in caught if "lr_scheduler" in str(w.message)]

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from ajet.config.schema import AjetConfig
+from ajet.config.schema import AjetConfig, Algorithm
+from ajet.config.validate import single_stage_config
+from ajet.errors import UserError
 
 
 def check_config(cfg: AjetConfig) -> list[tuple[str, str]]:
@@ -27,9 +30,28 @@ def translate(cfg: AjetConfig) -> str | None:
     return None
 
 
-def run(cfg: AjetConfig, *, with_ray: bool, resume: bool, workflow: Any = None) -> None:
-    """The RL recipe (staged runs and SFT/DPO are dispatched by `ajet.pipeline.run`)."""
-    # imports torch: this package is on the path of ajet --dry-run (registry.checked_backbone)
+# `ajet.pipeline` runs a staged config here one stage at a time (each stage a `run`).
+RUNS_STAGES = True
+
+
+def run(cfg: AjetConfig, *, with_ray: bool, resume: bool, workflow: Any = None) -> Path:
+    """Run `algorithm.name`'s recipe (RL, SFT or DPO); return the run directory."""
+    # The recipes import torch: this package is on the path of ajet --dry-run (registry.checked_backbone).
+    if cfg.algorithm.name == Algorithm.sft:
+        from ajet.sft.recipe import train_sft
+
+        _no_ray(with_ray)
+        return train_sft(single_stage_config(cfg, "sft"), resume=resume)  # pipeline.overrides.sft merged in
+    if cfg.algorithm.name == Algorithm.dpo:
+        from ajet.dpo.recipe import train_dpo
+
+        _no_ray(with_ray)
+        return train_dpo(single_stage_config(cfg, "dpo"), resume=resume, workflow=workflow)
     from ajet.rl.recipe import train
 
-    train(cfg, with_ray=with_ray, resume=resume, workflow=workflow)
+    return train(cfg, with_ray=with_ray, resume=resume, workflow=workflow)
+
+
+def _no_ray(with_ray: bool) -> None:
+    if with_ray:
+        raise UserError("--with-ray is not implemented for sft, dpo or staged runs; run without it.")
