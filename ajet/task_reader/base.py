@@ -95,7 +95,14 @@ class TaskReader:
         # With a curriculum, batches are drawn from its pool instead of walking epochs.
         self.curriculum = curriculum
         self._draws = 0
-        self._before_step: dict[int, dict] = {}  # step -> state before its first draw
+        # For `state_at_end_of`: each step's state before its first draw, with the number of
+        # tasks drawn by then, and every task drawn as (draw number, step, epoch, position).
+        self._before_step: dict[int, tuple[dict, int]] = {}
+        self._drawn: list[tuple[int, int, int, int]] = []
+        self._draw_count = 0
+        # Positions (epoch, position) trained before a resume although drawn after the saved
+        # position (a step's late draw: `ajet serve`'s dynamic-sampling refill): skipped, once.
+        self._skip: set[tuple[int, int]] = set()
 
     def __repr__(self) -> str:
         return (
@@ -124,7 +131,8 @@ class TaskReader:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         fault_point("draw")
-        self._before_step.setdefault(step, self.state_dict())
+        if step not in self._before_step:
+            self._before_step[step] = (self.state_dict(), self._draw_count)
         if self.curriculum is not None:
             idx = self.curriculum.draw(batch_size, step, self._draws)
             self._draws += 1
@@ -135,10 +143,14 @@ class TaskReader:
                 self._epoch += 1
                 self._position = 0
                 self._order = self._epoch_order(self._epoch)
-            take = min(batch_size - len(batch), len(self._order) - self._position)
-            idx = self._order[self._position : self._position + take]
-            batch.extend(self._train[i] for i in idx)
-            self._position += take
+            at = (self._epoch, self._position)
+            self._position += 1
+            if at in self._skip:  # trained before the resume
+                self._skip.discard(at)
+                continue
+            self._drawn.append((self._draw_count, step, *at))
+            self._draw_count += 1
+            batch.append(self._train[self._order[at[1]]])
         return batch
 
     def state_dict(self) -> dict:
@@ -150,14 +162,24 @@ class TaskReader:
             "num_train": len(self._train),
             "train_fingerprint": _fingerprint(self._train),
             "curriculum_draws": self._draws,
+            "skip": sorted([e, p] for e, p in self._skip),
         }
 
     def state_at_end_of(self, step: int) -> dict:
         """The state as of the end of `step`: before the first draw of any later step (drawn
-        ahead), else now. What was recorded for `step` and earlier is forgotten."""
+        ahead), else now. A task of `step` or earlier drawn after that draw (a late refill) is
+        in the state's `skip`, so a resumed reader does not hand it out again. What was recorded
+        for `step` and earlier is forgotten."""
         later = [s for s in self._before_step if s > step]
-        state = self._before_step[min(later)] if later else self.state_dict()
+        if not later:
+            state = self.state_dict()
+        else:
+            saved, cut = self._before_step[min(later)]
+            late = [[e, p] for n, s, e, p in self._drawn if n >= cut and s <= step]
+            state = {**saved, "skip": sorted(saved.get("skip", []) + late)}
         self._before_step = {s: v for s, v in self._before_step.items() if s > step}
+        oldest = min((n for _, n in self._before_step.values()), default=self._draw_count)
+        self._drawn = [d for d in self._drawn if d[0] >= oldest]
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -173,8 +195,9 @@ class TaskReader:
         self._epoch = int(state["epoch"])
         self._position = int(state["position"])
         self._draws = int(state.get("curriculum_draws", 0))
+        self._skip = {(int(e), int(p)) for e, p in state.get("skip", [])}
         self._order = self._epoch_order(self._epoch)
-        self._before_step = {}
+        self._before_step, self._drawn = {}, []
 
     def _epoch_order(self, epoch: int) -> list[int]:
         order = list(range(len(self._train)))

@@ -168,6 +168,30 @@ def test_a_reader_drawn_ahead_saves_its_position_before_the_later_draws() -> Non
     assert reader.state_at_end_of(4) == reader.state_dict()  # nothing drawn past step 4: now
 
 
+def test_a_late_refill_of_a_committed_step_is_not_handed_out_again_after_a_resume() -> None:
+    """`ajet serve` with dynamic sampling: step 1's refill is drawn after step 2's groups opened.
+    Before, the state at the end of step 1 (before step 2's first draw) handed the refill's task
+    out again on resume: it was trained twice in the epoch, and another task never."""
+    reader = TaskReader(tasks(6), seed=0, shuffle=False)
+    step1 = [t.task_id for t in reader.next_batch(2, step=1)]
+    step2 = [t.task_id for t in reader.next_batch(1, step=2)]  # opened early (serve.max_staleness)
+    refill = [t.task_id for t in reader.next_batch(1, step=1)]  # step 1's group had no signal
+    state = reader.state_at_end_of(1)
+    assert state["skip"] == [[0, 3]]
+    again = TaskReader(tasks(6), seed=0, shuffle=False)
+    again.load_state_dict(state)
+    resumed = [t.task_id for _ in range(3) for t in again.next_batch(1, step=2)]
+    assert resumed == [*step2, "t4", "t5"]  # step 2's task again, then past the refill
+    assert sorted(step1 + refill + resumed) == [f"t{i}" for i in range(6)]  # each task once in the epoch
+    # a checkpoint of the resumed reader before it passed the skipped place keeps the skip
+    again = TaskReader(tasks(6), seed=0, shuffle=False)
+    again.load_state_dict(state)
+    assert again.state_at_end_of(1)["skip"] == [[0, 3]]
+    # the next epoch is whole again
+    assert [t.task_id for t in TaskReader(tasks(6), seed=0, shuffle=False).next_batch(6, step=1)] == [
+        f"t{i}" for i in range(6)]
+
+
 def test_ctrl_c_during_an_overlapped_update_waits_for_it_to_finish() -> None:
     """rollout.max_staleness > 0: the update runs in a worker thread while the event loop rolls
     out the next step. Ctrl-C reaches the main thread; before, it left at once and the loop
