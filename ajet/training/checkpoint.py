@@ -48,9 +48,10 @@ def save_checkpoint(ckpt_root: Path, step: int, *, model: torch.nn.Module, optim
     ckpt_root.mkdir(parents=True, exist_ok=True)
     final = ckpt_root / f"step_{step:06d}"
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-step_{step:06d}-", dir=ckpt_root))
+    weights, optimizer_state = trainable_state_dict(model), optimizer.state_dict()
     try:
-        _save(tmp / "weights.pt", trainable_state_dict(model))
-        _save(tmp / "optimizer.pt", optimizer.state_dict())
+        _save(tmp / "weights.pt", weights)
+        _save(tmp / "optimizer.pt", optimizer_state)
         state = {
             "step": step,
             "scheduler": scheduler.state_dict(),
@@ -68,7 +69,8 @@ def save_checkpoint(ckpt_root: Path, step: int, *, model: torch.nn.Module, optim
     except (OSError, RuntimeError) as exc:
         if not is_disk_full(exc):
             raise
-        raise DiskFullError(_disk_full_message(ckpt_root, final.name)) from exc
+        need = tensor_mib(weights) + tensor_mib(optimizer_state)
+        raise DiskFullError(_disk_full_message(ckpt_root, final.name, need, keep_last)) from exc
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -120,12 +122,26 @@ def load_trainable_weights(path: Path, model: torch.nn.Module) -> None:
             params[name].copy_(value.to(params[name].device, params[name].dtype))
 
 
-def _disk_full_message(ckpt_root: Path, name: str) -> str:
+def _disk_full_message(ckpt_root: Path, name: str, need_mib: float, keep_last: int) -> str:
     newest = latest_checkpoint(ckpt_root)
     then = (f"the checkpoints already written are intact (newest: {newest.name}); {MAKE_ROOM}, then rerun "
             "with --resume to continue from it" if newest else f"{MAKE_ROOM}, then rerun")
+    kept = (f"; trainer.keep_checkpoints={keep_last} keeps up to {keep_last + 1} on disk while the newest "
+            f"is written: about {(keep_last + 1) * need_mib:.0f} MiB" if keep_last else "")
     return (f"checkpoint {name} could not be written to {ckpt_root}: no space left on device "
-            f"({free_mib(ckpt_root):.0f} MiB free there). Nothing was half-written: {then}.")
+            f"({free_mib(ckpt_root):.0f} MiB free there). A checkpoint of this run takes about {need_mib:.0f} MiB"
+            f"{kept}. Nothing was half-written: {then}.")
+
+
+def tensor_mib(obj: Any) -> float:
+    """The MiB of the tensors in `obj` (nested dicts, lists and tuples): what saving it writes."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size() / 2**20
+    if isinstance(obj, dict):
+        return sum(tensor_mib(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_mib(v) for v in obj)
+    return 0.0
 
 
 def _save(path: Path, obj: Any) -> None:

@@ -50,6 +50,10 @@ def test_a_full_disk_names_the_place_and_the_fix_and_keeps_the_last_checkpoint(
     assert isinstance(info.value, SetupError) and info.value.exit_code == 1
     assert str(root) in message and "step_000002" in message and "no space left on device" in message
     assert "MiB free" in message and "newest: step_000001" in message and "--resume" in message
+    # how much room the run needs: the checkpoint's own size (what step_000001 takes on disk)
+    written = sum(f.stat().st_size for f in first.iterdir()) / 2**20
+    need = float(message.split("takes about ")[1].split(" MiB")[0])
+    assert abs(need - written) <= max(1.0, 0.05 * written), (need, written)
     assert sorted(p.name for p in root.iterdir()) == ["latest", "step_000001"]  # no temp dir left
     monkeypatch.undo()
     assert load_checkpoint(first, model=model, optimizer=optimizer, scheduler=scheduler)["step"] == 1
