@@ -2,7 +2,8 @@
 
 With the variable set, the process sends itself SIGNAL (SIGINT, SIGTERM, SIGHUP or SIGKILL)
 the first time it reaches `fault_point(<phase>)` during training step `<step>` (`*`: during any
-step, so the first time it reaches the phase at all), so a test stops
+step, so the first time it reaches the phase at all; `<step>+`: during that step or a later
+one), so a test stops
 a real run at an exact place instead of guessing with sleeps. Unset (every real run), a fault
 point is one dictionary lookup. The phases, in the order a step meets them:
 
@@ -19,13 +20,13 @@ point is one dictionary lookup. The phases, in the order a step meets them:
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import threading
 
 PHASES = ("draw", "episode", "rollout", "update", "updated", "commit", "committed", "validation", "export")
 _ENV = "AJET_FAULT"
-ANY_STEP = -1
 _lock = threading.Lock()
 _fired = False
 _step = 0  # the training step running now (`at_step`)
@@ -43,8 +44,8 @@ def fault_point(phase: str, step: int | None = None) -> None:
     spec = os.environ.get(_ENV)
     if not spec or _fired:
         return
-    want_phase, want_step, signum = parse(spec)
-    if phase != want_phase or want_step not in (ANY_STEP, step if step is not None else _step):
+    want_phase, (first, last), signum = parse(spec)
+    if phase != want_phase or not first <= (step if step is not None else _step) <= last:
         return
     with _lock:
         if _fired:
@@ -53,15 +54,22 @@ def fault_point(phase: str, step: int | None = None) -> None:
     os.kill(os.getpid(), signum)
 
 
-def parse(spec: str) -> tuple[str, int, int]:
-    """`update@2:SIGTERM` -> ("update", 2, signal.SIGTERM); `update@*:...` -> ("update", ANY_STEP, ...)."""
+def parse(spec: str) -> tuple[str, tuple[float, float], int]:
+    """`update@2:SIGTERM` -> ("update", (2, 2), signal.SIGTERM); `@*` is every step, (-inf, inf);
+    `@3+` is step 3 and later, (3, inf)."""
     try:
         where, name = spec.split(":")
         phase, step = where.split("@")
         signum = int(getattr(signal, name))
         if phase not in PHASES:
             raise ValueError(phase)
-        return phase, ANY_STEP if step == "*" else int(step), signum
+        if step == "*":
+            steps = (-math.inf, math.inf)
+        elif step.endswith("+"):
+            steps = (int(step[:-1]), math.inf)
+        else:
+            steps = (int(step), int(step))
+        return phase, steps, signum
     except (ValueError, AttributeError):
         raise ValueError(f"{_ENV}={spec!r}: expected <phase>@<step>:<SIGNAL>, phase one of {', '.join(PHASES)}, "
-                         "e.g. update@2:SIGTERM or update@*:SIGKILL") from None
+                         "e.g. update@2:SIGTERM, update@3+:SIGINT or update@*:SIGKILL") from None

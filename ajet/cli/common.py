@@ -85,6 +85,6 @@ def clean_stop(run_dir: Path, resume_command: str) -> Iterator[None]:
         runs = [run_dir, *sorted((run_dir / "stages").glob("*"))]  # a pipeline: its stages' runs
         newest = [ckpt for d in runs if (ckpt := latest_checkpoint(d / "checkpoints")) is not None]
         where = f"the newest checkpoint is {newest[-1]}" if newest else "no checkpoint of this run was saved"
-        err_console.print(Text.assemble(("ajet: stopped ", "bold red"), f"({exc or 'SIGINT'}); {where}. "
+        err_console.print(Text.assemble(("ajet: stopped ", "bold red"), f"({str(exc) or 'SIGINT'}); {where}. "
                                         f"Continue with: {resume_command}"), soft_wrap=True)
         raise typer.Exit(STOPPED_EXIT) from None

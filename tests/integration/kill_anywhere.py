@@ -1,0 +1,237 @@
+"""The kill-anywhere harness (issue 52): a short training on the tiny model is stopped at every
+phase of a step, with SIGINT, SIGTERM or SIGKILL, in-process and with the rollout overlapping the
+update, then resumed, again and again, until it has trained every step. At the end:
+
+- steps 1..N appear in metrics.jsonl exactly once;
+- every task was trained once per epoch, with its `rollout.n` episodes (the task ids come from
+  each step's token records);
+- the optimizer's own step count is the number of updates logged;
+- no checkpoint's label disagrees with what it holds (its step, its optimizer's step count).
+
+The stops come from `ajet.faults` (`AJET_FAULT=<phase>@*:<SIGNAL>`: the first time the run
+reaches the phase; an episode: of the next step to train), not from sleeps. A SIGINT/SIGTERM must stop cleanly: exit 130, the resume
+hint, and every logged step committed. A SIGKILL may lose what was not committed, never more.
+Runs start from a fork server (tests/integration/fork_server.py): one import of ajet for the
+chain, not one per run. The tests are test_kill_anywhere_<mode>.py, one file per mode so that
+the two test workers share the matrix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from ajet.faults import PHASES
+from tests.integration.test_debug_backbone import make_run
+
+TOTAL_STEPS = 12  # 3 epochs: room for every phase's stop, each a step or two after the last
+TOKEN = "kill-anywhere"
+TASKS, BATCH, N = 8, 2, 2  # make_run's 8 tasks, 2 per step, 2 episodes each: an epoch is 4 steps
+MODES = {
+    "in_process": [],
+    "overlap": ["rollout.max_staleness=1", "rollout.engine_dtype=float16", "algorithm.tis_cap=2"],
+    # `ajet serve` (serve.max_staleness 1: the next step's groups open before this one commits),
+    # with two client threads that keep running episodes across the server's restarts
+    "serve": ["trainer.val_every=0", f"serve.client_token={TOKEN}"],
+}
+SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGKILL]
+
+
+class ForkServer:
+    def __init__(self, cwd: Path) -> None:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "CI": "true"}
+        env.pop("AJET_FAULT", None)
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("fork_server.py"))],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+                                     cwd=Path(__file__).parents[2])
+        assert json.loads(self.proc.stdout.readline()) == {"ready": True}
+        self.cwd = cwd
+
+    def ajet(self, *argv: str, fault: str = "", log: Path, timeout_s: int = 300) -> int:
+        request = {"argv": list(argv), "env": {"AJET_FAULT": fault} if fault else {}, "cwd": str(self.cwd),
+                   "log": str(log), "timeout_s": timeout_s}
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        return int(json.loads(self.proc.stdout.readline())["rc"])
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+def stop_at_every_phase_and_resume(tmp_path: Path, tiny_model_dir: Path, mode: str, signum: signal.Signals) -> None:
+    """One cell of the matrix: the chain of stops of `mode` x `signum`, then the checks."""
+    conf = make_run(tmp_path, tiny_model_dir)
+    run = tmp_path / "exp" / "tiny"
+    # save_every=2: a stop after an odd step must save that step itself (save_on_stop), not find it saved
+    args = ["--conf", str(conf), f"trainer.total_steps={TOTAL_STEPS}", "trainer.keep_checkpoints=100", "trainer.save_every=2",
+            *MODES[mode]]
+    phases = list(PHASES)
+    clients = None
+    if mode == "serve":
+        port = free_port()
+        args = ["serve", "--port", str(port), *args]
+        phases.remove("validation")  # `ajet serve` does not validate (trainer.val_every=0)
+        clients = Clients(f"http://127.0.0.1:{port}", TOKEN, count=2)
+    server = ForkServer(tmp_path)
+    try:
+        for index, phase in enumerate(phases):
+            log = tmp_path / f"run_{index}_{phase}.log"
+            resume = ["--resume"] if index else []
+            # An episode of a step, not of the validation that a run from step 0 starts with. Around
+            # the update: an even step, after an odd one that was logged but not checkpointed
+            # (save_every=2), so that the stop must save that step from weights that are still its own.
+            after_uncheckpointed = latest(run) + 2 + latest(run) % 2
+            at = {"episode": f"{latest(run) + 1}+", "rollout": f"{after_uncheckpointed}+",
+                  "update": f"{after_uncheckpointed}+", "updated": f"{after_uncheckpointed}+"}.get(phase, "*")
+            rc = server.ajet(*args, *resume, fault=f"{phase}@{at}:{signum.name}", log=log)
+            err = log.read_text()
+            where = f"{mode}, {signum.name} at {phase}: exit {rc}\n{err[-3000:]}"
+            if signum == signal.SIGKILL:
+                assert rc == -signal.SIGKILL, where
+            else:
+                assert rc == 130, where
+                assert f"ajet: stopped ({signum.name})" in err and "--resume" in err, where
+                steps = train_steps(run)
+                if steps:  # a clean stop commits every step it logged
+                    assert latest(run) == steps[-1], where
+            check_logged_once_and_checkpoints(run, where)
+        log = tmp_path / "run_last.log"
+        rc = server.ajet(*args, "--resume", log=log)
+        assert rc == 0, log.read_text()[-3000:]
+    finally:
+        server.close()
+        if clients is not None:
+            clients.stop()
+
+    assert train_steps(run) == list(range(1, TOTAL_STEPS + 1))
+    check_logged_once_and_checkpoints(run, f"{mode}, {signum.name}: the end")
+    check_every_task_once_per_epoch(run)
+    assert (run / "final_model" / "config.json").is_file()
+    updates = updates_logged(run, TOTAL_STEPS)
+    assert optimizer_steps(run / "checkpoints" / f"step_{TOTAL_STEPS:06d}") == updates > 0
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Clients:
+    """Agents of `ajet serve`: each thread begins an episode, makes one chat call, finishes it with
+    a reward (the share of vowels in the reply), and retries whatever fails (the server is being
+    killed and restarted under it)."""
+
+    def __init__(self, url: str, token: str, count: int) -> None:
+        import threading
+
+        self.url, self.token = url, token
+        self.stopping = threading.Event()
+        self.finished = 0
+        self.threads = [threading.Thread(target=self.work, daemon=True) for _ in range(count)]
+        for thread in self.threads:
+            thread.start()
+
+    def work(self) -> None:
+        import httpx
+
+        from ajet.client import EpisodeAPIError, EpisodeClient
+
+        while not self.stopping.is_set():
+            try:
+                with EpisodeClient(self.url, self.token, timeout_s=30, wait_s=2) as client:
+                    episode = client.begin()
+                    if episode is None:  # this run ended; a resumed one may follow
+                        self.stopping.wait(0.2)
+                        continue
+                    reply = httpx.post(f"{episode.base_url}/chat/completions", timeout=30,
+                                       headers={"Authorization": f"Bearer {episode.api_key}"},
+                                       json={"model": episode.model, "max_tokens": 8,
+                                             "messages": [{"role": "user", "content": episode.task["main_query"]}]})
+                    reply.raise_for_status()
+                    text = reply.json()["choices"][0]["message"]["content"] or ""
+                    client.finish(episode.episode_id, reward=sum(c in "aeiou" for c in text) / max(1, len(text)))
+                    self.finished += 1
+            except (httpx.HTTPError, EpisodeAPIError, KeyError, TypeError, ValueError):
+                self.stopping.wait(0.2)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        for thread in self.threads:
+            thread.join(timeout=60)
+
+
+# ---------------------------------------------------------------------- checks
+
+
+def train_rows(run: Path) -> list[dict[str, Any]]:
+    path = run / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in rows if r.get("split") == "train"]
+
+
+def train_steps(run: Path) -> list[int]:
+    return [r["step"] for r in train_rows(run)]
+
+
+def latest(run: Path) -> int:
+    pointer = run / "checkpoints" / "latest"
+    return int(pointer.read_text().strip().removeprefix("step_")) if pointer.is_file() else 0
+
+
+def updates_logged(run: Path, up_to: int) -> int:
+    """Train steps up to `up_to` whose update ran (not skipped for lack of signal or a non-finite value)."""
+    return sum(1 for r in train_rows(run) if r["step"] <= up_to and not r.get("actor/skipped_update"))
+
+
+def optimizer_steps(ckpt: Path) -> int:
+    import torch
+
+    state = torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=True)["state"]
+    counts = {int(s["step"]) for s in state.values()}
+    assert len(counts) <= 1, counts  # every parameter was stepped together
+    return counts.pop() if counts else 0
+
+
+def check_logged_once_and_checkpoints(run: Path, where: str) -> None:
+    steps = train_steps(run)
+    assert steps == list(range(1, len(steps) + 1)), f"{where}\nsteps logged: {steps}"
+    for ckpt in sorted((run / "checkpoints").glob("step_*")):
+        if not (ckpt / ".complete").is_file():
+            continue
+        import torch
+
+        label = int(ckpt.name.removeprefix("step_"))
+        state = torch.load(ckpt / "state.pt", map_location="cpu", weights_only=True)
+        assert state["step"] == label, f"{where}\n{ckpt} holds step {state['step']}"
+        if label <= len(steps):  # its steps are logged (a SIGKILL may leave logged steps past the newest)
+            assert optimizer_steps(ckpt) == updates_logged(run, label), (
+                f"{where}\n{ckpt}: {optimizer_steps(ckpt)} optimizer steps, {updates_logged(run, label)} updates logged")
+
+
+def check_every_task_once_per_epoch(run: Path) -> None:
+    episodes: dict[int, Counter] = {}
+    for step in range(1, TOTAL_STEPS + 1):
+        records = run / "records" / f"step_{step:06d}.jsonl"
+        rows = [json.loads(line) for line in records.read_text().splitlines() if line.strip()]
+        episodes[step] = Counter(task for task, _ in {(r["task_id"], r["episode_id"]) for r in rows})
+    steps_per_epoch = TASKS // BATCH
+    for epoch in range(TOTAL_STEPS // steps_per_epoch):
+        window = range(epoch * steps_per_epoch + 1, (epoch + 1) * steps_per_epoch + 1)
+        trained = Counter()
+        for step in window:
+            assert sum(episodes[step].values()) == BATCH * N and all(v == N for v in episodes[step].values()), (
+                step, episodes[step])
+            trained.update(episodes[step].keys())
+        assert trained == Counter({f"t{i}": 1 for i in range(TASKS)}), f"epoch {epoch + 1}: {trained}"
