@@ -42,6 +42,7 @@ class EpisodeClient:
         client token; `wait_s`: how long `begin` waits while no episode is available."""
         self.url = url.rstrip("/").removesuffix("/v1")
         self.wait_s = wait_s
+        self._keys: dict[str, str] = {}  # episode id -> its api_key, which finish and abort show
         self._http = httpx.Client(base_url=self.url, timeout=timeout_s,
                                   headers={"Authorization": f"Bearer {token}"})
 
@@ -54,7 +55,9 @@ class EpisodeClient:
             if response.status_code == 410:
                 return None
             if response.status_code != 503 or time.monotonic() > deadline:
-                return Episode(**self._json(response))
+                episode = Episode(**self._json(response))
+                self._keys[episode.episode_id] = episode.api_key
+                return episode
             time.sleep(float(response.headers.get("retry-after", "1")))
 
     def finish(self, episode_id: str, reward: float | dict[str, float] | None = None, *, is_success: bool | None = None,
@@ -63,11 +66,18 @@ class EpisodeClient:
         configured judge to score. Returns {episode_id, status, reward, role_rewards, is_success, reason, detail}."""
         body = {"reward": reward, "is_success": is_success, "metadata": metadata or {},
                 "log_metrics": log_metrics or {}}
-        return self._json(self._http.post(f"/v1/episodes/{episode_id}/finish", json=body))
+        return self._json(self._http.post(f"/v1/episodes/{episode_id}/finish", json=body,
+                                          headers=self._episode_key(episode_id)))
 
     def abort(self, episode_id: str, reason: str = "") -> dict:
         """Give the episode up: counted as failed, never trained on."""
-        return self._json(self._http.post(f"/v1/episodes/{episode_id}/abort", json={"reason": reason}))
+        return self._json(self._http.post(f"/v1/episodes/{episode_id}/abort", json={"reason": reason},
+                                          headers=self._episode_key(episode_id)))
+
+    def _episode_key(self, episode_id: str) -> dict[str, str]:
+        """Only the client that began an episode may end it: its api_key goes along (and is
+        forgotten, as the server forgets it)."""
+        return {"X-Episode-Key": self._keys.pop(episode_id, "")}
 
     def status(self) -> dict:
         """step, policy_version, episode counts, last_metrics."""

@@ -41,6 +41,8 @@ def validate(cfg: AjetConfig, *, require_workflow: bool = True) -> list[tuple[st
             problems.append((key, msg))
 
     need(bool(cfg.model.path), "model.path", "empty; use 'smollm2-135m-instruct' or a local checkpoint dir")
+    if (problem := project_name_problem(cfg.project.name)) is not None:
+        problems.append(("project.name", problem))
     need(cfg.trainer.save_final_model or cfg.trainer.save_last_checkpoint, "trainer.save_last_checkpoint",
          "false with trainer.save_final_model=false: the trained model would not be saved; set either to true")
     marks = cfg.trainer.export_at_minutes
@@ -202,3 +204,21 @@ def single_stage_config(cfg: AjetConfig, stage: str, *, where: str = "") -> Ajet
         lines = "\n".join(f"  {key}: {msg}" for key, msg in problems)
         raise ConfigError(f"{where}invalid config for the {stage} stage:\n{lines}")
     return stage_cfg
+
+
+def project_name_problem(name: str) -> str | None:
+    """Why `project.name` cannot name a run directory under `project.exp_dir`, or None. A name is
+    relative, with no empty, `.` or `..` part: `/etc/x` would write outside the experiments root,
+    `../../x` would climb out of it, and `.` would make the root itself the run directory (which
+    `--fresh` renames aside whole)."""
+    parts = name.replace("\\", "/").split("/")
+    if not name.strip():
+        return "is empty; name the run, e.g. project.name=math_agent"
+    if name.startswith(("/", "~")) or (len(name) > 1 and name[1] == ":"):
+        return f"'{name}' is an absolute path; it must be a name under project.exp_dir (set project.exp_dir for the place)"
+    if any(part in ("", ".", "..") for part in parts):
+        return (f"'{name}' has an empty, '.' or '..' part; it must name a directory under project.exp_dir "
+                "(letters, digits, '-', '_', and '/' between parts)")
+    if any(ord(c) < 32 for c in name):
+        return f"{name!r} has a control character"
+    return None

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import threading
 import time
 from collections import deque
@@ -63,6 +64,7 @@ from ajet.rollout.scoring import (
 from ajet.rollout.source import curriculum_metrics
 from ajet.tuner.episode_api import (
     EpisodeEndedError,
+    EpisodeKeyError,
     EpisodeNotFoundError,
     EpisodeResult,
     EpisodeTicket,
@@ -123,6 +125,7 @@ class _Running:
     handle: Any
     started: float
     deadline: float
+    key: str = ""  # the episode's api_key: what finish and abort must show
 
 
 class EpisodeBroker:
@@ -184,6 +187,7 @@ class EpisodeBroker:
         try:
             running.handle = await maybe_await(self.sessions.open_episode(episode.episode_id, group.task))
             base_url, key = running.handle.tuner.base_url_and_key(self.role)
+            running.key = key
         except Exception as exc:
             with self._lock:
                 self._running.pop(episode.episode_id, None)
@@ -195,8 +199,8 @@ class EpisodeBroker:
         return EpisodeTicket(episode_id=episode.episode_id, task=self._public_task(group.task),
                              base_url=base_url, api_key=key, model="policy")
 
-    async def finish(self, episode_id: str, request: FinishRequest) -> EpisodeResult:
-        running = self._take_running(episode_id)
+    async def finish(self, episode_id: str, key: str, request: FinishRequest) -> EpisodeResult:
+        running = self._take_running(episode_id, key)
         episode = running.episode
         # The key dies first: no call can land in the records after the reward is given.
         await close_handle(running.handle, episode_id)
@@ -211,8 +215,8 @@ class EpisodeBroker:
             self._end_locked(episode, running.group)
         return _result(episode)
 
-    async def abort(self, episode_id: str, reason: str) -> EpisodeResult:
-        running = self._take_running(episode_id)
+    async def abort(self, episode_id: str, key: str, reason: str) -> EpisodeResult:
+        running = self._take_running(episode_id, key)
         episode = running.episode
         await close_handle(running.handle, episode_id)
         episode.status, episode.reason = FAILED, ABORTED
@@ -334,7 +338,7 @@ class EpisodeBroker:
         log.debug("dynamic sampling: group %s has no signal; %s takes its place", group.group_id, refill.group_id)
         return True
 
-    def _take_running(self, episode_id: str) -> _Running:
+    def _take_running(self, episode_id: str, key: str) -> _Running:
         with self._lock:
             self._reap_locked()
             running = self._running.get(episode_id)
@@ -343,6 +347,9 @@ class EpisodeBroker:
                 if ended is not None or running is not None:
                     raise EpisodeEndedError(f"episode {episode_id} already ended ({ended or 'starting'})")
                 raise EpisodeNotFoundError(f"no episode {episode_id}")
+            if not secrets.compare_digest(key.encode(), running.key.encode()):
+                raise EpisodeKeyError(f"episode {episode_id} can be ended only by the client that began it: send "
+                                      "its api_key (from the ticket) in the X-Episode-Key header")
             del self._running[episode_id]
             self._ended[episode_id] = "ending"
             return running

@@ -7,8 +7,10 @@ Mounted on the gateway (`attach_episode_api`) next to the OpenAI-compatible mode
     POST /v1/episodes/{id}/abort       {reason}
     GET  /v1/status                    step, policy version, episode counts, last metrics
 
-A server-level client token (`Authorization: Bearer <token>`) guards these routes; the
-per-episode `api_key` guards the model calls, as for in-process workflows. The routes only
+A server-level client token (`Authorization: Bearer <token>`) guards these routes (and /docs,
+/openapi.json), checked before a body is read (`ajet.tuner.http_guard`); the per-episode
+`api_key` guards the model calls, as for in-process workflows, and ending the episode: finish
+and abort carry it in `X-Episode-Key`, so a client cannot end another's episode. The routes only
 translate HTTP: the episode source behind them (`ajet.rollout.remote.EpisodeBroker`) hands out
 tasks, scores and collects episodes. This module defines the wire models and the errors the
 source raises, so that the tuner layer never imports the rollout layer. (FastAPI is imported at
@@ -21,7 +23,7 @@ import logging
 import secrets
 from typing import TYPE_CHECKING, Annotated, Any, Protocol
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Header, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 from starlette.exceptions import HTTPException
@@ -59,6 +61,12 @@ class NoEpisodeAvailableError(EpisodeRequestError):
     """Enough groups are open for the trainer's next steps; ask again shortly."""
 
     status, code, retry_after_s = 503, "no_episode_available", 1
+
+
+class EpisodeKeyError(EpisodeRequestError):
+    """finish/abort without the episode's own key (`X-Episode-Key`: the ticket's api_key)."""
+
+    status, code = 403, "wrong_episode_key"
 
 
 class RunEndedError(EpisodeRequestError):
@@ -140,14 +148,18 @@ class EpisodeSource(Protocol):
 
     async def begin(self) -> EpisodeTicket: ...
 
-    async def finish(self, episode_id: str, request: FinishRequest) -> EpisodeResult: ...
+    async def finish(self, episode_id: str, key: str, request: FinishRequest) -> EpisodeResult: ...
 
-    async def abort(self, episode_id: str, reason: str) -> EpisodeResult: ...
+    async def abort(self, episode_id: str, key: str, reason: str) -> EpisodeResult: ...
 
     async def status(self) -> ServerStatus: ...
 
 
 # ----------------------------------------------------------------------------- routes
+# Only the client that began an episode may end it: finish and abort carry its api_key.
+EpisodeKey = Annotated[str, Header(alias="X-Episode-Key", description="the episode's api_key (from its ticket)")]
+
+
 def episode_router(source: EpisodeSource, token: str, *, max_body_bytes: int) -> Any:
     """The FastAPI router of the episode API, guarded by the client `token`."""
     bearer = HTTPBearer(auto_error=False, scheme_name="client_token",
@@ -178,19 +190,20 @@ def episode_router(source: EpisodeSource, token: str, *, max_body_bytes: int) ->
         # listen on 0.0.0.0 and be reached through any name).
         return ticket.model_copy(update={"base_url": str(request.base_url).rstrip("/") + "/v1"})
 
-    ended = {**errors, 404: {"description": "unknown episode"},
+    ended = {**errors, 403: {"description": "X-Episode-Key is not this episode's api_key"},
+             404: {"description": "unknown episode"},
              409: {"description": "the episode already ended (finished, aborted or timed out)"}}
 
     @router.post("/episodes/{episode_id}/finish", response_model=EpisodeResult, responses=ended)
-    async def finish_episode(episode_id: str, body: FinishRequest) -> EpisodeResult:
+    async def finish_episode(episode_id: str, body: FinishRequest, key: EpisodeKey = "") -> EpisodeResult:
         """Finish an episode. Without `reward`, the configured judge scores it from `metadata`
         (as a workflow returning `WorkflowOutput(reward=None)`). Its api_key stops working."""
-        return await _guard(source.finish(episode_id, body))
+        return await _guard(source.finish(episode_id, key, body))
 
     @router.post("/episodes/{episode_id}/abort", response_model=EpisodeResult, responses=ended)
-    async def abort_episode(episode_id: str, body: AbortRequest) -> EpisodeResult:
+    async def abort_episode(episode_id: str, body: AbortRequest, key: EpisodeKey = "") -> EpisodeResult:
         """Abort an episode: counted as failed (`rollout/failed/aborted`), never trained on."""
-        return await _guard(source.abort(episode_id, body.reason))
+        return await _guard(source.abort(episode_id, key, body.reason))
 
     @router.get("/status", response_model=ServerStatus, responses=errors)
     async def status() -> ServerStatus:
@@ -218,6 +231,7 @@ def attach_episode_api(gateway: Gateway, source: EpisodeSource, token: str | Non
     """Serve the episode API (and /docs, /openapi.json) on `gateway`; returns the client token
     (`token`, or a new random one when None or empty)."""
     token = token or secrets.token_urlsafe(24)
+    gateway.require_client_token(token)
     gateway.include_router(episode_router(source, token, max_body_bytes=gateway.max_body_bytes))
     if gateway.running:
         log.info("episode API on %s/episodes (docs at %s/docs)", gateway.base_url,

@@ -28,6 +28,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ajet.tuner import openai_compat as wire
+from ajet.tuner.http_guard import BodyGuard
 from ajet.tuner.session import ContextBudgetError, SessionClosedError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -72,7 +73,10 @@ class Gateway:
         self._thread: threading.Thread | None = None
         self._socket: socket.socket | None = None
         self._created = int(time.time())
+        self._client_token: str | None = None  # set by `require_client_token` (the episode API)
         self.app = self._build_app()
+        # What uvicorn serves: the app behind its front door (auth before body, capped bodies).
+        self.asgi = BodyGuard(self.app, max_body_bytes=max_body_bytes, client_token=self._token_for)
 
     # -- lifecycle -------------------------------------------------------------
     @property
@@ -105,7 +109,7 @@ class Gateway:
             ) from err
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(
-            self.app, log_level="warning", lifespan="off", loop="asyncio", access_log=False
+            self.asgi, log_level="warning", lifespan="off", loop="asyncio", access_log=False
         )
         self._server = uvicorn.Server(config)
         self._socket = sock
@@ -123,6 +127,15 @@ class Gateway:
             time.sleep(0.01)
         log.info("gateway serving on %s", self.base_url)
         return self
+
+    def require_client_token(self, token: str) -> None:
+        """From now on the episode API, /docs and /openapi.json answer only requests that carry
+        `token` (checked before the body is read: `ajet.tuner.http_guard`)."""
+        self._client_token = token
+
+    def _token_for(self, path: str) -> str | None:
+        guarded = path in ("/docs", "/openapi.json", "/v1/status") or path.startswith("/v1/episodes")
+        return self._client_token if guarded else None
 
     def stop(self, timeout_s: float = 10.0) -> None:
         if self._server is not None:

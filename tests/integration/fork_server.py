@@ -44,16 +44,18 @@ def child(request: dict) -> None:
 
 
 def serve() -> None:
+    import openai  # noqa: F401 - the workflows' client (~540 modules)
+
+    # transformers imports a model's modules on first use: ~2.7 s per run for the tiny Llama
+    import transformers.models.llama.modeling_llama  # noqa: F401
+    import uvicorn  # noqa: F401
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: F401
+
     import ajet.cli.main  # noqa: F401 - what every child needs, imported once
     import ajet.cli.serve  # noqa: F401
     import ajet.cli.train  # noqa: F401
     import ajet.rl.recipe  # noqa: F401 - torch, transformers and the recipe
     import ajet.tuner.gateway  # noqa: F401
-    # transformers imports a model's modules on first use: ~2.7 s per run for the tiny Llama
-    import transformers.models.llama.modeling_llama  # noqa: F401
-    import openai  # noqa: F401 - the workflows' client (~540 modules)
-    import uvicorn  # noqa: F401
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: F401
 
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:

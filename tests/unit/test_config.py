@@ -157,3 +157,20 @@ def test_workflow_target_required_for_training(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="workflow.target: required"):
         load_config(conf)
     assert load_config(conf, require_workflow=False).rollout.n == 2
+
+
+@pytest.mark.parametrize("name", ["/etc/x", "../../x", ".", "a/../../b", "", "a//b", "~/x"])
+def test_a_project_name_that_leaves_the_experiments_root_is_refused(tmp_path: Path, name: str) -> None:
+    """Before (issue 53): `/etc/x` wrote to /etc/x, `../../x` climbed out of project.exp_dir, and
+    `.` made exp_dir itself the run directory, which `--fresh` then renamed aside whole."""
+    conf = tmp_path / "c.yaml"
+    conf.write_text("model: {path: m}\nworkflow: {target: a.py:W}\ntask_reader: {jsonl: {train_path: t.jsonl}}\n")
+    with pytest.raises(ConfigError, match=r"project\.name"):
+        load_config(conf, [f"project.name='{name}'"], require_workflow=False)
+
+
+def test_a_project_name_may_have_sub_directories(tmp_path: Path) -> None:
+    conf = tmp_path / "c.yaml"
+    conf.write_text("model: {path: m}\ntask_reader: {jsonl: {train_path: t.jsonl}}\n")
+    (tmp_path / "t.jsonl").write_text('{"task_id": "a", "question": "q"}\n')
+    assert load_config(conf, ["project.name=math/run-1_a"], require_workflow=False).project.name == "math/run-1_a"

@@ -142,10 +142,34 @@ def test_client_token_guards_the_api_and_docs_describe_it(make_server: Any) -> N
         as_client.status()
     assert httpx.post(f"{server.root}/v1/chat/completions", headers={"Authorization": f"Bearer {TOKEN}"},
                       json={"model": "m", "messages": []}).status_code == 401
-    schema = httpx.get(f"{server.root}/openapi.json").json()
+    # The docs follow the API's auth (issue 53): before, anyone could read them.
+    assert httpx.get(f"{server.root}/openapi.json").status_code == 401
+    assert httpx.get(f"{server.root}/docs").status_code == 401
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    schema = httpx.get(f"{server.root}/openapi.json", headers=auth).json()
     assert {"/v1/episodes", "/v1/episodes/{episode_id}/finish", "/v1/episodes/{episode_id}/abort",
             "/v1/status"} <= set(schema["paths"])
-    assert "swagger" in httpx.get(f"{server.root}/docs").text.lower()
+    assert "swagger" in httpx.get(f"{server.root}/docs", headers=auth).text.lower()
+
+
+def test_only_the_client_that_began_an_episode_can_end_it(make_server: Any) -> None:
+    """Before (issue 53), anyone with the shared client token could finish or abort any episode,
+    and episode ids are guessable: now finish and abort need the episode's own api_key."""
+    server = make_server(n=2, batch_size=1)
+    mine, theirs = server.client.begin(), server.client.begin()
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    for headers in ({}, {"X-Episode-Key": mine.api_key}, {"X-Episode-Key": theirs.api_key + "x"}):
+        for action, body in (("finish", {"reward": 1.0}), ("abort", {"reason": "not mine"})):
+            refused = httpx.post(f"{server.root}/v1/episodes/{theirs.episode_id}/{action}", json=body,
+                                 headers={**auth, **headers})
+            assert refused.status_code == 403, refused.text
+            assert refused.json()["error"]["code"] == "wrong_episode_key"
+            assert "X-Episode-Key" in refused.json()["error"]["message"]
+    assert server.broker.status is not None and chat(theirs).status_code == 200  # still running, unharmed
+    done = httpx.post(f"{server.root}/v1/episodes/{theirs.episode_id}/finish", json={"reward": 0.5},
+                      headers={**auth, "X-Episode-Key": theirs.api_key})
+    assert done.status_code == 200 and done.json()["reward"] == 0.5
+    assert server.client.finish(mine.episode_id, 1.0)["status"] == "ok"  # the client sends its own key
 
 
 def test_each_task_is_handed_out_n_times_and_finished_keys_die(make_server: Any) -> None:

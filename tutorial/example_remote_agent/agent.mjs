@@ -22,10 +22,11 @@ if (!token) {
   process.exit(2);
 }
 
-async function api(path, body) {
+// `episodeKey`: finish and abort show the episode's own api_key (only its client may end it).
+async function api(path, body, episodeKey = "") {
   const response = await fetch(`${url}/v1${path}`, {
     method: body === undefined ? "GET" : "POST",
-    headers: { Authorization: `Bearer ${token}`, "Content-Type": "application/json" },
+    headers: { Authorization: `Bearer ${token}`, "Content-Type": "application/json", "X-Episode-Key": episodeKey },
     body: body === undefined ? undefined : JSON.stringify(body),
   });
   return { status: response.status, headers: response.headers, json: await response.json() };
@@ -66,11 +67,12 @@ while (done < maxEpisodes) {
     answer = await solve(episode);
   } catch (err) {
     // Counted as failed by the trainer, never trained on.
-    await api(`/episodes/${episode.episode_id}/abort`, { reason: String(err).slice(0, 500) });
+    await api(`/episodes/${episode.episode_id}/abort`, { reason: String(err).slice(0, 500) }, episode.api_key);
     continue;
   }
   if (log) appendFileSync(log, JSON.stringify({ episode_id: episode.episode_id, content: answer }) + "\n");
-  const result = await api(`/episodes/${episode.episode_id}/finish`, { metadata: { final_answer: answer } });
+  const result = await api(`/episodes/${episode.episode_id}/finish`, { metadata: { final_answer: answer } },
+                           episode.api_key);
   if (result.status !== 200) throw new Error(`finish: ${result.status} ${JSON.stringify(result.json)}`);
   done += 1;
 }
