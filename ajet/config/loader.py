@@ -15,7 +15,12 @@ from typing import Any
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+from omegaconf.errors import (
+    ConfigKeyError,
+    InterpolationResolutionError,
+    OmegaConfBaseException,
+    ValidationError,
+)
 
 from ajet.config.schema import AjetConfig
 from ajet.config.validate import validate
@@ -65,7 +70,14 @@ def load_config(
         cfg = _merge(cfg, user, source)
     if overrides:
         cfg = _merge(cfg, _parse_overrides(overrides), "command-line overrides")
-    config: AjetConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    try:
+        config: AjetConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    except InterpolationResolutionError as exc:  # ${oc.env:UNSET}, ${a.missing.key}
+        key = getattr(exc, "full_key", None) or "?"
+        reason = str(exc).strip().splitlines()[0]
+        raise ConfigError(f"{key} ({source}): cannot resolve its interpolation: {reason}. Set the environment "
+                          "variable it names (or give ${oc.env:NAME,default}), or point it at an existing key.") from None
+    _remember_env_values(cfg)
     problems = validate(config, require_workflow=require_workflow)
     if problems:
         lines = "\n".join(f"  {key}: {msg}" for key, msg in problems)
@@ -73,8 +85,50 @@ def load_config(
     return config
 
 
+# Settings that are secrets themselves: written as REDACTED wherever a config is shown or saved.
+SECRET_KEYS = ("serve.client_token",)
+REDACTED = "<redacted>"
+# What ${oc.env:...} interpolations resolved to (value -> the interpolation), so that a saved or
+# uploaded config shows `${oc.env:API_TOKEN}`, never the token (`to_yaml`).
+_env_values: dict[str, str] = {}
+
+
+def _remember_env_values(cfg: DictConfig) -> None:
+    raw = OmegaConf.to_container(cfg, resolve=False)
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+
+    def walk(a: Any, b: Any) -> None:
+        if isinstance(a, dict) and isinstance(b, dict):
+            for key in a:
+                walk(a[key], b.get(key))
+        elif isinstance(a, list) and isinstance(b, list):
+            for x, y in zip(a, b, strict=False):
+                walk(x, y)
+        elif isinstance(a, str) and "${oc.env:" in a and isinstance(b, str) and b:
+            _env_values[b] = a
+
+    walk(raw, resolved)
+
+
 def to_yaml(config: AjetConfig) -> str:
-    return OmegaConf.to_yaml(OmegaConf.structured(config))
+    """The config as YAML, as it is shown and saved (RUN/config.yaml, --dry-run, the metrics
+    sinks' copy): the values of `SECRET_KEYS` redacted, and each value that came from an
+    environment variable written as its `${oc.env:...}` interpolation (resolved again where the
+    config is loaded)."""
+    tree = OmegaConf.to_container(OmegaConf.structured(config), resolve=True)
+
+    def redact(node: Any, prefix: str) -> Any:
+        if isinstance(node, dict):
+            return {k: redact(v, f"{prefix}{k}.") for k, v in node.items()}
+        if isinstance(node, list):
+            return [redact(v, prefix) for v in node]
+        if isinstance(node, str) and node:
+            if prefix[:-1] in SECRET_KEYS:
+                return REDACTED
+            return _env_values.get(node, node)
+        return node
+
+    return OmegaConf.to_yaml(OmegaConf.create(redact(tree, "")))
 
 
 def defaults_yaml() -> str:

@@ -72,6 +72,9 @@ def prepare_run_dir(cfg: AjetConfig, *, resume: bool, backbone_checkpoints: str 
     its own checkpoints (they count as an earlier run's, like ajet's `checkpoints/`)."""
     run_dir = run_dir_of(cfg)
     ckpt_root = run_dir / "checkpoints"
+    # Owner-only from here: what the run writes (the config, records of the model's replies,
+    # checkpoints, serve.json with the client token) is 0600, its directories 0700.
+    os.umask(0o077)
     if resume and not run_dir.is_dir():
         raise UserError(
             f"--resume: {run_dir} does not exist, so there is no run to continue. Check project.name / "
@@ -87,6 +90,7 @@ def prepare_run_dir(cfg: AjetConfig, *, resume: bool, backbone_checkpoints: str 
             f"{run_dir} already holds {what} of an earlier run. Pass --resume to continue it, "
             "--fresh to move it aside and start again, or choose another project.name / --exp-dir.")
     run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir.chmod(0o700)  # a run directory made before (an earlier attempt, by hand) too
     keys = resume_keys(cfg)
     if resume and not cfg.project.resume_changed and (changes := resume_changes(run_dir, keys)):
         lines = "\n".join(f"  {key}: {then!r} in the run, {now!r} now" for key, then, now in changes)

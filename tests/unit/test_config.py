@@ -174,3 +174,15 @@ def test_a_project_name_may_have_sub_directories(tmp_path: Path) -> None:
     conf.write_text("model: {path: m}\ntask_reader: {jsonl: {train_path: t.jsonl}}\n")
     (tmp_path / "t.jsonl").write_text('{"task_id": "a", "question": "q"}\n')
     assert load_config(conf, ["project.name=math/run-1_a"], require_workflow=False).project.name == "math/run-1_a"
+
+
+@pytest.mark.parametrize("value, says", [("${oc.env:AJET_SURELY_UNSET_VAR}", "AJET_SURELY_UNSET_VAR"),
+                                          ("${trainer.no_such_key}", "trainer.no_such_key")])
+def test_an_interpolation_that_cannot_resolve_is_a_config_error_naming_key_and_file(
+        tmp_path: Path, value: str, says: str) -> None:
+    """Before (issue 53): OmegaConf's InterpolationResolutionError came out raw."""
+    conf = tmp_path / "c.yaml"
+    conf.write_text(f'model: {{path: "{value}"}}\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(conf, require_workflow=False)
+    assert "model.path" in str(info.value) and str(conf) in str(info.value) and says in str(info.value)

@@ -267,3 +267,37 @@ def test_the_cli_takes_resume_changed(two_calls_conf: Path, tmp_path: Path) -> N
     assert "--resume-changed" in refused.output
     anyway = CliRunner().invoke(app, [*args, "--resume-changed", "trainer.total_steps=2", "trainer.batch_size=3"])
     assert anyway.exit_code == 0, anyway.output
+
+
+def test_a_run_directory_is_owner_only_and_its_config_keeps_secrets_out(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before (issue 53): RUN/config.yaml was world-readable and held serve.client_token and
+    every resolved ${oc.env:...} secret; the same YAML went to wandb/swanlab."""
+    import os
+    import stat
+
+    from ajet.config import load_config, to_yaml
+    from ajet.training.run_dir import prepare_run_dir
+
+    monkeypatch.setenv("AJET_TEST_SECRET", "sk-very-secret-value-123")
+    conf = tmp_path / "c.yaml"
+    (tmp_path / "t.jsonl").write_text('{"task_id": "a", "question": "q"}\n')
+    conf.write_text(f"project: {{name: p, exp_dir: {tmp_path / 'exp'}}}\nmodel: {{path: m}}\n"
+                    "task_reader: {jsonl: {train_path: t.jsonl}, env_service: {base_url: '${oc.env:AJET_TEST_SECRET}'}}\n"
+                    "serve: {client_token: my-client-token-456}\n")
+    old = os.umask(0o022)
+    try:
+        cfg = load_config(conf, require_workflow=False)
+        assert cfg.task_reader.env_service.base_url == "sk-very-secret-value-123"  # the run gets the value
+        run_dir = prepare_run_dir(cfg, resume=False)
+    finally:
+        os.umask(old)
+    saved = (run_dir / "config.yaml").read_text()
+    assert "sk-very-secret-value-123" not in saved and "${oc.env:AJET_TEST_SECRET}" in saved
+    assert "my-client-token-456" not in saved and "client_token: <redacted>" in saved
+    assert to_yaml(cfg) == saved  # what --dry-run prints and the metrics sinks upload
+    assert stat.S_IMODE(run_dir.stat().st_mode) == 0o700
+    assert stat.S_IMODE((run_dir / "config.yaml").stat().st_mode) == 0o600
+    # a run loading the saved config (a GPU backbone's plugin) resolves the variable again
+    assert load_config(run_dir / "config.yaml", require_workflow=False).task_reader.env_service.base_url == (
+        "sk-very-secret-value-123")
