@@ -30,12 +30,11 @@ class ServeConfig:
     # (clients wait while the trainer updates); more lets clients start the next step's groups
     # during an update. Older episodes are dropped and counted (rollout/failed/stale).
     max_staleness: int = bounded(1, Ge(0))
-    # Task metadata keys kept from clients: tickets carry the task without them, while the judge
-    # still scores on the server with the full task. None = the keys the configured judge
-    # compares with (`answer` for math / exact_match / llm and custom judges; composite adds
-    # target_tools / optimal_steps; none for countdown or judge.type=none; see
-    # ajet/judge/private_keys.py); a list replaces that ([] = send the whole metadata).
-    private_metadata_keys: list[str] | None = None
+    # The task metadata keys a client sees. A ticket carries the task's id, query, initial
+    # messages and env type, and of its metadata only these keys (default: none), so no other
+    # column of the data (a reference answer, a solution) reaches a client; the judge still
+    # scores on the server with the full task. E.g. countdown's clients need [numbers, target].
+    public_metadata_keys: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -42,6 +42,10 @@ PATH_LIST_KEYS = ("task_reader.generate.documents",)
 # Keys that were removed because another key does their job: a config that still sets one
 # fails with what to write instead (rather than "unknown key").
 REMOVED_KEYS = {
+    "serve.private_metadata_keys": (
+        "use serve.public_metadata_keys instead: the metadata keys a client sees (default none), "
+        "so that no column of the data reaches a client unless named"
+    ),
     "rollout.forced_call_schema_key": (
         "use rollout.tool_call_grammar instead: 'forced' (the default) decodes a forced call "
         "under the tool's JSON schema, its keys included"

@@ -13,9 +13,10 @@ keep working during an update, and an episode whose oldest call lags more than s
 behind the weights it would train is dropped (`rollout/failed/stale`), never silently mixed.
 Kept episodes carry their versions (`Episode.policy_versions`; `remote/stale_kept` counts them).
 
-The ticket's task omits the metadata keys the judge compares with (`serve.private_metadata_keys`,
-default `ajet.judge.private_keys.private_metadata_keys(judge)`): a client never sees the reference
-answer, while the judge scores on the server with the full task.
+The ticket's task is an allow-list: the task's id, query, initial messages and env type, and of
+its metadata only `serve.public_metadata_keys` (default none): a client never sees a reference
+answer or any other column of the data unless the config names it, while the judge scores on the
+server with the full task.
 
 Tasks come from the reader at the step their group is for, so a curriculum
 (`task_reader.curriculum`) ramps as it does in-process. With dynamic sampling
@@ -132,11 +133,11 @@ class EpisodeBroker:
     def __init__(self, reader: Any, judge: Any, sessions: SessionFactory, rollout: RolloutConfig, *,
                  batch_size: int, total_steps: int, policy_version: Callable[[], int],
                  max_staleness: int = 1, start_step: int = 0, role: str = "default",
-                 private_metadata_keys: Iterable[str] | None = None,
+                 public_metadata_keys: Iterable[str] = (),
                  clock: Callable[[], float] = time.monotonic) -> None:
         """`reader`: the task reader (`next_batch(1)`); `sessions`: opens a tracked session per
         episode (its tuner mints the episode key); `policy_version`: the engine's current version;
-        `private_metadata_keys`: task metadata kept from clients (None: what `judge` compares with)."""
+        `public_metadata_keys`: the task metadata keys a client sees (the rest stays here)."""
         if isinstance(judge, GroupRankJudge):  # `finish` answers with the episode's reward
             raise JudgeError("judge.type=group_rank cannot score episodes of the episode API (each gets its "
                              "reward when it finishes); use a per-episode judge, e.g. judge.type=llm")
@@ -161,11 +162,13 @@ class EpisodeBroker:
         self._counts = dict(finished=0, aborted=0, timed_out=0, dropped_stale=0)
         self._max_running = 0
         self._last_metrics: dict[str, float] = {}
-        self.private_metadata_keys = frozenset(
-            judge_private_keys(judge) if private_metadata_keys is None else private_metadata_keys)
-        if self.private_metadata_keys:
-            log.info("episode API: task metadata %s stays on the server (serve.private_metadata_keys)",
-                     sorted(self.private_metadata_keys))
+        self.public_metadata_keys = frozenset(public_metadata_keys)
+        log.info("episode API: clients see each task's id, query, initial messages and env type, and of its "
+                 "metadata %s (serve.public_metadata_keys); the rest stays on the server",
+                 sorted(self.public_metadata_keys) or "no key")
+        if graded := sorted(self.public_metadata_keys & judge_private_keys(judge)):
+            log.warning("serve.public_metadata_keys shows clients %s, which the judge compares with: a client "
+                        "can score itself (and the policy learn to copy it)", graded)
 
     # ------------------------------------------------------------------ the client side
     async def begin(self) -> EpisodeTicket:
@@ -298,9 +301,10 @@ class EpisodeBroker:
 
     # ------------------------------------------------------------------ internals
     def _public_task(self, task: WorkflowTask) -> dict[str, Any]:
-        """The task as a client sees it: without the private metadata keys."""
-        public = task.model_dump(mode="json")
-        public["metadata"] = {k: v for k, v in public["metadata"].items() if k not in self.private_metadata_keys}
+        """The task as a client sees it: named fields, and only the public metadata keys."""
+        full = task.model_dump(mode="json")
+        public = {key: full[key] for key in ("task_id", "main_query", "init_messages", "env_type")}
+        public["metadata"] = {k: v for k, v in full["metadata"].items() if k in self.public_metadata_keys}
         return public
 
     def _next_group_locked(self) -> _Group:

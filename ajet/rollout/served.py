@@ -47,7 +47,7 @@ class ServedEpisodes:
                 reader, judge, sessions, cfg.rollout, batch_size=cfg.trainer.batch_size,
                 total_steps=cfg.trainer.total_steps, policy_version=lambda: engine.policy_version,
                 max_staleness=cfg.serve.max_staleness, start_step=start_step,
-                private_metadata_keys=cfg.serve.private_metadata_keys)
+                public_metadata_keys=cfg.serve.public_metadata_keys)
             token = attach_episode_api(gateway, broker, cfg.serve.client_token)
             served = cls(broker, gateway, token)
             announce(served.write_info(run_dir, generated=not cfg.serve.client_token))

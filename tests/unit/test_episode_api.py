@@ -100,7 +100,7 @@ def make_server() -> Iterator[Any]:
     started: list[Server] = []
 
     def make(*, n: int = 2, batch_size: int = 1, total_steps: int = 3, max_staleness: int = 0,
-             timeout_s: float = 60.0, private_metadata_keys: list[str] | None = None,
+             timeout_s: float = 60.0, public_metadata_keys: tuple[str, ...] = (),
              dynamic_rounds: int = 0) -> Server:
         gateway = Gateway().start()
         engine = FakeEngine(FakeChat(), lambda prompt: "ok", policy_version=0)
@@ -111,7 +111,7 @@ def make_server() -> Iterator[Any]:
                                batch_size=batch_size,
                                total_steps=total_steps, policy_version=lambda: engine.policy_version,
                                max_staleness=max_staleness, clock=clock,
-                               private_metadata_keys=private_metadata_keys)
+                               public_metadata_keys=public_metadata_keys)
         attach_episode_api(gateway, broker, TOKEN)
         server = Server(gateway, broker, engine, clock, EpisodeClient(gateway.base_url, TOKEN, wait_s=0))
         started.append(server)
@@ -281,10 +281,12 @@ def test_episodes_older_than_max_staleness_are_dropped_and_counted(make_server: 
 
 
 def test_tickets_keep_the_judges_answer_on_the_server(make_server: Any) -> None:
+    """Before (issue 53) only the judge's keys were removed: every other column of the data (a
+    "solution", an "expression") reached the client. Now the ticket is an allow-list."""
     server = make_server(n=1, batch_size=1)
     episode = server.client.begin()
-    assert episode.task["metadata"] == {"topic": "greetings"}  # no "answer": the judge's reference
-    assert server.broker.private_metadata_keys == frozenset({"answer"})
+    assert episode.task == {"task_id": "t1", "main_query": "q1", "init_messages": [], "env_type": "",
+                            "metadata": {}}  # no "answer" (the judge's reference), no "topic"
     # The judge still scores against the full task, answer included.
     judged = server.client.finish(episode.episode_id, metadata={"final_answer": "ok"})
     assert judged["reward"] == 1.0 and judged["is_success"] is True
@@ -292,12 +294,15 @@ def test_tickets_keep_the_judges_answer_on_the_server(make_server: Any) -> None:
     assert result.ok_episodes[0].task.metadata == {"answer": "ok", "topic": "greetings"}
 
 
-def test_serve_private_metadata_keys_overrides_what_the_judge_reads(make_server: Any) -> None:
-    shown_all = make_server(n=1, private_metadata_keys=[]).client.begin()
-    assert shown_all.task["metadata"] == {"answer": "ok", "topic": "greetings"}
-    server = make_server(n=1, private_metadata_keys=["topic"])
+def test_serve_public_metadata_keys_names_what_clients_see(make_server: Any,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    episode = make_server(n=1, public_metadata_keys=("topic",)).client.begin()
+    assert episode.task["metadata"] == {"topic": "greetings"}
+    assert "serve.public_metadata_keys shows clients" not in caplog.text
+    server = make_server(n=1, public_metadata_keys=("answer", "topic"))  # a judge's key: warned
+    assert "shows clients ['answer'], which the judge compares with" in caplog.text
     episode = server.client.begin()
-    assert episode.task["metadata"] == {"answer": "ok"}
+    assert episode.task["metadata"] == {"answer": "ok", "topic": "greetings"}
     assert server.client.finish(episode.episode_id, metadata={"final_answer": "ok"})["reward"] == 1.0
 
 

@@ -39,5 +39,5 @@ def test_a_custom_judge_hides_answer_unless_it_declares_its_keys() -> None:
     assert private_metadata_keys(Declares()) == frozenset({"solution", "tests"})
 
 
-def test_serve_config_defaults_to_the_judges_keys() -> None:
-    assert ServeConfig().private_metadata_keys is None
+def test_serve_config_shows_clients_no_metadata_by_default() -> None:
+    assert ServeConfig().public_metadata_keys == []
