@@ -14,6 +14,7 @@ not given or used too often, division by zero); 0.0 when there is no well-formed
 from __future__ import annotations
 
 import ast
+import math
 import re
 from collections import Counter
 from fractions import Fraction
@@ -45,11 +46,15 @@ def parse_expression(expr: str, max_length: int = 300) -> tuple[ast.expr, list[F
         tree = ast.parse(expr, mode="eval").body
     except SyntaxError as exc:
         raise MalformedExpression(f"not an arithmetic expression: {exc.msg}") from None
+    except (RecursionError, MemoryError, ValueError) as exc:  # nesting too deep; a NUL byte
+        raise MalformedExpression(f"not an arithmetic expression: {type(exc).__name__}") from None
     numbers: list[Fraction] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant):
             if isinstance(node.value, bool) or not isinstance(node.value, (int, float)):
                 raise MalformedExpression(f"only numbers are allowed, got {node.value!r}")
+            if isinstance(node.value, float) and not math.isfinite(node.value):  # 1e999 parses as inf
+                raise MalformedExpression(f"{node.value} is not a finite number")
             numbers.append(Fraction(str(node.value)))
         elif isinstance(node, ast.BinOp):
             if type(node.op) not in _OPS:

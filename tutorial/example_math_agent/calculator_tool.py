@@ -3,11 +3,10 @@ function that runs one tool call. (The AgentScope variant registers `math_agent.
 
 from __future__ import annotations
 
-import ast
 import json
 from typing import Any
 
-from math_agent import _evaluate  # the same ast-safe arithmetic as the AgentScope variant
+from math_agent import arithmetic  # the same ast-safe arithmetic as the AgentScope variant
 
 CALCULATE_TOOL: dict[str, Any] = {
     "type": "function",
@@ -32,9 +31,7 @@ def run_tool_call(tool_call: dict[str, Any]) -> str:
         return f"error: unknown tool {function.get('name')!r}; the only tool is `calculate`"
     try:
         arguments = json.loads(function.get("arguments") or "{}")
-        value = _evaluate(ast.parse(str(arguments["expression"]), mode="eval").body)
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        expression = str(arguments["expression"])
+    except (json.JSONDecodeError, KeyError, TypeError, RecursionError) as exc:
         return f"error: bad arguments ({type(exc).__name__}: {exc}); call calculate(expression=...)"
-    except (SyntaxError, ValueError, ZeroDivisionError) as exc:
-        return f"error: {exc}"
-    return f"{value:g}"
+    return arithmetic(expression)

@@ -20,6 +20,25 @@ SYSTEM_PROMPT = (
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
 
 
+MAX_EXPRESSION_CHARS = 200
+# What a model-written expression can raise beyond a syntax error: a result too large for a
+# float (OverflowError), nesting too deep for the parser or the evaluation (RecursionError,
+# MemoryError). Each is a result the model reads, never a crashed episode.
+CALCULATOR_ERRORS = (SyntaxError, ValueError, ZeroDivisionError, TypeError, OverflowError, RecursionError,
+                     MemoryError)
+
+
+def arithmetic(expression: str) -> str:
+    """The calculator: the value of `expression` (numbers, + - * / and parentheses; no `eval`),
+    or "error: ..." for anything else."""
+    if len(expression) > MAX_EXPRESSION_CHARS:
+        return f"error: the expression is longer than {MAX_EXPRESSION_CHARS} characters"
+    try:
+        return f"{_evaluate(ast.parse(expression, mode='eval').body):g}"
+    except CALCULATOR_ERRORS as exc:
+        return f"error: {type(exc).__name__}: {exc}" if str(exc) else f"error: {type(exc).__name__}"
+
+
 def _evaluate(node: ast.AST) -> float:
     if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
         return node.value
@@ -44,12 +63,7 @@ async def calculate(expression: Expression):  # noqa: ANN201 - AgentScope reads 
     from agentscope.message import TextBlock
     from agentscope.tool import ToolResponse
 
-    try:
-        value = _evaluate(ast.parse(expression, mode="eval").body)
-        text = f"{value:g}"
-    except (SyntaxError, ValueError, ZeroDivisionError, TypeError) as exc:
-        text = f"error: {exc}"
-    return ToolResponse(content=[TextBlock(type="text", text=text)])
+    return ToolResponse(content=[TextBlock(type="text", text=arithmetic(str(expression)))])
 
 
 class MathAgent(Workflow):

@@ -54,10 +54,14 @@ def calculate(expression: str) -> str:
             return -value(node.operand)
         raise ValueError("only numbers and + - * / are allowed")
 
+    if len(expression) > 200:
+        return "error: the expression is longer than 200 characters"
     try:
         return f"{value(ast.parse(expression, mode='eval').body):g}"
-    except (SyntaxError, ValueError, ZeroDivisionError) as exc:
-        return f"error: {exc}"
+    # a result too large for a float, nesting too deep: results the model reads, not a crash
+    except (SyntaxError, ValueError, ZeroDivisionError, TypeError, OverflowError, RecursionError,
+            MemoryError) as exc:
+        return f"error: {type(exc).__name__}: {exc}"
 
 
 def tool_result(call: Any) -> str:
