@@ -31,7 +31,7 @@ def view(
         if not serve:
             return
         try:
-            server = make_server(path.parent, port)
+            server = make_server(path, port)
         except OSError as exc:
             raise SetupError(f"cannot serve on 127.0.0.1:{port} ({exc.strerror}); pass another --port") from None
         typer.echo(f"serving on http://127.0.0.1:{server.server_address[1]}/{path.name} (Ctrl-C stops)")

@@ -14,7 +14,6 @@ import json
 import logging
 import re
 from collections.abc import Iterable, Iterator
-from functools import partial
 from pathlib import Path
 
 from ajet.logging.metrics import read_jsonl
@@ -184,12 +183,37 @@ def write_viewer(run_dir: Path, out: Path | None = None) -> Path:
     return out
 
 
-def make_server(directory: Path, port: int):
-    """An HTTP server for `directory` on 127.0.0.1 (port 0 picks a free one); caller serves it."""
-    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+def make_server(page: Path, port: int):
+    """An HTTP server of the one viewer file `page` on 127.0.0.1 (port 0 picks a free one); the
+    caller serves it. Only `/` and `/<page name>` answer, with the file read at each request:
+    nothing else of the directory it lies in (with `--out ~/v.html`, the home directory) is
+    served. A request whose Host is not this machine's loopback name is refused (403), so a
+    web page that rebinds its own DNS name to 127.0.0.1 cannot read the viewer either."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    class QuietHandler(SimpleHTTPRequestHandler):
+    page = Path(page)
+    server: ThreadingHTTPServer
+
+    class ViewerHandler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (stdlib name)
+            port_now = server.server_address[1]
+            allowed = {f"{name}:{port_now}" for name in ("127.0.0.1", "localhost", "[::1]")}
+            if self.headers.get("Host", "") not in allowed:
+                self._reply(403, b"forbidden: open the viewer at http://127.0.0.1:%d/\n" % port_now, "text/plain")
+            elif self.path.split("?")[0] not in ("/", f"/{page.name}"):
+                self._reply(404, b"not found: this server serves the viewer only\n", "text/plain")
+            else:
+                self._reply(200, page.read_bytes(), "text/html; charset=utf-8")
+
+        def _reply(self, status: int, body: bytes, kind: str) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
         def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (stdlib name)
             logger.debug("%s - %s", self.address_string(), format % args)
 
-    return ThreadingHTTPServer(("127.0.0.1", port), partial(QuietHandler, directory=str(directory)))
+    server = ThreadingHTTPServer(("127.0.0.1", port), ViewerHandler)
+    return server

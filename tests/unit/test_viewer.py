@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -125,15 +126,24 @@ def test_view_reports_bad_run_dirs_without_traceback(tmp_path: Path):
 def test_server_serves_the_viewer(tmp_path: Path):
     run = make_run(tmp_path)
     assert runner.invoke(app, [str(run)]).exit_code == 0
-    server = make_server(run / "viewer", 0)
+    (run / "viewer" / "secret.txt").write_text("not the viewer's")
+    server = make_server(run / "viewer" / "index.html", 0)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
         host, port = server.server_address[:2]
         assert host == "127.0.0.1"
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/index.html", timeout=10) as resp:
-            assert resp.status == 200
-            assert b'id="step-2"' in resp.read()
+        for path in ("/index.html", "/"):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as resp:
+                assert resp.status == 200
+                assert b'id="step-2"' in resp.read()
+        # Before (issue 53) the whole directory holding --out was served, and any Host was answered.
+        for path, headers, status in (("/secret.txt", {}, 404), ("/../config.yaml", {}, 404),
+                                      ("/index.html", {"Host": f"evil.example:{port}"}, 403)):
+            request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers)
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(request, timeout=10)
+            assert refused.value.code == status
     finally:
         server.shutdown()
         server.server_close()
