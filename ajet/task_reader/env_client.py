@@ -12,6 +12,7 @@ import logging
 from typing import Any
 
 import httpx
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ajet.errors import EnvServiceError
 from ajet.retry import asend_with_retries, send_with_retries
@@ -30,6 +31,53 @@ NOT_IDEMPOTENT = frozenset({"/create", "/step"})
 
 def _unreachable(url: str, exc: Exception) -> EnvServiceError:
     return EnvServiceError(f"cannot reach the env service at {url}: {type(exc).__name__}: {exc}. {START_HINT}")
+
+
+class _Shape(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class _TaskIds(_Shape):
+    task_ids: list[str]
+
+
+class _Created(_Shape):
+    instance_id: str
+
+
+class _Stepped(_Shape):
+    observation: Any
+    reward: float = 0.0
+    done: bool
+
+
+class _Evaluated(_Shape):
+    reward: float
+
+
+# What each route must answer (docs/backbones.md, "Environment services").
+_SHAPES: dict[str, type[_Shape]] = {"/list_tasks": _TaskIds, "/create": _Created, "/step": _Stepped,
+                                   "/evaluate": _Evaluated}
+
+
+def _checked(url: str, path: str, result: Any) -> Any:
+    """`result` if it has the fields `path` answers with, else an error naming the service, the
+    field and what was expected (rather than a KeyError deep in a workflow)."""
+    shape = _SHAPES.get(path)
+    if shape is None:
+        return result
+    if not isinstance(result, dict):
+        raise EnvServiceError(f"env service {url} answered {type(result).__name__} {str(result)[:120]!r}; expected "
+                              f"a JSON object with {', '.join(shape.model_fields)}")
+    try:
+        shape.model_validate(result)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = ".".join(str(part) for part in error["loc"]) or "?"
+        got = "missing" if error["type"] == "missing" else f"got {str(error.get('input'))[:80]!r}"
+        raise EnvServiceError(f"env service {url} answered without a valid '{field}' ({got}): {error['msg']}; "
+                              f"{path} must answer {{{', '.join(shape.model_fields)}}}") from None
+    return result
 
 
 def _result(url: str, response: httpx.Response) -> Any:
@@ -71,7 +119,7 @@ class EnvServiceClient:
                                          idempotent=path not in NOT_IDEMPOTENT, max_wait_s=self.retry_s)
         except httpx.TransportError as exc:
             raise _unreachable(url, exc) from exc
-        return _result(url, response)
+        return _checked(url, path, _result(url, response))
 
     def health(self) -> dict:
         return self._call("GET", "/health")
@@ -122,7 +170,7 @@ class AsyncEnvServiceClient:
                                                 max_wait_s=self.retry_s)
         except httpx.TransportError as exc:
             raise _unreachable(url, exc) from exc
-        return _result(url, response)
+        return _checked(url, path, _result(url, response))
 
     async def health(self) -> dict:
         return await self._call("GET", "/health")

@@ -209,3 +209,35 @@ def test_service_without_health_endpoint() -> None:
     with serve(app) as url:
         reader = build_reader(env_cfg(url, env_type="maze"), seed=0)
     assert [t.task_id for t in reader.train_tasks()] == ["maze-train-0", "maze-train-1", "maze-train-2"]
+
+
+@pytest.mark.parametrize("path, answer, says", [
+    ("/create", {"observation": "x"}, "'instance_id' (missing)"),
+    ("/step", {"observation": "o", "reward": "lots", "done": False}, "'reward' (got 'lots')"),
+    ("/step", ["not", "an", "object"], "answered list"),
+    ("/evaluate", {"is_success": True}, "'reward' (missing)"),
+    ("/list_tasks", {"task_ids": "abc"}, "'task_ids'"),
+])
+def test_an_env_service_answer_of_the_wrong_shape_names_the_service_and_the_field(
+        path: str, answer: object, says: str) -> None:
+    """Before (issue 53): a raw KeyError or AttributeError deep in the workflow."""
+    import asyncio
+
+    import httpx
+
+    from ajet.errors import EnvServiceError
+    from ajet.task_reader.env_client import AsyncEnvServiceClient, EnvServiceClient
+
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, json=answer))
+    calls = {"/create": ("create", ("env", "t1")), "/step": ("step", ("i1", "left")),
+             "/evaluate": ("evaluate", ("i1",)), "/list_tasks": ("list_tasks", ("env",))}
+    name, args = calls[path]
+    client = EnvServiceClient("http://env:8080", retry_s=0)
+    client._http = httpx.Client(base_url="http://env:8080", transport=transport)
+    with pytest.raises(EnvServiceError) as info:
+        getattr(client, name)(*args)
+    assert "env service http://env:8080" in str(info.value) and says in str(info.value), str(info.value)
+    aclient = AsyncEnvServiceClient("http://env:8080", retry_s=0)
+    aclient._http = httpx.AsyncClient(base_url="http://env:8080", transport=transport)
+    with pytest.raises(EnvServiceError, match="env service http://env:8080"):
+        asyncio.run(getattr(aclient, name)(*args))
