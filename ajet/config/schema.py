@@ -217,6 +217,10 @@ class RolloutConfig:
     n: int = bounded(4, Ge(1))
     max_concurrency: int = bounded(16, Ge(1))
     episode_timeout_s: float = bounded(300.0, Gt(0))
+    # LLM calls one episode may make: the next is refused (in-process: CallLimitError; through
+    # the gateway: 429 too_many_calls), so an agent stuck in a loop (or a hostile client) cannot
+    # hold the engine. Long-horizon agents (SWE, CLI harnesses) may need more.
+    max_calls_per_episode: int = bounded(256, Ge(1))
     # Retries (with backoff) for infrastructure errors only; a workflow that raises is not retried.
     max_retries: int = bounded(2, Ge(0))
     temperature: float = bounded(1.0, Ge(0))

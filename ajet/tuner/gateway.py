@@ -29,7 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ajet.tuner import openai_compat as wire
 from ajet.tuner.http_guard import BodyGuard
-from ajet.tuner.session import ContextBudgetError, SessionClosedError
+from ajet.tuner.session import CallLimitError, ContextBudgetError, SessionClosedError
 
 if TYPE_CHECKING:  # pragma: no cover
     from ajet.tuner.session import EpisodeSession
@@ -307,6 +307,8 @@ class Gateway:
             )
         except SessionClosedError as err:
             raise _RequestError(401, str(err), "invalid_request_error", "invalid_api_key") from err
+        except CallLimitError as err:
+            raise _RequestError(429, str(err), "invalid_request_error", "too_many_calls") from err
         except ContextBudgetError as err:
             raise _RequestError(
                 400, str(err), "invalid_request_error", "context_length_exceeded"

@@ -55,6 +55,10 @@ class ContextBudgetError(SessionError, ValueError):
     """The prompt alone exceeds the per-call / model-window budget."""
 
 
+class CallLimitError(SessionError):
+    """The episode has made `rollout.max_calls_per_episode` calls; no more are served."""
+
+
 class ChatFormatLike(Protocol):
     """What the session needs from `ajet.engine.chat.ChatFormat`."""
 
@@ -195,6 +199,7 @@ class EpisodeSession:
         self.trainable_targets = set(trainable_targets) if trainable_targets else None
         self.model_max_len = model_max_len
         self.counters = SessionCounters()
+        self._calls_begun = 0  # against rollout.max_calls_per_episode
         self._lock = threading.Lock()
         self._closed = False
         # The policy's adapters by name (per_role: one per trainable role); none on other engines.
@@ -286,6 +291,12 @@ class EpisodeSession:
         stream and no tool call is forced (`ajet.tuner.streaming`).
         """
         self._check_open()
+        self._calls_begun += 1
+        if self._calls_begun > self.rollout.max_calls_per_episode:
+            raise CallLimitError(
+                f"episode {self.episode_id} has made rollout.max_calls_per_episode="
+                f"{self.rollout.max_calls_per_episode} LLM calls; no more are served (raise the setting for "
+                "agents that need more turns, or end the episode)")
         if not isinstance(messages, list) or not messages:
             raise InvalidRequestError("messages must be a non-empty list of message dicts")
         params = resolve_sampling(self.rollout, sampling_overrides)

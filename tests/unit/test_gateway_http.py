@@ -205,3 +205,14 @@ def test_listening_socket_disables_nagle(gateway: Gateway) -> None:
     sock = gateway._socket
     assert sock is not None and sock.proto == socket.IPPROTO_TCP
     assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+
+
+def test_calls_past_max_calls_per_episode_are_429_naming_the_setting(gateway: Gateway) -> None:
+    from ajet.config.schema import RolloutConfig
+
+    session, engine, _, _ = make_session(lambda prompt: "ok", rollout=RolloutConfig(max_calls_per_episode=2))
+    key = gateway.register(session, "default")
+    assert [post(gateway, key=key).status_code for _ in range(2)] == [200, 200]
+    error = assert_openai_error(post(gateway, key=key), 429, "too_many_calls")
+    assert "rollout.max_calls_per_episode=2" in error["message"] and len(engine.seen) == 2
+    assert gateway.running  # the process stays up

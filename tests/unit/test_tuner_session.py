@@ -309,3 +309,16 @@ def test_a_forced_call_the_model_leaves_open_in_a_string_is_closed() -> None:
     assert chat.decode(call.prompt_ids).endswith('"arguments": {')
     assert [json.loads(c["function"]["arguments"]) for c in result.message["tool_calls"]] == [{"expression": "12 * 3"}]
     assert not result.malformed_tool_call
+
+
+def test_an_episode_gets_at_most_max_calls_per_episode_calls() -> None:
+    """Before (issue 53) an agent in a loop, or a hostile client with one episode key, could
+    call the engine without end. Through the gateway the refusal is a 429 naming the setting."""
+    from ajet.tuner.session import CallLimitError
+
+    session, engine, tracker, _ = make_session(lambda prompt: "again", rollout=RolloutConfig(max_calls_per_episode=3))
+    for _ in range(3):
+        asyncio.run(session.chat("default", USER))
+    with pytest.raises(CallLimitError, match=r"rollout.max_calls_per_episode=3"):
+        asyncio.run(session.chat("default", USER))
+    assert len(tracker.calls) == 3 and len(engine.seen) == 3  # the refused call never reached the engine
