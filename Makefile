@@ -17,7 +17,7 @@ TEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 BENCH_ARGS ?=
 
-.PHONY: install demo test test-main test-fast bench bench-learning lint browser env-trinity env-verl test-trinity test-verl clean
+.PHONY: install demo test test-main test-fast bench bench-learning fuzz lint browser env-trinity env-verl test-trinity test-verl clean
 
 # uv installs the packages (a fresh install: ~40 s, against ~90 s with pip). torch 2.13.0 is the
 # CPU build that lies on these machines' disk: uv takes that file when it is there, else pip
@@ -84,6 +84,10 @@ bench: install
 bench-learning: install
 	$(BENCH_INSTALL)
 	$(PY) scripts/bench_learning.py $(BENCH_ARGS)
+
+# The fuzzing run of tests/integration/test_fuzz_serve.py, longer than CI's (30 examples a route).
+fuzz: install
+	AJET_FUZZ_EXAMPLES=500 $(PY) -m pytest -p no:xdist -s tests/integration/test_fuzz_serve.py
 
 lint: install
 	$(VENV)/bin/ruff check ajet tests scripts tutorial
