@@ -82,6 +82,8 @@ def load_config(
         raise ConfigError(f"{key} ({source}): cannot resolve its interpolation: {reason}. Set the environment "
                           "variable it names (or give ${oc.env:NAME,default}), or point it at an existing key.") from None
     _remember_env_values(cfg)
+    if config.trainer.deterministic and config.rollout.seed is None:
+        config.rollout.seed = config.project.seed  # every call samples with a seed of its own
     problems = validate(config, require_workflow=require_workflow)
     if problems:
         lines = "\n".join(f"  {key}: {msg}" for key, msg in problems)

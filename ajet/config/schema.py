@@ -221,6 +221,10 @@ class RolloutConfig:
     # the gateway: 429 too_many_calls), so an agent stuck in a loop (or a hostile client) cannot
     # hold the engine. Long-horizon agents (SWE, CLI harnesses) may need more.
     max_calls_per_episode: int = bounded(256, Ge(1))
+    # Reproducible sampling: a call that names no seed samples with one derived from this, its
+    # episode id and its index in the episode, so a rerun (or a resumed run) draws the same tokens
+    # where the batch it decodes in is the same too (rollout.max_concurrency=1). null = random.
+    seed: int | None = None
     # Retries (with backoff) for infrastructure errors only; a workflow that raises is not retried.
     max_retries: int = bounded(2, Ge(0))
     temperature: float = bounded(1.0, Ge(0))
@@ -414,6 +418,11 @@ class PipelineConfig:
 @dataclass
 class TrainerConfig:
     total_steps: int = bounded(10, Ge(1))
+    # A run that is killed and resumed ends with the weights of an uninterrupted run (bitwise on
+    # the debug backbone, measured): every call samples with a seed from rollout.seed (set to
+    # project.seed when null), one request at a time (needs rollout.max_concurrency=1) and no
+    # overlap (rollout.max_staleness=0). Slower: episodes do not share decode batches.
+    deterministic: bool = False
     # Tasks per step; each is rolled out rollout.n times.
     batch_size: int = bounded(4, Ge(1))
     lr: float = bounded(1e-5, Gt(0))

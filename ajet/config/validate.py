@@ -41,6 +41,12 @@ def validate(cfg: AjetConfig, *, require_workflow: bool = True) -> list[tuple[st
             problems.append((key, msg))
 
     need(bool(cfg.model.path), "model.path", "empty; use 'smollm2-135m-instruct' or a local checkpoint dir")
+    if cfg.trainer.deterministic:
+        need(cfg.rollout.max_concurrency == 1, "rollout.max_concurrency",
+             f"={cfg.rollout.max_concurrency} with trainer.deterministic: episodes decoded in shared batches "
+             "give float results that depend on the batch (a resumed run differed by 5e-4); set it to 1")
+        need(cfg.rollout.max_staleness == 0, "rollout.max_staleness",
+             "> 0 with trainer.deterministic: the overlap makes what a step trains on depend on timing; set it to 0")
     if (problem := project_name_problem(cfg.project.name)) is not None:
         problems.append(("project.name", problem))
     need(cfg.trainer.save_final_model or cfg.trainer.save_last_checkpoint, "trainer.save_last_checkpoint",

@@ -15,6 +15,7 @@ the role's own LoRA adapter when it is trainable and the engine has one by its n
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import threading
 from collections.abc import Callable
@@ -154,6 +155,13 @@ def resolve_sampling(rollout: RolloutConfig, overrides: dict[str, Any]) -> Sampl
     # recomputes them at, even when a request samples at its own temperature.
     params.logprob_temperature = policy_temperature(rollout.temperature)
     return params
+
+
+def call_seed(seed: int, episode_id: str, call: int) -> int:
+    """The sampling seed of call `call` of `episode_id` under `rollout.seed` (stable across
+    processes, unlike hash())."""
+    digest = hashlib.sha256(f"{seed}/{episode_id}/{call}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
 
 
 def _number(name: str, value: Any, low: float, high: float, *, integer: bool = False) -> float:
@@ -300,6 +308,8 @@ class EpisodeSession:
         if not isinstance(messages, list) or not messages:
             raise InvalidRequestError("messages must be a non-empty list of message dicts")
         params = resolve_sampling(self.rollout, sampling_overrides)
+        if params.seed is None and self.rollout.seed is not None:
+            params.seed = call_seed(self.rollout.seed, self.episode_id, self._calls_begun)
         tools = tools or None
         tool_choice = self._first_call_tool_choice(role, tools, tool_choice)
 

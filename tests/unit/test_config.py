@@ -186,3 +186,15 @@ def test_an_interpolation_that_cannot_resolve_is_a_config_error_naming_key_and_f
     with pytest.raises(ConfigError) as info:
         load_config(conf, require_workflow=False)
     assert "model.path" in str(info.value) and str(conf) in str(info.value) and says in str(info.value)
+
+
+def test_deterministic_needs_one_request_at_a_time_and_no_overlap_and_seeds_every_call(tmp_path: Path) -> None:
+    conf = tmp_path / "c.yaml"
+    conf.write_text("model: {path: m}\ntask_reader: {jsonl: {train_path: t.jsonl}}\n")
+    (tmp_path / "t.jsonl").write_text('{"task_id": "a", "question": "q"}\n')
+    with pytest.raises(ConfigError, match=r"rollout.max_concurrency.*trainer.deterministic"):
+        load_config(conf, ["trainer.deterministic=true"], require_workflow=False)
+    cfg = load_config(conf, ["trainer.deterministic=true", "rollout.max_concurrency=1", "project.seed=7"],
+                      require_workflow=False)
+    assert cfg.rollout.seed == 7
+    assert load_config(conf, require_workflow=False).rollout.seed is None
