@@ -27,7 +27,7 @@ from ajet.cli.common import (
     fresh_start,
     user_errors,
 )
-from ajet.config import load_config
+from ajet.config import load_config, to_yaml
 from ajet.config.schema import RL_ALGORITHMS
 from ajet.errors import UserError
 from ajet.logging.setup import configure_logging
@@ -56,6 +56,9 @@ def serve(
     resume_changed: ResumeChanged = False,
     fresh: Fresh = False,
     quiet: Quiet = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help=(
+        "Print the resolved config and what clients see of a task (and what stays on the server), "
+        "then exit."))] = False,
 ) -> None:
     with user_errors():
         resume = resume or resume_changed
@@ -63,6 +66,10 @@ def serve(
                                  logging__quiet=quiet, project__resume_changed=resume_changed)
         cfg = load_config(conf, extra, require_workflow=False)
         _check(cfg)
+        if dry_run:
+            typer.echo(to_yaml(cfg), nl=False)
+            typer.echo("".join(f"# {line}\n" for line in task_visibility(cfg)), nl=False)
+            return
         from ajet.rl.recipe import train  # imports torch: not for --help
         from ajet.rollout.remote import RemoteWorkflow  # imports agentscope: not for --help
 
@@ -82,6 +89,19 @@ def served_episodes(recipe: Any) -> Any:
         recipe.cfg, engine=recipe.rollout.engine, chat=recipe.rollout.chat, reader=recipe.reader,
         judge=recipe.judge, model_max_len=recipe.window, run_dir=recipe.run_dir, start_step=recipe.loop.step,
         announce=lambda text: typer.echo(text, err=True))
+
+
+def task_visibility(cfg: Any) -> list[str]:
+    """What a client sees of the train tasks, and which of their metadata keys stay private."""
+    from ajet.task_reader.build import build_reader
+
+    tasks = build_reader(cfg.task_reader, seed=cfg.project.seed).train_tasks()
+    keys = sorted({key for task in tasks for key in task.metadata})
+    public = [k for k in keys if k in cfg.serve.public_metadata_keys]
+    return [f"clients see: task_id, main_query, init_messages, env_type, metadata {public or 'none'} "
+            "(serve.public_metadata_keys)",
+            f"stays on the server: metadata {[k for k in keys if k not in public] or 'none'} "
+            f"(of {len(tasks)} train tasks)"]
 
 
 def _check(cfg: Any) -> None:

@@ -51,3 +51,17 @@ def test_the_trainers_own_overlap_is_refused_naming_serve_max_staleness(tmp_path
                                            "rollout.engine_dtype=float16", "algorithm.tis_cap=2"])
     assert result.exit_code == 2
     assert "rollout.max_staleness=0" in result.output and "serve.max_staleness" in result.output
+
+
+def test_dry_run_says_which_task_metadata_keys_clients_see_and_which_stay_private(tmp_path: Path) -> None:
+    conf = _conf(tmp_path)
+    (tmp_path / "tasks.jsonl").write_text(json.dumps({"task_id": "a", "question": "1 + 1?", "answer": "2",
+                                                      "expression": "1 + 1", "topic": "sums"}) + "\n")
+    result = runner.invoke(serve_cmd.app, ["--conf", str(conf), "--dry-run", "--exp-dir", str(tmp_path / "exp"),
+                                           "task_reader.type=jsonl",
+                                           f"task_reader.jsonl.train_path={tmp_path / 'tasks.jsonl'}",
+                                           "serve.public_metadata_keys=[topic]"])
+    assert result.exit_code == 0, result.output
+    assert "# clients see: task_id, main_query, init_messages, env_type, metadata ['topic']" in result.output
+    assert "# stays on the server: metadata ['answer', 'expression']" in result.output
+    assert not (tmp_path / "exp").exists()  # a dry run writes nothing
