@@ -221,6 +221,10 @@ class RolloutConfig:
     # the gateway: 429 too_many_calls), so an agent stuck in a loop (or a hostile client) cannot
     # hold the engine. Long-horizon agents (SWE, CLI harnesses) may need more.
     max_calls_per_episode: int = bounded(256, Ge(1))
+    # LLM calls that may wait for a slot in the engine's batch (beyond rollout.max_concurrency
+    # running); past it a call is refused at once (in-process: EngineBusy; through the gateway:
+    # 429 engine_busy), so a flood of clients cannot grow the queue without bound. 0 = no cap.
+    max_waiting_requests: int = bounded(1024, Ge(0))
     # Reproducible sampling: a call that names no seed samples with one derived from this, its
     # episode id and its index in the episode, so a rerun (or a resumed run) draws the same tokens
     # where the batch it decodes in is the same too (rollout.max_concurrency=1). null = random.

@@ -54,6 +54,7 @@ from ajet.engine.grammar import GrammarRuntime
 from ajet.engine.prefill import PrefixReuse, jump_forced_runs, prefill_requests
 from ajet.engine.requests import (
     POLICY,
+    EngineBusyError,
     EngineClosedError,
     PromptTooLongError,
     Request,
@@ -87,6 +88,7 @@ class LocalEngine:
         tokenizer: Any,
         *,
         max_batch_size: int = 32,
+        max_waiting: int = 0,
         max_model_len: int | None = None,
         eos_token_ids: Iterable[int] | None = None,
         prefix_cache_tokens: int = 0,
@@ -103,13 +105,16 @@ class LocalEngine:
         `initial_model`: a checkpoint directory that the default model "initial" names instead
         of this model's own initial weights (a pipeline stage after training: ajet.pipeline).
         `fused_decode`: decode steps of a plain Llama or Qwen2 model run the written-out step
-        (ajet/engine/fused_decode.py) instead of the HF forward; False only to compare."""
+        (ajet/engine/fused_decode.py) instead of the HF forward; False only to compare.
+        `max_waiting`: requests waiting for a batch slot beyond which `generate` refuses with
+        `EngineBusyError` (0: no cap)."""
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size={max_batch_size}: must be >= 1")
         self.model = model
         self.model.eval()
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
+        self.max_waiting = max_waiting
         self.jump_forward = jump_forward
         config = model.config
         self.max_model_len = int(
@@ -186,6 +191,9 @@ class LocalEngine:
         with self._cv:
             if self._closed:
                 raise EngineClosedError("the engine is closed; create a new LocalEngine")
+            if self.max_waiting and len(self._pending) >= self.max_waiting:
+                raise EngineBusyError(f"{len(self._pending)} requests are waiting for the engine "
+                                      f"(rollout.max_waiting_requests={self.max_waiting}); retry later")
             self._pending.append(request)
             self._cv.notify_all()
         try:

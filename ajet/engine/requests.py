@@ -23,6 +23,11 @@ class EngineClosedError(RuntimeError):
     """The engine was closed before (or while) serving the request."""
 
 
+class EngineBusyError(RuntimeError):
+    """The engine's waiting queue is full (`rollout.max_waiting_requests`): the request is refused
+    at once rather than queued without bound."""
+
+
 POLICY = "policy"  # the unit of the trainer's model and its LoRA adapters
 
 

@@ -53,6 +53,7 @@ class LocalRollout:
                  record: bool = False, fixed_weights: bool = False) -> None:
         rollout = rollout or cfg.rollout
         self.engine = LocalEngine(model, tokenizer, max_batch_size=max(1, rollout.max_concurrency),
+                                  max_waiting=rollout.max_waiting_requests,
                                   max_model_len=model_max_len, prefix_cache_tokens=rollout.prefix_cache_tokens,
                                   dtype=rollout.engine_dtype.value, fixed_weights=fixed_weights,
                                   initial_model=initial_model_dir(cfg))

@@ -29,7 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ajet.tuner import openai_compat as wire
 from ajet.tuner.http_guard import BodyGuard
-from ajet.tuner.session import CallLimitError, ContextBudgetError, SessionClosedError
+from ajet.tuner.session import CallLimitError, ContextBudgetError, EngineBusy, SessionClosedError
 
 if TYPE_CHECKING:  # pragma: no cover
     from ajet.tuner.session import EpisodeSession
@@ -309,6 +309,8 @@ class Gateway:
             raise _RequestError(401, str(err), "invalid_request_error", "invalid_api_key") from err
         except CallLimitError as err:
             raise _RequestError(429, str(err), "invalid_request_error", "too_many_calls") from err
+        except EngineBusy as err:
+            raise _RequestError(429, str(err), "rate_limit_error", "engine_busy") from err
         except ContextBudgetError as err:
             raise _RequestError(
                 400, str(err), "invalid_request_error", "context_length_exceeded"

@@ -28,6 +28,7 @@ from ajet.context.types import LLMCall
 from ajet.engine.base import Completion, InferenceEngine, SamplingParams
 from ajet.engine.chat import chosen_function, tool_choice_prefix
 from ajet.engine.grammar import json_grammar, tool_call_grammar
+from ajet.engine.requests import EngineBusyError
 from ajet.engine.sampling import policy_temperature
 from ajet.errors import InfrastructureError
 from ajet.faults import fault_point
@@ -58,6 +59,10 @@ class ContextBudgetError(SessionError, ValueError):
 
 class CallLimitError(SessionError):
     """The episode has made `rollout.max_calls_per_episode` calls; no more are served."""
+
+
+class EngineBusy(SessionError):
+    """The engine's waiting queue is full (`rollout.max_waiting_requests`); retry later."""
 
 
 class ChatFormatLike(Protocol):
@@ -341,6 +346,9 @@ class EpisodeSession:
         except ValueError:  # the engine rejected this request (e.g. prompt too long)
             self._count_failure()
             raise
+        except EngineBusyError as err:
+            self._count_failure()
+            raise EngineBusy(str(err)) from err
         except Exception as err:  # noqa: BLE001 - re-raised as an infrastructure failure
             self._count_failure()
             raise InfrastructureError(

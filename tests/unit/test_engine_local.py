@@ -460,3 +460,23 @@ def test_on_token_streams_every_token_before_the_result(engine, peaky):
     assert seen_at_result == [len(completion.token_ids)]  # all tokens arrived before the result
     with pytest.raises(ValueError, match="on_token streams one completion"):
         asyncio.run(engine.generate(prompt_a, SamplingParams(n=2, max_tokens=2), on_token=print))
+
+
+def test_a_full_waiting_queue_refuses_at_once_naming_the_setting(peaky) -> None:
+    """Before (issue 53) the engine queued every request: a flood of clients grew it without bound."""
+    from ajet.engine.local import LocalEngine
+    from ajet.engine.requests import EngineBusyError
+
+    model, tokenizer = peaky
+    prompt = prompts(tokenizer, 1)[0]
+
+    async def flood(eng: LocalEngine) -> list:
+        calls = [eng.generate(prompt, SamplingParams(temperature=0, max_tokens=30)) for _ in range(6)]
+        return await asyncio.gather(*calls, return_exceptions=True)
+
+    with LocalEngine(model, tokenizer, max_batch_size=1, max_waiting=2) as eng:
+        results = asyncio.run(flood(eng))
+    busy = [r for r in results if isinstance(r, EngineBusyError)]
+    served = [r for r in results if isinstance(r, list)]
+    assert len(busy) + len(served) == 6 and 1 <= len(busy) <= 4 and len(served) >= 2
+    assert "rollout.max_waiting_requests=2" in str(busy[0])

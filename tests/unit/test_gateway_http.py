@@ -216,3 +216,17 @@ def test_calls_past_max_calls_per_episode_are_429_naming_the_setting(gateway: Ga
     error = assert_openai_error(post(gateway, key=key), 429, "too_many_calls")
     assert "rollout.max_calls_per_episode=2" in error["message"] and len(engine.seen) == 2
     assert gateway.running  # the process stays up
+
+
+def test_a_full_engine_queue_is_429_engine_busy(gateway: Gateway) -> None:
+    from ajet.engine.requests import EngineBusyError
+
+    session, engine, _, _ = make_session(["never"])
+
+    async def busy(*args: object, **kwargs: object) -> None:
+        raise EngineBusyError("9 requests are waiting for the engine (rollout.max_waiting_requests=9); retry later")
+
+    engine.generate = busy
+    key = gateway.register(session, "default")
+    error = assert_openai_error(post(gateway, key=key), 429, "engine_busy")
+    assert "rollout.max_waiting_requests=9" in error["message"]
