@@ -91,11 +91,22 @@ def load_config(
     return config
 
 
+def _read_secret_file(path: str) -> str:
+    """`${file:PATH}`: the file's text, stripped (a token kept in a file, e.g. one only its owner
+    reads, instead of on the command line or in the YAML)."""
+    try:
+        return Path(path).expanduser().read_text().strip()
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
+
+
+OmegaConf.register_new_resolver("file", _read_secret_file, replace=True)
+
 # Settings that are secrets themselves: written as REDACTED wherever a config is shown or saved.
 SECRET_KEYS = ("serve.client_token",)
 REDACTED = "<redacted>"
-# What ${oc.env:...} interpolations resolved to (value -> the interpolation), so that a saved or
-# uploaded config shows `${oc.env:API_TOKEN}`, never the token (`to_yaml`).
+# What ${oc.env:...} and ${file:...} interpolations resolved to (value -> the interpolation), so
+# that a saved or uploaded config shows `${oc.env:API_TOKEN}`, never the token (`to_yaml`).
 _env_values: dict[str, str] = {}
 
 
@@ -110,7 +121,7 @@ def _remember_env_values(cfg: DictConfig) -> None:
         elif isinstance(a, list) and isinstance(b, list):
             for x, y in zip(a, b, strict=False):
                 walk(x, y)
-        elif isinstance(a, str) and "${oc.env:" in a and isinstance(b, str) and b:
+        elif isinstance(a, str) and ("${oc.env:" in a or "${file:" in a) and isinstance(b, str) and b:
             _env_values[b] = a
 
     walk(raw, resolved)

@@ -301,3 +301,20 @@ def test_a_run_directory_is_owner_only_and_its_config_keeps_secrets_out(
     # a run loading the saved config (a GPU backbone's plugin) resolves the variable again
     assert load_config(run_dir / "config.yaml", require_workflow=False).task_reader.env_service.base_url == (
         "sk-very-secret-value-123")
+
+
+def test_a_token_can_come_from_a_file_and_stays_out_of_saved_configs(tmp_path: Path) -> None:
+    from ajet.config import ConfigError, load_config, to_yaml
+
+    (tmp_path / "token").write_text("file-held-token-789\n")
+    (tmp_path / "t.jsonl").write_text('{"task_id": "a", "question": "q"}\n')
+    conf = tmp_path / "c.yaml"
+    conf.write_text(f"model: {{path: m}}\ntask_reader: {{jsonl: {{train_path: t.jsonl}}}}\n"
+                    f"judge: {{params: {{note: '${{file:{tmp_path / 'token'}}}'}}}}\n")
+    cfg = load_config(conf, require_workflow=False)
+    assert cfg.judge.params["note"] == "file-held-token-789"
+    assert "file-held-token-789" not in to_yaml(cfg) and "${file:" in to_yaml(cfg)
+    conf.write_text("model: {path: m}\ntask_reader: {jsonl: {train_path: t.jsonl}}\n"
+                    "serve: {client_token: '${file:/nonexistent/token}'}\n")
+    with pytest.raises(ConfigError, match=r"serve.client_token.*cannot read /nonexistent/token"):
+        load_config(conf, require_workflow=False)
