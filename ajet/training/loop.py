@@ -1,13 +1,20 @@
 """The step loop every recipe shares: metrics, progress, LR schedule, checkpoints, final model.
 
-A recipe builds its model, optimizer and schedule, hands them over with `attach`, then calls
-`run(train_step, validate=..., validate_at=...)`. Per step the loop: trains the step, advances
-the LR schedule once (the documented event: one training step, see `ajet.training.optim`),
-logs the metrics, watches them for signs that the run is not learning
-(`ajet.logging.learning_signs`: a warning the first time each holds), updates the progress
-display, validates when asked, checkpoints every `trainer.save_every` steps and after the first step
-that ends `trainer.save_every_minutes` after the last checkpoint, exports the model
-at `trainer.export_at_minutes` of wall time and stops early at `trainer.max_minutes`. At the
+A recipe builds its model, optimizer and schedule, hands them over with `attach`, then shows
+its own loop:
+
+    with loop.steps(validate=..., validate_at=...) as steps:
+        for step in steps:
+            metrics = ...                      # roll out, update: the recipe's step
+            loop.commit(metrics)
+
+`commit` ends the step: it advances the LR schedule once (the documented event: one training
+step, see `ajet.training.optim`), logs the metrics, watches them for signs that the run is not
+learning (`ajet.logging.learning_signs`: a warning the first time each holds) and updates the
+progress display. Between steps the loop validates when asked, checkpoints every
+`trainer.save_every` steps and after the first step that ends `trainer.save_every_minutes` after
+the last checkpoint, exports the model at `trainer.export_at_minutes` of wall time and stops
+early at `trainer.max_minutes`. At the
 end: a last checkpoint (unless `trainer.save_last_checkpoint` is false) and `RUN/final_model`.
 
 A run that stops early (Ctrl-C, an error: a diverged update, every episode failing, a judge
