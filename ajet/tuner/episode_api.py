@@ -24,7 +24,7 @@ import secrets
 from typing import TYPE_CHECKING, Annotated, Any, Protocol
 
 from fastapi import APIRouter, Depends, Header, Request
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security import HTTPBearer
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 from starlette.exceptions import HTTPException
 
@@ -160,23 +160,15 @@ class EpisodeSource(Protocol):
 EpisodeKey = Annotated[str, Header(alias="X-Episode-Key", description="the episode's api_key (from its ticket)")]
 
 
-def episode_router(source: EpisodeSource, token: str, *, max_body_bytes: int) -> Any:
+def episode_router(source: EpisodeSource) -> Any:
     """The FastAPI router of the episode API, guarded by the client `token`."""
     bearer = HTTPBearer(auto_error=False, scheme_name="client_token",
                         description="the server's client token (not a per-episode api_key)")
 
-    def authorized(request: Request,
-                   credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
-        declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > max_body_bytes:
-            raise _http(413, f"request body exceeds {max_body_bytes} bytes", "request_too_large")
-        given = credentials.credentials.strip() if credentials is not None else ""
-        if not given or not secrets.compare_digest(given.encode(), token.encode()):
-            raise _http(401, "missing or wrong client token: send 'Authorization: Bearer <token>' with the "
-                        "server's client token (episode api_keys are for model calls only)", "invalid_client_token",
-                        {"WWW-Authenticate": "Bearer"})
-
-    router = APIRouter(prefix="/v1", tags=["episodes"], dependencies=[Depends(authorized)])
+    # The token and the body cap are checked in front of the app, before a body is read
+    # (`ajet.tuner.http_guard`, set up by `attach_episode_api`); the dependency declares the
+    # scheme for /docs.
+    router = APIRouter(prefix="/v1", tags=["episodes"], dependencies=[Depends(bearer)])
     errors: dict[int | str, dict[str, Any]] = {401: {"description": "missing or wrong client token"}}
 
     @router.post("/episodes", response_model=EpisodeTicket, responses={
@@ -232,7 +224,7 @@ def attach_episode_api(gateway: Gateway, source: EpisodeSource, token: str | Non
     (`token`, or a new random one when None or empty)."""
     token = token or secrets.token_urlsafe(24)
     gateway.require_client_token(token)
-    gateway.include_router(episode_router(source, token, max_body_bytes=gateway.max_body_bytes))
+    gateway.include_router(episode_router(source))
     if gateway.running:
         log.info("episode API on %s/episodes (docs at %s/docs)", gateway.base_url,
                  gateway.base_url.removesuffix("/v1"))

@@ -256,23 +256,9 @@ class Gateway:
         return app
 
     async def _read_json(self, request: Request) -> wire.ChatCompletionRequest:
-        too_big = _RequestError(
-            413,
-            f"request body exceeds {self.max_body_bytes} bytes",
-            "invalid_request_error",
-            "request_too_large",
-        )
-        declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > self.max_body_bytes:
-            raise too_big
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > self.max_body_bytes:
-                raise too_big
-            chunks.append(chunk)
+        # The body arrives capped at max_body_bytes (`BodyGuard`, in front of the app).
         try:
-            payload = json.loads(b"".join(chunks))
+            payload = json.loads(await request.body())
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise _RequestError(
                 400, f"request body is not valid JSON: {err}", "invalid_request_error"
