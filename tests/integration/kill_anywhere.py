@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ajet.faults import PHASES
+from ajet.launcher import free_port
 from tests.integration.test_debug_backbone import make_run
 
 TOTAL_STEPS = 12  # 3 epochs: room for every phase's stop, each a step or two after the last
@@ -116,14 +117,6 @@ def stop_at_every_phase_and_resume(tmp_path: Path, tiny_model_dir: Path, mode: s
     assert (run / "final_model" / "config.json").is_file()
     updates = updates_logged(run, TOTAL_STEPS)
     assert optimizer_steps(run / "checkpoints" / f"step_{TOTAL_STEPS:06d}") == updates > 0
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Clients:

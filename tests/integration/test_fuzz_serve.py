@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.kill_anywhere import free_port
+from ajet.launcher import free_port
 from tests.integration.test_debug_backbone import make_run
 
 pytestmark = pytest.mark.integration

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ import httpx
 import pytest
 
 from ajet.config.schema import EnvServiceReaderConfig, ReaderType, TaskReaderConfig
+from ajet.launcher import free_port
 from ajet.task_reader import (
     AsyncEnvServiceClient,
     EnvServiceClient,
@@ -22,12 +22,6 @@ from ajet.task_reader import (
 )
 from ajet.task_reader.env_server import serve_in_thread as serve
 from ajet.task_reader.kv_env import make_task
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
