@@ -66,18 +66,24 @@ class EpisodeClient:
         configured judge to score. Returns {episode_id, status, reward, role_rewards, is_success, reason, detail}."""
         body = {"reward": reward, "is_success": is_success, "metadata": metadata or {},
                 "log_metrics": log_metrics or {}}
-        return self._json(self._http.post(f"/v1/episodes/{episode_id}/finish", json=body,
-                                          headers=self._episode_key(episode_id)))
+        return self._ended(episode_id, self._http.post(f"/v1/episodes/{episode_id}/finish", json=body,
+                                                       headers=self._episode_key(episode_id)))
 
     def abort(self, episode_id: str, reason: str = "") -> dict:
         """Give the episode up: counted as failed, never trained on."""
-        return self._json(self._http.post(f"/v1/episodes/{episode_id}/abort", json={"reason": reason},
-                                          headers=self._episode_key(episode_id)))
+        return self._ended(episode_id, self._http.post(f"/v1/episodes/{episode_id}/abort", json={"reason": reason},
+                                                       headers=self._episode_key(episode_id)))
 
     def _episode_key(self, episode_id: str) -> dict[str, str]:
-        """Only the client that began an episode may end it: its api_key goes along (and is
-        forgotten, as the server forgets it)."""
-        return {"X-Episode-Key": self._keys.pop(episode_id, "")}
+        """Only the client that began an episode may end it: its api_key goes along."""
+        return {"X-Episode-Key": self._keys.get(episode_id, "")}
+
+    def _ended(self, episode_id: str, response: httpx.Response) -> dict:
+        """The answer to finish/abort; the key is forgotten once the episode has ended (a request
+        that failed on the way, e.g. a 503 or a dropped connection, can be sent again with it)."""
+        result = self._json(response)
+        self._keys.pop(episode_id, None)
+        return result
 
     def status(self) -> dict:
         """step, policy_version, episode counts, last_metrics."""

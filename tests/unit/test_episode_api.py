@@ -381,3 +381,26 @@ def test_clients_wait_while_a_running_group_may_still_be_replaced(make_server: A
     for episode in refill:
         server.client.finish(episode.episode_id, 0.0)
     assert server.client.begin() is None  # the chain is at max_rounds: nothing can replace it, 410
+
+
+def test_a_finish_that_failed_on_the_way_can_be_sent_again_with_the_episodes_key() -> None:
+    """The client keeps an episode's key until the episode has ended: a retried finish after a
+    503 (or a dropped connection) still shows it."""
+    seen: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/episodes":
+            return httpx.Response(200, json={"episode_id": "t1-e0", "task": {}, "base_url": "http://x/v1",
+                                             "api_key": "k-123", "model": "policy"})
+        seen.append(request.headers.get("x-episode-key", ""))
+        if len(seen) == 1:
+            return httpx.Response(503, json={"error": {"message": "busy", "type": "server_error", "code": None}})
+        return httpx.Response(200, json={"episode_id": "t1-e0", "status": "ok", "reward": 1.0})
+
+    client = EpisodeClient("http://server", TOKEN)
+    client._http = httpx.Client(base_url="http://server", transport=httpx.MockTransport(answer))
+    episode = client.begin()
+    with pytest.raises(EpisodeAPIError):
+        client.finish(episode.episode_id, 1.0)
+    assert client.finish(episode.episode_id, 1.0)["status"] == "ok"
+    assert seen == ["k-123", "k-123"] and client._keys == {}
