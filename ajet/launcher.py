@@ -14,6 +14,9 @@
   (`ray.init`, no dashboard) and shuts it down on exit if it started it; `ray="head"`
   runs `ray start --head --block` as a child (for trainers started as separate processes,
   which find it through RAY_ADDRESS) unless `ray_address` names a cluster to join.
+  A Ray that the launcher starts listens on `ray_node_ip` only (`ray.node_ip`, default
+  127.0.0.1): Ray runs any code sent to its ports, and on Linux it would otherwise bind them
+  on every interface whatever `--node-ip-address` says (`ray_env`).
 - Exit (normal, exception, Ctrl-C, or SIGTERM, which is turned into KeyboardInterrupt while
   the launcher is active): children are stopped in reverse start order, SIGTERM to their
   process group, then SIGKILL after a grace period. Nothing it did not start is touched.
@@ -24,6 +27,7 @@ else torch.cuda.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import shlex
@@ -138,6 +142,7 @@ class Launcher:
         ray_address: str = "",
         ray_num_cpus: int | None = None,
         ray_num_gpus: int | None = None,
+        ray_node_ip: str = "127.0.0.1",
         log_dir: str | Path | None = None,
         stop_timeout_s: float = 10.0,
     ) -> None:
@@ -148,6 +153,7 @@ class Launcher:
         self.ray_address = ray_address
         self.ray_num_cpus = ray_num_cpus
         self.ray_num_gpus = ray_num_gpus
+        self.ray_node_ip = ray_node_ip
         self.log_dir = Path(log_dir) if log_dir else None
         self.stop_timeout_s = stop_timeout_s
         self.children: list[_Child] = []
@@ -241,6 +247,8 @@ class Launcher:
 
     # ------------------------------------------------------------------ ray
     def _ray_init(self) -> None:
+        if not self.ray_address:
+            keep_ray_local(self.ray_node_ip)  # before `import ray` reads the environment
         import ray  # heavy, and launcher.py is on the --dry-run path
 
         if ray.is_initialized():
@@ -252,8 +260,13 @@ class Launcher:
             ray.init(address=self.ray_address, **kwargs)
             log.info("ray: joined the cluster at %s", self.ray_address)
         else:
-            ray.init(num_cpus=self.ray_num_cpus, num_gpus=self.ray_num_gpus, **kwargs)
-            log.info("ray: started a local instance (%s CPUs)", self.ray_num_cpus or "all")
+            if not is_loopback(self.ray_node_ip):
+                kwargs["_node_ip_address"] = self.ray_node_ip
+            # "local": a new instance, never the one /tmp/ray/ray_current_cluster names (Ray's
+            # default for address=None joins whatever cluster last ran on this machine)
+            ray.init(address="local", num_cpus=self.ray_num_cpus, num_gpus=self.ray_num_gpus, **kwargs)
+            log.info("ray: started a local instance (%s CPUs) listening on %s", self.ray_num_cpus or "all",
+                     self.ray_node_ip)
         self._ray_initialized_here = True
 
     def _ray_head(self) -> None:
@@ -267,9 +280,12 @@ class Launcher:
             argv.append(f"--num-cpus={self.ray_num_cpus}")
         if self.ray_num_gpus is not None:
             argv.append(f"--num-gpus={self.ray_num_gpus}")
-        proc = self._spawn("ray-head", argv)
-        address = f"127.0.0.1:{port}"
-        wait_port("ray-head", proc, "127.0.0.1", port, 120.0)
+        if not is_loopback(self.ray_node_ip):
+            argv.append(f"--node-ip-address={self.ray_node_ip}")
+        proc = self._spawn("ray-head", argv, env=ray_env(self.ray_node_ip))
+        host = "127.0.0.1" if is_loopback(self.ray_node_ip) else self.ray_node_ip
+        address = f"{host}:{port}"
+        wait_port("ray-head", proc, host, port, 120.0)
         self._old_ray_env = os.environ.get("RAY_ADDRESS", "")
         os.environ["RAY_ADDRESS"] = address
         self.ray_address = address
@@ -370,6 +386,57 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+# ---------------------------------------------------------------------- Ray's addresses
+# Ray (2.60, Linux) resolves a loopback --node-ip-address to the machine's own address and binds
+# its GCS, raylet and worker ports on every interface; only this switch (meant for laptops, read
+# when `ray._private.ray_constants` is imported, and inherited by Ray's child processes) makes it
+# use 127.0.0.1 for all of them. Measured with `ss -ltnp`: docs/backbones.md, "--with-ray".
+_RAY_LOCAL_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return bool((mapped or ip).is_loopback)
+
+
+def ray_env(node_ip: str) -> dict[str, str]:
+    """Environment for a Ray process that ajet starts (a head, or a trainer that calls
+    `ray.init` itself): loopback-only unless `node_ip` names another interface."""
+    return {_RAY_LOCAL_SWITCH: "0"} if is_loopback(node_ip) else {}
+
+
+def keep_ray_local(node_ip: str) -> None:
+    """Make a `ray.init` in this process listen on loopback only (see `ray_env`); works also
+    when Ray was imported already (the switch is then a module constant it has read)."""
+    if not is_loopback(node_ip):
+        return
+    os.environ[_RAY_LOCAL_SWITCH] = "0"
+    constants = sys.modules.get("ray._private.ray_constants")
+    if constants is not None:
+        constants.ENABLE_RAY_CLUSTER = False
+
+
+def listening_addresses(pid: int) -> list[str]:
+    """`host:port` of every TCP socket that process `pid` and its descendants listen on."""
+    import psutil  # Ray's dependency; only tests and diagnostics ask
+
+    found = []
+    root = psutil.Process(pid)
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            conns = proc.net_connections(kind="tcp")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        found += [f"{c.laddr.ip}:{c.laddr.port}" for c in conns if c.status == psutil.CONN_LISTEN]
+    return found
 
 
 def _restore_env(key: str, old: str) -> None:

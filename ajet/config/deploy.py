@@ -16,6 +16,10 @@ class RayConfig:
     # Address of an existing cluster to join; "" starts a local one with --with-ray.
     address: str = ""
     num_rollout_workers: int = bounded(2, Ge(1))
+    # Where a Ray that ajet starts (--with-ray's local one, the GPU backbones' head) listens.
+    # Ray runs any code sent to its ports (Ray Client 10001, the GCS): 127.0.0.1 keeps them all
+    # on loopback; name this node's address only on a private network, for other nodes to join.
+    node_ip: str = "127.0.0.1"
 
 
 @dataclass

@@ -256,7 +256,8 @@ def build_ray_manager(ray_cfg: RayConfig, rollout: RolloutConfig, spec: Any, *,
     workers_n = max(1, ray_cfg.num_rollout_workers)
     launcher = None
     if not ray.is_initialized():
-        launcher = Launcher(ray="init", ray_address=ray_cfg.address, ray_num_cpus=max(2, workers_n))
+        launcher = Launcher(ray="init", ray_address=ray_cfg.address, ray_num_cpus=max(2, workers_n),
+                            ray_node_ip=ray_cfg.node_ip)
         launcher.__enter__()
     try:
         per_worker = -(-rollout.max_concurrency // workers_n)

@@ -24,7 +24,7 @@ from ajet.backbones.verl.translate import (
 )
 from ajet.config import AjetConfig
 from ajet.errors import SetupError, UserError
-from ajet.launcher import Launcher, require_free_gpus
+from ajet.launcher import Launcher, ray_env, require_free_gpus
 from ajet.task_reader import build_reader
 from ajet.training.run_dir import prepare_run_dir
 
@@ -54,7 +54,8 @@ def run_verl(cfg: AjetConfig, *, resume: bool) -> None:
     if cfg.verl.nnodes == 1:
         require_free_gpus(cfg.verl.n_gpus_per_node, "verl")
     argv = [sys.executable, "-m", "verl.trainer.main_ppo", *prepare(cfg, resume=resume)]
-    env = {"RAY_ADDRESS": cfg.ray.address} if cfg.ray.address else {}
+    # verl starts its own Ray unless it joins one: keep that one on ray.node_ip too.
+    env = {"RAY_ADDRESS": cfg.ray.address} if cfg.ray.address else ray_env(cfg.ray.node_ip)
     with Launcher(log_dir=run_dir(cfg) / "services") as launcher:
         log.info("verl: running %s", " ".join(argv[:3]))
         code = launcher.run_command(argv, name="verl", env=env)
