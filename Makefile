@@ -17,7 +17,7 @@ TEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 BENCH_ARGS ?=
 
-.PHONY: install demo test test-main test-fast bench bench-learning fuzz lint browser env-trinity env-verl test-trinity test-verl clean
+.PHONY: install sandbox demo test test-main test-fast bench bench-learning fuzz lint browser env-trinity env-verl test-trinity test-verl clean
 
 # uv installs the packages (a fresh install: ~40 s, against ~90 s with pip). torch 2.13.0 is the
 # CPU build that lies on these machines' disk: uv takes that file when it is there, else pip
@@ -49,14 +49,19 @@ demo: install
 browser: install
 	bash scripts/install_browser.sh
 
+# The sandbox for model-written code (bubblewrap): the tests need it, and so do the tutorials
+# whose agents run code (tutorial/example_math_agent/code_agent.yaml).
+sandbox:
+	bash scripts/install_sandbox.sh
+
 # Everything: the main suite in .venv, then the real-package backbone tests in their envs.
 test: test-main test-trinity test-verl
 
-test-main: install browser
+test-main: install browser sandbox
 	$(PY) -m pytest --ignore=tests/backbones $(XDIST) $(PYTEST_ARGS)
 
 # The loop while coding: the unit tests (CPU, no model beyond the tiny one), in under 3 minutes.
-test-fast: install
+test-fast: install sandbox
 	$(PY) -m pytest --ignore=tests/backbones -m "not integration and not tutorial" $(XDIST) $(PYTEST_ARGS)
 
 # The bench extra builds llama.cpp from source (~3.5 min on 2 cores with uv, once); on a CPU with

@@ -131,6 +131,11 @@ class DiskFullError(SetupError):
     """A checkpoint or model could not be written: the disk is full (exit code 1, no traceback)."""
 
 
+class SandboxUnavailableError(SetupError):
+    """The sandbox for model-written code cannot start here (bubblewrap missing, user
+    namespaces disabled); the message names the cause and the fix (ajet.sandbox)."""
+
+
 class InfrastructureError(Exception):
     """The engine, gateway or session failed, not the workflow.
 

@@ -1,0 +1,439 @@
+"""One sandbox for model-written code: bubblewrap around a warm fork server (`inside.py`).
+
+    box = Sandbox(Limits(wall_s=5)).start()
+    box.write_files({"data.txt": "1 2 3"})
+    result = box.run_python("print(sum(map(int, open('data.txt').read().split())))")
+    result.status, result.stdout          # "ok", "6\\n"
+    box.close()
+
+What is isolated (bubblewrap, `--unshare-all`; docs/sandbox.md):
+- no network: a network namespace of its own with only loopback;
+- a throwaway filesystem: /sandbox (the work dir) and /tmp are size-capped tmpfs that die with the sandbox; /usr
+  and the interpreter's prefix are read-only, the root is read-only, and nothing else of the
+  host (/etc, /home, /root, the repository) is there;
+- an unprivileged user (uid 65534, no capabilities), its own PID namespace and session;
+- per call: CPU seconds, address space, file size and open files as rlimits, the wall clock,
+  the output size and the number of processes enforced by the server, and every process of
+  the namespace killed when the call ends. Where this process may create cgroup-v1 groups
+  (root on a host or a privileged container), the sandbox also gets `pids.max` and a memory
+  limit over all its processes (`Isolation.cgroups`).
+
+Nothing here falls back to running code without the sandbox: that is `UnsafeLocalBox`, which a
+user must name (`sandbox.backend: unsafe_local`).
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ajet.errors import SandboxUnavailableError
+
+INSIDE = Path(__file__).with_name("inside.py")
+INSIDE_AT = "/opt/ajet/inside.py"
+_ids = itertools.count()
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Caps on one call (wall, CPU, memory, processes, output) and on the sandbox's disk."""
+
+    wall_s: float = 10.0
+    cpu_s: float = 10.0
+    memory_mb: int = 512  # address space per process (and the cgroup's total, when there is one)
+    processes: int = 32
+    output_bytes: int = 16_384  # stdout + stderr of one call; more ends the call
+    disk_mb: int = 64  # /sandbox; /tmp gets the same again
+
+
+# A failed call whose stderr shows the sandbox saying no (a read-only or hidden path, no
+# network, no permission, no more processes) is counted as refused.
+_REFUSED = re.compile(
+    r"Read-only file system|Permission denied|Operation not permitted|Network is unreachable|"
+    r"Connection refused|Temporary failure in name resolution|Name or service not known|"
+    r"Resource temporarily unavailable|No such file or directory: '/(?!sandbox/|tmp/)"
+)
+_OOM = re.compile(r"MemoryError|Cannot allocate memory|std::bad_alloc|out of memory")
+
+
+@dataclass
+class RunResult:
+    """What one call did. `status`: ok, error (the code failed on its own), timeout, oom,
+    output_limit, refused (the sandbox said no: a hidden or read-only path, the network, the
+    process cap) or crashed (the sandbox itself died; the next call gets a fresh one)."""
+
+    status: str
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+    output_bytes: int = 0
+    leftover: int = 0  # processes still alive when the call ended (all killed)
+    signal: int | None = None
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def as_tool_text(self, max_chars: int = 2000) -> str:
+        """The result as the model reads it: output, then what went wrong, if anything."""
+        text = self.stdout
+        if self.stderr.strip():
+            text += ("\n" if text and not text.endswith("\n") else "") + self.stderr
+        if len(text) > max_chars:
+            text = text[: max_chars // 2] + "\n...[cut]...\n" + text[-max_chars // 2:]
+        if self.status != "ok":
+            note = {"error": f"exit code {self.exit_code}", "timeout": "stopped: time limit",
+                    "oom": "stopped: memory limit", "output_limit": "stopped: output limit",
+                    "refused": "refused by the sandbox", "crashed": "the sandbox died"}[self.status]
+            text += ("\n" if text else "") + f"[{note}{': ' + self.detail if self.detail else ''}]"
+        return text.strip() or "(no output)"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def classify(raw: Mapping[str, Any], limits: Limits) -> RunResult:
+    """A `RunResult` from the server's answer."""
+    verdict, stderr, exit_code, sig = raw["verdict"], raw["stderr"], raw["exit_code"], raw["signal"]
+    detail = ""
+    if verdict == "output_limit":
+        status, detail = "output_limit", f"more than {limits.output_bytes} bytes of output"
+    elif verdict == "timeout":
+        status, detail = "timeout", f"{limits.wall_s:g} s wall clock"
+    elif verdict == "process_limit":
+        status, detail = "refused", f"more than {limits.processes} processes"
+    elif sig in (24, 9) and raw["cpu_s"] >= limits.cpu_s - 0.5:  # SIGXCPU, or SIGKILL at the hard cap
+        status, detail = "timeout", f"{limits.cpu_s:g} s of CPU"
+    elif exit_code == 0:
+        status = "ok"
+    elif _OOM.search(stderr):
+        status, detail = "oom", f"{limits.memory_mb} MB"
+    elif _REFUSED.search(stderr):
+        status = "refused"
+        detail = _REFUSED.search(stderr).group(0)  # type: ignore[union-attr]
+    else:
+        status = "error"
+    return RunResult(status=status, exit_code=exit_code, stdout=raw["stdout"], stderr=stderr,
+                     wall_s=raw["wall_s"], cpu_s=raw["cpu_s"], output_bytes=raw["output_bytes"],
+                     leftover=raw["leftover"], signal=sig, detail=detail)
+
+
+@dataclass
+class Isolation:
+    """What this host gives a sandbox (`probe`); `--dry-run` prints it."""
+
+    bwrap: str
+    python: str
+    cgroups: bool
+    notes: list[str] = field(default_factory=list)
+
+
+def sandbox_python(python: str = "") -> str:
+    """The interpreter model code runs on: `python`, or the one this venv was made from (its
+    standard library only; ajet and the venv's packages are not in the sandbox)."""
+    if python:
+        return python
+    base = Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
+    return str(base if base.exists() else Path(sys.executable).resolve())
+
+
+def bwrap_path() -> str:
+    found = shutil.which("bwrap")
+    if found is None:
+        raise SandboxUnavailableError(
+            "the sandbox for model-written code needs bubblewrap, which is not installed: "
+            "`apt-get install bubblewrap` (Debian/Ubuntu), `dnf install bubblewrap` (Fedora); "
+            "`make install` installs it where apt-get works")
+    return found
+
+
+class _CgroupV1:
+    """pids.max and memory.limit_in_bytes for one sandbox, where cgroup v1 is writable."""
+
+    def __init__(self, name: str, limits: Limits) -> None:
+        self.dirs: list[Path] = []
+        for controller, settings in (("pids", {"pids.max": str(limits.processes + 4)}),
+                                     ("memory", {"memory.limit_in_bytes": str(limits.memory_mb * 2 << 20),
+                                                 "memory.swappiness": "0"})):
+            root = Path("/sys/fs/cgroup") / controller
+            parent = root / _own_cgroup(controller).lstrip("/")
+            group = parent / name
+            group.mkdir()
+            self.dirs.append(group)
+            for key, value in settings.items():
+                try:
+                    (group / key).write_text(value)
+                except OSError:
+                    if key != "memory.swappiness":  # absent where swap accounting is off
+                        raise
+
+    def add(self, pid: int) -> None:
+        for group in self.dirs:
+            (group / "cgroup.procs").write_text(str(pid))
+
+    def oom_kills(self) -> int:
+        for group in self.dirs:
+            failcnt = group / "memory.failcnt"
+            if failcnt.exists():
+                return int(failcnt.read_text() or 0)
+        return 0
+
+    def remove(self) -> None:
+        for group in self.dirs:
+            for _ in range(50):
+                try:
+                    group.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.02)
+
+
+def _own_cgroup(controller: str) -> str:
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if controller in controllers.split(","):
+            return path
+    raise OSError(f"no {controller} cgroup")
+
+
+def cgroups_usable() -> bool:
+    try:
+        group = _CgroupV1(f"ajet-probe-{os.getpid()}", Limits())
+    except OSError:
+        return False
+    group.remove()
+    return True
+
+
+class Sandbox:
+    """One sandbox: started once (`start`), then any number of calls, one at a time; `close`
+    kills everything in it and forgets its files."""
+
+    def __init__(self, limits: Limits | None = None, *, python: str = "", ro_paths: Sequence[str] = (),
+                 use_cgroups: bool | None = None) -> None:
+        self.limits = limits or Limits()
+        self.python = sandbox_python(python)
+        self.ro_paths = list(ro_paths)
+        self.use_cgroups = cgroups_usable() if use_cgroups is None else use_cgroups
+        self.proc: subprocess.Popen | None = None
+        self._cgroup: _CgroupV1 | None = None
+        self._lock = threading.Lock()
+        self.name = f"ajet-sb-{os.getpid()}-{next(_ids)}"
+        self.calls = 0
+
+    # ------------------------------------------------------------------ lifecycle
+    def argv(self) -> list[str]:
+        argv = [bwrap_path(), "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+                "--uid", "65534", "--gid", "65534", "--hostname", "sandbox"]
+        argv += ["--ro-bind", "/usr", "/usr"]
+        for top in ("/bin", "/lib", "/lib32", "/lib64", "/sbin"):
+            path = Path(top)
+            if path.is_symlink():
+                argv += ["--symlink", os.readlink(path), top]
+            elif path.is_dir():
+                argv += ["--ro-bind", top, top]
+        prefix = str(Path(self.python).resolve().parent.parent)
+        for path in [prefix, *self.ro_paths]:
+            if not path.startswith("/usr/"):
+                argv += ["--ro-bind", path, path]
+        disk = str(self.limits.disk_mb << 20)
+        argv += ["--ro-bind", str(INSIDE), INSIDE_AT, "--proc", "/proc", "--dev", "/dev",
+                 "--size", disk, "--tmpfs", "/sandbox", "--size", disk, "--tmpfs", "/tmp",
+                 "--remount-ro", "/", "--chdir", "/sandbox", "--clearenv",
+                 "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/sandbox",
+                 "--setenv", "LANG", "C.UTF-8", "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
+                 "--setenv", "PYTHONUNBUFFERED", "1",
+                 self.python, "-I", INSIDE_AT]
+        return argv
+
+    def start(self, timeout_s: float = 20.0) -> Sandbox:
+        argv = self.argv()
+        if self.use_cgroups:
+            self._cgroup = _CgroupV1(self.name, self.limits)
+        try:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, start_new_session=True)
+        except OSError as exc:
+            self._drop_cgroup()
+            raise SandboxUnavailableError(f"cannot start bubblewrap ({argv[0]}): {exc}") from exc
+        if self._cgroup is not None:
+            try:
+                self._cgroup.add(self.proc.pid)
+            except OSError:
+                self.close()
+                raise
+        hello = self._read_frame(timeout_s)
+        if hello is None or not hello.get("ready"):
+            err = self._stderr_tail()
+            self.close()
+            raise SandboxUnavailableError(unavailable_message(err))
+        return self
+
+    def close(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            try:
+                os.killpg(proc.pid, 9)
+            except ProcessLookupError:
+                pass
+            proc.wait(timeout=10)
+        if proc is not None:
+            for stream in (proc.stdin, proc.stdout, proc.stderr):
+                if stream is not None:
+                    stream.close()
+        self._drop_cgroup()
+
+    def _drop_cgroup(self) -> None:
+        if self._cgroup is not None:
+            self._cgroup.remove()
+            self._cgroup = None
+
+    def __enter__(self) -> Sandbox:
+        return self if self.proc is not None else self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    # ------------------------------------------------------------------ calls
+    def run_python(self, code: str, *, stdin: str = "") -> RunResult:
+        """Run `code` as a Python script (`main.py` in /sandbox) in a child forked from the warm
+        server: no interpreter start."""
+        return self._run({"op": "run", "code": code, "stdin": stdin})
+
+    def run(self, command: str | Sequence[str], *, stdin: str = "") -> RunResult:
+        """Run a program (`argv`) or a shell command line (`str`, through /bin/sh -c)."""
+        argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
+        return self._run({"op": "run", "argv": argv, "stdin": stdin})
+
+    def write_files(self, files: Mapping[str, str | bytes]) -> None:
+        """Put files under /sandbox (paths relative to it)."""
+        encoded = {path: base64.b64encode(data.encode() if isinstance(data, str) else data).decode()
+                   for path, data in files.items()}
+        self._request({"op": "write", "files": encoded}, 30.0)
+
+    def read_file(self, path: str, max_bytes: int = 1 << 20) -> bytes:
+        answer = self._request({"op": "read", "path": path, "max_bytes": max_bytes}, 30.0)
+        return base64.b64decode(answer["data"])
+
+    def _run(self, request: dict[str, Any]) -> RunResult:
+        request["limits"] = asdict(self.limits)
+        oom_before = self._cgroup.oom_kills() if self._cgroup else 0
+        try:
+            raw = self._request(request, self.limits.wall_s + 10.0)
+        except SandboxCrashed as exc:
+            self.close()
+            return RunResult(status="crashed", exit_code=None, stdout="", stderr="", detail=str(exc))
+        self.calls += 1
+        result = classify(raw, self.limits)
+        if self._cgroup and result.status in ("error", "crashed") and self._cgroup.oom_kills() > oom_before:
+            result.status, result.detail = "oom", f"{self.limits.memory_mb * 2} MB for the sandbox"
+        return result
+
+    def _request(self, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        with self._lock:
+            if not self.alive:
+                raise SandboxCrashed("the sandbox is not running")
+            data = json.dumps(request).encode()
+            try:
+                self.proc.stdin.write(struct.pack(">I", len(data)) + data)  # type: ignore[union-attr]
+                self.proc.stdin.flush()  # type: ignore[union-attr]
+            except (BrokenPipeError, OSError) as exc:
+                raise SandboxCrashed(f"the sandbox closed its input: {exc}") from exc
+            answer = self._read_frame(timeout_s)
+        if answer is None:
+            raise SandboxCrashed("the sandbox stopped answering" + (f": {tail}" if (tail := self._stderr_tail())
+                                                                     else ""))
+        if "error" in answer:
+            raise SandboxRequestError(answer["error"])
+        return answer
+
+    def _read_frame(self, timeout_s: float) -> dict[str, Any] | None:
+        """One answer, or None when the server died or did not answer within `timeout_s`
+        (then the sandbox is killed)."""
+        assert self.proc is not None and self.proc.stdout is not None
+        box: list[Any] = []
+
+        def read() -> None:
+            try:
+                head = self.proc.stdout.read(4)  # type: ignore[union-attr]
+                if len(head) == 4:
+                    body = self.proc.stdout.read(struct.unpack(">I", head)[0])  # type: ignore[union-attr]
+                    box.append(json.loads(body))
+            except (OSError, ValueError):
+                pass
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        reader.join(timeout_s)
+        if reader.is_alive():
+            try:
+                os.killpg(self.proc.pid, 9)
+            except ProcessLookupError:
+                pass
+            reader.join(5)
+        return box[0] if box else None
+
+    def _stderr_tail(self) -> str:
+        proc = self.proc
+        if proc is None or proc.stderr is None or proc.poll() is None:
+            return ""
+        try:
+            return proc.stderr.read().decode(errors="replace")[-2000:].strip()
+        except (OSError, ValueError):
+            return ""
+
+
+class SandboxCrashed(Exception):  # noqa: N818 - a state, handled inside this module
+    """The server inside died or stopped answering (the model's code may have killed it)."""
+
+
+class SandboxRequestError(Exception):
+    """The server refused a request (a path outside /sandbox, an unknown op)."""
+
+
+def unavailable_message(stderr: str) -> str:
+    """Why bubblewrap could not start, and the fix."""
+    text = stderr or "bubblewrap exited without a message"
+    if re.search(r"No permissions to creat|setting up uid map|Operation not permitted|user namespace", text):
+        return (f"the sandbox cannot start: bubblewrap could not create its namespaces ({text}). "
+                "User namespaces are off here: enable them (`sysctl -w kernel.unprivileged_userns_clone=1`, "
+                "or on Ubuntu 24.04+ `sysctl -w kernel.apparmor_restrict_unprivileged_userns=0`), or, in "
+                "Docker, run the container with `--security-opt seccomp=unconfined --security-opt "
+                "apparmor=unconfined`; or run the sandbox elsewhere as a service "
+                "(sandbox.backend: service, docs/sandbox.md)")
+    return f"the sandbox cannot start: {text}"
+
+
+def probe(limits: Limits | None = None, python: str = "") -> Isolation:
+    """Start a sandbox and run a trivial call; what this host gives, or
+    `SandboxUnavailableError` naming the cause and the fix."""
+    bwrap = bwrap_path()
+    box = Sandbox(limits, python=python)
+    with box:
+        result = box.run_python("print(6 * 7)")
+    if result.stdout.strip() != "42":
+        raise SandboxUnavailableError(f"the sandbox started but a trivial call failed: {result.as_tool_text()}")
+    notes = [] if box.use_cgroups else [
+        "no writable cgroup v1: the process and memory caps are per process (rlimits) and the "
+        "server's process count, not a cgroup's"]
+    return Isolation(bwrap=bwrap, python=box.python, cgroups=box.use_cgroups, notes=notes)

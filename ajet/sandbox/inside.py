@@ -1,0 +1,297 @@
+"""The fork server that runs inside one sandbox (stdlib only: it runs on the bare interpreter
+that the sandbox binds read-only, without ajet installed).
+
+The host (`ajet.sandbox.box.Sandbox`) starts it once per sandbox under bubblewrap and sends
+requests as frames (4-byte big-endian length + JSON) on its stdin; answers come back on its
+stdout. A warm server makes a call cost a fork, not an interpreter start:
+
+    {"op": "run", "code": "...", "stdin": "", "limits": {...}}   python code, in a forked child
+    {"op": "run", "argv": ["sh", "-c", "..."], ...}              a program, forked and exec'd
+    {"op": "write", "files": {"path": "<base64>"}}                 into /sandbox
+    {"op": "read", "path": "...", "max_bytes": N}
+
+Each call's child gets its own session and rlimits (CPU seconds, address space, file size,
+open files). While it runs the server enforces the wall clock, the output cap and the process
+cap (it counts the processes in the sandbox's PID namespace). When the call ends, every process
+in the namespace except this server is SIGKILLed (`kill(-1)`), so nothing the call started
+outlives it.
+"""
+
+import base64
+import io
+import json
+import os
+import resource
+import select
+import signal
+import struct
+import sys
+import time
+import traceback
+
+WORK = "/sandbox"
+
+
+def send(fd, obj):
+    data = json.dumps(obj).encode()
+    os.write(fd, struct.pack(">I", len(data)) + data)
+
+
+def read_exact(fd, n):
+    chunks = []
+    while n:
+        chunk = os.read(fd, n)
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def recv(fd):
+    head = read_exact(fd, 4)
+    if head is None:
+        return None
+    body = read_exact(fd, struct.unpack(">I", head)[0])
+    return None if body is None else json.loads(body)
+
+
+def other_pids(me):
+    pids = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) not in (1, me):
+            pids.append(int(name))
+    return pids
+
+
+def kill_all(me):
+    """SIGKILL every process of the namespace but init (bwrap's) and this server; the number
+    that were alive. A fork loop can add processes while the kill runs, so repeat."""
+    first = len(other_pids(me))
+    for _ in range(200):
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        reap()
+        if not other_pids(me):
+            break
+        time.sleep(0.002)
+    return first
+
+
+def reap():
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def set_limits(limits):
+    cpu = int(limits["cpu_s"])
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    memory = int(limits["memory_mb"]) * 1024 * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    disk = int(limits["disk_mb"]) * 1024 * 1024
+    resource.setrlimit(resource.RLIMIT_FSIZE, (disk, disk))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    processes = int(limits["processes"])
+    resource.setrlimit(resource.RLIMIT_NPROC, (processes, processes))
+
+
+def child(req, out_w, err_w, in_r):
+    """In the forked child: never returns."""
+    code = 1
+    try:
+        os.setsid()
+        os.dup2(in_r, 0)
+        os.dup2(out_w, 1)
+        os.dup2(err_w, 2)
+        os.closerange(3, 4096)
+        os.chdir(WORK)
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        set_limits(req["limits"])
+        if "argv" in req:
+            os.execvpe(req["argv"][0], req["argv"], dict(os.environ))
+        sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
+        sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=False)
+        sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), line_buffering=True)
+        sys.argv = ["main.py"]
+        namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+        try:
+            exec(compile(req["code"], "main.py", "exec"), namespace)
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            if not isinstance(exc.code, int) and exc.code is not None:
+                print(exc.code, file=sys.stderr)
+        except BaseException:  # noqa: BLE001 - the model's code; its traceback is the result
+            traceback.print_exc()
+            code = 1
+    except BaseException:  # noqa: BLE001 - exec failed (no such program, a limit)
+        try:
+            traceback.print_exc()
+        except BaseException:  # noqa: BLE001
+            pass
+        code = 127 if "argv" in req else 1
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except BaseException:  # noqa: BLE001 - a closed pipe, a full disk
+                pass
+        os._exit(code)
+
+
+def run(req, me):
+    limits = req["limits"]
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    in_r, in_w = os.pipe()
+    started = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        child(req, out_w, err_w, in_r)
+    os.close(out_w)
+    os.close(err_w)
+    os.close(in_r)
+    stdin = req.get("stdin", "").encode()
+    if stdin:
+        try:
+            os.set_blocking(in_w, False)
+            os.write(in_w, stdin[:65536])
+        except OSError:
+            pass
+    os.close(in_w)
+    chunks = {out_r: [], err_r: []}
+    total = 0
+    cap = int(limits["output_bytes"])
+    deadline = started + float(limits["wall_s"])
+    verdict = ""
+    status = None
+    open_fds = [out_r, err_r]
+    next_count = 0.0
+    exited_at = None
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    while open_fds or status is None:
+        now = time.monotonic()
+        if exited_at is not None and now - exited_at > 0.05:
+            break  # the call is over; a background process still holds its output open
+        if now > deadline:
+            verdict = "timeout"
+            break
+        if now >= next_count:
+            next_count = now + 0.005
+            if len(other_pids(me)) > int(limits["processes"]):
+                verdict = "process_limit"
+                break
+        if open_fds:
+            ready, _, _ = select.select(open_fds, [], [], 0.005)
+            for fd in ready:
+                data = os.read(fd, 65536)
+                if not data:
+                    open_fds.remove(fd)
+                    continue
+                room = cap - total
+                chunks[fd].append(data[:max(0, room)])
+                total += len(data)
+                if total > cap:
+                    verdict = "output_limit"
+            if verdict:
+                break
+        if status is None:
+            got, raw = os.waitpid(pid, os.WNOHANG)
+            if got:
+                status = raw
+                exited_at = time.monotonic()
+            elif not open_fds:
+                time.sleep(0.002)
+    wall = time.monotonic() - started
+    if status is None:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    survivors = kill_all(me)
+    if status is None:
+        try:
+            _, status = os.waitpid(pid, 0)
+        except ChildProcessError:
+            status = None
+    for fd in (out_r, err_r):
+        os.close(fd)
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    exit_code = None
+    signal_no = None
+    if status is not None:
+        if os.WIFEXITED(status):
+            exit_code = os.WEXITSTATUS(status)
+        elif os.WIFSIGNALED(status):
+            signal_no = os.WTERMSIG(status)
+    return {
+        "stdout": b"".join(chunks[out_r]).decode("utf-8", "replace"),
+        "stderr": b"".join(chunks[err_r]).decode("utf-8", "replace"),
+        "exit_code": exit_code,
+        "signal": signal_no,
+        "verdict": verdict,
+        "wall_s": wall,
+        "cpu_s": usage.ru_utime + usage.ru_stime - before.ru_utime - before.ru_stime,
+        "output_bytes": total,
+        "leftover": survivors,
+    }
+
+
+def inside(path):
+    full = os.path.normpath(os.path.join(WORK, path))
+    if full != WORK and not full.startswith(WORK + "/"):
+        raise ValueError(f"path outside /sandbox: {path!r}")
+    return full
+
+
+def write(req):
+    for path, data in req["files"].items():
+        full = inside(path)
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        with open(full, "wb") as fh:
+            fh.write(base64.b64decode(data))
+    return {"written": len(req["files"])}
+
+
+def read(req):
+    with open(inside(req["path"]), "rb") as fh:
+        data = fh.read(int(req.get("max_bytes", 1 << 20)) + 1)
+    limit = int(req.get("max_bytes", 1 << 20))
+    return {"data": base64.b64encode(data[:limit]).decode(), "truncated": len(data) > limit}
+
+
+def main():
+    cin, cout = os.dup(0), os.dup(1)
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    me = os.getpid()
+    send(cout, {"ready": True, "pid": me, "uid": os.getuid()})
+    while True:
+        req = recv(cin)
+        if req is None:
+            return
+        try:
+            if req["op"] == "run":
+                answer = run(req, me)
+            elif req["op"] == "write":
+                answer = write(req)
+            elif req["op"] == "read":
+                answer = read(req)
+            else:
+                answer = {"error": "unknown op {!r}".format(req["op"])}
+        except Exception as exc:  # noqa: BLE001 - answered, the server lives on
+            answer = {"error": f"{type(exc).__name__}: {exc}"}
+        send(cout, answer)
+
+
+if __name__ == "__main__":
+    main()
