@@ -81,6 +81,7 @@ bench: install
 	$(PY) scripts/bench_checkpoint.py
 	$(PY) scripts/bench_tool_choice.py
 	$(PY) scripts/bench_hostile_body.py
+	$(PY) scripts/bench_sandbox.py
 	$(PY) scripts/bench_memory.py --conf $(CONF) trainer.total_steps=2 trainer.val_every=0 trainer.save_every=0
 
 # Does training still learn? Each example trains within its wall budget and is scored on its

@@ -27,7 +27,6 @@ else torch.cuda.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import shlex
@@ -44,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from ajet.errors import ConfigError, LaunchError
+from ajet.net import is_loopback
 
 log = logging.getLogger(__name__)
 
@@ -394,17 +394,6 @@ def free_port() -> int:
 # when `ray._private.ray_constants` is imported, and inherited by Ray's child processes) makes it
 # use 127.0.0.1 for all of them. Measured with `ss -ltnp`: docs/backbones.md, "--with-ray".
 _RAY_LOCAL_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    mapped = getattr(ip, "ipv4_mapped", None)
-    return bool((mapped or ip).is_loopback)
 
 
 def ray_env(node_ip: str) -> dict[str, str]:

@@ -49,6 +49,10 @@ def stage_config(cfg: AjetConfig, stage: str, index: int, model_path: str) -> Aj
 def run(cfg: AjetConfig, runner: Any, *, backbone: str, with_ray: bool = False, resume: bool = False,
         workflow: Any = None) -> None:
     """Train `cfg` on a backbone (`runner`: its module from `ajet.backbones.registry`)."""
+    if cfg.sandbox.enabled:  # before anything runs model code: a sandbox, or the error with the fix
+        from ajet.sandbox.shared import configure
+
+        log.info(configure(cfg.sandbox))
     if cfg.pipeline.stages and getattr(runner, "RUNS_STAGES", False):
         if with_ray:
             raise UserError("--with-ray is not implemented for sft, dpo or staged runs; run without it.")

@@ -41,6 +41,10 @@ def preflight(cfg: AjetConfig) -> list[str]:
         done.append(f"model.initial_path {cfg.model.initial_path} found (what default_model='initial' serves)")
     if "distill" in {stage.value for stage in stage_names(cfg)}:
         done.append(check_teacher(cfg))
+    if cfg.sandbox.enabled:
+        from ajet.sandbox.shared import check
+
+        done.append(check(cfg.sandbox))
     return done
 
 

@@ -126,3 +126,10 @@ class ReaderType(str, Enum):
 class OnError(str, Enum):
     skip = "skip"
     fail = "fail"
+
+
+class SandboxBackend(str, Enum):
+    """Where model-written code runs (ajet/sandbox, docs/sandbox.md)."""
+
+    bwrap = "bwrap"  # bubblewrap on this machine
+    service = "service"  # the sandbox service at sandbox.service_url (other machines)

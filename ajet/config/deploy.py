@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from annotated_types import Ge, Gt, Interval
 
+from ajet.config.choices import SandboxBackend
 from ajet.config.ranges import bounded
 
 
@@ -20,6 +21,28 @@ class RayConfig:
     # Ray runs any code sent to its ports (Ray Client 10001, the GCS): 127.0.0.1 keeps them all
     # on loopback; name this node's address only on a private network, for other nodes to join.
     node_ip: str = "127.0.0.1"
+
+
+@dataclass
+class SandboxConfig:
+    # Model-written code (ajet.sandbox, docs/sandbox.md). enabled: the workflow runs code, so the
+    # start (and --dry-run) checks that the sandbox works here and stops with the fix if not.
+    enabled: bool = False
+    backend: SandboxBackend = SandboxBackend.bwrap
+    # Warm sandboxes kept ready: one serves one episode, and is killed at its end.
+    pool_size: int = bounded(2, Ge(0))
+    # backend=service: the sandbox service (python -m ajet.sandbox.service) and its token.
+    service_url: str = ""
+    service_token: str = ""
+    # Caps on each call; disk_mb caps the work dir (and /tmp) of a sandbox.
+    wall_s: float = bounded(10.0, Gt(0))
+    cpu_s: float = bounded(10.0, Gt(0))
+    memory_mb: int = bounded(512, Ge(32))
+    processes: int = bounded(32, Ge(2))
+    output_bytes: int = bounded(16384, Ge(256))
+    disk_mb: int = bounded(64, Ge(1))
+    # The interpreter model code runs on; "" = the one ajet's venv was made from (stdlib only).
+    python: str = ""
 
 
 @dataclass

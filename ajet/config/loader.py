@@ -103,7 +103,7 @@ def _read_secret_file(path: str) -> str:
 OmegaConf.register_new_resolver("file", _read_secret_file, replace=True)
 
 # Settings that are secrets themselves: written as REDACTED wherever a config is shown or saved.
-SECRET_KEYS = ("serve.client_token",)
+SECRET_KEYS = ("serve.client_token", "sandbox.service_token")
 REDACTED = "<redacted>"
 # What ${oc.env:...} and ${file:...} interpolations resolved to (value -> the interpolation), so
 # that a saved or uploaded config shows `${oc.env:API_TOKEN}`, never the token (`to_yaml`).

@@ -32,12 +32,14 @@ from ajet.config.choices import (  # noqa: F401 - re-exported: the schema is whe
     OverflowPolicy,
     ReaderType,
     ReferenceModel,
+    SandboxBackend,
     Stage,
     ToolCallGrammar,
 )
 from ajet.config.deploy import (  # noqa: F401 - re-exported: the schema is where users look
     EnvServiceConfig,
     RayConfig,
+    SandboxConfig,
     ServeConfig,
     TrinityConfig,
     VerlConfig,
@@ -516,6 +518,7 @@ class AjetConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     ray: RayConfig = field(default_factory=RayConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     trinity: TrinityConfig = field(default_factory=TrinityConfig)
     verl: VerlConfig = field(default_factory=VerlConfig)
     # name -> service, started by `--with-env NAME` (see ajet/launcher.py).

@@ -20,6 +20,7 @@ from ajet.config.schema import (
     PipelineConfig,
     ReaderType,
     ReferenceModel,
+    SandboxBackend,
     Stage,
 )
 from ajet.config.stages import (
@@ -152,6 +153,11 @@ def validate(cfg: AjetConfig, *, require_workflow: bool = True) -> list[tuple[st
             "exports each role's adapter merged into the base (final_model/merged/<role>/), so it needs "
             "model.lora.per_role=true; without per-role adapters final_model/ is already the merged model",
         )
+
+    sandbox = cfg.sandbox
+    if sandbox.enabled and sandbox.backend == SandboxBackend.service:
+        need(bool(sandbox.service_url), "sandbox.service_url",
+             "required with sandbox.backend=service: the URL of `python -m ajet.sandbox.service`")
 
     tr = cfg.task_reader
     if tr.type == ReaderType.jsonl and require_workflow:

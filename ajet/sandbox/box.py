@@ -18,8 +18,8 @@ What is isolated (bubblewrap, `--unshare-all`; docs/sandbox.md):
   (root on a host or a privileged container), the sandbox also gets `pids.max` and a memory
   limit over all its processes (`Isolation.cgroups`).
 
-Nothing here falls back to running code without the sandbox: that is `UnsafeLocalBox`, which a
-user must name (`sandbox.backend: unsafe_local`).
+Nothing here falls back to running code without the sandbox: where bubblewrap cannot start, the
+error names the cause and the fix (or run the sandbox on another machine: `ajet.sandbox.service`).
 """
 
 from __future__ import annotations

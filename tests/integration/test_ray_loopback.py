@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from ajet.launcher import Launcher, is_loopback, listening_addresses, ray_env
+from ajet.launcher import Launcher, listening_addresses, ray_env
+from ajet.net import is_loopback
 
 
 def host_of(address: str) -> str:

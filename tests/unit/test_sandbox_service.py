@@ -1,0 +1,134 @@
+"""The sandbox as an env service (ajet.sandbox.service), the run's shared pool built from the
+config (`sandbox:`), and the start-up check that names the fix when bubblewrap is missing."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from ajet.cli import train as train_cmd
+from ajet.config.choices import SandboxBackend
+from ajet.config.deploy import SandboxConfig
+from ajet.errors import SandboxUnavailableError
+from ajet.sandbox import shared
+from ajet.sandbox.box import Limits
+from ajet.sandbox.pool import SandboxPool
+from ajet.sandbox.service import RemoteSandbox, create_app
+from ajet.task_reader.env_server import serve_in_thread
+
+LIMITS = Limits(wall_s=3.0, cpu_s=2.0, memory_mb=256, processes=16, output_bytes=4096, disk_mb=8)
+TOKEN = "s3cret-token"
+
+
+@pytest.fixture(scope="module")
+def service():
+    with SandboxPool(size=1, limits=LIMITS) as pool, serve_in_thread(create_app(pool, TOKEN)) as url:
+        yield url
+
+
+def test_remote_sandbox_runs_code_and_keeps_files(service: str) -> None:
+    box = RemoteSandbox(service, TOKEN).start()
+    try:
+        box.write_files({"in.txt": "21"})
+        result = box.run_python("print(int(open('in.txt').read()) * 2)")
+        assert (result.status, result.stdout) == ("ok", "42\n")
+        assert box.run("echo hi > out.txt && cat out.txt").stdout == "hi\n"
+        assert box.read_file("out.txt") == b"hi\n"
+        assert box.run_python("while True: pass").status == "timeout"
+        assert box.run_python("open('/etc/shadow')").status == "refused"
+    finally:
+        box.close()
+
+
+def test_the_service_needs_its_token_before_reading_a_body(service: str) -> None:
+    with pytest.raises(SandboxUnavailableError, match="401"):
+        RemoteSandbox(service, "wrong").start()
+    with httpx.Client(base_url=service) as client:
+        assert client.get("/health").status_code == 200
+        assert client.post("/create", content=b"x" * (20 << 20),
+                           headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 413
+        assert client.get("/docs").status_code == 401  # no docs route, and no token: refused first
+
+
+def test_instances_are_unguessable_and_released(service: str) -> None:
+    box = RemoteSandbox(service, TOKEN).start()
+    instance = box.instance_id
+    assert len(instance) == 32
+    box.close()
+    with httpx.Client(base_url=service, headers={"Authorization": f"Bearer {TOKEN}"}) as client:
+        gone = client.post("/step", json={"instance_id": instance, "action": {"code": "print(1)"}})
+        assert gone.status_code == 404
+        bad = client.post("/create", json={"env_type": "kv_store"})
+        assert bad.status_code == 404 and "sandbox" in bad.text
+
+
+def test_a_service_beyond_loopback_needs_a_token() -> None:
+    out = subprocess.run([sys.executable, "-m", "ajet.sandbox.service", "--host", "0.0.0.0"],
+                         capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
+    assert out.returncode == 2
+    assert "AJET_SANDBOX_TOKEN" in out.stderr
+
+
+def test_the_shared_pool_uses_the_service_when_configured(service: str, monkeypatch) -> None:
+    monkeypatch.delenv(shared.ENV, raising=False)
+    monkeypatch.setattr(shared, "_pool", None)
+    cfg = SandboxConfig(enabled=True, backend=SandboxBackend.service, service_url=service, service_token=TOKEN)
+    assert "the service at" in shared.configure(cfg)
+
+    async def episode() -> dict[str, float]:
+        async with shared.shared_pool().session({"a.py": "print('from a file')"}) as box:
+            result = await box.arun(["python3", "a.py"])
+            assert result.stdout == "from a file\n", result
+            await box.arun_python("import time\ntime.sleep(60)")
+            return box.metrics()
+
+    metrics = asyncio.run(episode())
+    assert metrics["sandbox/calls"] == 2 and metrics["sandbox/timeouts"] == 1
+
+
+def _conf(tmp_path: Path, body: str) -> Path:
+    (tmp_path / "agent.py").write_text("from ajet import Workflow\n\n\nclass W(Workflow):\n"
+                                       "    async def execute(self, task, tuner): ...\n")
+    (tmp_path / "train.jsonl").write_text('{"question": "q"}\n')
+    path = tmp_path / "run.yaml"
+    path.write_text("workflow:\n  target: agent.py:W\ntask_reader:\n  jsonl:\n    train_path: train.jsonl\n" + body)
+    return path
+
+
+def test_dry_run_checks_the_sandbox(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    conf = _conf(tmp_path, "sandbox:\n  enabled: true\n")
+    result = CliRunner().invoke(train_cmd.app, ["--conf", str(conf), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "# checked: sandbox: bubblewrap" in result.output and "no network" in result.output
+
+
+def test_dry_run_without_bubblewrap_names_the_package(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap on it
+    conf = _conf(tmp_path, "sandbox:\n  enabled: true\n")
+    result = CliRunner().invoke(train_cmd.app, ["--conf", str(conf), "--dry-run"])
+    assert result.exit_code != 0
+    assert "bubblewrap" in result.output and "apt-get install bubblewrap" in result.output
+
+
+def test_the_service_backend_needs_its_url(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    conf = _conf(tmp_path, "sandbox:\n  enabled: true\n  backend: service\n")
+    result = CliRunner().invoke(train_cmd.app, ["--conf", str(conf), "--dry-run"])
+    assert result.exit_code == 2
+    assert "sandbox.service_url" in result.output
+
+
+def test_the_service_token_is_never_written(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    conf = _conf(tmp_path, "sandbox:\n  service_token: hunter2\n")
+    result = CliRunner().invoke(train_cmd.app, ["--conf", str(conf), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "hunter2" not in result.output and "service_token: <redacted>" in result.output
