@@ -94,7 +94,9 @@ class RolloutResult:
 
 def mean_log_metrics(episodes: list[Episode], warned: set[str]) -> dict[str, float]:
     """Mean of each `log_metrics` key over the episodes that report it. Judge breakdowns
-    (`judge/<component>`) keep their name; the workflow's own get the `workflow/` prefix.
+    (`judge/<component>`) and the sandbox's counts (`sandbox/timeouts`, ...: a
+    `SandboxSession.metrics()`, per episode) keep their name; the workflow's own get the
+    `workflow/` prefix.
 
     A NaN/inf value is left out of its mean (one would poison it) and counted in
     `rollout/dropped_log_metrics`; the first time a key (not yet in `warned`) does so, a
@@ -104,7 +106,7 @@ def mean_log_metrics(episodes: list[Episode], warned: set[str]) -> dict[str, flo
     dropped = 0
     for e in episodes:
         for key, value in (e.output.log_metrics if e.output else {}).items():
-            name = key if key.startswith("judge/") else f"workflow/{key}"
+            name = key if key.startswith(("judge/", "sandbox/")) else f"workflow/{key}"
             if math.isfinite(value):
                 values[name].append(float(value))
                 continue

@@ -1,5 +1,6 @@
 """Regenerate train.jsonl / val.jsonl / test.jsonl (arithmetic word problems that need the
-calculator) and demos.jsonl (the scripted agent's demonstrations on train, `make_demos.py`).
+calculator) and demos.jsonl / code_demos.jsonl (the scripted agents' demonstrations on train,
+`make_demos.py`; the code agent's need the sandbox: `make sandbox`).
 
     python tutorial/example_math_agent/make_data.py
 
@@ -204,6 +205,7 @@ def main(out_dir: Path | None = None) -> list[Path]:
     from make_demos import main as make_demos  # this directory is on sys.path (script or test)
 
     paths.append(make_demos(out_dir))
+    paths.append(make_demos(out_dir, agent="code"))  # code_agent.py's programs run in the sandbox
     return paths
 
 

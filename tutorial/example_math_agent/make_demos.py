@@ -1,7 +1,8 @@
 """Regenerate demos.jsonl: demonstrations for the SFT warm-up, from the TRAIN split only
 (`make_data.py` runs this too).
 
-    python tutorial/example_math_agent/make_demos.py
+    python tutorial/example_math_agent/make_demos.py                # demos.jsonl (calculator)
+    python tutorial/example_math_agent/make_demos.py --agent code   # code_demos.jsonl (code agent)
 
 A scripted agent plays the model behind the unchanged `MathAgent` workflow: the real
 AgentScope `ReActAgent` runs with a scripted chat model in place of the tuner. On its first
@@ -23,8 +24,9 @@ from typing import Any
 HERE = Path(__file__).parent
 
 
-def scripted_model(expression: str) -> Any:
-    """An AgentScope chat model that calls `calculate(expression)`, then answers the result."""
+def scripted_model(expression: str, tool: str = "calculate") -> Any:
+    """An AgentScope chat model that calls `calculate(expression)` (or, for the code agent,
+    `run_python("print(expression)")`), then answers the result."""
     from agentscope.message import TextBlock, ToolUseBlock
     from agentscope.model import ChatModelBase, ChatResponse
 
@@ -38,8 +40,8 @@ def scripted_model(expression: str) -> Any:
             self.calls.append({"messages": messages, "tools": tools})
             results = [m for m in messages if m.get("role") == "tool"]
             if not results:
-                call = ToolUseBlock(type="tool_use", id=f"call_{len(self.calls)}", name="calculate",
-                                    input={"expression": expression})
+                args = {"expression": expression} if tool == "calculate" else {"code": f"print({expression})"}
+                call = ToolUseBlock(type="tool_use", id=f"call_{len(self.calls)}", name=tool, input=args)
                 return ChatResponse(content=[call])
             return ChatResponse(content=[TextBlock(type="text", text=f"\\boxed{{{_text(results[-1])}}}")])
 
@@ -53,43 +55,57 @@ def _text(message: dict) -> str:
     return str(content)
 
 
-async def demo(task: dict) -> dict:
-    """One SFT dialog: the scripted agent solving `task` through the real workflow."""
-    from math_agent import MathAgent
+# agent -> (its workflow, its tool, the demos file): the calculator agent and the code agent
+AGENTS = {"calculator": ("math_agent:MathAgent", "calculate", "demos.jsonl"),
+          "code": ("code_agent:CodeAgent", "run_python", "code_demos.jsonl")}
+
+
+async def demo(task: dict, agent: str = "calculator") -> dict:
+    """One SFT dialog: the scripted agent solving `task` through the real workflow (the code
+    agent's program runs in the sandbox, as in training)."""
+    import importlib
 
     from ajet import WorkflowTask
 
-    model = scripted_model(task["expression"])
+    target, tool, _ = AGENTS[agent]
+    module, cls = target.split(":")
+    workflow = getattr(importlib.import_module(module), cls)()
+    model = scripted_model(task["expression"], tool)
     wt = WorkflowTask(task_id=task["task_id"], main_query=task["question"], metadata=task)
-    output = await MathAgent().execute(wt, model)
+    output = await workflow.execute(wt, model)
     last = model.calls[-1]
     answer = output.metadata["final_answer"]
     if answer != f"\\boxed{{{task['answer']}}}":
         raise ValueError(f"{task['task_id']}: the scripted agent answered {answer!r}, expected {task['answer']}")
     return {
-        "id": f"math_agent-{task['task_id']}",
+        "id": f"{'math_agent' if agent == 'calculator' else 'code_agent'}-{task['task_id']}",
         "task_type": "math_tool",
-        "target_tools": ["calculate"],
+        "target_tools": [tool],
         "tools": last["tools"],
         "messages": [*last["messages"], {"role": "assistant", "content": answer}],
     }
 
 
-def main(out_dir: Path = HERE, count: int = 256) -> Path:
+def main(out_dir: Path = HERE, count: int = 256, agent: str = "calculator") -> Path:
     import sys
 
     if str(HERE) not in sys.path:  # math_agent.py, when run as a script from elsewhere
         sys.path.insert(0, str(HERE))
     tasks = [json.loads(line) for line in (out_dir / "train.jsonl").read_text().splitlines()][:count]
-    dialogs = asyncio.run(_all(tasks))
-    path = out_dir / "demos.jsonl"
+    dialogs = asyncio.run(_all(tasks, agent))
+    path = out_dir / AGENTS[agent][2]
     path.write_text("".join(json.dumps(d) + "\n" for d in dialogs))
     return path
 
 
-async def _all(tasks: list[dict]) -> list[dict]:
-    return [await demo(task) for task in tasks]
+async def _all(tasks: list[dict], agent: str) -> list[dict]:
+    return [await demo(task, agent) for task in tasks]
 
 
 if __name__ == "__main__":
-    main()
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--agent", choices=sorted(AGENTS), default="calculator",
+                        help="calculator: demos.jsonl; code: code_demos.jsonl (needs the sandbox: make sandbox)")
+    main(agent=parser.parse_args().agent)
