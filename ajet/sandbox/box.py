@@ -25,6 +25,7 @@ error names the cause and the fix (or run the sandbox on another machine: `ajet.
 from __future__ import annotations
 
 import base64
+import functools
 import itertools
 import json
 import os
@@ -124,9 +125,8 @@ def classify(raw: Mapping[str, Any], limits: Limits) -> RunResult:
         status = "ok"
     elif _OOM.search(stderr):
         status, detail = "oom", f"{limits.memory_mb} MB"
-    elif _REFUSED.search(stderr):
-        status = "refused"
-        detail = _REFUSED.search(stderr).group(0)  # type: ignore[union-attr]
+    elif refusal := _REFUSED.search(stderr):
+        status, detail = "refused", refusal.group(0)
     else:
         status = "error"
     return RunResult(status=status, exit_code=exit_code, stdout=raw["stdout"], stderr=stderr,
@@ -212,7 +212,9 @@ def _own_cgroup(controller: str) -> str:
     raise OSError(f"no {controller} cgroup")
 
 
+@functools.cache
 def cgroups_usable() -> bool:
+    """Whether this process may create cgroup-v1 pids and memory groups (asked once)."""
     try:
         group = _CgroupV1(f"ajet-probe-{os.getpid()}", Limits())
     except OSError:

@@ -35,7 +35,7 @@ from pydantic import BaseModel
 
 from ajet.errors import SandboxUnavailableError
 from ajet.net import is_loopback
-from ajet.sandbox.box import Limits, RunResult
+from ajet.sandbox.box import Limits, RunResult, SandboxCrashed, SandboxRequestError
 from ajet.sandbox.pool import SandboxPool
 from ajet.tuner.http_guard import BodyGuard
 
@@ -98,6 +98,12 @@ def create_app(pool: SandboxPool, token: str = "") -> FastAPI:
 
     @app.post("/step")
     def step(req: StepRequest) -> dict:
+        try:
+            return act(req)
+        except (SandboxCrashed, SandboxRequestError) as exc:  # a dead sandbox, a path outside it
+            raise HTTPException(409, str(exc)) from None
+
+    def act(req: StepRequest) -> dict:
         box = session_of(req.instance_id)
         action = req.action
         if "files" in action:

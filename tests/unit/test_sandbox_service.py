@@ -66,6 +66,12 @@ def test_instances_are_unguessable_and_released(service: str) -> None:
         assert gone.status_code == 404
         bad = client.post("/create", json={"env_type": "kv_store"})
         assert bad.status_code == 404 and "sandbox" in bad.text
+        live = client.post("/create", json={}).json()["instance_id"]
+        outside = client.post("/step", json={"instance_id": live, "action": {"read": "../etc/passwd"}})
+        assert outside.status_code == 409 and "outside /sandbox" in outside.text
+        missing = client.post("/step", json={"instance_id": live, "action": {"read": "nope.txt"}})
+        assert missing.status_code == 409 and "FileNotFoundError" in missing.text
+        client.post("/release", json={"instance_id": live})
 
 
 def test_a_service_beyond_loopback_needs_a_token() -> None:
