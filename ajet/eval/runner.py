@@ -107,11 +107,11 @@ def evaluate(cfg: AjetConfig, *, workflow: Any = None, name: str | None = None,
         stack.close()
     metrics = summarize(results, k=e.n)
     metrics.update(agent_metrics(result.episodes))
-    # A multi-agent workflow's per-role scores and the workflow's own behaviour metrics (e.g. a
-    # game's win rate), over the ok episodes, named as in training.
+    # A multi-agent workflow's per-role scores, the workflow's own behaviour metrics (e.g. a
+    # game's win rate) and its sandbox counts, over the ok episodes, named as in training.
     ok = [ep for ep in result.episodes if ep.ok]
     metrics.update(role_metrics(ok))
-    metrics.update({k: v for k, v in mean_log_metrics(ok, set()).items() if k.startswith("workflow/")})
+    metrics.update({k: v for k, v in mean_log_metrics(ok, set()).items() if k.startswith(("workflow/", "sandbox/"))})
     metrics["time_s"] = time.monotonic() - start
     out_dir = out_dir or run_dir_of(cfg) / "eval"
     path = out_dir / f"eval_{name}.json"

@@ -134,7 +134,7 @@ class Duo(Workflow):
     async def execute(self, task, tuner):
         for role in ("solver", "critic"):
             await tuner.register_model(role)([{"role": "user", "content": task.main_query}])
-        return WorkflowOutput(reward={"solver": 1.0, "critic": 0.0}, log_metrics={"moves": 3})
+        return WorkflowOutput(reward={"solver": 1.0, "critic": 0.0}, log_metrics={"moves": 3, "sandbox/timeouts": 1.0})
 '''
 
 
@@ -150,3 +150,4 @@ def test_ajet_eval_reports_each_role_and_the_workflows_metrics(tmp_path: Path, t
     metrics = json.loads((tmp_path / "exp" / "split" / "eval" / "eval_duo.json").read_text())["metrics"]
     assert metrics["role/solver/reward"] == 1.0 and metrics["role/critic/reward"] == 0.0
     assert metrics["role/solver/calls"] == 1.0 and metrics["workflow/moves"] == 3.0
+    assert metrics["sandbox/timeouts"] == 1.0  # a sandbox count keeps its name, as in training
