@@ -160,6 +160,7 @@ class Launcher:
         self._ray_initialized_here = False
         self._old_sigterm: Any = None
         self._old_ray_env: str | None = None
+        self._started_head = False
 
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self) -> Launcher:
@@ -289,7 +290,22 @@ class Launcher:
         self._old_ray_env = os.environ.get("RAY_ADDRESS", "")
         os.environ["RAY_ADDRESS"] = address
         self.ray_address = address
+        self._started_head = True
         log.info("ray: head node started at %s (pid %d)", address, proc.pid)
+
+    def ray_child_env(self) -> dict[str, str]:
+        """Environment for a child process that joins this launcher's Ray (the trinity trainer):
+        its address and, for a head started here, the loopback switch (a driver without it
+        takes the machine's address and never finds the head's node) and token auth, which
+        `ray start --head` turns on (Ray 2.60) and a joiner reads from ~/.ray/auth_token only
+        in that mode."""
+        if not self.ray_address:
+            return {}
+        env = {"RAY_ADDRESS": self.ray_address}
+        if self._started_head:
+            env.update(ray_env(self.ray_node_ip))
+            env["RAY_AUTH_MODE"] = os.environ.get("RAY_AUTH_MODE", "token")
+        return env
 
     # ------------------------------------------------------------------ signals
     def _install_sigterm(self) -> None:

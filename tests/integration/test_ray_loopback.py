@@ -5,6 +5,7 @@ Linux it binds them on every interface unless told otherwise (ajet.launcher.ray_
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -49,6 +50,21 @@ def test_ray_head_listens_on_loopback_only(tmp_path) -> None:
     assert len(addresses) >= 3, addresses
     exposed = [a for a in addresses if not is_loopback(host_of(a))]
     assert exposed == [], f"Ray listens beyond loopback: {exposed} (all: {addresses})"
+
+
+JOIN = ("import ray\nray.init()  # RAY_ADDRESS from the environment\n"
+        "print(ray.get(ray.remote(lambda: 6 * 7).remote()))")
+
+
+@pytest.mark.integration
+def test_a_child_joins_the_loopback_head(tmp_path) -> None:
+    """What the trinity trainer does: a separate process joins the head through
+    `ray_child_env()` (address, loopback switch, token auth) and runs a task."""
+    with Launcher(ray="head", ray_num_cpus=1, log_dir=tmp_path) as launcher:
+        env = {**os.environ, **launcher.ray_child_env()}
+        out = subprocess.run([sys.executable, "-c", JOIN], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "42"
 
 
 LOCAL_RAY = """

@@ -54,7 +54,7 @@ def run_trinity(cfg: AjetConfig, *, resume: bool) -> None:
     run = run_dir(cfg)
     with Launcher(ray=None if cfg.ray.address else "head", ray_address=cfg.ray.address,
                   ray_num_gpus=gpus, ray_node_ip=cfg.ray.node_ip, log_dir=run / "services") as launcher:
-        env = {"RAY_ADDRESS": launcher.ray_address} if launcher.ray_address else {}
+        env = launcher.ray_child_env()
         log.info("trinity: running %s run --config %s", trinity_bin, config_path)
         code = launcher.run_command([trinity_bin, "run", "--config", str(config_path)], name="trinity", env=env)
     if code != 0:
