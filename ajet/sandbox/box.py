@@ -183,9 +183,12 @@ class _CgroupV1:
                     if key != "memory.swappiness":  # absent where swap accounting is off
                         raise
 
-    def add(self, pid: int) -> None:
-        for group in self.dirs:
-            (group / "cgroup.procs").write_text(str(pid))
+    def wrap(self, argv: list[str]) -> list[str]:
+        """`argv` run by a shell that first moves itself into the groups, so that bubblewrap and
+        everything it starts are born inside them (adding bubblewrap's pid after the start
+        raced with its first fork: the sandbox's processes stayed outside)."""
+        moves = " && ".join(f'echo $$ > "{group / "cgroup.procs"}"' for group in self.dirs)
+        return ["/bin/sh", "-c", f'{moves} && exec "$@"', "sh", *argv]
 
     def oom_kills(self) -> int:
         for group in self.dirs:
@@ -268,18 +271,13 @@ class Sandbox:
         argv = self.argv()
         if self.use_cgroups:
             self._cgroup = _CgroupV1(self.name, self.limits)
+            argv = self._cgroup.wrap(argv)
         try:
             self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=subprocess.PIPE, start_new_session=True)
         except OSError as exc:
             self._drop_cgroup()
             raise SandboxUnavailableError(f"cannot start bubblewrap ({argv[0]}): {exc}") from exc
-        if self._cgroup is not None:
-            try:
-                self._cgroup.add(self.proc.pid)
-            except OSError:
-                self.close()
-                raise
         hello = self._read_frame(timeout_s)
         if hello is None or not hello.get("ready"):
             err = self._stderr_tail()
