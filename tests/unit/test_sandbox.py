@@ -220,3 +220,23 @@ def test_a_host_without_user_namespaces_gets_the_fix() -> None:
     message = unavailable_message("bwrap: No permissions to creating new namespace, likely because the "
                                   "kernel does not allow non-privileged user namespaces")
     assert "kernel.unprivileged_userns_clone" in message and "sandbox.backend: service" in message
+
+
+def test_with_cgroups_every_process_of_the_sandbox_is_inside_them() -> None:
+    """bubblewrap, its init and the server are born in the sandbox's pids and memory groups (a
+    pid added after the start missed the processes bubblewrap had already forked)."""
+    import psutil
+
+    from ajet.sandbox.box import cgroups_usable
+
+    if not cgroups_usable():
+        pytest.skip("this host gives no writable cgroup v1")
+    with Sandbox(LIMITS, use_cgroups=True) as box:
+        assert box.run_python("print(1)").ok
+        tree = [psutil.Process(box.proc.pid), *psutil.Process(box.proc.pid).children(recursive=True)]
+        assert len(tree) >= 3  # bwrap, its init, the server
+        for proc in tree:
+            groups = Path(f"/proc/{proc.pid}/cgroup").read_text().splitlines()
+            for controller in ("pids", "memory"):
+                line = next(g for g in groups if controller in g.split(":")[1].split(","))
+                assert line.endswith(box.name), (proc.cmdline()[:2], line)
