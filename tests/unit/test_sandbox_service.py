@@ -89,7 +89,9 @@ def test_a_service_beyond_loopback_needs_a_token() -> None:
 
 
 def test_the_shared_pool_uses_the_service_when_configured(service: str, monkeypatch) -> None:
-    monkeypatch.delenv(shared.ENV, raising=False)
+    # configure() sets the variable: setenv undoes that after the test (a delenv of an unset
+    # variable records nothing, and the service's URL leaked into later tests' subprocesses)
+    monkeypatch.setenv(shared.ENV, "")
     monkeypatch.setattr(shared, "_pool", None)
     cfg = SandboxConfig(enabled=True, backend=SandboxBackend.service, service_url=service, service_token=TOKEN)
     assert "the service at" in shared.configure(cfg)
