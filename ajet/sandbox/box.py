@@ -240,7 +240,6 @@ class Sandbox:
         self._cgroup: _CgroupV1 | None = None
         self._lock = threading.Lock()
         self.name = f"ajet-sb-{os.getpid()}-{next(_ids)}"
-        self.calls = 0
 
     # ------------------------------------------------------------------ lifecycle
     def argv(self) -> list[str]:
@@ -343,7 +342,6 @@ class Sandbox:
         except SandboxCrashed as exc:
             self.close()
             return RunResult(status="crashed", exit_code=None, stdout="", stderr="", detail=str(exc))
-        self.calls += 1
         result = classify(raw, self.limits)
         if self._cgroup and result.status in ("error", "crashed") and self._cgroup.oom_kills() > oom_before:
             result.status, result.detail = "oom", f"{self.limits.memory_mb * 2} MB for the sandbox"

@@ -262,9 +262,9 @@ def write(req):
 
 
 def read(req):
-    with open(inside(req["path"]), "rb") as fh:
-        data = fh.read(int(req.get("max_bytes", 1 << 20)) + 1)
     limit = int(req.get("max_bytes", 1 << 20))
+    with open(inside(req["path"]), "rb") as fh:
+        data = fh.read(limit + 1)
     return {"data": base64.b64encode(data[:limit]).decode(), "truncated": len(data) > limit}
 
 

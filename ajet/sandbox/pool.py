@@ -43,7 +43,34 @@ class Box(Protocol):
     def close(self) -> None: ...
 
 
-class SandboxPool:
+class Sessions:
+    """An episode's session on sandboxes that `acquire(files)` hands out and `release(box)`
+    takes back: the one shape for a local pool and a sandbox service."""
+
+    def acquire(self, files: Mapping[str, str | bytes] | None = None) -> Box:
+        raise NotImplementedError
+
+    def release(self, box: Box) -> None:
+        box.close()
+
+    @contextlib.contextmanager
+    def session_sync(self, files: Mapping[str, str | bytes] | None = None) -> Iterator[SandboxSession]:
+        session = SandboxSession(lambda: self.acquire(files), self.release)
+        try:
+            yield session
+        finally:
+            session.close()
+
+    @contextlib.asynccontextmanager
+    async def session(self, files: Mapping[str, str | bytes] | None = None) -> AsyncIterator[SandboxSession]:
+        session = SandboxSession(lambda: self.acquire(files), self.release)
+        try:
+            yield session
+        finally:
+            await asyncio.to_thread(session.close)
+
+
+class SandboxPool(Sessions):
     """Keeps `size` sandboxes started and ready; `acquire` takes one (or starts one when none
     is ready), `release` kills it and a background thread replaces it."""
 
@@ -104,25 +131,6 @@ class SandboxPool:
         if files:
             box.write_files(files)
         return box
-
-    def release(self, box: Sandbox) -> None:
-        box.close()
-
-    @contextlib.contextmanager
-    def session_sync(self, files: Mapping[str, str | bytes] | None = None) -> Iterator[SandboxSession]:
-        session = SandboxSession(lambda: self.acquire(files), self.release)
-        try:
-            yield session
-        finally:
-            session.close()
-
-    @contextlib.asynccontextmanager
-    async def session(self, files: Mapping[str, str | bytes] | None = None) -> AsyncIterator[SandboxSession]:
-        session = SandboxSession(lambda: self.acquire(files), self.release)
-        try:
-            yield session
-        finally:
-            await asyncio.to_thread(session.close)
 
     def close(self) -> None:
         self._closed.set()

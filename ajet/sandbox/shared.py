@@ -16,14 +16,13 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Mapping
 from typing import Any
 
 from ajet.config.choices import SandboxBackend
 from ajet.config.deploy import SandboxConfig
 from ajet.sandbox.box import Limits, probe
-from ajet.sandbox.pool import SandboxPool, SandboxSession
+from ajet.sandbox.pool import SandboxPool, Sessions
 
 ENV = "AJET_SANDBOX"
 _lock = threading.Lock()
@@ -81,29 +80,19 @@ def _settings() -> SandboxConfig:
     return SandboxConfig(**values)
 
 
-class ServicePool:
+class ServicePool(Sessions):
     """Sessions on a sandbox service (sandbox.backend: service): a remote sandbox per episode."""
 
     def __init__(self, url: str, token: str) -> None:
         self.url, self.token = url, token
 
-    def _acquire(self, files: Mapping[str, str | bytes] | None) -> Any:
+    def acquire(self, files: Mapping[str, str | bytes] | None = None) -> Any:
         from ajet.sandbox.service import RemoteSandbox
 
         box = RemoteSandbox(self.url, self.token).start()
         if files:
             box.write_files(files)
         return box
-
-    @asynccontextmanager
-    async def session(self, files: Mapping[str, str | bytes] | None = None) -> AsyncIterator[SandboxSession]:
-        import asyncio
-
-        session = SandboxSession(lambda: self._acquire(files), lambda box: box.close())
-        try:
-            yield session
-        finally:
-            await asyncio.to_thread(session.close)
 
     def close(self) -> None:
         pass
