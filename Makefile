@@ -17,7 +17,7 @@ TEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 BENCH_ARGS ?=
 
-.PHONY: install sandbox demo test test-main test-fast bench bench-learning fuzz lint browser env-trinity env-verl test-trinity test-verl clean
+.PHONY: install sandbox harnesses demo test test-main test-fast bench bench-learning fuzz lint browser env-trinity env-verl test-trinity test-verl clean
 
 # uv installs the packages (a fresh install: ~40 s, against ~90 s with pip). torch 2.13.0 is the
 # CPU build that lies on these machines' disk: uv takes that file when it is there, else pip
@@ -54,14 +54,25 @@ browser: install
 sandbox:
 	bash scripts/install_sandbox.sh
 
+# The CLI coding agent that tutorial/example_coding_agents trains (opencode, from npm, pinned)
+# under .harness/; mini-swe-agent comes from PyPI with `make install`.
+OPENCODE_VERSION := 1.18.33
+HARNESS_STAMP := .harness/.opencode-$(OPENCODE_VERSION)
+harnesses: $(HARNESS_STAMP)
+
+$(HARNESS_STAMP):
+	@command -v npm >/dev/null || { echo "make harnesses: npm is needed (apt-get install npm)"; exit 1; }
+	npm install --prefix .harness --no-audit --no-fund --no-save --ignore-scripts opencode-ai@$(OPENCODE_VERSION)
+	touch $@
+
 # Everything: the main suite in .venv, then the real-package backbone tests in their envs.
 test: test-main test-trinity test-verl
 
-test-main: install browser sandbox
+test-main: install browser sandbox harnesses
 	$(PY) -m pytest --ignore=tests/backbones $(XDIST) $(PYTEST_ARGS)
 
 # The loop while coding: the unit tests (CPU, no model beyond the tiny one), in under 3 minutes.
-test-fast: install sandbox
+test-fast: install sandbox harnesses
 	$(PY) -m pytest --ignore=tests/backbones -m "not integration and not tutorial" $(XDIST) $(PYTEST_ARGS)
 
 # The bench extra builds llama.cpp from source (~3.5 min on 2 cores with uv, once); on a CPU with

@@ -45,6 +45,8 @@ from ajet.errors import SandboxUnavailableError
 
 INSIDE = Path(__file__).with_name("inside.py")
 INSIDE_AT = "/opt/ajet/inside.py"
+RELAY = Path(__file__).with_name("relay.py")
+RELAY_AT = "/opt/ajet/relay.py"  # a TCP <-> Unix-socket relay: the one way out (`bridge.ModelBridge`)
 _ids = itertools.count()
 
 
@@ -58,6 +60,10 @@ class Limits:
     processes: int = 32
     output_bytes: int = 16_384  # stdout + stderr of one call; more ends the call
     disk_mb: int = 64  # /sandbox; /tmp gets the same again
+    # memory_mb as each process's address space (RLIMIT_AS). Off for runtimes that reserve far
+    # more address space than they use (Bun, the JVM, Go: a CLI coding agent); the cgroup's
+    # memory limit over the whole sandbox still holds where there is one (`Isolation.cgroups`).
+    address_space: bool = True
 
 
 # A failed call whose stderr shows the sandbox saying no (a read-only or hidden path, no
@@ -65,7 +71,8 @@ class Limits:
 _REFUSED = re.compile(
     r"Read-only file system|Permission denied|Operation not permitted|Network is unreachable|"
     r"Connection refused|Temporary failure in name resolution|Name or service not known|"
-    r"Resource temporarily unavailable|No such file or directory: '/(?!sandbox/|tmp/)"
+    r"Resource temporarily unavailable|No such file or directory: '/(?!sandbox/|tmp/)|"
+    r"(?<![\w.])'?/(?!sandbox/|tmp/)[^\s:']*'?(?: for reading)?: No such file or directory"  # a shell's: cat: /etc/shadow: ...
 )
 _OOM = re.compile(r"MemoryError|Cannot allocate memory|std::bad_alloc|out of memory")
 
@@ -231,10 +238,14 @@ class Sandbox:
     kills everything in it and forgets its files."""
 
     def __init__(self, limits: Limits | None = None, *, python: str = "", ro_paths: Sequence[str] = (),
-                 use_cgroups: bool | None = None) -> None:
+                 binds: Mapping[str, str] | None = None, use_cgroups: bool | None = None) -> None:
+        """`ro_paths`: host paths shown read-only at the same path (a harness's binary).
+        `binds`: host directory -> path inside, writable (a directory holding the Unix socket of
+        a `ModelBridge`; nothing else of the host should be bound writable)."""
         self.limits = limits or Limits()
         self.python = sandbox_python(python)
         self.ro_paths = list(ro_paths)
+        self.binds = dict(binds or {})
         self.use_cgroups = cgroups_usable() if use_cgroups is None else use_cgroups
         self.proc: subprocess.Popen | None = None
         self._cgroup: _CgroupV1 | None = None
@@ -253,13 +264,18 @@ class Sandbox:
             elif path.is_dir():
                 argv += ["--ro-bind", top, top]
         prefix = str(Path(self.python).resolve().parent.parent)
-        for path in [prefix, *self.ro_paths]:
+        if not prefix.startswith("/usr/"):
+            argv += ["--ro-bind", prefix, prefix]
+        disk = str(self.limits.disk_mb << 20)
+        argv += ["--ro-bind", str(INSIDE), INSIDE_AT, "--ro-bind", str(RELAY), RELAY_AT,
+                 "--proc", "/proc", "--dev", "/dev",
+                 "--size", disk, "--tmpfs", "/sandbox", "--size", disk, "--tmpfs", "/tmp"]
+        for path in self.ro_paths:  # after the tmpfs mounts: a path under /tmp stays visible
             if not path.startswith("/usr/"):
                 argv += ["--ro-bind", path, path]
-        disk = str(self.limits.disk_mb << 20)
-        argv += ["--ro-bind", str(INSIDE), INSIDE_AT, "--proc", "/proc", "--dev", "/dev",
-                 "--size", disk, "--tmpfs", "/sandbox", "--size", disk, "--tmpfs", "/tmp",
-                 "--remount-ro", "/", "--chdir", "/sandbox", "--clearenv",
+        for host, at in self.binds.items():
+            argv += ["--bind", host, at]
+        argv += ["--remount-ro", "/", "--chdir", "/sandbox", "--clearenv",
                  "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/sandbox",
                  "--setenv", "LANG", "C.UTF-8", "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
                  "--setenv", "PYTHONUNBUFFERED", "1",

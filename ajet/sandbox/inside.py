@@ -93,8 +93,9 @@ def reap():
 def set_limits(limits):
     cpu = int(limits["cpu_s"])
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-    memory = int(limits["memory_mb"]) * 1024 * 1024
-    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    if limits.get("address_space", True):
+        memory = int(limits["memory_mb"]) * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
     disk = int(limits["disk_mb"]) * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_FSIZE, (disk, disk))
     resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))

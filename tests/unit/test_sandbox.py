@@ -79,6 +79,18 @@ def test_reading_host_files_is_refused(box: Sandbox, path: str) -> None:
     still_serves(box)
 
 
+@pytest.mark.parametrize("command", ["cat /etc/shadow", "ls /root/.ssh", "head -1 /home/*/.bashrc"])
+def test_a_shell_reading_host_files_is_refused(box: Sandbox, command: str) -> None:
+    result = fresh(box).run(command)
+    assert result.status == "refused", result
+    assert result.stdout == ""
+
+
+def test_a_shell_missing_its_own_file_is_an_error(box: Sandbox) -> None:
+    result = fresh(box).run("cat notes.txt; ls /sandbox/missing /tmp/missing")
+    assert result.status == "error", result
+
+
 @pytest.mark.parametrize("path", ["/x", "/usr/lib/x", "/root/x", "/proc/x"])
 def test_writing_outside_the_work_dir_is_refused(box: Sandbox, path: str) -> None:
     result = fresh(box).run_python(f"open({path!r}, 'w').write('x')")
