@@ -5,7 +5,7 @@ commands run in ajet's sandbox and its model calls go to ajet's gateway.
 
 The agent is built as its own `mini` command builds it: its bundled `mini.yaml` config (system
 and instance templates, the `bash` tool, the observation format), merged with
-`mini_swe_agent.mswea.yaml` beside this file (the model: litellm's OpenAI provider pointed at
+`harness_config/mini_swe_agent.yaml` beside this file (the model: litellm's OpenAI provider pointed at
 the episode's gateway URL and key; the step limit). The one piece ajet supplies is its
 environment class, `SandboxEnvironment`: mini-swe-agent's pluggable environment interface
 (`execute`, `get_template_vars`, `serialize`), running each command in the episode's sandbox,
@@ -71,11 +71,11 @@ class SandboxEnvironment:
 
 def mini_config(base_url: str, api_key: str) -> dict:
     """mini-swe-agent's own `mini.yaml`, merged with this tutorial's settings and the episode's
-    endpoint (as `mini -c mini.yaml -c mini_swe_agent.mswea.yaml` would merge them)."""
+    endpoint (as `mini -c mini.yaml -c harness_config/mini_swe_agent.yaml` would merge them)."""
     from minisweagent.config import builtin_config_dir
     from minisweagent.utils.serialize import recursive_merge
 
-    ours = yaml.safe_load((HERE / "mini_swe_agent.mswea.yaml").read_text())
+    ours = yaml.safe_load((HERE / "harness_config" / "mini_swe_agent.yaml").read_text())
     endpoint = {"model": {"model_kwargs": {"api_base": base_url, "api_key": api_key}}}
     return recursive_merge(yaml.safe_load((builtin_config_dir / "mini.yaml").read_text()), ours, endpoint)
 

@@ -42,7 +42,7 @@ def pool() -> Iterator[Any]:
 
 
 def test_the_tasks_split_by_function_and_each_test_sees_its_bug(example_modules, pool) -> None:
-    example_modules(HERE, "coding", "make_tasks")
+    example_modules(HERE, "coding")
     from coding import repo_files, run_tests
 
     functions = {split: {row["task_id"].split("-")[1] for row in rows} for split, rows in TASKS.items()}

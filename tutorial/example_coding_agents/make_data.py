@@ -1,7 +1,7 @@
 """Regenerate train.jsonl / val.jsonl / test.jsonl: tiny repositories, each with one bug and a
 unit test that fails until the bug is fixed (deterministic).
 
-    python tutorial/example_coding_agents/make_tasks.py
+    python tutorial/example_coding_agents/make_data.py
 
 A task is one small module (`<name>.py`, one function with a planted bug: a wrong operator, an
 off-by-one, a wrong start value, a flipped comparison) and `test_<name>.py` (unittest). The
