@@ -11,9 +11,11 @@ PYTEST_ARGS ?=
 # The suite runs on pytest-xdist workers, one test file at a time each (module fixtures are set
 # up once), the longest files first (tests/conftest.py, longest_first). On 2 cores two workers
 # took the AMX type's main suite from 12:19 to 9:06 (scripts/bench_suite.py): the CLI tests wait
-# on subprocesses, servers and timeouts, and one worker's waits are the other's CPU time.
+# on subprocesses, servers and timeouts, and one worker's waits are the other's CPU time. On the
+# AVX2-only type two workers still left the cores idle through the long waits (the chaos run
+# waits out three 45 s timeouts at ~5 % CPU): a third worker fills them (docs/log/2026-12-02_test_suite.md).
 # TEST_WORKERS=0: serial.
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 BENCH_ARGS ?=
 

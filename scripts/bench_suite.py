@@ -2,7 +2,7 @@
 `make test-main` runs it, or `make test-fast`'s unit tests), its CPU time, and the slowest
 tests and files, from pytest's JUnit report.
 
-    .venv/bin/python scripts/bench_suite.py [--suite main|fast] [--workers 2] [--cpu-isa avx2]
+    .venv/bin/python scripts/bench_suite.py [--suite main|fast] [--workers 3] [--cpu-isa avx2]
                                             [--top 20] [--junit FILE]
 
 --cpu-isa caps the instruction sets as scripts/bench_engine.py does (ATen's dispatch, oneDNN,
@@ -81,7 +81,7 @@ def print_tables(junit: Path, top: int) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--suite", choices=sorted(SUITES), default="main")
-    parser.add_argument("--workers", type=int, default=2, help="pytest-xdist workers; 0: serial")
+    parser.add_argument("--workers", type=int, default=3, help="pytest-xdist workers (the Makefile's TEST_WORKERS); 0: serial")
     parser.add_argument("--cpu-isa", choices=sorted(CPU_ISA), default="native")
     parser.add_argument("--top", type=int, default=20)
     parser.add_argument("--junit", type=Path, default=None, help="only print an earlier report's tables")
