@@ -24,6 +24,7 @@ import asyncio
 import importlib.util
 import inspect
 import logging
+import os
 import pickle
 import traceback
 from typing import Any
@@ -235,10 +236,24 @@ def workflow_spec(workflow: Any, target: str | None) -> Any:
     return cloudpickle.dumps(workflow)
 
 
+def worker_options(max_concurrency: int) -> dict[str, Any]:
+    """`ray.remote` options of a rollout worker. The run's sandbox settings (`sandbox.enabled`:
+    set in this process's environment by `ajet.sandbox.shared.configure`) travel in the actor's
+    runtime env, so that a workflow's `shared_pool()` builds its own warm pool on the worker's
+    node, also on a cluster joined with ray.address (whose workers do not inherit this
+    process's environment)."""
+    from ajet.sandbox.shared import ENV
+
+    options: dict[str, Any] = {"num_cpus": 1, "max_concurrency": max(1, max_concurrency)}
+    if os.environ.get(ENV):
+        options["runtime_env"] = {"env_vars": {ENV: os.environ[ENV]}}
+    return options
+
+
 def start_workers(spec: Any, count: int, max_concurrency: int) -> list:
     import ray  # --with-ray only
 
-    remote_cls = ray.remote(num_cpus=1, max_concurrency=max(1, max_concurrency))(EpisodeWorker)
+    remote_cls = ray.remote(**worker_options(max_concurrency))(EpisodeWorker)
     workers = [remote_cls.remote(spec) for _ in range(max(1, count))]
     try:
         ray.get([w.ready.remote() for w in workers])

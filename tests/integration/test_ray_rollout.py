@@ -35,7 +35,11 @@ class TwoTurns(Workflow):
         second = await tuner(messages)  # the tuner itself, as an AgentScope model
         text = "".join(block.get("text", "") for block in second.content if block.get("type") == "text")
         reward = sum(ch in "aeiou" for ch in text) / max(1, len(text))
-        return WorkflowOutput(reward=reward, log_metrics={"in_ray_actor": float(in_actor)})
+        from ajet.sandbox import shared_pool  # the run's sandbox, in the actor's own pool
+
+        async with shared_pool().session() as box:
+            ran = (await box.arun_python("print(6 * 7)")).stdout.strip() == "42"
+        return WorkflowOutput(reward=reward, log_metrics={"in_ray_actor": float(in_actor), "sandbox_ran": float(ran)})
 '''
 
 
@@ -52,6 +56,7 @@ task_reader: {{jsonl: {{train_path: train.jsonl}}}}
 rollout: {{n: 2, max_tokens: 6, temperature: 1.0, max_retries: 0}}
 trainer: {{total_steps: 2, batch_size: 4, lr: 0.01}}
 ray: {{num_rollout_workers: 2}}
+sandbox: {{enabled: true, pool_size: 1}}
 logging: {{tensorboard: false}}
 """)
     return conf
@@ -73,6 +78,8 @@ def test_two_steps_with_ray_train_like_in_process(tmp_path: Path, tiny_model_dir
     assert [r["step"] for r in train] == [1, 2]
     # every successful episode ran inside a Ray actor, not in the driver
     assert all(r["workflow/in_ray_actor"] == 1.0 for r in train)
+    # ... and ran model code in the run's sandbox there (sandbox.enabled reaches the actors)
+    assert all(r["workflow/sandbox_ran"] == 1.0 for r in train)
     # the 8 tasks are all seen in 2 steps of 4: t3's two episodes fail, by the workflow's own error type
     assert sum(r.get("rollout/failed/workflow_error:ValueError", 0.0) for r in train) == 2.0
     assert sum(r["rollout/ok"] for r in train) == 14.0
@@ -104,6 +111,16 @@ def test_with_ray_the_next_step_rolls_out_during_the_update(tmp_path: Path, tiny
 
 
 # ---------------------------------------------------------------------- fast pieces
+def test_workers_carry_the_runs_sandbox_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ajet.rollout.ray_rollout import worker_options
+    from ajet.sandbox.shared import ENV
+
+    monkeypatch.setenv(ENV, "")
+    assert "runtime_env" not in worker_options(4)
+    monkeypatch.setenv(ENV, '{"enabled": true, "pool_size": 3}')
+    assert worker_options(4)["runtime_env"] == {"env_vars": {ENV: '{"enabled": true, "pool_size": 3}'}}
+
+
 def test_proxy_routes_roles_to_the_driver_keys() -> None:
     keys = {"default": "k-default", "solver": "k-solver"}
     everyone = make_tuner_proxy("http://gw/v1", keys, None, 30.0)
