@@ -3,7 +3,8 @@
 Episode level: one reward per episode, grouped by `group_id` (the task: GRPO siblings).
 Role level (`compute_role_advantages`, per-role rewards of multi-agent episodes): one reward
 per (episode, role), grouped by (task, role), so each role is compared with itself.
-Step level (REINFORCE++ with per-call rewards): one value per LLM call of the episode.
+Step level (REINFORCE++ with per-call rewards; GiGPO's state groups on top of GRPO): one value
+per LLM call of the episode.
 `assign_token_advantages` then spreads the values over each `Sample`'s trained tokens.
 """
 
@@ -13,6 +14,7 @@ import logging
 import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ajet.config.schema import Algorithm
@@ -156,6 +158,88 @@ def reinforce_pp_advantages(
     var = sum((g - mean) ** 2 for g in flat) / (n - 1) if n > 1 else 0.0
     scale = 1.0 / math.sqrt(var + eps)
     return [[(g - mean) * scale for g in ep] for ep in returns]
+
+
+@dataclass(frozen=True)
+class StateGroups:
+    """How much step credit had to work with: `steps` calls in the batch, `marked` of them with a
+    state key, `grouped` in a state group of 2 or more (only those get a step advantage), and the
+    mean size of the state groups (all sizes, 1 included). `grouped == 0` means the states never
+    repeat and step credit does nothing (a learning sign says so)."""
+
+    steps: int
+    marked: int
+    grouped: int
+    groups: int
+    mean_group_size: float
+
+    @property
+    def grouped_share(self) -> float:
+        return self.grouped / self.steps if self.steps else 0.0
+
+
+def gigpo_advantages(
+    rewards: Sequence[float],
+    group_ids: Sequence[str],
+    step_states: Sequence[Sequence[str | None]],
+    *,
+    step_rewards: Sequence[Sequence[float] | None] | None = None,
+    gamma: float = 0.95,
+    weight: float = 1.0,
+    norm_by_std: bool = True,
+    eps: float = 1e-6,
+) -> tuple[list[list[float]], StateGroups]:
+    """GiGPO (arXiv 2505.10978): the episode's GRPO advantage plus `weight` times a step advantage
+    computed inside "anchor state" groups. One value per LLM call of each episode, in call order.
+
+    `step_states[i][t]` is the environment state that episode i's call t acted in (a key the
+    workflow marks; None: not marked). Steps of the same task group (`group_ids`) with the same
+    key form a state group, across the task's rollouts and within one episode (a state visited
+    twice counts twice). A step's return is the discounted return from it,
+    `G_t = sum_k gamma^k r_{t+k}`, with the episode's final reward added to its last step (as
+    `reinforce_pp_advantages` does); its step advantage is `(G_t - mean) / (std + eps)` over its
+    state group (`G_t - mean` without `norm_by_std`; unbiased std, as GRPO's). A step whose
+    group has one member, or no key, gets the episode advantage alone.
+    """
+    _check_lengths(rewards, group_ids)
+    _require_finite(rewards)
+    if len(step_states) != len(rewards):
+        raise ValueError(f"step_states ({len(step_states)}) must have one entry per episode ({len(rewards)} rewards)")
+    if step_rewards is not None and len(step_rewards) != len(rewards):
+        raise ValueError(f"step_rewards ({len(step_rewards)}) must have one entry per episode ({len(rewards)} rewards)")
+    episode = grpo_advantages(rewards, group_ids, norm_by_std=norm_by_std, eps=eps)
+    returns: list[list[float]] = []
+    for i, states in enumerate(step_states):
+        n = max(1, len(states))
+        steps = [float(r) for r in (step_rewards[i] or [])] if step_rewards is not None else []
+        if steps and len(steps) != len(states):
+            raise ValueError(f"episode {i}: {len(steps)} step rewards for {len(states)} calls; give one per call")
+        steps = steps or [0.0] * n
+        _require_finite(steps)
+        steps[-1] += float(rewards[i])
+        returns.append(discounted_returns(steps, gamma))
+    members: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
+    for i, states in enumerate(step_states):
+        for t, key in enumerate(states):
+            if key is not None:
+                members[(group_ids[i], str(key))].append((i, t))
+    out = [[episode[i]] * max(1, len(states)) for i, states in enumerate(step_states)]
+    grouped = 0
+    for steps_of_state in members.values():
+        n = len(steps_of_state)
+        if n < 2:
+            continue
+        grouped += n
+        values = [returns[i][t] for i, t in steps_of_state]
+        mean = sum(values) / n
+        std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+        for (i, t), v in zip(steps_of_state, values, strict=True):
+            step = (v - mean) / (std + eps) if norm_by_std else v - mean
+            out[i][t] = episode[i] + weight * step
+    marked = sum(len(m) for m in members.values())
+    stats = StateGroups(steps=sum(len(row) for row in out), marked=marked, grouped=grouped, groups=len(members),
+                        mean_group_size=marked / len(members) if members else 0.0)
+    return out, stats
 
 
 def compute_advantages(

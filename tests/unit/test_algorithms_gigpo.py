@@ -1,0 +1,69 @@
+"""GiGPO's step credit (`gigpo_advantages`) against values computed by hand: the episode's GRPO
+advantage plus `weight` times the step's normalised discounted return inside its state group."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from ajet.algorithms.advantages import assign_token_advantages, gigpo_advantages
+from ajet.context.types import Sample
+
+R2 = 1 / math.sqrt(2)  # the GRPO advantage of rewards (1, 0): +-0.5 / std, std = sqrt(0.5)
+
+
+def test_two_rollouts_that_pass_the_same_state() -> None:
+    # A: s0 -> sA, reward 1; B: s0 -> sB, reward 0; gamma 0.5, so A's returns are (0.5, 1), B's (0, 0).
+    values, stats = gigpo_advantages([1.0, 0.0], ["g", "g"], [["s0", "sA"], ["s0", "sB"]], gamma=0.5)
+    # s0's group: returns (0.5, 0), mean 0.25, std sqrt(0.125) -> +-0.25 / 0.35355 = +-R2.
+    assert values[0] == pytest.approx([R2 + R2, R2], rel=1e-5)
+    assert values[1] == pytest.approx([-R2 - R2, -R2], rel=1e-5)  # sA, sB: groups of one, the episode's
+    assert (stats.steps, stats.marked, stats.grouped, stats.groups) == (4, 4, 2, 3)
+    assert stats.grouped_share == 0.5 and stats.mean_group_size == pytest.approx(4 / 3)
+
+
+def test_a_state_visited_twice_in_one_episode() -> None:
+    # A: s0, s0, s1 with reward 1; B: s0, s2 with reward 0; gamma 1: A's returns (1, 1, 1), B's (0, 0).
+    values, stats = gigpo_advantages([1.0, 0.0], ["g", "g"], [["s0", "s0", "s1"], ["s0", "s2"]], gamma=1.0,
+                                     weight=0.5)
+    # s0's group holds A's two steps and B's first: returns (1, 1, 0), mean 2/3, std sqrt(1/3).
+    step_a, step_b = (1 / 3) / math.sqrt(1 / 3), (-2 / 3) / math.sqrt(1 / 3)
+    assert values[0] == pytest.approx([R2 + 0.5 * step_a, R2 + 0.5 * step_a, R2], rel=1e-5)
+    assert values[1] == pytest.approx([-R2 + 0.5 * step_b, -R2], rel=1e-5)
+    assert (stats.grouped, stats.groups) == (3, 3)
+
+
+def test_lone_and_unmarked_steps_and_other_tasks_keep_the_episode_advantage() -> None:
+    values, stats = gigpo_advantages(
+        [1.0, 0.0, 1.0, 0.0], ["g1", "g1", "g2", "g2"],
+        [["x", None], ["y", None], ["x"], ["z"]],  # "x" in two tasks: different groups
+        gamma=0.9)
+    expected = [[R2, R2], [-R2, -R2], [R2], [-R2]]
+    assert [len(v) for v in values] == [2, 2, 1, 1]
+    assert sum(values, []) == pytest.approx(sum(expected, []), rel=1e-5)
+    assert (stats.steps, stats.marked, stats.grouped) == (6, 4, 0)  # step credit did nothing here
+
+
+def test_step_rewards_enter_the_returns() -> None:
+    # Both start at s0; A then gets a step reward of 1 at its second call and a final reward of 0.
+    values, _ = gigpo_advantages([0.0, 0.0], ["g", "g"], [["s0", "s1"], ["s0", "s2"]],
+                                 step_rewards=[[0.0, 1.0], [0.0, 0.0]], gamma=0.5, norm_by_std=False)
+    # The episodes tie (advantage 0); s0's returns are (0.5, 0): mean 0.25, unnormalised +-0.25.
+    assert values[0] == pytest.approx([0.25, 0.0]) and values[1] == pytest.approx([-0.25, 0.0])
+
+
+def test_bad_shapes_are_named() -> None:
+    with pytest.raises(ValueError, match="step_states"):
+        gigpo_advantages([1.0, 0.0], ["g", "g"], [["s"]])
+    with pytest.raises(ValueError, match="2 step rewards for 1 calls"):
+        gigpo_advantages([1.0, 0.0], ["g", "g"], [["s"], ["s"]], step_rewards=[[0.0, 1.0], None])
+
+
+def test_in_a_merged_sample_each_call_gets_its_own_step_value() -> None:
+    values, _ = gigpo_advantages([1.0, 0.0], ["g", "g"], [["s0", "sA"], ["s0", "sB"]], gamma=0.5)
+    # Episode A's two calls merged into one sample: prompt, call 0's reply, a tool result, call 1's reply.
+    merged = Sample(input_ids=list(range(8)), loss_mask=[0, 0, 1, 1, 0, 0, 1, 1], old_logprobs=[0.0] * 8,
+                    episode_id="A", token_call_ids=[-1, -1, 0, 0, -1, -1, 1, 1], num_calls=2)
+    assign_token_advantages([merged], {"A": values[0], "B": values[1]})
+    assert merged.advantage == pytest.approx([0, 0, 2 * R2, 2 * R2, 0, 0, R2, R2], rel=1e-5)
