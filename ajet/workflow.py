@@ -82,6 +82,11 @@ class WorkflowOutput(BaseModel):
     log_metrics: dict[str, float] = Field(default_factory=dict)
     # Optional per-LLM-call rewards (in call order), used by per-step algorithms.
     step_rewards: list[Annotated[float, Field(allow_inf_nan=False)]] | None = None
+    # Optional per-LLM-call environment states (in call order; None = not marked): the state each
+    # call acted in, e.g. the agent's position on a map. With algorithm.step_credit=gigpo, the
+    # steps of one task's rollouts that share a state are compared (docs/credit.md). A key must
+    # name the state fully: two steps with the same key are treated as the same situation.
+    step_states: list[str | None] | None = None
 
 
 class Workflow(BaseModel):

@@ -24,6 +24,15 @@ class Algorithm(str, Enum):
     dpo = "dpo"
 
 
+class StepCredit(str, Enum):
+    """Credit for single steps on top of the episode's advantage (docs/credit.md)."""
+
+    none = "none"
+    # GiGPO (arXiv 2505.10978): steps of a task's rollouts that act in the same marked state
+    # (WorkflowOutput.step_states) are compared by their discounted returns.
+    gigpo = "gigpo"
+
+
 # The RL algorithms (the debug backbone's GRPO family); sft and dpo have their own recipes.
 RL_ALGORITHMS = (Algorithm.grpo, Algorithm.rloo, Algorithm.reinforce_pp, Algorithm.ppo, Algorithm.distill)
 # Algorithms whose advantages compare the episodes of one task (rollout.n >= 2).

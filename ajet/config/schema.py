@@ -34,6 +34,7 @@ from ajet.config.choices import (  # noqa: F401 - re-exported: the schema is whe
     ReferenceModel,
     SandboxBackend,
     Stage,
+    StepCredit,
     ToolCallGrammar,
 )
 from ajet.config.deploy import (  # noqa: F401 - re-exported: the schema is where users look
@@ -316,6 +317,14 @@ class AlgorithmConfig:
     tis_cap: float = bounded(0.0, Ge(0))
     # Discount for per-step rewards (REINFORCE++ returns).
     gamma: float = bounded(1.0, Interval(gt=0, le=1))
+    # Step credit on top of the episode advantage (docs/credit.md). gigpo: the steps of one task's
+    # rollouts that act in the same state (the workflow marks them: WorkflowOutput.step_states)
+    # are compared by their discounted returns (step_credit_gamma); that step advantage, times
+    # step_credit_weight, is added to the episode's. GRPO only. States that never repeat give
+    # it nothing to compare: credit/state_grouped_share says so.
+    step_credit: StepCredit = StepCredit.none
+    step_credit_weight: float = bounded(1.0, Ge(0))
+    step_credit_gamma: float = bounded(0.95, Interval(gt=0, le=1))
     # DPO
     dpo_beta: float = bounded(0.1, Gt(0))
     dpo_loss: DpoLoss = DpoLoss.sigmoid

@@ -22,6 +22,7 @@ from ajet.config.schema import (
     ReferenceModel,
     SandboxBackend,
     Stage,
+    StepCredit,
 )
 from ajet.config.stages import (
     apply_override,
@@ -116,6 +117,13 @@ def validate(cfg: AjetConfig, *, require_workflow: bool = True) -> list[tuple[st
             "rollout.n",
             f"{a.name.value} compares episodes of the same task, so rollout.n must be >= 2 "
             "(e.g. rollout.n=4), or use algorithm.name=reinforce_pp",
+        )
+    if a.step_credit != StepCredit.none:
+        need(
+            a.name == Algorithm.grpo,
+            "algorithm.step_credit",
+            f"{a.step_credit.value} adds step credit to GRPO's episode advantage; it needs algorithm.name=grpo "
+            f"(not {a.name.value}), or set algorithm.step_credit=none",
         )
     if a.kl_coef > 0 and a.kl_reference == ReferenceModel.lora_base:
         need(

@@ -19,6 +19,7 @@ The signs (k = `STEPS` steps that logged the metric, in a row, ending at the ste
 | `entropy_collapse` | the entropy fell to <= `ENTROPY_FRACTION` of its first logged value while success < `SOLVED_SUCCESS` (absent success counts as unsolved) | `actor/entropy`, `success/rate` |
 | `kl_grows_reward_flat` | over the last k + 1 steps logging both: the mean KL of the later half >= `KL_GROWTH` x that of the earlier half and >= `KL_FLOOR`, while the mean reward rose by <= `REWARD_FLAT` | `actor/kl` (only with `algorithm.kl_coef` > 0), `reward/mean` |
 | `all_truncated` | in each of k steps, >= `TRUNCATED_RATE_HIGH` of the episodes ended on a reply cut at its token limit | `rollout/truncated_rate` |
+| `step_credit_idle` | in each of k steps with step credit on, no step shared its state with another step of its task | `credit/state_grouped_share` = 0 |
 
 A sign whose metrics a run did not log (an older run, another backbone, no KL reference) is
 not checked. `no_reward_variance` is about group baselines (grpo, rloo, ppo): with
@@ -170,6 +171,15 @@ def _all_truncated(rows: Sequence[Row], i: int) -> str | None:
             f"(>= {TRUNCATED_RATE_HIGH}): the episodes' last replies were cut at their token limit")
 
 
+def _step_credit_idle(rows: Sequence[Row], i: int) -> str | None:
+    window = _last(rows, i, ("credit/state_grouped_share",), STEPS)
+    if window is None or any(_num(r, "credit/state_grouped_share") > 0 for r in window):
+        return None
+    return (f"credit/state_grouped_share 0 at steps {_span(window)} (credit/state_marked_share "
+            f"{_values(window, 'credit/state_marked_share')}): no marked state repeated within a task's "
+            "rollouts, so step credit added nothing to the episode advantage")
+
+
 Check = Callable[[Sequence[Row], int], "str | None"]
 
 # (name, check, lever): the order in which they are reported.
@@ -193,6 +203,9 @@ SIGNS: tuple[tuple[str, Check, str], ...] = (
      "an entropy bonus (algorithm.entropy_coef, e.g. 0.001), a higher rollout.temperature, a lower trainer.lr"),
     ("kl_grows_reward_flat", _kl_grows_reward_flat,
      "a higher algorithm.kl_coef or a lower trainer.lr"),
+    ("step_credit_idle", _step_credit_idle,
+     "mark states that repeat (WorkflowOutput.step_states: the situation, not the step number or "
+     "the history), a larger rollout.n, or algorithm.step_credit=none"),
     ("all_truncated", _all_truncated,
      "a higher rollout.max_tokens (and context.max_call_tokens / context.max_model_len where the call "
      "budget caps it), or ask for shorter replies in the prompt"),

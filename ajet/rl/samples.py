@@ -9,8 +9,9 @@ from ajet.algorithms.advantages import (
     assign_token_advantages,
     compute_advantages,
     compute_role_advantages,
+    gigpo_advantages,
 )
-from ajet.config.schema import AlgorithmConfig, ContextConfig
+from ajet.config.schema import AlgorithmConfig, ContextConfig, StepCredit
 from ajet.context.pack import loss_weights
 from ajet.context.samples import episode_samples
 from ajet.context.types import Sample
@@ -24,19 +25,51 @@ class StepBatch:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
+def step_states(episode: Any) -> list[str | None]:
+    """The episode's state key per LLM call (`WorkflowOutput.step_states`), one per call: calls
+    past the list are unmarked, keys past the calls are dropped."""
+    marked = list(episode.output.step_states or []) if episode.output is not None else []
+    calls = max(1, episode.num_calls)
+    return (marked + [None] * calls)[:calls]
+
+
+def padded_step_rewards(episode: Any) -> list[float] | None:
+    """`WorkflowOutput.step_rewards` to one per call (0 for calls past the list), or None."""
+    given = episode.output.step_rewards if episode.output is not None else None
+    if not given:
+        return None
+    calls = max(1, episode.num_calls)
+    return (list(given) + [0.0] * calls)[:calls]
+
+
 def episode_advantages(episodes: list[Any], algorithm: AlgorithmConfig,
-                       samples: list[Sample] | None = None) -> dict[str, Any]:
-    """episode_id -> advantage (a float, or per-step values for REINFORCE++), or, when an
-    episode has per-role rewards, {role: advantage} from groups per (task, role)
+                       samples: list[Sample] | None = None, metrics: dict[str, float] | None = None) -> dict[str, Any]:
+    """episode_id -> advantage (a float, or per-step values for REINFORCE++ and step credit), or,
+    when an episode has per-role rewards, {role: advantage} from groups per (task, role)
     (`compute_role_advantages`; an episode with a single reward counts it for each role of its
-    group and of its `samples`)."""
+    group and of its `samples`). Step credit's counts go into `metrics`."""
     sample_roles: dict[str, set[str]] = {}
     for sample in samples or []:
         sample_roles.setdefault(sample.episode_id, set()).add(sample.role)
     per_role = rewards_per_role(episodes, lambda ep: sample_roles.get(ep.episode_id, ()))
     if per_role is not None:
+        if algorithm.step_credit != StepCredit.none:
+            raise ValueError("algorithm.step_credit needs one reward per episode; this batch has per-role rewards "
+                             "(set algorithm.step_credit=none for multi-role training)")
         return compute_role_advantages(algorithm, [ep.episode_id for ep in episodes], per_role,
                                        [ep.group_id for ep in episodes])
+    if algorithm.step_credit == StepCredit.gigpo:
+        values, groups = gigpo_advantages(
+            [float(ep.reward) for ep in episodes], [ep.group_id for ep in episodes],
+            [step_states(ep) for ep in episodes],
+            step_rewards=[padded_step_rewards(ep) for ep in episodes],
+            gamma=algorithm.step_credit_gamma, weight=algorithm.step_credit_weight,
+            norm_by_std=algorithm.norm_adv_by_std)
+        if metrics is not None:
+            metrics["credit/state_grouped_share"] = groups.grouped_share
+            metrics["credit/state_group_size"] = groups.mean_group_size
+            metrics["credit/state_marked_share"] = groups.marked / groups.steps if groups.steps else 0.0
+        return dict(zip([ep.episode_id for ep in episodes], values, strict=True))
     return compute_advantages(
         algorithm,
         [ep.episode_id for ep in episodes],
@@ -58,6 +91,6 @@ def build_step_batch(episodes: list[Any], context: ContextConfig, algorithm: Alg
             overflow[key] = overflow.get(key, 0.0) + value
     metrics: dict[str, float] = {f"context/{k}": float(v) for k, v in overflow.items()}
     if episodes:
-        assign_token_advantages(samples, episode_advantages(episodes, algorithm, samples))
+        assign_token_advantages(samples, episode_advantages(episodes, algorithm, samples, metrics))
     metrics["context/samples"] = float(len(samples))
     return StepBatch(samples=samples, weights=loss_weights(samples, context.loss_agg), metrics=metrics)

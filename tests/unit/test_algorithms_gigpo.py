@@ -4,6 +4,8 @@ advantage plus `weight` times the step's normalised discounted return inside its
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -67,3 +69,44 @@ def test_in_a_merged_sample_each_call_gets_its_own_step_value() -> None:
                     episode_id="A", token_call_ids=[-1, -1, 0, 0, -1, -1, 1, 1], num_calls=2)
     assign_token_advantages([merged], {"A": values[0], "B": values[1]})
     assert merged.advantage == pytest.approx([0, 0, 2 * R2, 2 * R2, 0, 0, R2, R2], rel=1e-5)
+
+
+def episode(episode_id: str, reward: float, states: list[str | None] | None, calls: int) -> Any:
+    from ajet import WorkflowOutput
+
+    return SimpleNamespace(episode_id=episode_id, group_id="g", reward=reward, role_rewards={}, role_calls={},
+                           num_calls=calls, output=WorkflowOutput(reward=reward, step_states=states))
+
+
+def test_the_recipe_uses_the_workflows_states_and_counts_the_groups() -> None:
+    from ajet.config.schema import AlgorithmConfig, StepCredit
+    from ajet.rl.samples import episode_advantages
+
+    algorithm = AlgorithmConfig(step_credit=StepCredit.gigpo, step_credit_gamma=0.5)
+    # B marked one state for its two calls: its second call is unmarked (the episode advantage).
+    episodes = [episode("A", 1.0, ["s0", "sA"], 2), episode("B", 0.0, ["s0"], 2)]
+    metrics: dict[str, float] = {}
+    values = episode_advantages(episodes, algorithm, metrics=metrics)
+    assert values["A"] == pytest.approx([2 * R2, R2], rel=1e-5)
+    assert values["B"] == pytest.approx([-2 * R2, -R2], rel=1e-5)
+    assert metrics == pytest.approx({"credit/state_grouped_share": 0.5, "credit/state_group_size": 1.5,
+                                     "credit/state_marked_share": 0.75})
+    # without step credit: GRPO's one value per episode
+    assert episode_advantages(episodes, AlgorithmConfig()) == pytest.approx({"A": R2, "B": -R2}, rel=1e-5)
+
+
+def test_step_credit_needs_grpo_and_is_told_when_states_never_repeat() -> None:
+    from ajet.config.loader import load_config
+    from ajet.errors import ConfigError
+    from ajet.logging.learning_signs import find_learning_signs
+
+    with pytest.raises(ConfigError, match="algorithm.step_credit"):
+        load_config(None, overrides=["algorithm.name=reinforce_pp", "algorithm.step_credit=gigpo"],
+                    require_workflow=False)
+    rows = [{"split": "train", "step": s, "credit/state_grouped_share": 0.0, "credit/state_marked_share": 1.0}
+            for s in (1, 2, 3)]
+    signs = find_learning_signs(rows)
+    assert [sign.name for sign in signs] == ["step_credit_idle"]
+    assert "no marked state repeated" in signs[0].evidence
+    rows[1]["credit/state_grouped_share"] = 0.25
+    assert find_learning_signs(rows) == []
