@@ -3,7 +3,10 @@
 The conversation grows by one assistant reply and one user observation per turn, so every
 call extends the previous one: the context tracker builds each prompt from the earlier
 prompt + completion token ids, and the episode's N calls merge into one training sample.
-Reward: 1 for reaching G, else 0 (a hole, or out of steps).
+Reward: 1 for reaching G, else 0 (a hole, or out of steps). Each call's state (the position
+on the task's map) is marked in `step_states`, for step credit (`frozenlake_step_credit.yaml`,
+docs/credit.md): the rollouts of one map all start at S, and the ones that walk the same way
+meet again.
 """
 
 from __future__ import annotations
@@ -39,7 +42,9 @@ class FrozenLakeAgent(Workflow):
             {"role": "system", "content": SYSTEM_PROMPT},
             {"role": "user", "content": f"{task.main_query}\n{env.render()}\n{self.ask(env)}"},
         ]
+        states = []  # the state each call acts in: the position (the map is the task's)
         while not env.done:
+            states.append("{},{}".format(*env.position))
             response = await tuner(messages)
             reply = "".join(block["text"] for block in response.content if block["type"] == "text")
             # The reply goes back exactly as received, so the next call extends this one.
@@ -50,6 +55,7 @@ class FrozenLakeAgent(Workflow):
         return WorkflowOutput(
             reward=1.0 if env.reached_goal else 0.0,
             is_success=env.reached_goal,
+            step_states=states,  # algorithm.step_credit=gigpo compares the steps from one position
             metadata={"trail": env.trail},
             log_metrics={
                 "turns": float(env.steps),

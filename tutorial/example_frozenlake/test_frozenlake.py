@@ -44,6 +44,19 @@ def test_one_step_merges_turns(one_step) -> None:
         assert sum(r["loss_mask"]) == sum(end - start for start, end in r["segments"])
 
 
+@pytest.mark.tutorial
+@pytest.mark.integration
+def test_one_step_with_step_credit(one_step) -> None:
+    run = one_step(HERE / "frozenlake_step_credit.yaml", "pipeline.stages=[]", "pipeline.overrides.sft=null")
+    metrics = run.assert_completed()
+    assert metrics["rollout/failed"] == 0
+    # The tiny random model names no move, so every call of every rollout acts at S: one state
+    # group per map, holding all its calls.
+    assert metrics["credit/state_marked_share"] == 1.0
+    assert metrics["credit/state_grouped_share"] == 1.0
+    assert metrics["credit/state_group_size"] == 2 * metrics["rollout/calls_per_episode"]  # rollout.n = 2
+
+
 def test_maps_are_deterministic_and_solvable(env_module) -> None:
     for seed in range(20):
         rows = env_module.generate_map(4, seed)
