@@ -177,6 +177,13 @@ REGISTRY: tuple[Example, ...] = (
             "4 episodes a test map since 2026-11-27 (64; one each was +-0.11).",
     ),
     Example(
+        name="frozenlake_step_credit", conf="tutorial/example_frozenlake/frozenlake_step_credit.yaml",
+        stages=("sft", "grpo"), overrides=(), budget_min=20, threshold=0.30, gain=True,
+        why="issue 55: frozenlake's warm-up and GRPO with GiGPO's step credit (algorithm.step_credit: "
+            "gigpo; frozenlake.py marks each call's position). Compare with the frozenlake row, whose "
+            "GRPO after the warm-up adds nothing beyond noise. Not measured yet.",
+    ),
+    Example(
         name="frozenlake_safe_moves", conf="tutorial/example_frozenlake/frozenlake_safe_moves.yaml",
         stages=("sft", "grpo"), overrides=(), budget_min=20, threshold=0.30, gain=True,
         why="issue 27's target (+30 points within 20 min) with the observation that lists the safe "
