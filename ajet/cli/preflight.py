@@ -1,8 +1,9 @@
 """What `--dry-run` checks beyond the config itself, so that a dry run that passes means
 the run starts: the workflow imports (its module, its class or function) and, with
 `model.lora.per_role`, names trainable roles to give adapters to; a custom judge imports,
-`model.path` resolves, and a distillation teacher directory is a checkpoint of the same
-vocabulary. Nothing heavy is loaded: no model, no engine, no data.
+`model.path` resolves, its chat template keeps earlier turns' tokens (only the tokenizer is
+loaded), and a distillation teacher directory is a checkpoint of the same vocabulary. Nothing
+heavy is loaded: no model, no engine, no data.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from ajet.config.schema import AjetConfig
 from ajet.config.stages import needs_workflow, stage_names
 from ajet.errors import ConfigError
 from ajet.judge.build import BUILTINS, load_target
-from ajet.models.resolve import check_model_path
+from ajet.models.resolve import check_model_path, checkpoint_at_hand
 from ajet.rollout.loader import load_workflow, trainable_targets_of
 from ajet.training.model import per_role_adapters
 
@@ -36,6 +37,7 @@ def preflight(cfg: AjetConfig) -> list[str]:
         done.append(f"judge {cfg.judge.type} imports")
     check_model_path(cfg.model.path, cfg.model.cache_dir)
     done.append(f"model.path {cfg.model.path} found")
+    done.append(check_chat_template(cfg))
     if cfg.model.initial_path:
         check_model_path(cfg.model.initial_path, cfg.model.cache_dir, key="model.initial_path")
         done.append(f"model.initial_path {cfg.model.initial_path} found (what default_model='initial' serves)")
@@ -46,6 +48,21 @@ def preflight(cfg: AjetConfig) -> list[str]:
 
         done.append(check(cfg.sandbox))
     return done
+
+
+def check_chat_template(cfg: AjetConfig) -> str:
+    """Does the model's chat template keep earlier turns' tokens when a turn is appended, for
+    each message shape (`ajet.context.diagnostics.template_breaks`)? Only the tokenizer is
+    loaded; a bundled model not converted yet is checked when the run starts."""
+    checkpoint = checkpoint_at_hand(cfg.model.path, cfg.model.cache_dir)
+    if checkpoint is None:
+        return "chat template: checked when the run starts (the model is converted or fetched then)"
+    from transformers import AutoTokenizer
+
+    from ajet.context.diagnostics import template_report
+    from ajet.engine.chat import ChatFormat
+
+    return template_report(ChatFormat(AutoTokenizer.from_pretrained(checkpoint)))
 
 
 def check_teacher(cfg: AjetConfig) -> str:

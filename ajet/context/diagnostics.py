@@ -144,3 +144,108 @@ def _check_and_warn(renderer: ChatRenderer) -> bool:
             "that renders earlier turns unchanged when a turn is added."
         )
     return ok
+
+
+# --- The shapes a workflow's history takes ------------------------------------------------------
+_CALC_TOOL = {"type": "function", "function": {
+    "name": "add", "description": "Add two integers.",
+    "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                   "required": ["a", "b"]}}}
+SHAPE_TOOLS = [_CALC_TOOL]  # the tools offered in every shape
+_SYSTEM = {"role": "system", "content": "You are a careful assistant."}
+_ASK = {"role": "user", "content": "What is 2 + 3?"}
+_CALL = {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "type": "function", "function": {
+    "name": "add", "arguments": '{"a": 2, "b": 3}'}}]}
+_RESULT = {"role": "tool", "tool_call_id": "call_1", "content": "5"}
+_ANSWER = {"role": "assistant", "content": "2 + 3 = 5."}
+_THANKS = {"role": "user", "content": "Thanks. And 4 + 4?"}
+_REASONED = {"role": "assistant", "content": "<think>2 plus 3 is 5.</think>2 + 3 = 5."}
+
+# (what is appended, the history before the model's reply, the reply, what the client sends next)
+SHAPES: tuple[tuple[str, list[dict], dict, list[dict]], ...] = (
+    ("a user turn after a text reply (with a system prompt)", [_SYSTEM, _ASK], _ANSWER, [_THANKS]),
+    ("a user turn after a text reply (no system prompt)", [_ASK], _ANSWER, [_THANKS]),
+    ("a tool result after a tool call", [_SYSTEM, _ASK], _CALL, [_RESULT]),
+    ("a user turn after a reply that followed a tool result", [_SYSTEM, _ASK, _CALL, _RESULT], _ANSWER, [_THANKS]),
+    ("a user turn after a reply with reasoning (<think>)", [_SYSTEM, _ASK], _REASONED, [_THANKS]),
+)
+
+
+@dataclass(frozen=True)
+class TemplateBreak:
+    """Where extending a prompt by tokens (as the tracker does) differs from re-tokenizing the
+    whole conversation, for one message shape: the first differing token of the full prompt."""
+
+    shape: str
+    position: int  # index of the first differing token in the full prompt
+    template: str  # the token the re-rendered conversation has there ("" past its end)
+    extended: str  # the token the extended prompt has there ("" past its end)
+
+    def describe(self) -> str:
+        return (f"{self.shape}: token {self.position} is {self.template!r} when the conversation is re-rendered "
+                f"but {self.extended!r} when the earlier prompt is extended")
+
+
+def template_breaks(renderer: ChatRenderer, tools: list[dict] | None = None) -> list[TemplateBreak]:
+    """For each of `SHAPES` (system prompts, text replies, tool calls, tool results, reasoning): build the
+    next prompt as the tracker does (the earlier prompt's ids + the reply's ids + the extension
+    the template renders after it) and compare it with the tokens of the whole conversation
+    rendered at once. Returns the shapes where they differ; [] means the template keeps earlier
+    turns' tokens for every shape. A template that cannot render a shape is a break at token 0."""
+    tools = SHAPE_TOOLS if tools is None else tools
+    probe = probe_template(renderer)
+    out = []
+    for shape, history, reply, following in SHAPES:
+        try:
+            built, full_ids = _extended_and_full(renderer, probe, tools, history, reply, following)
+        except Exception as exc:  # noqa: BLE001 - a template that raises on a shape is what we report
+            out.append(TemplateBreak(shape, 0, f"<the template raised {type(exc).__name__}: {exc}>", ""))
+            continue
+        if built == full_ids:
+            continue
+        at = next((i for i, (a, b) in enumerate(zip(built, full_ids, strict=False)) if a != b),
+                  min(len(built), len(full_ids)))
+        out.append(TemplateBreak(shape, at, _token_at(renderer, full_ids, at), _token_at(renderer, built, at)))
+    return out
+
+
+def _token_at(renderer: ChatRenderer, ids: list[int], at: int) -> str:
+    return renderer.decode([ids[at]]) if at < len(ids) else ""
+
+
+def _extended_and_full(renderer: ChatRenderer, probe: TemplateProbe, tools: list[dict], history: list[dict],
+                       reply: dict, following: list[dict]) -> tuple[list[int], list[int]]:
+    """(the next prompt as the tracker builds it, the whole conversation's tokens). Where the
+    template changes earlier text, the first is what the tracker holds: the prompt and reply."""
+    prompt = renderer.render(history, tools, add_generation_prompt=True)
+    with_reply = renderer.render([*history, reply], tools, add_generation_prompt=False)
+    full_ids = renderer.encode(renderer.render([*history, reply, *following], tools, add_generation_prompt=True))
+    if not (with_reply.startswith(prompt) and probe.turn_end and with_reply.endswith(probe.turn_end)):
+        return renderer.encode(with_reply), full_ids
+    reply_text = with_reply[len(prompt):len(with_reply) - len(probe.turn_end)]
+    held = renderer.encode(prompt) + renderer.encode(reply_text) + renderer.encode(probe.eos_text)
+    full = renderer.render([*history, reply, *following], tools, add_generation_prompt=True)
+    if not full.startswith(with_reply):
+        return held, full_ids  # the earlier text itself changed
+    tail = extension_ids(renderer, probe, held[len(renderer.encode(prompt)):], full[len(with_reply):])
+    return (held if tail is None else held + tail), full_ids
+
+
+TEMPLATE_BREAK_EFFECT = (
+    "ajet builds each call's prompt from the earlier call's token ids, so where this break applies the "
+    "call starts a new timeline (context/fork/template_not_prefix_preserving): it is trained as its own "
+    "sample, on exactly the tokens the model saw, and is not merged with the calls before it (more "
+    "samples, more prefill, the same loss). Nothing is re-tokenized."
+)
+
+
+def template_report(renderer: ChatRenderer) -> str:
+    """One line (or a few) for `--dry-run` and the start of a run."""
+    breaks = template_breaks(renderer)
+    if not breaks:
+        return ("chat template: prefix-preserving for system prompts, text replies, tool calls, tool results and "
+                "reasoning (multi-turn calls merge into one sample)")
+    lines = [f"chat template: not prefix-preserving for {len(breaks)} of {len(SHAPES)} message shapes:"]
+    lines += [f"  - {b.describe()}" for b in breaks]
+    lines.append(f"  {TEMPLATE_BREAK_EFFECT}")
+    return "\n".join(lines)

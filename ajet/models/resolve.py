@@ -108,6 +108,19 @@ def bundled_gguf() -> Path:
     return gguf
 
 
+def checkpoint_at_hand(path: str, cache_dir: str = "") -> Path | None:
+    """The checkpoint directory of `path` when it is there already (a local directory, the
+    converted bundled model, a Hugging Face cache entry), else None: nothing is converted or
+    fetched (for --dry-run)."""
+    if path in BUNDLED_ALIASES:
+        target = cache_root(cache_dir) / "models" / f"{BUNDLED_NAME}-v{_CONVERSION_VERSION}"
+        return target if _is_complete(target) else None
+    try:
+        return resolve_model_path(path, cache_dir)
+    except ModelNotFoundError:
+        return None
+
+
 def bundled_checkpoint(cache_dir: str = "") -> Path:
     """The converted checkpoint; converts on first use, safely across processes."""
     root = cache_root(cache_dir) / "models"

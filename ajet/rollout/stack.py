@@ -25,6 +25,21 @@ from ajet.tuner import Gateway
 log = logging.getLogger(__name__)
 
 
+def log_template_check(chat: Any) -> None:
+    """The chat-template check (`template_report`), once per tokenizer: INFO when every
+    message shape keeps its tokens, else a WARNING naming the shapes and what ajet does."""
+    from ajet.context.diagnostics import template_breaks, template_report
+
+    key = id(chat.tokenizer)
+    if key in _TEMPLATES_CHECKED:
+        return
+    _TEMPLATES_CHECKED.add(key)
+    (log.warning if template_breaks(chat) else log.info)(template_report(chat))
+
+
+_TEMPLATES_CHECKED: set[int] = set()
+
+
 class RolloutStack:
     def __init__(self, cfg: AjetConfig, engine: Any, tokenizer: Any, workflow: Any, *, model_max_len: int,
                  rollout: RolloutConfig | None = None, judge: Any = None,
@@ -35,6 +50,7 @@ class RolloutStack:
         rollout = rollout or cfg.rollout
         self.engine = engine
         self.chat = ChatFormat(tokenizer)
+        log_template_check(self.chat)
         self.gateway = Gateway().start()
         self.runner: Any = None
         try:

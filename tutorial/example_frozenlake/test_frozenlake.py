@@ -50,6 +50,8 @@ def test_one_step_with_step_credit(one_step) -> None:
     run = one_step(HERE / "frozenlake_step_credit.yaml", "pipeline.stages=[]", "pipeline.overrides.sft=null")
     metrics = run.assert_completed()
     assert metrics["rollout/failed"] == 0
+    # the start checks the chat template's message shapes (the tiny model has the bundled one)
+    assert "chat template: prefix-preserving for system prompts" in run.stderr
     # The tiny random model names no move, so every call of every rollout acts at S: one state
     # group per map, holding all its calls.
     assert metrics["credit/state_marked_share"] == 1.0
