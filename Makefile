@@ -70,8 +70,9 @@ $(HARNESS_STAMP):
 # Everything: the main suite in .venv, then the real-package backbone tests in their envs.
 test: test-main test-trinity test-verl
 
+# --durations: the slowest tests end the log, so a slow CI run says where its time went.
 test-main: install browser sandbox harnesses
-	$(PY) -m pytest --ignore=tests/backbones $(XDIST) $(PYTEST_ARGS)
+	$(PY) -m pytest --ignore=tests/backbones $(XDIST) --durations=25 $(PYTEST_ARGS)
 
 # The loop while coding: the unit tests (CPU, no model beyond the tiny one), in under 3 minutes.
 test-fast: install sandbox harnesses
