@@ -8,14 +8,16 @@ heavy is loaded: no model, no engine, no data.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 from pathlib import Path
 
 from ajet.config.schema import AjetConfig
 from ajet.config.stages import needs_workflow, stage_names
 from ajet.errors import ConfigError
 from ajet.judge.build import BUILTINS, load_target
-from ajet.models.resolve import check_model_path, checkpoint_at_hand
+from ajet.models.resolve import cache_root, check_model_path, checkpoint_at_hand
 from ajet.rollout.loader import load_workflow, trainable_targets_of
 from ajet.training.model import per_role_adapters
 
@@ -37,7 +39,6 @@ def preflight(cfg: AjetConfig) -> list[str]:
         done.append(f"judge {cfg.judge.type} imports")
     check_model_path(cfg.model.path, cfg.model.cache_dir)
     done.append(f"model.path {cfg.model.path} found")
-    done.append(check_chat_template(cfg))
     if cfg.model.initial_path:
         check_model_path(cfg.model.initial_path, cfg.model.cache_dir, key="model.initial_path")
         done.append(f"model.initial_path {cfg.model.initial_path} found (what default_model='initial' serves)")
@@ -47,22 +48,49 @@ def preflight(cfg: AjetConfig) -> list[str]:
         from ajet.sandbox.shared import check
 
         done.append(check(cfg.sandbox))
+    done.append(check_chat_template(cfg))
     return done
 
 
 def check_chat_template(cfg: AjetConfig) -> str:
     """Does the model's chat template keep earlier turns' tokens when a turn is appended, for
     each message shape (`ajet.context.diagnostics.template_breaks`)? Only the tokenizer is
-    loaded; a bundled model not converted yet is checked when the run starts."""
+    loaded, once per tokenizer: the answer is kept under the cache dir, keyed by the tokenizer's
+    files, since loading transformers takes seconds a --dry-run should not spend each time. A
+    bundled model not converted yet is checked when the run starts."""
     checkpoint = checkpoint_at_hand(cfg.model.path, cfg.model.cache_dir)
     if checkpoint is None:
         return "chat template: checked when the run starts (the model is converted or fetched then)"
+    if not any((checkpoint / name).is_file() for name in ("tokenizer_config.json", "tokenizer.json")):
+        return f"chat template: not checked (no tokenizer files in {checkpoint})"
+    from ajet.context.diagnostics import SHAPES
+
+    digest = hashlib.sha256(repr([shape for shape, *_ in SHAPES]).encode())
+    for name in TOKENIZER_FILES:
+        if (checkpoint / name).is_file():
+            digest.update(name.encode() + (checkpoint / name).read_bytes())
+    cached = cache_root(cfg.model.cache_dir) / "template_checks" / f"{digest.hexdigest()[:24]}.txt"
+    if cached.is_file():
+        return cached.read_text()
     from transformers import AutoTokenizer
 
     from ajet.context.diagnostics import template_report
     from ajet.engine.chat import ChatFormat
 
-    return template_report(ChatFormat(AutoTokenizer.from_pretrained(checkpoint)))
+    try:
+        report = template_report(ChatFormat(AutoTokenizer.from_pretrained(checkpoint)))
+    except (OSError, ValueError) as exc:  # no chat template, an unreadable tokenizer: the run would fail too
+        raise ConfigError(f"model.path={cfg.model.path}: {exc}") from exc
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    partial = cached.with_suffix(f".{os.getpid()}.tmp")
+    partial.write_text(report)
+    os.replace(partial, cached)
+    return report
+
+
+# What decides how a checkpoint's chat renders and tokenizes.
+TOKENIZER_FILES = ("tokenizer_config.json", "chat_template.jinja", "chat_template.json", "tokenizer.json",
+                   "special_tokens_map.json")
 
 
 def check_teacher(cfg: AjetConfig) -> str:

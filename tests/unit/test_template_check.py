@@ -83,12 +83,18 @@ def test_dry_run_names_the_break_of_the_models_template(bundled_model_dir: Path,
     tokenizer = AutoTokenizer.from_pretrained(bundled_model_dir)
     tokenizer.chat_template = DROPS_EARLIER_REASONING
     tokenizer.save_pretrained(model)
-    line = check_chat_template(load_config(None, overrides=[f"model.path={model}"], require_workflow=False))
+    cache = f"model.cache_dir={tmp_path / 'cache'}"
+    cfg = load_config(None, overrides=[f"model.path={model}", cache], require_workflow=False)
+    line = check_chat_template(cfg)
     assert "not prefix-preserving for 1 of" in line
     assert "a user turn after a reply with reasoning (<think>): token" in line and "'2'" in line
     assert "is trained as its own sample" in line
-    fine = check_chat_template(load_config(None, overrides=[f"model.path={bundled_model_dir}"], require_workflow=False))
+    # kept per tokenizer: the next dry run reads it back without loading transformers
+    assert [p.read_text() for p in (tmp_path / "cache" / "template_checks").iterdir()] == [line]
+    assert check_chat_template(cfg) == line
+    fine = check_chat_template(load_config(None, overrides=[f"model.path={bundled_model_dir}", cache],
+                                           require_workflow=False))
     assert fine.startswith("chat template: prefix-preserving")
-    missing = check_chat_template(load_config(None, overrides=[f"model.path={tmp_path / 'nothing'}"],
+    missing = check_chat_template(load_config(None, overrides=[f"model.path={tmp_path / 'nothing'}", cache],
                                               require_workflow=False))
     assert "checked when the run starts" in missing
