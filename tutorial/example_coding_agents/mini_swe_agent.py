@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import platform
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,7 @@ class SandboxEnvironment:
         from minisweagent.exceptions import Submitted
 
         command = str(action.get("command", ""))
-        exports = "".join(f"export {key}='{value}'; " for key, value in self.env.items())
+        exports = "".join(f"export {key}={shlex.quote(value)}; " for key, value in self.env.items())
         result = self.box.run(f"{exports}cd {cwd or self.cwd} && {command}")
         self.commands += 1
         self.failed_commands += 0 if result.ok else 1

@@ -96,6 +96,16 @@ def test_mini_swe_agent_fixes_the_repo_in_the_sandbox(example_modules, pool) -> 
     assert env.commands == 4 and env.metrics["sandbox/calls"] >= 4
 
 
+def test_mini_swe_agent_commands_see_the_configured_environment(example_modules, pool) -> None:
+    example_modules(HERE, "coding", "mini_swe_agent")
+    from mini_swe_agent import SandboxEnvironment
+
+    with pool.session_sync({"repo/a.txt": "x"}) as box:
+        env = SandboxEnvironment(box, env={"GREETING": "it's $HOME; `id`"})
+        output = env.execute({"command": 'printf "%s|" "$GREETING"; pwd; ls'})
+    assert output["output"] == "it's $HOME; `id`|/sandbox/repo\na.txt\n" and output["returncode"] == 0
+
+
 def test_mini_swe_agent_hostile_commands_are_results_and_counted(example_modules, pool) -> None:
     row = TASKS["test"][0]
     agent, env, reward = mini_run(example_modules, pool, [
