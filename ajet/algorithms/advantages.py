@@ -82,15 +82,19 @@ def grpo_advantages(
     _require_finite(rewards)
     out = [0.0] * len(rewards)
     for idx in _group_indices(group_ids).values():
-        n = len(idx)
-        if n < 2:
+        if len(idx) < 2:
             continue
-        values = [float(rewards[i]) for i in idx]
-        mean = sum(values) / n
-        std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-        for i, v in zip(idx, values, strict=True):
-            out[i] = (v - mean) / (std + eps) if norm_by_std else v - mean
+        for i, value in zip(idx, _normalised([float(rewards[i]) for i in idx], norm_by_std, eps), strict=True):
+            out[i] = value
     return out
+
+
+def _normalised(values: list[float], norm_by_std: bool, eps: float) -> list[float]:
+    """`(v - mean) / (std + eps)` over a group of 2 or more (unbiased std, n - 1), or `v - mean`."""
+    n = len(values)
+    mean = sum(values) / n
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    return [(v - mean) / (std + eps) if norm_by_std else v - mean for v in values]
 
 
 def rloo_advantages(rewards: Sequence[float], group_ids: Sequence[str]) -> list[float]:
@@ -119,6 +123,13 @@ def discounted_returns(step_rewards: Sequence[float], gamma: float) -> list[floa
     return returns
 
 
+def _returns_with_final(steps: list[float], final: float, gamma: float) -> list[float]:
+    """The discounted returns of an episode's step rewards, its final reward added to the last step."""
+    _require_finite(steps)
+    steps = [*steps[:-1], steps[-1] + float(final)]
+    return discounted_returns(steps, gamma)
+
+
 def reinforce_pp_advantages(
     rewards: Sequence[float],
     *,
@@ -145,10 +156,7 @@ def reinforce_pp_advantages(
     returns: list[list[float]] = []
     for i, final in enumerate(rewards):
         steps = list(step_rewards[i] or []) if step_rewards is not None else []
-        steps = [float(s) for s in steps] or [0.0]
-        _require_finite(steps)
-        steps[-1] += float(final)
-        returns.append(discounted_returns(steps, gamma))
+        returns.append(_returns_with_final([float(x) for x in steps] or [0.0], final, gamma))
 
     flat = [g for ep in returns for g in ep]
     n = len(flat)
@@ -171,11 +179,18 @@ class StateGroups:
     marked: int
     grouped: int
     groups: int
-    mean_group_size: float
 
     @property
     def grouped_share(self) -> float:
         return self.grouped / self.steps if self.steps else 0.0
+
+    @property
+    def marked_share(self) -> float:
+        return self.marked / self.steps if self.steps else 0.0
+
+    @property
+    def mean_group_size(self) -> float:
+        return self.marked / self.groups if self.groups else 0.0
 
 
 def gigpo_advantages(
@@ -214,10 +229,7 @@ def gigpo_advantages(
         steps = [float(r) for r in (step_rewards[i] or [])] if step_rewards is not None else []
         if steps and len(steps) != len(states):
             raise ValueError(f"episode {i}: {len(steps)} step rewards for {len(states)} calls; give one per call")
-        steps = steps or [0.0] * n
-        _require_finite(steps)
-        steps[-1] += float(rewards[i])
-        returns.append(discounted_returns(steps, gamma))
+        returns.append(_returns_with_final(steps or [0.0] * n, rewards[i], gamma))
     members: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
     for i, states in enumerate(step_states):
         for t, key in enumerate(states):
@@ -226,19 +238,14 @@ def gigpo_advantages(
     out = [[episode[i]] * max(1, len(states)) for i, states in enumerate(step_states)]
     grouped = 0
     for steps_of_state in members.values():
-        n = len(steps_of_state)
-        if n < 2:
+        if len(steps_of_state) < 2:
             continue
-        grouped += n
-        values = [returns[i][t] for i, t in steps_of_state]
-        mean = sum(values) / n
-        std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-        for (i, t), v in zip(steps_of_state, values, strict=True):
-            step = (v - mean) / (std + eps) if norm_by_std else v - mean
+        grouped += len(steps_of_state)
+        values = _normalised([returns[i][t] for i, t in steps_of_state], norm_by_std, eps)
+        for (i, t), step in zip(steps_of_state, values, strict=True):
             out[i][t] = episode[i] + weight * step
-    marked = sum(len(m) for m in members.values())
-    stats = StateGroups(steps=sum(len(row) for row in out), marked=marked, grouped=grouped, groups=len(members),
-                        mean_group_size=marked / len(members) if members else 0.0)
+    stats = StateGroups(steps=sum(len(row) for row in out), marked=sum(len(m) for m in members.values()),
+                        grouped=grouped, groups=len(members))
     return out, stats
 
 

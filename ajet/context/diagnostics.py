@@ -219,15 +219,16 @@ def _extended_and_full(renderer: ChatRenderer, probe: TemplateProbe, tools: list
     template changes earlier text, the first is what the tracker holds: the prompt and reply."""
     prompt = renderer.render(history, tools, add_generation_prompt=True)
     with_reply = renderer.render([*history, reply], tools, add_generation_prompt=False)
-    full_ids = renderer.encode(renderer.render([*history, reply, *following], tools, add_generation_prompt=True))
+    full = renderer.render([*history, reply, *following], tools, add_generation_prompt=True)
+    full_ids = renderer.encode(full)
     if not (with_reply.startswith(prompt) and probe.turn_end and with_reply.endswith(probe.turn_end)):
         return renderer.encode(with_reply), full_ids
     reply_text = with_reply[len(prompt):len(with_reply) - len(probe.turn_end)]
-    held = renderer.encode(prompt) + renderer.encode(reply_text) + renderer.encode(probe.eos_text)
-    full = renderer.render([*history, reply, *following], tools, add_generation_prompt=True)
+    completion = renderer.encode(reply_text) + renderer.encode(probe.eos_text)
+    held = renderer.encode(prompt) + completion
     if not full.startswith(with_reply):
         return held, full_ids  # the earlier text itself changed
-    tail = extension_ids(renderer, probe, held[len(renderer.encode(prompt)):], full[len(with_reply):])
+    tail = extension_ids(renderer, probe, completion, full[len(with_reply):])
     return (held if tail is None else held + tail), full_ids
 
 
@@ -239,9 +240,10 @@ TEMPLATE_BREAK_EFFECT = (
 )
 
 
-def template_report(renderer: ChatRenderer) -> str:
-    """One line (or a few) for `--dry-run` and the start of a run."""
-    breaks = template_breaks(renderer)
+def template_report(renderer: ChatRenderer, breaks: list[TemplateBreak] | None = None) -> str:
+    """One line (or a few) for `--dry-run` and the start of a run (`breaks`: `template_breaks`'s
+    answer when the caller has it already)."""
+    breaks = template_breaks(renderer) if breaks is None else breaks
     if not breaks:
         return ("chat template: prefix-preserving for system prompts, text replies, tool calls, tool results and "
                 "reasoning (multi-turn calls merge into one sample)")

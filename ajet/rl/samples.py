@@ -25,21 +25,22 @@ class StepBatch:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-def step_states(episode: Any) -> list[str | None]:
-    """The episode's state key per LLM call (`WorkflowOutput.step_states`), one per call: calls
-    past the list are unmarked, keys past the calls are dropped."""
-    marked = list(episode.output.step_states or []) if episode.output is not None else []
+def per_call(episode: Any, values: list | None, fill: Any) -> list:
+    """`values` (the workflow's, in call order) to one per LLM call of `episode`: `fill` for the
+    calls past the list, the values past the calls dropped."""
     calls = max(1, episode.num_calls)
-    return (marked + [None] * calls)[:calls]
+    return (list(values or []) + [fill] * calls)[:calls]
+
+
+def step_states(episode: Any) -> list[str | None]:
+    """The episode's state key per LLM call (`WorkflowOutput.step_states`); None: unmarked."""
+    return per_call(episode, episode.output.step_states if episode.output is not None else None, None)
 
 
 def padded_step_rewards(episode: Any) -> list[float] | None:
     """`WorkflowOutput.step_rewards` to one per call (0 for calls past the list), or None."""
     given = episode.output.step_rewards if episode.output is not None else None
-    if not given:
-        return None
-    calls = max(1, episode.num_calls)
-    return (list(given) + [0.0] * calls)[:calls]
+    return per_call(episode, given, 0.0) if given else None
 
 
 def episode_advantages(episodes: list[Any], algorithm: AlgorithmConfig,
@@ -68,7 +69,7 @@ def episode_advantages(episodes: list[Any], algorithm: AlgorithmConfig,
         if metrics is not None:
             metrics["credit/state_grouped_share"] = groups.grouped_share
             metrics["credit/state_group_size"] = groups.mean_group_size
-            metrics["credit/state_marked_share"] = groups.marked / groups.steps if groups.steps else 0.0
+            metrics["credit/state_marked_share"] = groups.marked_share
         return dict(zip([ep.episode_id for ep in episodes], values, strict=True))
     return compute_advantages(
         algorithm,

@@ -10,6 +10,7 @@ The engine belongs to the caller; `close()` stops what the stack started.
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -30,14 +31,15 @@ def log_template_check(chat: Any) -> None:
     message shape keeps its tokens, else a WARNING naming the shapes and what ajet does."""
     from ajet.context.diagnostics import template_breaks, template_report
 
-    key = id(chat.tokenizer)
-    if key in _TEMPLATES_CHECKED:
+    if chat.tokenizer in _TEMPLATES_CHECKED:
         return
-    _TEMPLATES_CHECKED.add(key)
-    (log.warning if template_breaks(chat) else log.info)(template_report(chat))
+    _TEMPLATES_CHECKED.add(chat.tokenizer)
+    breaks = template_breaks(chat)
+    (log.warning if breaks else log.info)(template_report(chat, breaks))
 
 
-_TEMPLATES_CHECKED: set[int] = set()
+# Tokenizers already checked (weakly held: an id could be reused by a later tokenizer).
+_TEMPLATES_CHECKED: weakref.WeakSet = weakref.WeakSet()
 
 
 class RolloutStack:
