@@ -214,6 +214,7 @@ class EpisodeSession:
         self.counters = SessionCounters()
         self._calls_begun = 0  # against rollout.max_calls_per_episode
         self._lock = threading.Lock()
+        self._refusal_logged = False  # the first refused call of the episode is logged
         self._closed = False
         # The policy's adapters by name (per_role: one per trainable role); none on other engines.
         self._adapters = frozenset(getattr(engine, "adapters", ()) or ())
@@ -306,10 +307,12 @@ class EpisodeSession:
         self._check_open()
         self._calls_begun += 1
         if self._calls_begun > self.rollout.max_calls_per_episode:
-            raise CallLimitError(
+            message = (
                 f"episode {self.episode_id} has made rollout.max_calls_per_episode="
                 f"{self.rollout.max_calls_per_episode} LLM calls; no more are served (raise the setting for "
                 "agents that need more turns, or end the episode)")
+            self._count_failure(message)
+            raise CallLimitError(message)
         if not isinstance(messages, list) or not messages:
             raise InvalidRequestError("messages must be a non-empty list of message dicts")
         params = resolve_sampling(self.rollout, sampling_overrides)
@@ -343,8 +346,8 @@ class EpisodeSession:
         try:
             completions = await self.engine.generate(list(prompt_ids), params, **options)
             fault_point("episode")
-        except ValueError:  # the engine rejected this request (e.g. prompt too long)
-            self._count_failure()
+        except ValueError as err:  # the engine rejected this request (e.g. prompt too long)
+            self._count_failure(f"episode {self.episode_id}: the engine refused a call: {err}")
             raise
         except EngineBusyError as err:
             self._count_failure()
@@ -430,9 +433,17 @@ class EpisodeSession:
             return closed
         return parsed
 
-    def _count_failure(self) -> None:
+    def _count_failure(self, refusal: str | None = None) -> None:
+        """Count a failed call; the episode's first refused call is also logged with its reason,
+        since a client (a CLI harness most of all) may retry it quietly or swallow the error."""
         with self._lock:
             self.counters.failed_calls += 1
+            first = refusal is not None and not self._refusal_logged
+            if first:
+                self._refusal_logged = True
+        if first:
+            log.warning("%s (the client got it as an error; this episode's later refused calls are "
+                        "counted in tuner/failed_calls, not logged)", refusal)
 
     def _check_prompt_chars(self, messages: list[dict]) -> None:
         """Refuse a prompt that cannot fit the model window, judged by its length in
@@ -449,23 +460,25 @@ class EpisodeSession:
         )
         at_least = -(-chars // max(1, self.chat_format.max_token_chars))
         if at_least >= window:
-            self._count_failure()
-            raise ContextBudgetError(
+            message = (
                 f"episode {self.episode_id}: the prompt has {chars} characters of messages, so at "
                 f"least {at_least} tokens, which leaves no room for a completion within the model "
                 f"window ({window} tokens); refused before tokenising. Shorten the conversation "
                 "(summarise or drop old turns, cut long documents) or raise context.max_model_len."
             )
+            self._count_failure(message)
+            raise ContextBudgetError(message)
 
     def _budget(self, prompt_len: int, requested: int) -> int:
         allowed = call_budget(prompt_len, requested, self.context, self.model_max_len)
         if allowed <= 0:
-            self._count_failure()
-            raise ContextBudgetError(
+            message = (
                 f"episode {self.episode_id}: the prompt is {prompt_len} tokens, which leaves no room "
                 f"for a completion within the model window ({self.model_max_len} tokens). Shorten the "
                 "conversation (summarise or drop old turns) or raise context.max_model_len."
             )
+            self._count_failure(message)
+            raise ContextBudgetError(message)
         return min(allowed, requested)
 
     def _finish(

@@ -136,6 +136,20 @@ def test_prompt_too_long_raises_a_clear_error_and_records_nothing() -> None:
     assert session.stats()["tuner/failed_calls"] == 1
 
 
+def test_the_first_refused_call_of_an_episode_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    """A CLI harness may retry a refused call quietly or bury the error in its own output: the
+    run's log names the first refusal of each episode, and counts the rest."""
+    session, engine, _, _ = make_session(["x"], model_max_len=10)
+    with caplog.at_level("WARNING", logger="ajet.tuner.session"):
+        for _ in range(3):
+            with pytest.raises(ContextBudgetError):
+                asyncio.run(session.chat("default", USER))
+    warnings = [r.getMessage() for r in caplog.records if r.name == "ajet.tuner.session"]
+    assert len(warnings) == 1 and "leaves no room for a completion" in warnings[0], warnings
+    assert "later refused calls are counted in tuner/failed_calls" in warnings[0]
+    assert session.stats()["tuner/failed_calls"] == 3
+
+
 def test_trainable_follows_the_roles() -> None:
     session, _, tracker, _ = make_session(["a", "b"], trainable_targets={"solver"})
     asyncio.run(session.chat("solver", USER))

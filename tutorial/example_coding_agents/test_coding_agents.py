@@ -260,7 +260,13 @@ def test_one_step_opencode(one_step) -> None:
 @pytest.mark.tutorial
 @pytest.mark.integration
 def test_opencode_over_the_model_window_fails_naming_the_budget(one_step) -> None:
-    run = one_step(HERE / "opencode_agent.yaml", "rollout.episode_timeout_s=20", "trainer.batch_size=1", timeout=600)
+    # opencode's system prompt alone is over the tiny model's 2048-token window; opencode retries
+    # the refused call until its wall clock (the episode's 30 s less a margin) stops it.
+    run = one_step(HERE / "opencode_agent.yaml", "rollout.episode_timeout_s=30", "trainer.batch_size=1", timeout=600)
     assert run.returncode != 0 or run.step(1)["rollout/failed"] == run.step(1)["rollout/episodes"]
     assert "HarnessFailed: opencode exited with timeout" in run.stderr
-    assert "which leaves no room for a completion within the model window (2048 tokens)" in run.stderr
+    # ajet's own log names the refusal, whatever the harness printed last.
+    refusals = [line for line in run.stderr.splitlines() if "WARNING ajet.tuner.session" in line]
+    assert len(refusals) == 2, run.stderr[-3000:]  # the first refused call of each episode (n=2)
+    assert all("which leaves no room for a completion within the model window (2048 tokens)" in line
+               for line in refusals)
