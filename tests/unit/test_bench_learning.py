@@ -46,7 +46,7 @@ def test_registry_pins_loadable_configs_with_a_test_split(bench: Any, tmp_path: 
                 overrides = cmd[cmd.index("--backbone=debug") + 1:]
                 cfg = load_config(REPO / e.conf, [o for o in overrides if not o.startswith("project.exp_dir")])
                 assert cfg.eval.split.value == "test"
-                assert [s.value for s in cfg.pipeline.stages] == ["eval", *e.stages, "eval"]
+                assert [s.value for s in cfg.pipeline.stages] == [*e.warmup, "eval", *e.stages, "eval"]
             assert build_reader(cfg.task_reader, seed=0).test_tasks(), f"{e.name}: no test tasks"
 
 
@@ -71,6 +71,16 @@ def test_command_skips_the_base_eval_with_a_cached_base(bench: Any) -> None:
     e = bench.REGISTRY[0]
     assert f"pipeline.stages=[eval,{','.join(e.stages)},eval]" in bench.command(e, Path("x"), False)
     assert f"pipeline.stages=[{','.join(e.stages)},eval]" in bench.command(e, Path("x"), True)
+
+
+def test_a_warmup_runs_before_the_base_eval_which_cannot_be_cached(bench: Any) -> None:
+    """Issue 55's rows measure what RL adds after a warm-up: their base is the warmed-up model's
+    test score, so the warm-up runs first and the base is never a cached number."""
+    (e,) = bench.select("frozenlake_step_credit")
+    assert e.warmup == ("sft",) and e.stages == ("grpo",)
+    assert "pipeline.stages=[sft,eval,grpo,eval]" in bench.command(e, Path("x"), False)
+    with pytest.raises(ValueError, match="its base is its warm-up's score"):
+        bench.command(e, Path("x"), True)
 
 
 def test_select_and_unknown_names(bench: Any, capsys: pytest.CaptureFixture) -> None:
