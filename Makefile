@@ -19,7 +19,7 @@ TEST_WORKERS ?= 3
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 BENCH_ARGS ?=
 
-.PHONY: install sandbox harnesses demo test test-main test-fast bench bench-learning fuzz lint browser env-trinity env-verl test-trinity test-verl clean
+.PHONY: install sandbox harnesses demo test test-main test-fast test-kill-matrix bench bench-learning fuzz lint browser env-trinity env-verl test-trinity test-verl clean
 
 # uv installs the packages (a fresh install: ~40 s, against ~90 s with pip). torch 2.13.0 is the
 # CPU build that lies on these machines' disk: uv takes that file when it is there, else pip
@@ -104,6 +104,11 @@ bench: install
 bench-learning: install
 	$(BENCH_INSTALL)
 	$(PY) scripts/bench_learning.py $(BENCH_ARGS)
+
+# The kill-anywhere harness's whole matrix (tests/integration/kill_anywhere.py): a chain per mode
+# and signal, where `make test` runs a chain per mode with the signals in turn.
+test-kill-matrix: install
+	AJET_KILL_MATRIX=full $(PY) -m pytest $(XDIST) tests/integration/test_kill_anywhere_*.py
 
 # The fuzzing run of tests/integration/test_fuzz_serve.py, longer than CI's (30 examples a route).
 fuzz: install

@@ -13,7 +13,7 @@ reaches the phase; an episode: of the next step to train), not from sleeps. A SI
 hint, and every logged step committed. A SIGKILL may lose what was not committed, never more.
 Runs start from a fork server (tests/integration/fork_server.py): one import of ajet for the
 chain, not one per run. The tests are test_kill_anywhere_<mode>.py, one file per mode so that
-the two test workers share the matrix.
+the test workers share the matrix; which signal stops which phase: MODE_SHIFT below.
 """
 
 from __future__ import annotations
@@ -42,6 +42,22 @@ MODES = {
     "serve": ["trainer.val_every=0", f"serve.client_token={TOKEN}"],
 }
 SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGKILL]
+# `make test` runs one chain a mode, its phases stopped by the three signals in turn, shifted by
+# one from mode to mode (a Latin square): every signal stops every phase in one of the modes
+# (but validation, which `ajet serve` has not: SIGTERM and SIGKILL stop it), and every mode sees
+# every signal. AJET_KILL_MATRIX=full (`make test-kill-matrix`) runs the whole
+# matrix instead, a chain per mode and signal (three times as long: ~20 min of worker time on
+# the AVX2-only type).
+MODE_SHIFT = {"in_process": 0, "overlap": 1, "serve": 2}
+
+
+def chains(mode: str) -> list[signal.Signals | None]:
+    """The parameters of a mode's test: None (the signals in turn), or each signal alone."""
+    return list(SIGNALS) if os.environ.get("AJET_KILL_MATRIX") == "full" else [None]
+
+
+def chain_id(signum: signal.Signals | None) -> str:
+    return signum.name if signum is not None else "signals_in_turn"
 
 
 class ForkServer:
@@ -66,8 +82,10 @@ class ForkServer:
         self.proc.wait(timeout=30)
 
 
-def stop_at_every_phase_and_resume(tmp_path: Path, tiny_model_dir: Path, mode: str, signum: signal.Signals) -> None:
-    """One cell of the matrix: the chain of stops of `mode` x `signum`, then the checks."""
+def stop_at_every_phase_and_resume(tmp_path: Path, tiny_model_dir: Path, mode: str,
+                                   only: signal.Signals | None = None) -> None:
+    """One chain of stops of `mode`, a stop at every phase, then the checks: each stop by `only`,
+    or (None) by SIGNALS in turn, starting MODE_SHIFT[mode] along."""
     conf = make_run(tmp_path, tiny_model_dir)
     run = tmp_path / "exp" / "tiny"
     # save_every=2: a stop after an odd step must save that step itself (save_on_stop), not find it saved
@@ -83,7 +101,8 @@ def stop_at_every_phase_and_resume(tmp_path: Path, tiny_model_dir: Path, mode: s
     server = ForkServer(tmp_path)
     try:
         for index, phase in enumerate(phases):
-            log = tmp_path / f"run_{index}_{phase}.log"
+            signum = only or SIGNALS[(PHASES.index(phase) + MODE_SHIFT[mode]) % len(SIGNALS)]
+            log = tmp_path / f"run_{index}_{phase}_{signum.name}.log"
             resume = ["--resume"] if index else []
             # An episode of a step, not of the validation that a run from step 0 starts with. Around
             # the update: an even step, after an odd one that was logged but not checkpointed
@@ -112,7 +131,7 @@ def stop_at_every_phase_and_resume(tmp_path: Path, tiny_model_dir: Path, mode: s
             clients.stop()
 
     assert train_steps(run) == list(range(1, TOTAL_STEPS + 1))
-    check_logged_once_and_checkpoints(run, f"{mode}, {signum.name}: the end")
+    check_logged_once_and_checkpoints(run, f"{mode}, {chain_id(only)}: the end")
     check_every_task_once_per_epoch(run)
     assert (run / "final_model" / "config.json").is_file()
     updates = updates_logged(run, TOTAL_STEPS)
