@@ -23,14 +23,15 @@ def test_the_remote_agent_row_evaluates_serves_to_clients_and_evaluates_again(
     (e,) = bench.select("remote_agent")
     e = bench.replace(e, served=bench.replace(e.served, clients=2), overrides=(f"judge.type={vowel_judge}",
         f"model.path={tiny_model_dir}", "rollout.n=2", "rollout.max_tokens=80", "trainer.batch_size=2",
-        "trainer.total_steps=1", "trainer.save_every=0", "trainer.lr=0.01", "logging.tensorboard=false"))
+        "trainer.total_steps=1", "trainer.save_every=0", "trainer.lr=0.01", "logging.tensorboard=false",
+        "eval.max_tasks=8"))  # 8 of the 32 test tasks: the row is read the same, in a quarter of the time
     result = bench.run_example(e, tmp_path / "exp", cached_base=False)
     run = tmp_path / "exp" / "remote_agent"
     assert result.status in ("pass", "FAIL"), result.status  # the tiny model scores what it scores
     assert result.command[result.command.index("--conf") - 1] == "serve"
     base = json.loads((run / "eval" / "eval_base.json").read_text())
     trained = json.loads((run / "eval" / "eval_trained.json").read_text())
-    assert base["split"] == trained["split"] == "test" and base["metrics"]["episodes"] == 32
+    assert base["split"] == trained["split"] == "test" and base["metrics"]["episodes"] == 8
     assert trained["model"] == str(run / "final_model")
     # agent.py's own solve ran in-process: the forced calculate call, then the answer; none failed
     assert base["metrics"]["steps/calls_per_episode"] == 2 and base["metrics"]["failed"] == 0
