@@ -195,6 +195,13 @@ REGISTRY: tuple[Example, ...] = (
             "call's position). Settings as frozenlake_warmup.yaml's, untuned.",
     ),
     Example(
+        name="frozenlake_compaction", conf="tutorial/example_frozenlake/frozenlake_compaction.yaml",
+        warmup=("sft",), stages=("grpo",), overrides=(), budget_min=20, threshold=0.0, gain=True,
+        why="issue 55 §3: frozenlake_grpo_after_warmup's run with FrozenLakeCompactingAgent (a summary "
+            "call rewrites the history over 700 characters; each rewrite starts a sample). Does it "
+            "learn as the uncompacted agent does? No target of its own (>= the warm-up).",
+    ),
+    Example(
         name="frozenlake_safe_moves", conf="tutorial/example_frozenlake/frozenlake_safe_moves.yaml",
         stages=("sft", "grpo"), overrides=(), budget_min=20, threshold=0.30, gain=True,
         why="issue 27's target (+30 points within 20 min) with the observation that lists the safe "

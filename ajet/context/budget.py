@@ -130,5 +130,7 @@ def _slice(s: Sample, start: int, end: int, *, train_from: int) -> Sample:
         token_call_ids=call_ids,
         segments=segments,
         num_calls=len(calls) if call_ids else s.num_calls,
-        metadata={**s.metadata, "budget_slice": [start, end]},
+        # The first piece keeps the sample's own break; the later ones start at the split.
+        metadata={**s.metadata, "budget_slice": [start, end],
+                  **({"break": "split"} if start > 0 else {})},
     )

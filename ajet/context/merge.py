@@ -16,7 +16,30 @@ from collections import defaultdict
 
 from ajet.context.types import LLMCall, Sample, Timeline
 
-__all__ = ["merge_timelines", "per_call_samples", "timelines_to_samples", "token_calls"]
+__all__ = ["BREAKS", "break_of", "merge_timelines", "per_call_samples", "timelines_to_samples", "token_calls"]
+
+# Why a sample starts where it does, named from its timeline's fork cause (`FORK_CAUSES`): the
+# episode's (or a role's) first sample is no break; the others say why their history could not
+# be merged with what came before. `Sample.metadata["break"]`, the token records' "break", the
+# viewer's sample head and the step's `context/breaks/<name>` counts use these names.
+BREAKS = {
+    "first_call": "",
+    "other_role": "",
+    "history_rewritten": "rewrite",  # the agent edited, dropped or summarised earlier messages
+    "template_not_prefix_preserving": "template",  # the chat template renders history differently
+    "tools_changed": "tools changed",
+    "reply_mismatch": "reply changed",  # the reply sent back is not the one generated
+    "reply_truncated": "truncation",  # ... of a reply cut at max_tokens
+    "retry": "branch",  # a sibling from the same history (a retry, two calls from one state)
+    "branch": "branch",
+    "concurrent_call": "branch",
+    "untracked_prompt": "untracked prompt",
+}
+
+
+def break_of(fork_cause: str) -> str:
+    """The break name of a fork cause ("" for none); an unknown cause is its own name."""
+    return BREAKS.get(fork_cause, fork_cause)
 
 
 def token_calls(timeline: Timeline) -> list[int]:
@@ -67,6 +90,8 @@ def _absorbable(t: Timeline, owner: list[int], into: Timeline) -> bool:
 
 
 def _absorb(into: Timeline, t: Timeline, owner: list[int]) -> None:
+    if not break_of(t.fork_cause):  # `into` now holds a role's first call: it starts no break
+        into.fork_cause = t.fork_cause
     spans = dict(zip(into.call_indices, into.completion_spans, strict=True))
     for call, span in zip(t.call_indices, t.completion_spans, strict=True):
         if call not in spans:
@@ -126,7 +151,8 @@ def timelines_to_samples(
                 segments=segments,
                 num_calls=len(mine),
                 token_call_ids=call_ids,
-                metadata={"timeline_id": t.timeline_id, "policy_version": t.policy_version},
+                metadata={"timeline_id": t.timeline_id, "policy_version": t.policy_version,
+                          "break": break_of(t.fork_cause)},
             )
         )
     return samples

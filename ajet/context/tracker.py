@@ -41,6 +41,7 @@ FORK_CAUSES = (
     "tools_changed",  # the tool specs differ from the role's previous call
     "history_rewritten",  # earlier messages were edited, dropped or summarised
     "reply_mismatch",  # the reply sent back is not the one generated
+    "reply_truncated",  # the same, for a reply cut at max_tokens (the agent sent back other text)
     "template_not_prefix_preserving",  # the template renders history differently once extended
     "retry",  # the same messages as an earlier call (its prompt ids are reused)
     "branch",  # extends an earlier call whose timeline already moved on
@@ -182,7 +183,7 @@ class ContextTracker:
             return "template_not_prefix_preserving"
         content = reply_text[: len(reply_text) - len(probe.turn_end)]
         if not self._same_reply(call, content, with_reply, messages, tools):
-            return "reply_mismatch"
+            return "reply_truncated" if call.finish_reason == "length" else "reply_mismatch"
         if not full.startswith(with_reply):
             return "template_not_prefix_preserving"
         bridge = extension_ids(self.renderer, probe, call.completion_ids, full[len(with_reply) :])
@@ -310,6 +311,7 @@ class ContextTracker:
             call_indices=list(chain),
             completion_spans=spans,
             policy_version=last.policy_version,
+            fork_cause=self.calls[chain[0]].fork_cause,
         )
 
     def stats(self) -> dict[str, float]:

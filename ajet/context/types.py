@@ -51,6 +51,8 @@ class Timeline:
     # [start, end) spans of each call's completion tokens within token_ids
     completion_spans: list[tuple[int, int]] = field(default_factory=list)
     policy_version: int = 0
+    # Why its first call did not extend an earlier one (`ajet.context.tracker.FORK_CAUSES`).
+    fork_cause: str = ""
 
 
 @dataclass

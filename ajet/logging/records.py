@@ -55,6 +55,8 @@ def write_step_records(
                 "logprobs": [round(x, 5) for x in sample.old_logprobs],
                 "advantages": [round(x, 5) for x in (sample.advantage or [0.0] * len(sample.input_ids))],
                 "segments": [list(s) for s in sample.segments],
+                # why this sample is not merged with the episode's earlier one ("" for the first)
+                "break": sample.metadata.get("break", ""),
             }
             handle.write(json.dumps(record, ensure_ascii=False) + "\n")
     os.replace(tmp, out)

@@ -108,6 +108,7 @@ def page_record(record: dict, where: str) -> dict:
         "lp": _round(record.get("logprobs") or [0.0] * n),
         "adv": _rle(_round(record.get("advantages") or [0.0] * n)),
         "segments": record.get("segments") or [],
+        "break": str(record.get("break") or ""),
     }
 
 

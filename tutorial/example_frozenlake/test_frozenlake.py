@@ -180,3 +180,36 @@ def test_demos_walk_shortest_paths_on_maps_never_in_val_or_test(example_modules)
         replies = [m["content"] for m in messages if m["role"] == "assistant"]
         assert replies == frozenlake_env.shortest_moves(rows, start)
         assert messages[-1]["role"] == "assistant"
+
+
+@pytest.mark.tutorial
+@pytest.mark.integration
+def test_one_step_with_compaction(one_step) -> None:
+    """Issue 55 §3: the summary call is trained in the sample of the turns it summarises; the
+    turns after each rewrite are a sample of their own that starts from the rewritten prompt and
+    names its break; every sample gets its episode's advantage; no call is trained twice."""
+    run = one_step(HERE / "frozenlake_compaction.yaml", "pipeline.stages=[]", "pipeline.overrides.sft=null")
+    metrics = run.assert_completed()
+    assert metrics["rollout/failed"] == 0
+    # The tiny random model names no move, so it walks until max_steps: over the budget, always.
+    assert metrics["workflow/compactions"] >= 1
+    assert metrics["context/breaks/rewrite"] == metrics["context/samples"] - metrics["rollout/ok"] > 0
+    records = run.records(1)
+    assert len(records) == metrics["context/samples"]
+    calls = 0
+    for episode in {r["episode_id"] for r in records}:
+        samples = [r for r in records if r["episode_id"] == episode]
+        assert [r["break"] for r in samples] == ["", *["rewrite"] * (len(samples) - 1)]
+        for r in samples:
+            text = "".join(r["tokens"])
+            if r is not samples[-1]:  # ends with the summary call, trained
+                start, end = r["segments"][-1]
+                assert "Your notes are full" in "".join(r["tokens"][:start]) and all(r["loss_mask"][start:end])
+            if r["break"]:  # starts from the rewritten prompt
+                assert "Your notes: " in text and "Your notes are full" not in text.split("Your notes: ")[0]
+            trained_advantages = {a for a, m in zip(r["advantages"], r["loss_mask"], strict=True) if m}
+            assert len(trained_advantages) == 1  # the episode's one advantage on every trained token
+            assert sum(r["loss_mask"]) == sum(end - start for start, end in r["segments"])
+            calls += len(r["segments"])
+        assert len({(r["advantages"][r["segments"][0][0]]) for r in samples}) == 1
+    assert calls == metrics["context/calls"]  # each call trained in exactly one sample
