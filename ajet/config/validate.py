@@ -219,6 +219,8 @@ def single_stage_config(cfg: AjetConfig, stage: str, *, where: str = "") -> Ajet
     stage_cfg.pipeline = PipelineConfig(stages=[Stage(stage)])
     if stage != "eval":
         stage_cfg.algorithm = dataclasses.replace(stage_cfg.algorithm, name=Algorithm(stage))
+    if stage in ("sft", "dpo", "eval"):  # step credit is the RL stages' (a warm-up before GRPO has none)
+        stage_cfg.algorithm = dataclasses.replace(stage_cfg.algorithm, step_credit=StepCredit.none)
     problems = validate(stage_cfg)
     if problems:
         lines = "\n".join(f"  {key}: {msg}" for key, msg in problems)

@@ -4,6 +4,7 @@ advantage plus `weight` times the step's normalised discounted return inside its
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -11,6 +12,8 @@ import pytest
 
 from ajet.algorithms.advantages import assign_token_advantages, gigpo_advantages
 from ajet.context.types import Sample
+
+REPO = Path(__file__).resolve().parents[2]
 
 R2 = 1 / math.sqrt(2)  # the GRPO advantage of rewards (1, 0): +-0.5 / std, std = sqrt(0.5)
 
@@ -110,3 +113,16 @@ def test_step_credit_needs_grpo_and_is_told_when_states_never_repeat() -> None:
     assert "no marked state repeated" in signs[0].evidence
     rows[1]["credit/state_grouped_share"] = 0.25
     assert find_learning_signs(rows) == []
+
+
+def test_a_warm_up_stage_before_grpo_with_step_credit_is_valid() -> None:
+    """frozenlake_step_credit.yaml's pipeline (sft, then grpo with step credit): the SFT stage has
+    no advantage to add to, so it runs without step credit instead of refusing the config (it
+    did: 'step_credit ... needs algorithm.name=grpo (not sft)')."""
+    from ajet.config.loader import load_config
+    from ajet.config.validate import single_stage_config
+
+    cfg = load_config(REPO / "tutorial/example_frozenlake/frozenlake_step_credit.yaml",
+                      overrides=["pipeline.stages=[eval,sft,grpo,eval]"])
+    assert single_stage_config(cfg, "sft").algorithm.step_credit.value == "none"
+    assert single_stage_config(cfg, "grpo").algorithm.step_credit.value == "gigpo"
