@@ -13,6 +13,7 @@ import sys
 # name -> (module, one-line summary shown in `ajet --help`)
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("ajet.cli.train", "Train (the default command)."),
+    "episode": ("ajet.cli.episode", "Run one episode: its calls, tokens, samples, reward (the inner loop)."),
     "serve": ("ajet.cli.serve", "Train on episodes that agents run elsewhere (the episode API)."),
     "config": ("ajet.cli.config_cmd", "Print the default config or a resolved config."),
     "view": ("ajet.cli.view", "Write a token-level HTML viewer of a run."),

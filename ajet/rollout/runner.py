@@ -25,6 +25,8 @@ import inspect
 import logging
 import sys
 import time
+from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any, Protocol
 
 from pydantic import ValidationError
@@ -65,6 +67,12 @@ class SessionFactory(Protocol):
 
     def open_episode(self, episode_id: str, task: WorkflowTask) -> EpisodeHandle:
         """May also be `async def`."""
+
+
+# Called with a workflow's exception where the runner catches it, before the episode is
+# recorded as failed (`ajet episode --pdb` opens the debugger there, the workflow's frames alive).
+# Set it around a rollout: the episodes' tasks copy it when they start.
+ON_WORKFLOW_ERROR: ContextVar[Callable[[BaseException], None] | None] = ContextVar("ON_WORKFLOW_ERROR", default=None)
 
 
 @dataclasses.dataclass
@@ -183,6 +191,8 @@ class TaskRunner:
         return await run_in_daemon_thread(self.workflow.execute, episode.task, tuner)
 
     def _record_workflow_error(self, episode: Episode, exc: BaseException) -> None:
+        if (hook := ON_WORKFLOW_ERROR.get()) is not None:
+            hook(exc)
         if isinstance(exc, BadOutputError):
             bad_output(episode, str(exc), workflow=self.workflow.name)
             return

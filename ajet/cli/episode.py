@@ -1,0 +1,147 @@
+"""`ajet episode --conf X.yaml [--task 0] [--split train] [--n 1] [--tokens] [--pdb] [KEY=VALUE ...]`:
+one episode of the workflow, shown as training would see it (`ajet.eval.episode`)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Annotated, Any
+
+import typer
+
+from ajet.cli.common import Conf, Overrides, user_errors
+
+START = time.monotonic()  # the command's start (this module is imported as it begins)
+
+app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)
+
+# How much of a message or reply a line shows (--full: all of it).
+CLIP = 160
+
+
+@app.command(
+    help=(
+        "Run one episode (or --n K) of the workflow on one task and show what training would see: "
+        "each call's messages, reply, tool calls and finish reason; its tokens and which are trained; "
+        "the merged samples; the reward; and the seconds each part took. Nothing is trained or written. "
+        "Runs in this process: a breakpoint() in the workflow stops there, and --pdb opens the debugger "
+        "at the workflow's exception."
+    ),
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+def episode(
+    conf: Conf,
+    overrides: Overrides = None,
+    task: Annotated[str, typer.Option("--task", "-t", help="The task: its index in the split, or its id.")] = "0",
+    split: Annotated[str, typer.Option("--split", help="train, val or test.")] = "train",
+    n: Annotated[int, typer.Option("--n", min=1, help="Episodes of that task.")] = 1,
+    model: Annotated[str | None, typer.Option("--model", "-m", help="Checkpoint dir [default: model.path].")] = None,
+    tokens: Annotated[bool, typer.Option("--tokens", help=(
+        "Print each call's completion token by token: trained tokens plain, untrained ones [in brackets]."))] = False,
+    full: Annotated[bool, typer.Option("--full", help="Print whole messages, not their first 160 characters.")] = False,
+    pdb: Annotated[bool, typer.Option("--pdb", help=(
+        "Open the debugger at the workflow's exception (its frames alive); no episode timeout."))] = False,
+) -> None:
+    with user_errors():
+        from ajet.config import load_config
+        from ajet.config.schema import EvalSplit
+        from ajet.errors import ConfigError
+        from ajet.logging.setup import configure_logging
+
+        timings: dict[str, float] = {}
+        if split not in {s.value for s in EvalSplit}:
+            raise ConfigError(f"--split {split}: use train, val or test")
+        extra = [*(overrides or []), *([f"model.path={model}"] if model else [])]
+        cfg = load_config(conf, extra)
+        configure_logging(cfg.logging.level, quiet=True)
+        timings["start-up"] = time.monotonic() - START
+        from ajet.eval.episode import for_debugger, show_episodes
+
+        if pdb:
+            cfg = for_debugger(cfg)
+        shown = show_episodes(cfg, task=task, n=n, split=EvalSplit(split),
+                              on_workflow_error=_post_mortem if pdb else None, timings=timings)
+    print_shown(shown, tokens=tokens, full=full)
+    if not all(view.episode.ok for view in shown.views):
+        raise typer.Exit(1)
+
+
+def _post_mortem(exc: BaseException) -> None:
+    import pdb
+    import traceback
+
+    traceback.print_exception(type(exc), exc, exc.__traceback__)
+    typer.echo("ajet episode --pdb: the debugger at the workflow's exception (c continues, q quits)", err=True)
+    pdb.post_mortem(exc.__traceback__)
+
+
+def _clip(text: Any, full: bool) -> str:
+    text = text if isinstance(text, str) else json.dumps(text, ensure_ascii=False, default=str)
+    text = text.replace("\n", "\\n")
+    return text if full or len(text) <= CLIP else text[:CLIP] + f"... ({len(text)} chars)"
+
+
+def _content(message: dict) -> str:
+    content = message.get("content")
+    if isinstance(content, list):
+        return "".join(b.get("text", "") for b in content if isinstance(b, dict))
+    return content or ""
+
+
+def print_shown(shown: Any, *, tokens: bool = False, full: bool = False) -> None:
+    echo = typer.echo
+    echo(f"task {shown.task.task_id} ({shown.split} #{shown.index}): {_clip(shown.task.main_query, full)}")
+    for view in shown.views:
+        ep = view.episode
+        echo("")
+        verdict = f"reward {ep.reward:.3f}" + (" (success)" if ep.is_success else "") if ep.ok else ep.reason
+        echo(f"episode {ep.episode_id}: {ep.status}, {verdict}, {len(view.calls)} calls, {ep.duration_s:.2f} s")
+        seen = 0  # messages printed so far: each call shows the ones it adds
+        for call in view.calls:
+            new = call.messages[seen:] if call.fork_cause in ("", "first_call") else call.messages
+            seen = len(call.messages) + 1  # + its reply, sent back in the next call's messages
+            trained = sum(1 for i, f in enumerate(call.completion_forced or [False] * len(call.completion_ids))
+                          if not f) if call.trainable else 0
+            fork = f", new timeline: {call.fork_cause}" if call.fork_cause not in ("", "first_call") else ""
+            echo(f"  call {call.call_index + 1} [{call.role}] finish {call.finish_reason}: prompt "
+                 f"{len(call.prompt_ids)} tokens, completion {len(call.completion_ids)} tokens, "
+                 f"{trained} trained{fork}")
+            for message in new:
+                echo(f"    {message.get('role', '?'):>9} | {_clip(_content(message), full)}")
+                for tool_call in message.get("tool_calls") or []:
+                    fn = tool_call.get("function", {})
+                    echo(f"    {'':>9} | tool call {fn.get('name')}({_clip(fn.get('arguments', ''), full)})")
+            reply = call.response_message or {}
+            echo(f"    {'reply':>9} > {_clip(_content(reply), full)}")
+            for tool_call in reply.get("tool_calls") or []:
+                fn = tool_call.get("function", {})
+                echo(f"    {'':>9} > tool call {fn.get('name')}({_clip(fn.get('arguments', ''), full)})")
+            if tokens:
+                forced = call.completion_forced or [False] * len(call.completion_ids)
+                pieces = [view.decode([t]) for t in call.completion_ids]
+                marked = [p if call.trainable and not f else f"[{p}]" for p, f in zip(pieces, forced, strict=True)]
+                line = "|".join(m.replace("\n", "\\n") for m in marked)
+                echo(f"    {'tokens':>9} | {line}")
+        if not ep.ok:
+            echo(f"  {ep.reason}: {ep.error_message.strip()}")
+            continue
+        trained_total = sum(sum(s.loss_mask) for s in view.samples)
+        echo(f"  samples: {len(view.samples)} from {len(view.calls)} calls, "
+             f"{sum(len(s.input_ids) for s in view.samples)} tokens, {trained_total} trained")
+        for k, sample in enumerate(view.samples, 1):
+            brk = sample.metadata.get("break", "")
+            calls = sorted({c + 1 for c in sample.token_call_ids if c >= 0})
+            echo(f"    sample {k} [{sample.role}]: {len(sample.input_ids)} tokens, {sum(sample.loss_mask)} "
+                 f"trained, calls {calls}" + (f", starts after a {brk}" if brk else ""))
+        output = ep.output
+        if output is not None and output.metadata:
+            echo(f"  output metadata: {_clip(output.metadata, full)}")
+        if output is not None and output.log_metrics:
+            echo(f"  log_metrics: {_clip(output.log_metrics, full)}")
+        truth = shown.task.metadata.get("answer")
+        if truth is not None and output is not None:
+            from ajet.judge.base import answer_text
+
+            echo(f"  answer {_clip(answer_text(output), full)!r}, expected {_clip(truth, full)!r}")
+    parts = "  ".join(f"{name} {seconds:.2f} s" for name, seconds in shown.timings.items())
+    echo(f"\ntime: {parts}  (total {time.monotonic() - START:.1f} s)")

@@ -1,0 +1,67 @@
+"""`ajet episode` (issue 58 §1): one episode shown as training would see it, the workflow's own
+traceback when it raises, --pdb at the exception, and clear errors for a task that is not there."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+RAISES = '''
+from ajet import Workflow, WorkflowOutput
+
+
+class Raises(Workflow):
+    async def execute(self, task, tuner):
+        await tuner([{"role": "user", "content": task.main_query}])
+        local_value = 41 + 1
+        raise RuntimeError(f"boom in {task.task_id}")
+'''
+
+
+def ajet_episode(conf: Path, *args: str, stdin: str = "") -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CI": "true"}
+    return subprocess.run([sys.executable, "-m", "ajet.cli.main", "episode", "--conf", str(conf), *args],
+                          input=stdin, capture_output=True, text=True, env=env, timeout=300, cwd=conf.parent)
+
+
+def test_one_episode_shows_its_calls_tokens_samples_reward_and_times(two_calls_conf: Path) -> None:
+    run = ajet_episode(two_calls_conf, "--task", "t1", "--tokens")
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = run.stdout
+    assert "task t1 (train #1): Count to 3." in out
+    assert "episode try-t1-e0: ok, reward 0.250, 2 calls" in out
+    assert "call 1 [default]" in out and "call 2 [default]" in out
+    assert "user | More." in out  # the second call shows the message it adds
+    assert out.count("tokens |") == 2  # each completion, token by token
+    assert "samples: 1 from 2 calls" in out  # the second call extends the first: merged
+    assert "sample 1 [default]:" in out and "calls [1, 2]" in out
+    assert "time: start-up" in out and "model load" in out and "episodes" in out
+
+
+def test_a_raising_workflow_shows_its_traceback_and_exits_1(two_calls_conf: Path) -> None:
+    (two_calls_conf.parent / "raises.py").write_text(RAISES)
+    run = ajet_episode(two_calls_conf, "workflow.target=raises.py:Raises")
+    assert run.returncode == 1, run.stderr[-3000:]
+    assert "episode try-t0-e0: failed, workflow_error:RuntimeError" in run.stdout
+    assert 'raise RuntimeError(f"boom in {task.task_id}")' in run.stdout  # its own traceback
+    assert "RuntimeError: boom in t0" in run.stdout
+
+
+def test_pdb_opens_the_debugger_at_the_workflows_exception(two_calls_conf: Path) -> None:
+    (two_calls_conf.parent / "raises.py").write_text(RAISES)
+    run = ajet_episode(two_calls_conf, "workflow.target=raises.py:Raises", "--pdb", stdin="p local_value\nc\n")
+    assert run.returncode == 1, run.stderr[-3000:]
+    assert "(Pdb) 42" in run.stdout  # the workflow's frame, its locals alive
+
+
+def test_a_task_that_is_not_there_is_named(two_calls_conf: Path) -> None:
+    run = ajet_episode(two_calls_conf, "--task", "7")
+    assert run.returncode != 0 and "--task 7: the train split has 3 tasks (0..2)" in run.stderr
+    run = ajet_episode(two_calls_conf, "--task", "nope")
+    assert run.returncode != 0 and "no task of the train split has that id (its first ids: t0, t1, t2)" in run.stderr
