@@ -44,13 +44,14 @@ class GatewayError(RuntimeError):
 
 
 class _RequestError(Exception):
-    def __init__(self, status: int, message: str, type_: str, code: str | None = None) -> None:
+    def __init__(self, status: int, message: str, type_: str, code: str | None = None,
+                 param: str | None = None) -> None:
         super().__init__(message)
-        self.status, self.message, self.type_, self.code = status, message, type_, code
+        self.status, self.message, self.type_, self.code, self.param = status, message, type_, code, param
 
     def response(self) -> JSONResponse:
         return JSONResponse(
-            wire.error_body(self.message, self.type_, self.code), status_code=self.status
+            wire.error_body(self.message, self.type_, self.code, self.param), status_code=self.status
         )
 
 
@@ -73,6 +74,7 @@ class Gateway:
         self._thread: threading.Thread | None = None
         self._socket: socket.socket | None = None
         self._created = int(time.time())
+        self._noted_fields: set[str] = set()  # fields outside the protocol, logged once each
         self._client_token: str | None = None  # set by `require_client_token` (the episode API)
         self.app = self._build_app()
         # What uvicorn serves: the app behind its front door (auth before body, capped bodies).
@@ -265,6 +267,10 @@ class Gateway:
             ) from err
         if not isinstance(payload, dict):
             raise _RequestError(400, "request body must be a JSON object", "invalid_request_error")
+        if (refused := wire.refused_field(payload)) is not None:
+            name, why = refused
+            raise _RequestError(400, f"{why} (docs/gateway.md lists each field)", "invalid_request_error",
+                                "unsupported_parameter", name)
         try:
             req = wire.ChatCompletionRequest.model_validate(payload)
         except ValidationError as err:
@@ -272,11 +278,25 @@ class Gateway:
         if req.n != 1:
             raise _RequestError(
                 400,
-                f"n={req.n} is not supported; use n=1",
+                f"n={req.n} is not supported: each completion is an episode's own call; make n calls "
+                "(they share the prompt's prefix cache) or use n=1",
                 "invalid_request_error",
                 "unsupported_parameter",
+                "n",
             )
+        if req.logprobs and req.stream:
+            raise _RequestError(400, "logprobs with stream=true is not supported; stream without logprobs, "
+                                "or ask for them without streaming", "invalid_request_error",
+                                "unsupported_parameter", "logprobs")
+        self._note_extra_fields(payload)
         return req
+
+    def _note_extra_fields(self, payload: dict) -> None:
+        """Log, once per name, a field outside the protocol: accepted and ignored (as vLLM does)."""
+        for name in payload.keys() - wire.PROTOCOL_FIELDS - self._noted_fields:
+            self._noted_fields.add(name)
+            log.warning("gateway: the request field %r is not part of the chat-completions protocol; "
+                        "ignored (docs/gateway.md lists each field)", name)
 
     async def _chat(self, session: EpisodeSession, role: str, req: wire.ChatCompletionRequest,
                     on_text: Any = None) -> Any:
@@ -315,6 +335,10 @@ class Gateway:
         completion_id = wire.new_completion_id()
         if not req.stream:
             result = await self._chat(session, role, req)
+            logprobs = None
+            if req.logprobs:
+                ids = result.call.completion_ids
+                logprobs = wire.logprobs_content(session.token_texts(ids), result.call.completion_logprobs)
             return JSONResponse(
                 wire.completion_response(
                     result.message,
@@ -322,6 +346,7 @@ class Gateway:
                     result.usage,
                     model=req.model,
                     completion_id=completion_id,
+                    logprobs=logprobs,
                 )
             )
         return await self._stream(session, role, req, completion_id)

@@ -18,10 +18,56 @@ from ajet.tuner.streaming import rest
 MODEL_NAME = "ajet-policy"
 
 
+# What the gateway does with each field of the chat-completions protocol (docs/gateway.md lists
+# them). Honoured: the model's fields below. Accepted with no effect on the reply: fields about
+# billing, storage and caching on OpenAI's side. Refused with a 400 that names the field: the
+# ones ajet cannot honour, or only some values of (REFUSED_VALUES). A field outside the protocol
+# (a framework's own extension) is accepted and ignored, as vLLM does, and logged once.
+NO_EFFECT = frozenset({"user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key"})
+REFUSED = {
+    "audio": "audio output is not supported",
+    "modalities": "only text output is supported",
+    "prediction": "predicted outputs are not supported",
+    "web_search_options": "web search is not supported",
+    "functions": "the legacy `functions` field is not supported; send `tools`",
+    "function_call": "the legacy `function_call` field is not supported; send `tool_choice`",
+    "reasoning_effort": "the policy has no reasoning-effort setting",
+    "verbosity": "the policy has no verbosity setting",
+}
+# field -> (the values that are honoured, why others are refused)
+REFUSED_VALUES: dict[str, tuple[Any, str]] = {
+    "frequency_penalty": ((None, 0, 0.0), "penalties are not applied in sampling: the recorded logprobs "
+                          "would not be the distribution sampled from; send 0 or leave it out"),
+    "presence_penalty": ((None, 0, 0.0), "penalties are not applied in sampling: the recorded logprobs "
+                         "would not be the distribution sampled from; send 0 or leave it out"),
+    "logit_bias": ((None, {}), "logit_bias is not applied in sampling: the recorded logprobs would not be "
+                   "the distribution sampled from; leave it out"),
+    "top_logprobs": ((None, 0), "only the sampled token's logprob is returned (logprobs=true); send "
+                     "top_logprobs=0 or leave it out"),
+    "parallel_tool_calls": ((None, True), "ajet cannot stop the model from writing several tool calls in "
+                            "one reply (all are returned and trained); leave it out or send true"),
+}
+PROTOCOL_FIELDS = frozenset({"model", "messages", "tools", "tool_choice", "response_format", "temperature",
+                             "top_p", "top_k", "max_tokens", "max_completion_tokens", "stop", "seed", "n",
+                             "stream", "stream_options", "logprobs", *NO_EFFECT, *REFUSED, *REFUSED_VALUES})
+
+
+def refused_field(payload: dict[str, Any]) -> tuple[str, str] | None:
+    """(field, why) for the first field of a request body that ajet refuses, or None."""
+    for name, why in REFUSED.items():
+        if payload.get(name) is not None:
+            return name, f"{name}: {why}"
+    for name, (honoured, why) in REFUSED_VALUES.items():
+        if name in payload and not any(payload[name] == value for value in honoured):
+            return name, f"{name}={json.dumps(payload[name])[:60]}: {why}"
+    return None
+
+
 class ChatCompletionRequest(BaseModel):
-    """The fields ajet reads. Other OpenAI fields (user, metadata, parallel_tool_calls,
-    logprobs, ...) are accepted and ignored, as vLLM does. `response_format` json_schema /
-    json_object constrains the reply (ajet/engine/grammar.py)."""
+    """The fields ajet reads. `refused_field` decides on the others first (REFUSED, REFUSED_VALUES);
+    fields outside the protocol are kept as extras, unread. `response_format` json_schema /
+    json_object constrains the reply (ajet/engine/grammar.py). `logprobs=true` returns each
+    completion token's recorded logprob (the policy at rollout.temperature: what the trainer uses)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -40,6 +86,7 @@ class ChatCompletionRequest(BaseModel):
     n: int = 1
     stream: bool = False
     stream_options: dict[str, Any] | None = None
+    logprobs: bool = False
 
     @field_validator("messages")
     @classmethod
@@ -68,13 +115,20 @@ class ChatCompletionRequest(BaseModel):
         return bool(self.stream_options and self.stream_options.get("include_usage"))
 
 
-def error_body(message: str, type_: str = "invalid_request_error", code: str | None = None) -> dict:
+def error_body(message: str, type_: str = "invalid_request_error", code: str | None = None,
+               param: str | None = None) -> dict:
     """OpenAI-style error body: {"error": {"message", "type", "code", "param"}}."""
-    return {"error": {"message": message, "type": type_, "code": code, "param": None}}
+    return {"error": {"message": message, "type": type_, "code": code, "param": param}}
 
 
 def new_completion_id() -> str:
     return f"chatcmpl-{uuid.uuid4().hex}"
+
+
+def logprobs_content(tokens: list[str], logprobs: list[float]) -> dict[str, Any]:
+    """The `choices[0].logprobs` object: one entry per completion token, no alternatives."""
+    return {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode("utf-8")), "top_logprobs": []}
+                        for t, lp in zip(tokens, logprobs, strict=True)]}
 
 
 def completion_response(
@@ -84,6 +138,7 @@ def completion_response(
     *,
     model: str,
     completion_id: str,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A `chat.completion` object for a non-streaming request."""
     return {
@@ -96,7 +151,7 @@ def completion_response(
                 "index": 0,
                 "message": _wire_message(message),
                 "finish_reason": finish_reason,
-                "logprobs": None,
+                "logprobs": logprobs,
             }
         ],
         "usage": dict(usage),

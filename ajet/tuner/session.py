@@ -407,6 +407,10 @@ class EpisodeSession:
             first = self.counters.per_role_calls.get(role, 0) == 0
         return forced if first else tool_choice
 
+    def token_texts(self, ids: list[int]) -> list[str]:
+        """Each token's own text (`logprobs` of the chat-completions protocol)."""
+        return [self.chat_format.decode([i]) for i in ids]
+
     def _close_forced_call(self, text: str, parsed: Any) -> Any:
         """A forced tool call the model ended (EOS, stop) without its closing markup is
         closed: `</tool_call>`, with the one or two `}` still open after the arguments. What
@@ -494,7 +498,7 @@ class EpisodeSession:
         prefix: str = "",
     ) -> ChatResult:
         text = prefix + completion_text(self.chat_format, completion.token_ids, params.stop)
-        malformed, repaired = False, 0
+        malformed, repaired, cut = False, 0, False
         if tool_choice == "none":
             message: dict[str, Any] = {"role": "assistant", "content": text}
         else:
@@ -504,7 +508,15 @@ class EpisodeSession:
             malformed = bool(parsed.malformed_tool_call)
             repaired = len(parsed.repaired)
             message = self.chat_format.to_openai_message(parsed)
-        finish_reason = "tool_calls" if message.get("tool_calls") else completion.finish_reason
+            forced = bool(prefix) or params.grammar is not None
+            if forced and completion.finish_reason == "length":
+                # A forced call cut at max_tokens says so (finish "length"), in the protocol's own
+                # shape: closed where its arguments so far parse once closed, else the call so far
+                # (its name, its arguments as written), never ajet's markup as content.
+                cut = True
+                if malformed:
+                    message = cut_tool_call(text)
+        finish_reason = "tool_calls" if message.get("tool_calls") and not cut else completion.finish_reason
         call = LLMCall(
             role=role,
             prompt_ids=list(prompt_ids),
@@ -544,6 +556,20 @@ class EpisodeSession:
             "total_tokens": len(prompt_ids) + len(completion.token_ids),
         }
         return ChatResult(message, finish_reason, usage, call, text, malformed, capped)
+
+
+def cut_tool_call(text: str) -> dict[str, Any]:
+    """The assistant message of a tool call cut at max_tokens, as OpenAI returns one: no content,
+    the function's name (when it was written) and its arguments so far, as a string."""
+    import re
+    import uuid
+
+    body = text[text.rindex("<tool_call>") + len("<tool_call>"):] if "<tool_call>" in text else text
+    name = re.search(r'"name"\s*:\s*"([^"]*)"', body)
+    arguments = re.search(r'"arguments"\s*:\s*(.*)\Z', body, re.S)
+    call = {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": name.group(1) if name else "", "arguments": arguments.group(1) if arguments else ""}}
+    return {"role": "assistant", "content": None, "tool_calls": [call]}
 
 
 def _text_chars(content: Any) -> int:

@@ -230,3 +230,80 @@ def test_a_full_engine_queue_is_429_engine_busy(gateway: Gateway) -> None:
     key = gateway.register(session, "default")
     error = assert_openai_error(post(gateway, key=key), 429, "engine_busy")
     assert "rollout.max_waiting_requests=9" in error["message"]
+
+
+# ---------------------------------------------------------------- every field honoured or refused (issue 58 §2)
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("frequency_penalty", 0.5),
+        ("presence_penalty", -1),
+        ("logit_bias", {"42": 5}),
+        ("top_logprobs", 2),
+        ("parallel_tool_calls", False),
+        ("audio", {"voice": "alloy", "format": "wav"}),
+        ("modalities", ["text", "audio"]),
+        ("functions", [{"name": "f"}]),
+        ("reasoning_effort", "high"),
+    ],
+)
+def test_a_field_ajet_cannot_honour_is_a_400_naming_it(gateway: Gateway, field: str, value: object) -> None:
+    session, engine, _, _ = make_session(["never"])
+    key = gateway.register(session, "default")
+    error = assert_openai_error(post(gateway, {**BODY, field: value}, key), 400, "unsupported_parameter")
+    assert error["param"] == field and field in error["message"] and "docs/gateway.md" in error["message"]
+    assert engine.seen == []
+    gateway.unregister(key)
+
+
+def test_fields_with_no_effect_and_the_honoured_values_are_served(gateway: Gateway,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    session, engine, _, _ = make_session(["a", "b", "c"])
+    key = gateway.register(session, "default")
+    body = {**BODY, "frequency_penalty": 0, "presence_penalty": 0.0, "logit_bias": {}, "top_logprobs": 0,
+            "parallel_tool_calls": True, "user": "u1", "metadata": {"k": "v"}, "store": False}
+    assert post(gateway, body, key).status_code == 200
+    # a field outside the protocol (a framework's own) is accepted, and logged once
+    with caplog.at_level("WARNING", logger="ajet.tuner.gateway"):
+        assert post(gateway, {**BODY, "my_framework_hint": 1}, key).status_code == 200
+        assert post(gateway, {**BODY, "my_framework_hint": 2}, key).status_code == 200
+    notes = [r.getMessage() for r in caplog.records if "my_framework_hint" in r.getMessage()]
+    assert len(notes) == 1 and "not part of the chat-completions protocol" in notes[0]
+    gateway.unregister(key)
+
+
+def test_logprobs_are_the_recorded_ones(gateway: Gateway) -> None:
+    session, _, tracker, _ = make_session(["hi!"])
+    key = gateway.register(session, "default")
+    reply = post(gateway, {**BODY, "logprobs": True}, key).json()
+    content = reply["choices"][0]["logprobs"]["content"]
+    call = tracker.calls[-1]
+    assert [c["logprob"] for c in content] == call.completion_logprobs  # exactly what is trained on
+    assert "".join(c["token"] for c in content).startswith("hi!")
+    assert all(c["top_logprobs"] == [] and bytes(c["bytes"]).decode() == c["token"] for c in content)
+    error = assert_openai_error(post(gateway, {**BODY, "logprobs": True, "stream": True}, key), 400)
+    assert error["param"] == "logprobs"
+    gateway.unregister(key)
+
+
+def test_a_forced_call_cut_at_max_tokens_is_a_tool_call_with_finish_length(gateway: Gateway) -> None:
+    """Before, the client got ajet's markup as content: '<tool_call>\\n{"name": "add", "arguments": {"'."""
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+    written = 'add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+    session, _, tracker, _ = make_session([written, written])
+    key = gateway.register(session, "default")
+    body = {**BODY, "tools": tools, "tool_choice": "required"}
+    # cut after '"b"': the arguments so far do not parse, closed or not
+    choice = post(gateway, {**body, "max_tokens": len('add", "arguments": {"a": 1, "b"')}, key).json()["choices"][0]
+    assert choice["finish_reason"] == "length"
+    message = choice["message"]
+    assert message["content"] is None and "<tool_call>" not in json.dumps(message)
+    (call,) = message["tool_calls"]
+    assert call["function"] == {"name": "add", "arguments": '{"a": 1, "b"'}
+    assert tracker.calls[-1].finish_reason == "length"
+    # cut after '"a": 1': closed as it parses, and still said to be cut
+    choice = post(gateway, {**body, "max_tokens": len('add", "arguments": {"a": 1')}, key).json()["choices"][0]
+    assert choice["finish_reason"] == "length"
+    assert json.loads(choice["message"]["tool_calls"][0]["function"]["arguments"]) == {"a": 1}
+    gateway.unregister(key)
