@@ -152,6 +152,17 @@ class RolloutManager:
         self.runner = runner
         self.config = config
         self._warned_keys: set[str] = set()
+        self._first_reported = False  # the run's first ended episode is logged as it ends
+
+    def _report_first(self, episode: Episode) -> None:
+        """One line for the first episode that ends, at once: not only at the end of the step."""
+        if self._first_reported:
+            return
+        self._first_reported = True
+        verdict = f"reward {episode.reward:.3f}" if episode.status == OK else f"{episode.reason}"
+        logger.info("first episode %s (task %s): %s, %s, %d calls, %.1f s (`ajet episode --conf ...` "
+                    "shows one in full)", episode.episode_id, episode.task.task_id, episode.status, verdict,
+                    episode.num_calls, episode.duration_s)
 
     async def rollout(
         self, tasks: list[WorkflowTask], n: int | None = None, *, episode_prefix: str = ""
@@ -179,7 +190,9 @@ class RolloutManager:
                 in_flight += 1
                 max_in_flight = max(max_in_flight, in_flight)
                 try:
-                    return await self.runner.run_episode(task, episode_id, group_id=task.task_id)
+                    episode = await self.runner.run_episode(task, episode_id, group_id=task.task_id)
+                    self._report_first(episode)
+                    return episode
                 finally:
                     in_flight -= 1
 

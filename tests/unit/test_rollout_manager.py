@@ -156,6 +156,18 @@ def test_episode_ids_prefix_and_repeated_tasks() -> None:
     assert [e.group_id for e in result.episodes] == ["a", "a", "b", "b", "a", "a"]
 
 
+def test_the_first_episode_to_end_is_logged_as_it_ends(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 58: a run says how its first episode went at once, not only at the end of the step."""
+    cfg = RolloutConfig(n=2, episode_timeout_s=5)
+    manager = RolloutManager(TaskRunner(Constant(), None, Factory(), cfg), cfg)
+    with caplog.at_level("INFO", logger="ajet.rollout.manager"):
+        asyncio.run(manager.rollout(make_tasks(3), episode_prefix="s1-"))
+        asyncio.run(manager.rollout(make_tasks(3), episode_prefix="s2-"))  # the run's next step
+    firsts = [r.getMessage() for r in caplog.records if r.getMessage().startswith("first episode")]
+    assert len(firsts) == 1 and firsts[0].startswith("first episode s1-t") and ": ok, reward " in firsts[0]
+    assert "ajet episode" in firsts[0]
+
+
 def test_n_overrides_the_config() -> None:
     result = rollout([WorkflowTask(task_id="a")], n=5)
     assert len(result.episodes) == 5
