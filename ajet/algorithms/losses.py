@@ -112,19 +112,6 @@ def kl_penalty(new_logprobs: Tensor, ref_logprobs: Tensor, kind: str = "k3") -> 
     raise ValueError(f"kl kind {kind!r} unknown; use one of {KL_KINDS}")
 
 
-def entropy_from_logits(logits: Tensor) -> Tensor:
-    """Entropy of softmax(logits) over the last dim, per position: `logsumexp(z) - sum(p*z)`.
-
-    Stable for large logits (no log of a softmax that underflowed to 0) and for
-    masked-out vocabulary entries at -inf (they contribute 0, not 0 * -inf = nan).
-    """
-    if logits.dtype in (torch.float16, torch.bfloat16):
-        logits = logits.float()  # half-precision softmax sums lose too much
-    probs = torch.softmax(logits, dim=-1)
-    finite = torch.where(torch.isfinite(logits), logits, torch.zeros_like(logits))
-    return torch.logsumexp(logits, dim=-1) - (probs * finite).sum(dim=-1)
-
-
 def sft_loss(new_logprobs: Tensor, weights: Tensor) -> Tensor:
     """Weighted negative log-likelihood: `-sum(weight * logprob)`."""
     _check_same_shape(new=new_logprobs, w=weights)

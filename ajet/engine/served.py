@@ -153,10 +153,6 @@ class ServedModels:
             raise RuntimeError(f"model {key!r} was not loaded before it was served")
         return frozen
 
-    def frozen_bytes(self) -> int:
-        """Weight memory of the frozen models (the initial copy, checkpoints)."""
-        return sum(u.nbytes for u in self._units.values())
-
     def _initial(self, version: int) -> FrozenModel:
         """The frozen initial weights of a fully fine-tuned policy: a copy of the trainer's
         model while it is still the initial one (engine thread, no update in flight), else

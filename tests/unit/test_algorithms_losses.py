@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from ajet.algorithms.losses import entropy_from_logits, kl_penalty, policy_loss, sft_loss
+from ajet.algorithms.losses import kl_penalty, policy_loss, sft_loss
 
 
 def _random_entries(n: int = 64, seed: int = 0):
@@ -136,26 +136,27 @@ def test_k3_estimates_true_kl():
     assert k3.mean().item() == pytest.approx(float((p * np.log(p / q)).sum()), rel=0.02)
 
 
-def test_entropy_matches_numpy_and_is_stable():
+def test_the_trainers_entropy_matches_numpy_and_is_stable():
+    """The entropy the trainer logs (`actor/entropy`): `token_logprobs(..., with_entropy=True)`."""
+    from ajet.forward.logprobs import token_logprobs
+
     g = torch.Generator().manual_seed(0)
-    logits = torch.randn(3, 5, 11, generator=g, dtype=torch.float64) * 3
+    logits = torch.randn(15, 11, generator=g, dtype=torch.float64) * 3
     z = logits.numpy()
     p = np.exp(z - z.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
-    np.testing.assert_allclose(
-        entropy_from_logits(logits).numpy(), -(p * np.log(p)).sum(-1), rtol=1e-6
-    )
-    # shift invariance at a scale where naive exp overflows
-    assert not torch.isfinite(torch.exp(logits[0] + 1e3)).all()
-    big = entropy_from_logits(logits[0] + 1e3)
-    torch.testing.assert_close(big, entropy_from_logits(logits[0]), rtol=1e-9, atol=1e-9)
-    half = entropy_from_logits(logits.bfloat16())
+    tokens = torch.zeros(15, dtype=torch.long)
+    _, entropy = token_logprobs(logits, lambda h: h, tokens, with_entropy=True)
+    np.testing.assert_allclose(entropy.numpy(), -(p * np.log(p)).sum(-1), rtol=1e-5)
+    # shift invariance at a scale where naive exp overflows; half precision is computed in fp32
+    assert not torch.isfinite(torch.exp(logits + 1e3)).all()
+    _, big = token_logprobs(logits + 1e3, lambda h: h, tokens, with_entropy=True)
+    torch.testing.assert_close(big, entropy.float(), rtol=1e-5, atol=1e-5)
+    _, half = token_logprobs(logits.bfloat16(), lambda h: h, tokens, with_entropy=True)
     assert half.dtype == torch.float32
-    # masked (-inf) entries contribute nothing; uniform over 2 -> log 2
-    masked = torch.tensor([[0.0, 0.0, float("-inf"), float("-inf")]])
-    assert entropy_from_logits(masked).item() == pytest.approx(math.log(2))
     # one-hot-ish: entropy -> 0, never negative or nan
-    assert 0 <= entropy_from_logits(torch.tensor([[1e4, 0.0, 0.0]])).item() < 1e-6
+    _, peaked = token_logprobs(torch.tensor([[1e4, 0.0, 0.0]]), lambda h: h, tokens[:1], with_entropy=True)
+    assert 0 <= peaked.item() < 1e-6
 
 
 def test_sft_loss_weighted_nll_and_gradient():
