@@ -90,3 +90,13 @@ def test_make_data_regenerates_the_shipped_data(example: Path, tmp_path: Path) -
     assert written == sorted(p.name for p in example.glob("*.jsonl")), f"{example.name}: make_data.py writes {written}"
     for name in written:
         assert (copy / example.name / name).read_text() == (example / name).read_text(), f"{example.name}/{name} is stale"
+
+
+def test_each_tutorial_readme_opens_with_its_four_lines() -> None:
+    """Issue 56: what it teaches, the one command, what to expect, where to look next: in that
+    order, right under the title."""
+    labels = ["- **What it teaches:**", "- **The command:**", "- **What to expect:**", "- **Where next:**"]
+    for readme in sorted(TUTORIAL.glob("example_*/README.md")):
+        head = readme.read_text().split("\n## ", 1)[0]
+        where = [head.find(label) for label in labels]
+        assert all(i >= 0 for i in where) and where == sorted(where), f"{readme}: {dict(zip(labels, where))}"
