@@ -106,10 +106,47 @@ def read_run_fixture():
     return read_run
 
 
+class _ForkServer:
+    """tests/integration/fork_server.py: ajet, torch and transformers imported once per test
+    worker, each run a forked child (a CLI run then costs its own work, not ~5-15 s of imports)."""
+
+    def __init__(self) -> None:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "CI": "true"}
+        self.proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "integration" / "fork_server.py")],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=REPO)
+        assert json.loads(self.proc.stdout.readline()) == {"ready": True}
+
+    def run(self, argv: list[str], env: dict[str, str], log: Path, timeout_s: int) -> int:
+        request = {"argv": argv, "env": env, "cwd": str(REPO), "log": str(log), "timeout_s": timeout_s}
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        return int(json.loads(self.proc.stdout.readline())["rc"])
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def _fork_server():
+    """Started on first use by a test worker; one at a time (a worker runs its tests in turn)."""
+    holder: list[_ForkServer] = []
+
+    def get() -> _ForkServer:
+        if not holder:
+            holder.append(_ForkServer())
+        return holder[0]
+
+    yield get
+    if holder:
+        holder[0].close()
+
+
 @pytest.fixture
-def one_step(tmp_path: Path, tiny_model_dir: Path):
+def one_step(tmp_path: Path, tiny_model_dir: Path, _fork_server):
     """`one_step(conf, *overrides, env=None, timeout=300) -> StepRun`: `ajet --conf conf` for one
-    step on the tiny random model, outputs under tmp_path."""
+    step on the tiny random model, outputs under tmp_path. The run is a child of a fork server
+    (`_fork_server`); `StepRun.stderr` holds its stdout and stderr together."""
 
     calls = 0
 
@@ -117,15 +154,15 @@ def one_step(tmp_path: Path, tiny_model_dir: Path):
         nonlocal calls
         calls += 1
         exp_dir = tmp_path / f"exp{calls}"
-        args = [
-            sys.executable, "-m", "ajet.cli.main", "--conf", str(conf),
-            f"model.path={tiny_model_dir}", f"project.exp_dir={exp_dir}", *ONE_STEP, *overrides,
-        ]
-        full_env = {**os.environ, "OMP_NUM_THREADS": "1", "CI": "true", **(env or {})}
-        result = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=REPO)
+        argv = ["--conf", str(conf), f"model.path={tiny_model_dir}", f"project.exp_dir={exp_dir}", *ONE_STEP,
+                *overrides]
+        log = tmp_path / f"exp{calls}.log"
+        returncode = _fork_server().run(argv, dict(env or {}), log, timeout)
+        output = log.read_text(errors="replace") if log.is_file() else ""
+        assert returncode != -999, f"ajet {' '.join(argv)} ran past {timeout} s:\n{output[-4000:]}"
         runs = [p for p in exp_dir.iterdir() if p.is_dir()] if exp_dir.is_dir() else []
-        assert len(runs) == 1, f"expected one run dir under {exp_dir}, got {runs}:\n{result.stderr[-4000:]}"
-        return read_run(runs[0], result.returncode, result.stderr)
+        assert len(runs) == 1, f"expected one run dir under {exp_dir}, got {runs}:\n{output[-4000:]}"
+        return read_run(runs[0], returncode, output)
 
     return run
 
