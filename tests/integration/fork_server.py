@@ -3,11 +3,13 @@ transformers once, then runs each command in a forked child, so a run costs its 
 the ~4 s of imports. Run as a script (a fresh process whose torch has started no threads, so
 forking it is safe); one JSON request per stdin line, one JSON reply per stdout line:
 
-    {"argv": [...], "env": {...}, "cwd": "...", "log": "...", "timeout_s": 300}
-    -> {"rc": <exit code, or -N when signal N killed it>}
+    {"argv": [...], "env": {...}, "cwd": "...", "log": "...", "out": "...", "timeout_s": 300}
+    -> {"rc": <exit code, or -N when signal N killed it; -999 past timeout_s>}
 
-A child runs `ajet.cli.main.main(argv)` with `env` added to its environment and its stdout and
-stderr in `log`. The exit code is what `ajet` would have exited with.
+A child runs `ajet.cli.main.main(argv)` with `env` added to its environment, its stderr in
+`log` and its stdout in `out` (in `log` too when there is no `out`). The exit code is what
+`ajet` would have exited with. `tests/integration/cli.py` is its client for tests that run the
+CLI like a subprocess.
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ def child(request: dict) -> None:
     os.chdir(request["cwd"])
     os.environ.update(request["env"])
     fd = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(fd, 1)
     os.dup2(fd, 2)
+    if request.get("out"):  # stdout in its own file
+        fd = os.open(request["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
     code = 1
     try:
         from ajet.cli.main import main

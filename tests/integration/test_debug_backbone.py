@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.cli import ajet as fork_ajet
+
 pytestmark = pytest.mark.integration
 
 WORKFLOW = '''
@@ -54,10 +56,7 @@ logging: {{tensorboard: false}}
 
 
 def ajet(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CI": "true"}
-    return subprocess.run(
-        [sys.executable, "-m", "ajet.cli.main", *args], capture_output=True, text=True, timeout=timeout, env=env
-    )
+    return fork_ajet(*args, timeout=timeout)  # a child of the fork server: the imports once
 
 
 def train_steps(run_dir: Path) -> list[int]:

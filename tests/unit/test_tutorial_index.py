@@ -99,4 +99,4 @@ def test_each_tutorial_readme_opens_with_its_four_lines() -> None:
     for readme in sorted(TUTORIAL.glob("example_*/README.md")):
         head = readme.read_text().split("\n## ", 1)[0]
         where = [head.find(label) for label in labels]
-        assert all(i >= 0 for i in where) and where == sorted(where), f"{readme}: {dict(zip(labels, where))}"
+        assert all(i >= 0 for i in where) and where == sorted(where), f"{readme}: {dict(zip(labels, where, strict=True))}"
