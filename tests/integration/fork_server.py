@@ -24,6 +24,8 @@ import time
 def child(request: dict) -> None:
     os.chdir(request["cwd"])
     os.environ.update(request["env"])
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # the server's stdin carries its requests
+    sys.stdin = open(0, closefd=False)  # noqa: SIM115 - the process's own stdin, now /dev/null
     fd = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(fd, 2)
     if request.get("out"):  # stdout in its own file

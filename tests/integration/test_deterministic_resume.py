@@ -5,13 +5,11 @@ batches) 0.078, with seeds but 16 concurrent episodes 4.7e-4."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.integration.cli import ajet as fork_ajet
 from tests.integration.test_debug_backbone import make_run
 
 pytestmark = pytest.mark.integration
@@ -26,9 +24,8 @@ def test_a_stopped_and_resumed_deterministic_run_ends_with_the_uninterrupted_run
             "rollout.max_concurrency=1"]
 
     def ajet(exp: str, *more: str, fault: str = "") -> int:
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "CI": "true", "AJET_FAULT": fault}
-        return subprocess.run([sys.executable, "-m", "ajet.cli.main", "--conf", str(conf), f"project.exp_dir={exp}",
-                               *args, *more], env=env, capture_output=True, text=True, timeout=600).returncode
+        return fork_ajet("--conf", str(conf), f"project.exp_dir={exp}", *args, *more, timeout=600,
+                         env={"AJET_FAULT": fault} if fault else {}).returncode
 
     assert ajet(str(tmp_path / "a")) == 0
     assert ajet(str(tmp_path / "b"), fault="committed@1:SIGTERM") == 130

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.cli import ajet as fork_ajet
+
 pytestmark = pytest.mark.integration
 
 RAISES = '''
@@ -25,6 +27,8 @@ class Raises(Workflow):
 
 
 def ajet_episode(conf: Path, *args: str, stdin: str = "") -> subprocess.CompletedProcess:
+    if not stdin:  # a child of the fork server (the imports once); the debugger needs a stdin
+        return fork_ajet("episode", "--conf", str(conf), *args, timeout=300, cwd=conf.parent)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CI": "true"}
     return subprocess.run([sys.executable, "-m", "ajet.cli.main", "episode", "--conf", str(conf), *args],
                           input=stdin, capture_output=True, text=True, env=env, timeout=300, cwd=conf.parent)

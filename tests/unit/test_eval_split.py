@@ -4,9 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +16,7 @@ from ajet.errors import EvalError
 from ajet.eval import runner as eval_runner
 from ajet.eval.runner import split_tasks
 from ajet.task_reader import build_reader
+from tests.integration.cli import ajet as fork_ajet
 
 runner = CliRunner()
 
@@ -108,10 +106,8 @@ def test_help_names_the_test_split() -> None:
 @pytest.mark.integration
 def test_ajet_eval_split_test_on_the_tiny_model(tmp_path: Path, tiny_model_dir: Path) -> None:
     conf = make_conf(tmp_path, model=str(tiny_model_dir))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CI": "true"}
-    out = subprocess.run([sys.executable, "-m", "ajet.cli.main", "eval", "--conf", str(conf), "--split", "test",
-                          "--name", "held_out", "--dialogs", str(tmp_path / "dialogs.jsonl")],
-                         capture_output=True, text=True, timeout=300, env=env)
+    out = fork_ajet("eval", "--conf", str(conf), "--split", "test", "--name", "held_out", "--dialogs",
+                    str(tmp_path / "dialogs.jsonl"), timeout=300)
     assert out.returncode == 0, out.stderr[-4000:]
     report = json.loads((tmp_path / "exp" / "split" / "eval" / "eval_held_out.json").read_text())
     assert report["split"] == "test" and report["metrics"]["episodes"] == 4
@@ -142,10 +138,8 @@ class Duo(Workflow):
 def test_ajet_eval_reports_each_role_and_the_workflows_metrics(tmp_path: Path, tiny_model_dir: Path) -> None:
     conf = make_conf(tmp_path, model=str(tiny_model_dir))
     (tmp_path / "duo.py").write_text(DUO)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CI": "true"}
-    out = subprocess.run([sys.executable, "-m", "ajet.cli.main", "eval", "--conf", str(conf), "--split", "val",
-                          "--name", "duo", f"workflow.target={tmp_path / 'duo.py'}:Duo"],
-                         capture_output=True, text=True, timeout=300, env=env)
+    out = fork_ajet("eval", "--conf", str(conf), "--split", "val", "--name", "duo",
+                    f"workflow.target={tmp_path / 'duo.py'}:Duo", timeout=300)
     assert out.returncode == 0, out.stderr[-4000:]
     metrics = json.loads((tmp_path / "exp" / "split" / "eval" / "eval_duo.json").read_text())["metrics"]
     assert metrics["role/solver/reward"] == 1.0 and metrics["role/critic/reward"] == 0.0

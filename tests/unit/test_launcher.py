@@ -31,6 +31,7 @@ from ajet.launcher import (
     service_argv,
     vllm_service_specs,
 )
+from tests.integration.cli import ajet as fork_ajet
 
 
 def env_server(port: int, timeout_s: float = 60.0) -> ServiceSpec:
@@ -187,8 +188,7 @@ def test_real_cli_without_gpu_has_no_traceback(stub_run_conf: Callable[..., Path
         pytest.skip("this machine has a GPU")
     conf = stub_run_conf()
     for backbone in ("trinity", "verl"):
-        out = subprocess.run([sys.executable, "-m", "ajet.cli.main", "--conf", str(conf), f"--backbone={backbone}"],
-                             capture_output=True, text=True, timeout=120)
+        out = fork_ajet("--conf", str(conf), f"--backbone={backbone}", timeout=120)
         assert out.returncode == 1, out.stderr
         assert "needs NVIDIA GPUs" in out.stderr and "--backbone=debug" in out.stderr
         assert "Traceback" not in out.stderr
@@ -214,9 +214,7 @@ logging: {{tensorboard: false}}
 env_services:
   kv: {{command: "python -m ajet.task_reader.env_server --port {port}", health_url: "http://127.0.0.1:{port}/health"}}
 """)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CI": "true"}
-    out = subprocess.run([sys.executable, "-m", "ajet.cli.main", "--conf", str(conf), "--with-env", "kv"],
-                         capture_output=True, text=True, timeout=600, env=env)
+    out = fork_ajet("--conf", str(conf), "--with-env", "kv", timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "service kv: healthy" in out.stderr and "stopped" in out.stderr
     rows = [json.loads(line) for line in (tmp_path / "exp" / "env" / "metrics.jsonl").read_text().splitlines()]

@@ -4,13 +4,12 @@ tokens under the real chat template, and `ajet sft` + `ajet eval` run on its YAM
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
+
+from tests.integration.cli import ajet as fork_ajet
 
 HERE = Path(__file__).parent
 REPO = HERE.parent.parent
@@ -56,12 +55,9 @@ def test_trained_tokens_are_the_replies(bundled_model_dir: Path) -> None:
 @pytest.mark.tutorial
 @pytest.mark.integration
 def test_sft_then_eval_on_the_tiny_model(tmp_path: Path, tiny_model_dir: Path) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CI": "true"}
     common = [f"model.path={tiny_model_dir}", f"project.exp_dir={tmp_path}", "logging.tensorboard=false"]
-    sft = subprocess.run(
-        [sys.executable, "-m", "ajet.cli.main", "sft", "--conf", str(HERE / "sft_warmup.yaml"), *common,
-         "sft.epochs=1", "sft.batch_size=32"],
-        capture_output=True, text=True, timeout=600, env=env, cwd=REPO)
+    sft = fork_ajet("sft", "--conf", str(HERE / "sft_warmup.yaml"), *common, "sft.epochs=1", "sft.batch_size=32",
+                    timeout=600, cwd=REPO)
     assert sft.returncode == 0, sft.stderr[-4000:]
     run = tmp_path / "sft_warmup"
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -69,10 +65,8 @@ def test_sft_then_eval_on_the_tiny_model(tmp_path: Path, tiny_model_dir: Path) -
     # 121 dialogs, 12 held out for dev; math_tool at weight 0.5: about 109 - 22 per epoch
     assert 80 <= sum(r["sft/dialogs"] for r in steps) <= 95
     assert any(r["split"] == "val" and "val/sft/loss" in r for r in rows)
-    ev = subprocess.run(
-        [sys.executable, "-m", "ajet.cli.main", "eval", "--conf", str(HERE / "sft_warmup.yaml"), *common,
-         "--model", str(run / "final_model"), "--n", "1", "eval.max_tasks=2", "rollout.max_tokens=4"],
-        capture_output=True, text=True, timeout=600, env=env, cwd=REPO)
+    ev = fork_ajet("eval", "--conf", str(HERE / "sft_warmup.yaml"), *common, "--model", str(run / "final_model"),
+                   "--n", "1", "eval.max_tasks=2", "rollout.max_tokens=4", timeout=600, cwd=REPO)
     assert ev.returncode == 0, ev.stderr[-4000:]
     report = json.loads((run / "eval" / "eval_sft_warmup-final_model.json").read_text())
     assert report["metrics"]["episodes"] == 2 and report["model"] == str(run / "final_model")

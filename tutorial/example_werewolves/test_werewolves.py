@@ -7,12 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
 import re
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -20,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.integration.cli import ajet as fork_ajet
 
 HERE = Path(__file__).parent
 CALLS_PER_GAME = 8  # 4 players: night: werewolf + seer; day: 3 survivors speak, then 3 vote
@@ -341,13 +340,9 @@ def test_one_step_against_the_frozen_initial_village(one_step, tmp_path: Path) -
     # The README's test evaluation: the trained werewolf against the untouched base, which
     # final_model/ holds beside adapters/werewolf/ (a per-role run).
     final = run.run_dir / "final_model"
-    result = subprocess.run(
-        [sys.executable, "-m", "ajet.cli.main", "eval", "--conf", str(conf), "--split", "test",
-         "--model", str(final), "--role", "werewolf", "--exp-dir", str(tmp_path / "eval"), "--name", "test",
-         "rollout.max_tokens=16"],
-        capture_output=True, text=True, timeout=300, cwd=HERE.parent.parent,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "CI": "true", "WEREWOLVES_OPPONENT_CHECKPOINT": str(final)},
-    )
+    result = fork_ajet("eval", "--conf", str(conf), "--split", "test", "--model", str(final), "--role", "werewolf",
+                       "--exp-dir", str(tmp_path / "eval"), "--name", "test", "rollout.max_tokens=16", timeout=300,
+                       cwd=HERE.parent.parent, env={"WEREWOLVES_OPPONENT_CHECKPOINT": str(final)})
     assert result.returncode == 0, result.stderr[-4000:]
     assert f"engine serves the checkpoint {final} (frozen)" in result.stderr
     report = json.loads(next((tmp_path / "eval").rglob("eval_test.json")).read_text())
