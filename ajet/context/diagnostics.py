@@ -130,20 +130,34 @@ def inspect_template(renderer: ChatRenderer) -> TemplateProbe:
         _check_and_warn(renderer)
         return probe_template(renderer)
     probe = probe_template(renderer)
-    _cache[renderer] = (probe, _check_and_warn(renderer))
+    _cache[renderer] = (probe, not report_template(renderer))
     return probe
 
 
 def _check_and_warn(renderer: ChatRenderer) -> bool:
-    ok = check_prefix_preserving(renderer)
-    if not ok:
-        log.warning(
-            "The chat template is not prefix-preserving: extending a prompt by tokens does not "
-            "equal re-tokenizing it, so multi-turn calls will start new timelines "
-            "(context/fork/template_not_prefix_preserving) and cannot be merged. Use a template "
-            "that renders earlier turns unchanged when a turn is added."
-        )
-    return ok
+    return not report_template(renderer)
+
+
+# Per tokenizer (weakly held): the shapes where the template breaks, computed and logged once,
+# by whichever comes first: the run's start (`ajet.rollout.stack`) or a tracker's first prompt.
+_reported: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def report_template(renderer: ChatRenderer) -> list[TemplateBreak]:
+    """`template_breaks`, logged the first time for a tokenizer: INFO when every shape keeps its
+    tokens, else a WARNING naming the shapes, the first differing token and what ajet does."""
+    key = getattr(renderer, "tokenizer", renderer)
+    try:
+        return _reported[key]
+    except (KeyError, TypeError):
+        pass
+    breaks = template_breaks(renderer)
+    (log.warning if breaks else log.info)(template_report(renderer, breaks))
+    try:
+        _reported[key] = breaks
+    except TypeError:  # not weak-referenceable: checked (and logged) again next time
+        pass
+    return breaks
 
 
 # --- The shapes a workflow's history takes ------------------------------------------------------
@@ -161,9 +175,13 @@ _ANSWER = {"role": "assistant", "content": "2 + 3 = 5."}
 _THANKS = {"role": "user", "content": "Thanks. And 4 + 4?"}
 _REASONED = {"role": "assistant", "content": "<think>2 plus 3 is 5.</think>2 + 3 = 5."}
 
+# A reply the engine cut at max_tokens: no end-of-turn token was sampled, so the tracker adds it
+# (as context) before the next turn.
+CUT_SHAPE = "a user turn after a reply cut at max_tokens"
 # (what is appended, the history before the model's reply, the reply, what the client sends next)
 SHAPES: tuple[tuple[str, list[dict], dict, list[dict]], ...] = (
     ("a user turn after a text reply (with a system prompt)", [_SYSTEM, _ASK], _ANSWER, [_THANKS]),
+    (CUT_SHAPE, [_SYSTEM, _ASK], _ANSWER, [_THANKS]),
     ("a user turn after a text reply (no system prompt)", [_ASK], _ANSWER, [_THANKS]),
     ("a tool result after a tool call", [_SYSTEM, _ASK], _CALL, [_RESULT]),
     ("a user turn after a reply that followed a tool result", [_SYSTEM, _ASK, _CALL, _RESULT], _ANSWER, [_THANKS]),
@@ -197,7 +215,8 @@ def template_breaks(renderer: ChatRenderer, tools: list[dict] | None = None) -> 
     out = []
     for shape, history, reply, following in SHAPES:
         try:
-            built, full_ids = _extended_and_full(renderer, probe, tools, history, reply, following)
+            built, full_ids = _extended_and_full(renderer, probe, tools, history, reply, following,
+                                                 cut=shape == CUT_SHAPE)
         except Exception as exc:  # noqa: BLE001 - a template that raises on a shape is what we report
             out.append(TemplateBreak(shape, 0, f"<the template raised {type(exc).__name__}: {exc}>", ""))
             continue
@@ -214,7 +233,7 @@ def _token_at(renderer: ChatRenderer, ids: list[int], at: int) -> str:
 
 
 def _extended_and_full(renderer: ChatRenderer, probe: TemplateProbe, tools: list[dict], history: list[dict],
-                       reply: dict, following: list[dict]) -> tuple[list[int], list[int]]:
+                       reply: dict, following: list[dict], *, cut: bool = False) -> tuple[list[int], list[int]]:
     """(the next prompt as the tracker builds it, the whole conversation's tokens). Where the
     template changes earlier text, the first is what the tracker holds: the prompt and reply."""
     prompt = renderer.render(history, tools, add_generation_prompt=True)
@@ -224,7 +243,7 @@ def _extended_and_full(renderer: ChatRenderer, probe: TemplateProbe, tools: list
     if not (with_reply.startswith(prompt) and probe.turn_end and with_reply.endswith(probe.turn_end)):
         return renderer.encode(with_reply), full_ids
     reply_text = with_reply[len(prompt):len(with_reply) - len(probe.turn_end)]
-    completion = renderer.encode(reply_text) + renderer.encode(probe.eos_text)
+    completion = renderer.encode(reply_text) + ([] if cut else renderer.encode(probe.eos_text))
     held = renderer.encode(prompt) + completion
     if not full.startswith(with_reply):
         return held, full_ids  # the earlier text itself changed
@@ -245,8 +264,8 @@ def template_report(renderer: ChatRenderer, breaks: list[TemplateBreak] | None =
     answer when the caller has it already)."""
     breaks = template_breaks(renderer) if breaks is None else breaks
     if not breaks:
-        return ("chat template: prefix-preserving for system prompts, text replies, tool calls, tool results and "
-                "reasoning (multi-turn calls merge into one sample)")
+        return ("chat template: prefix-preserving for system prompts, text replies, replies cut at max_tokens, "
+                "tool calls, tool results and reasoning (multi-turn calls merge into one sample)")
     lines = [f"chat template: not prefix-preserving for {len(breaks)} of {len(SHAPES)} message shapes:"]
     lines += [f"  - {b.describe()}" for b in breaks]
     lines.append(f"  {TEMPLATE_BREAK_EFFECT}")

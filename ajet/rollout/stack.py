@@ -10,7 +10,6 @@ The engine belongs to the caller; `close()` stops what the stack started.
 from __future__ import annotations
 
 import logging
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -27,19 +26,12 @@ log = logging.getLogger(__name__)
 
 
 def log_template_check(chat: Any) -> None:
-    """The chat-template check (`template_report`), once per tokenizer: INFO when every
-    message shape keeps its tokens, else a WARNING naming the shapes and what ajet does."""
-    from ajet.context.diagnostics import template_breaks, template_report
+    """The chat-template check (`ajet.context.diagnostics.report_template`), logged once per
+    tokenizer: INFO when every message shape keeps its tokens, else a WARNING naming the shapes
+    and what ajet does. A tracker's first prompt runs the same check, logged once between them."""
+    from ajet.context.diagnostics import report_template
 
-    if chat.tokenizer in _TEMPLATES_CHECKED:
-        return
-    _TEMPLATES_CHECKED.add(chat.tokenizer)
-    breaks = template_breaks(chat)
-    (log.warning if breaks else log.info)(template_report(chat, breaks))
-
-
-# Tokenizers already checked (weakly held: an id could be reused by a later tokenizer).
-_TEMPLATES_CHECKED: weakref.WeakSet = weakref.WeakSet()
+    report_template(chat)
 
 
 class RolloutStack:

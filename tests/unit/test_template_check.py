@@ -98,3 +98,23 @@ def test_dry_run_names_the_break_of_the_models_template(bundled_model_dir: Path,
     missing = check_chat_template(load_config(None, overrides=[f"model.path={tmp_path / 'nothing'}", cache],
                                               require_workflow=False))
     assert "checked when the run starts" in missing
+
+
+def test_the_check_is_logged_once_per_tokenizer_whoever_asks_first(caplog: pytest.LogCaptureFixture) -> None:
+    """One check, not two: the run's start (`log_template_check`) and a tracker's first prompt
+    (`inspect_template`) share `report_template`, which logs the first time only."""
+    from test_context_fakes import make_tracker
+
+    from ajet.context.diagnostics import CUT_SHAPE, report_template
+    from ajet.rollout.stack import log_template_check
+
+    assert CUT_SHAPE in {shape for shape, *_ in SHAPES}  # a reply cut at max_tokens is a shape too
+    renderer = LatestMarkChatML()
+    with caplog.at_level("INFO", logger="ajet.context.diagnostics"):
+        log_template_check(renderer)
+        tracker, agent = make_tracker(renderer=renderer)
+        agent.call("default", [{"role": "user", "content": "hi"}], "a")
+        assert report_template(renderer) == template_breaks(renderer)
+    logged = [r for r in caplog.records if "chat template" in r.getMessage()]
+    assert len(logged) == 1 and logged[0].levelname == "WARNING"
+    assert "not prefix-preserving for" in logged[0].getMessage()
