@@ -26,7 +26,7 @@ from typing import Any
 
 from ajet.backbones.registry import checked_backbone
 from ajet.config import load_config
-from ajet.logging.setup import configure_logging
+from ajet.outputs.setup import configure_logging
 from ajet.rollout.loader import as_workflow
 from ajet.workflow import Workflow
 

@@ -46,7 +46,7 @@ def episode(
         from ajet.config import load_config
         from ajet.config.schema import EvalSplit
         from ajet.errors import ConfigError
-        from ajet.logging.setup import configure_logging
+        from ajet.outputs.setup import configure_logging
 
         timings: dict[str, float] = {}
         if split not in {s.value for s in EvalSplit}:

@@ -9,8 +9,8 @@ import typer
 
 from ajet.cli.common import Conf, ExpDir, Overrides, config_overrides, user_errors
 from ajet.config import load_config
-from ajet.logging.setup import configure_logging
 from ajet.models.load import role_adapter_dir
+from ajet.outputs.setup import configure_logging
 from ajet.training.export import export_checkpoint, training_checkpoint
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)

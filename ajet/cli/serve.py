@@ -30,7 +30,7 @@ from ajet.cli.common import (
 from ajet.config import load_config, to_yaml
 from ajet.config.schema import RL_ALGORITHMS
 from ajet.errors import UserError
-from ajet.logging.setup import configure_logging
+from ajet.outputs.setup import configure_logging
 from ajet.training.run_dir import run_dir_of
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from ajet.cli.common import (
     user_errors,
 )
 from ajet.config import load_config
-from ajet.logging.setup import configure_logging
+from ajet.outputs.setup import configure_logging
 from ajet.training.run_dir import run_dir_of
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)

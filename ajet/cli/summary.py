@@ -9,7 +9,7 @@ import typer
 
 from ajet.cli.common import user_errors
 from ajet.errors import UserError
-from ajet.logging.summary import render_summary, summarize_run
+from ajet.outputs.summary import render_summary, summarize_run
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)
 

@@ -28,8 +28,8 @@ from ajet.cli.preflight import preflight
 from ajet.config import load_config, to_yaml
 from ajet.config.choices import Backbone
 from ajet.launcher import Launcher, LaunchError, env_service_specs, free_gpus, vllm_service_specs
-from ajet.logging.setup import configure_logging
-from ajet.logging.summary import render_summary, summarize_run
+from ajet.outputs.setup import configure_logging
+from ajet.outputs.summary import render_summary, summarize_run
 from ajet.training.run_dir import run_dir_of
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -9,7 +9,7 @@ import typer
 
 from ajet.cli.common import user_errors
 from ajet.errors import SetupError, UserError
-from ajet.logging.viewer import make_server, write_viewer
+from ajet.outputs.viewer import make_server, write_viewer
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)
 

@@ -23,7 +23,7 @@ from ajet.context.pack import pack_samples, pack_stats
 from ajet.engine.sampling import policy_temperature
 from ajet.errors import ConfigError, UserError
 from ajet.faults import fault_point
-from ajet.logging.records import write_step_records
+from ajet.outputs.records import write_step_records
 from ajet.passing_thread import in_passing_thread
 from ajet.rl.samples import build_step_batch
 from ajet.rl.update import PolicyUpdater

@@ -10,7 +10,7 @@ its own loop:
 
 `commit` ends the step: it advances the LR schedule once (the documented event: one training
 step, see `ajet.training.optim`), logs the metrics, watches them for signs that the run is not
-learning (`ajet.logging.learning_signs`: a warning the first time each holds) and updates the
+learning (`ajet.outputs.learning_signs`: a warning the first time each holds) and updates the
 progress display. Between steps the loop validates when asked, checkpoints every
 `trainer.save_every` steps and after the first step that ends `trainer.save_every_minutes` after
 the last checkpoint, exports the model at `trainer.export_at_minutes` of wall time and stops
@@ -43,10 +43,10 @@ from ajet.config import to_yaml
 from ajet.config.schema import AjetConfig
 from ajet.errors import DiskFullError
 from ajet.faults import at_step, fault_point
-from ajet.logging.learning_signs import LearningSignsMonitor
-from ajet.logging.metrics import MetricsLogger, read_metrics
-from ajet.logging.progress import TrainingProgress
-from ajet.logging.records import drop_records_after
+from ajet.outputs.learning_signs import LearningSignsMonitor
+from ajet.outputs.metrics import MetricsLogger, read_metrics
+from ajet.outputs.progress import TrainingProgress
+from ajet.outputs.records import drop_records_after
 from ajet.signals import StopNow, stop_at_step_end, take_requested_stop
 from ajet.training.checkpoint import load_checkpoint, save_checkpoint
 from ajet.training.checkpoint_dir import checkpoint_step, latest_checkpoint

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ajet.logging.viewer import QUERY_CHARS, read_records, token_classes, write_viewer
+from ajet.outputs.viewer import QUERY_CHARS, read_records, token_classes, write_viewer
 
 pytestmark = pytest.mark.integration
 

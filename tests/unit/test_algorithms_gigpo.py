@@ -101,7 +101,7 @@ def test_the_recipe_uses_the_workflows_states_and_counts_the_groups() -> None:
 def test_step_credit_needs_grpo_and_is_told_when_states_never_repeat() -> None:
     from ajet.config.loader import load_config
     from ajet.errors import ConfigError
-    from ajet.logging.learning_signs import find_learning_signs
+    from ajet.outputs.learning_signs import find_learning_signs
 
     with pytest.raises(ConfigError, match="algorithm.step_credit"):
         load_config(None, overrides=["algorithm.name=reinforce_pp", "algorithm.step_credit=gigpo"],

@@ -405,7 +405,7 @@ def test_consecutive_all_failed_steps_stop_the_run_with_reason_and_traceback() -
 
 
 def test_progress_line_shows_failures_by_reason() -> None:
-    from ajet.logging.progress import failed_counts
+    from ajet.outputs.progress import failed_counts
 
     m = {"rollout/episodes": 16.0, "rollout/failed": 16.0, "rollout/failed/timeout": 4.0,
          "rollout/failed/workflow_error:RuntimeError": 12.0}

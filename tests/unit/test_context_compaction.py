@@ -18,7 +18,7 @@ from ajet.config.schema import ContextConfig, OverflowPolicy
 from ajet.context.budget import apply_budget
 from ajet.context.merge import BREAKS, break_of, merge_timelines, timelines_to_samples
 from ajet.context.tracker import FORK_CAUSES
-from ajet.logging.viewer import page_record
+from ajet.outputs.viewer import page_record
 
 SYS = {"role": "system", "content": "Walk to G."}
 TASK = {"role": "user", "content": "Map: SFG. Your move?"}

@@ -12,7 +12,7 @@ import pytest
 
 from ajet.eval.metrics import write_report
 from ajet.files import atomic_open, write_json_atomic, write_text_atomic
-from ajet.logging.report import write_report as write_training_report
+from ajet.outputs.report import write_report as write_training_report
 
 
 def test_writes_replace_the_content_and_leave_no_temp_file(tmp_path: Path) -> None:

@@ -14,10 +14,10 @@ from typer.testing import CliRunner
 from ajet.cli.summary import app as summary_app
 from ajet.config.schema import AjetConfig
 from ajet.context.types import LLMCall
-from ajet.logging.learning_signs import LearningSignsMonitor, find_learning_signs
-from ajet.logging.progress import TrainingProgress
-from ajet.logging.report import write_report
-from ajet.logging.summary import summarize_run
+from ajet.outputs.learning_signs import LearningSignsMonitor, find_learning_signs
+from ajet.outputs.progress import TrainingProgress
+from ajet.outputs.report import write_report
+from ajet.outputs.summary import summarize_run
 from ajet.rollout.episode import Episode
 from ajet.rollout.manager import RolloutResult
 from ajet.rollout.scoring import collect_tracker
@@ -115,7 +115,7 @@ def test_the_monitor_warns_once_per_sign(caplog: pytest.LogCaptureFixture) -> No
     change = {s: {"reward/zero_std_frac": 1.0 if s <= 5 else 0.5, "rollout/truncated_rate": 1.0 if s >= 5 else 0.0}
               for s in range(1, 8)}
     active = []
-    with caplog.at_level(logging.WARNING, logger="ajet.logging.learning_signs"):
+    with caplog.at_level(logging.WARNING, logger="ajet.outputs.learning_signs"):
         for row in run_of(8, change):
             step = row.pop("step")
             row.pop("split")
@@ -134,7 +134,7 @@ def test_a_resumed_monitor_continues_from_the_earlier_steps(caplog: pytest.LogCa
     earlier = run_of(2, {s: {"reward/zero_std_frac": 1.0} for s in (1, 2)})
     earlier.append({"step": 2, "split": "val", "val/reward/mean": 0.0})
     monitor = LearningSignsMonitor(earlier)
-    with caplog.at_level(logging.WARNING, logger="ajet.logging.learning_signs"):
+    with caplog.at_level(logging.WARNING, logger="ajet.outputs.learning_signs"):
         new = monitor.observe(3, healthy(3, **{"reward/zero_std_frac": 1.0}))
     assert [s.name for s in new] == ["no_reward_variance"] and len(caplog.records) == 1
 
@@ -161,7 +161,7 @@ def test_the_training_loop_warns_and_shows_the_sign_on_the_progress_line(
             for _ in steps:
                 loop.commit({"reward/mean": 0.0, "reward/zero_std_frac": 1.0})
     closers.close_all()
-    warned = [r.getMessage() for r in caplog.records if r.name == "ajet.logging.learning_signs"]
+    warned = [r.getMessage() for r in caplog.records if r.name == "ajet.outputs.learning_signs"]
     assert len(warned) == 1 and warned[0].startswith("step 3: ")
     lines = [r.getMessage() for r in caplog.records if r.name == "ajet.progress"]
     assert "not learning?" not in lines[1]

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ajet.cli.report import app
-from ajet.logging.report import FIGURES, Panel, load_run, series
+from ajet.outputs.report import FIGURES, Panel, load_run, series
 
 runner = CliRunner()
 ALL_PNGS = {f.filename for f in FIGURES}
@@ -103,7 +103,7 @@ def test_two_runs_are_overlaid_one_colour_per_run(tmp_path: Path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ajet.logging.report import _draw_panel
+    from ajet.outputs.report import _draw_panel
 
     fig, ax = plt.subplots()
     runs = [load_run(a, "exp1"), load_run(b, "exp2")]

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from ajet.logging.progress import TrainingProgress, role_rewards_text
-from ajet.logging.report import expand_keys, load_run, summarize
-from ajet.logging.summary import summarize_run
+from ajet.outputs.progress import TrainingProgress, role_rewards_text
+from ajet.outputs.report import expand_keys, load_run, summarize
+from ajet.outputs.summary import summarize_run
 from ajet.rollout.episode import Episode
 from ajet.training.validation import validation_metrics
 from ajet.workflow import WorkflowOutput, WorkflowTask
@@ -87,7 +87,7 @@ def test_validation_reports_the_workflows_own_metrics() -> None:
 
 def test_the_eta_never_passes_the_wall_budget(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     """With `trainer.max_minutes` (a budget, total_steps only a cap), the eta is the budget left."""
-    import ajet.logging.progress as progress_module
+    import ajet.outputs.progress as progress_module
 
     now = [0.0]
     monkeypatch.setattr(progress_module.time, "monotonic", lambda: now[0])

@@ -50,7 +50,8 @@ def test_awaiting_workflow_and_disabled_watchdog_say_nothing(caplog: pytest.LogC
     with caplog.at_level(logging.INFO, logger="ajet.rollout.watchdog"):
         rollout(PoliteWorkflow(), warn_s=1.0)  # its loop waits in select, never blocked
         rollout(BlockingWorkflow(), warn_s=0)
-    assert caplog.records == []
+    # the watchdog's own records (other loggers, e.g. the manager's first-episode line, may log)
+    assert [r for r in caplog.records if r.name == "ajet.rollout.watchdog"] == []
 
 
 def test_one_report_per_stall() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from ajet.cli.summary import app
-from ajet.logging.summary import summarize_run
+from ajet.outputs.summary import summarize_run
 
 runner = CliRunner()
 

@@ -11,7 +11,7 @@ import torch
 
 from ajet.config.schema import AjetConfig, LoggingConfig, TrainerConfig
 from ajet.errors import EXIT_USER, DivergedError
-from ajet.logging.metrics import MetricsLogger
+from ajet.outputs.metrics import MetricsLogger
 from ajet.training.loop import TrainingLoop
 from ajet.training.optim import build_optimizer
 from ajet.training.recipe import Closers

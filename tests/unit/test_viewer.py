@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ajet.cli.view import app
-from ajet.logging.viewer import class_runs, make_server, token_classes
+from ajet.outputs.viewer import class_runs, make_server, token_classes
 
 runner = CliRunner()
 

@@ -71,7 +71,7 @@ class TrainingProgress:
 
     def step_done(self, step: int, metrics: dict[str, float], *, signs: Sequence[str] = ()) -> None:
         """Show the step's line; `signs` names the signs of not learning that hold at this step
-        (`ajet.logging.learning_signs`), after the failures."""
+        (`ajet.outputs.learning_signs`), after the failures."""
         shown = [f"{label} {metrics[key]:{fmt}}" for key, label, fmt in SHOWN if key in metrics]
         roles = role_rewards_text(metrics)
         if roles:

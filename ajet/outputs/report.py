@@ -4,7 +4,7 @@ Reading and summarising are pure functions over the rows of `metrics.jsonl` (see
 docs/outputs.md); only `write_report` touches matplotlib, imported there with the Agg backend
 so `ajet --help` and headless machines never need a display. A metric a run did not log is
 skipped with a note in the report, never a crash: a debug run has no `actor/kl`, a run without
-validation has no `val/*`. The signs that a run was not learning (`ajet.logging.learning_signs`,
+validation has no `val/*`. The signs that a run was not learning (`ajet.outputs.learning_signs`,
 the same function the training loop warns with) follow the summary table and are in
 `summary.json`.
 """
@@ -21,8 +21,8 @@ from pathlib import Path
 
 from ajet.errors import RunDataError
 from ajet.files import atomic_open, write_json_atomic, write_text_atomic
-from ajet.logging.learning_signs import find_learning_signs
-from ajet.logging.metrics import read_jsonl
+from ajet.outputs.learning_signs import find_learning_signs
+from ajet.outputs.metrics import read_jsonl
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ prints it with rich. Two kinds of run directory:
   one; the agent metrics come from the same reports, and the commands point at the last
   training stage that wrote token records.
 
-Both list the signs that training was not learning (`ajet.logging.learning_signs`, recomputed
+Both list the signs that training was not learning (`ajet.outputs.learning_signs`, recomputed
 from each metrics.jsonl, so they match the run's warnings).
 
 `ajet summary RUN_DIR` prints it for any finished run; the trainer prints it at the end.
@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ajet.logging.learning_signs import LearningSign, find_learning_signs
-from ajet.logging.metrics import read_metrics
-from ajet.logging.progress import role_names
-from ajet.logging.report import RunDataError
+from ajet.outputs.learning_signs import LearningSign, find_learning_signs
+from ajet.outputs.metrics import read_metrics
+from ajet.outputs.progress import role_names
+from ajet.outputs.report import RunDataError
 
 # (label, key in an eval report / a val row without its "val/" prefix)
 VAL_ROWS = (
@@ -60,7 +60,7 @@ class RunSummary:
     wall_s: float | None = None
     view_dir: Path | None = None  # the run dir holding token records (None: none were written)
     report_dirs: list[Path] = field(default_factory=list)  # run dirs holding metrics.jsonl
-    # Signs that training was not learning (`ajet.logging.learning_signs`), recomputed from each
+    # Signs that training was not learning (`ajet.outputs.learning_signs`), recomputed from each
     # metrics.jsonl: (the stage's dir name in a pipeline, "" for a single run, sign).
     signs: list[tuple[str, LearningSign]] = field(default_factory=list)
 

@@ -16,8 +16,8 @@ import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from ajet.logging.metrics import read_jsonl
-from ajet.logging.report import RunDataError
+from ajet.outputs.metrics import read_jsonl
+from ajet.outputs.report import RunDataError
 
 logger = logging.getLogger(__name__)
 
