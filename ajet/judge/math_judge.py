@@ -2,7 +2,8 @@
 
 The prediction is the last `\\boxed{...}` in the answer text, else the whole text when it is a
 number, else the last number in it. Numbers may carry thousands commas, a currency sign,
-`%`, a fraction (`3/4`, `\\frac{3}{4}`), trailing units or a full stop. They match when
+`%`, a fraction (`3/4`, `\\frac{3}{4}`), trailing units or a full stop. Two whole numbers
+match when equal (exactly, at any size); others when
 `math.isclose(pred, truth, rel_tol=tol, abs_tol=tol)`; a percent also matches its /100
 value ("50%" = 0.5). When either side is not a number, normalised strings are compared.
 Ground truth: `task.metadata["answer"]` (GSM8K's "... #### 72" form is understood).
@@ -50,8 +51,10 @@ def _clean(text: str) -> str:
     return text.strip()
 
 
-def parse_number(text: str) -> tuple[float, bool] | None:
-    """(value, is_percent) when `text` is one number (units/words may follow), else None."""
+def parse_number(text: str) -> tuple[float | int, bool] | None:
+    """(value, is_percent) when `text` is one number (units/words may follow), else None. A
+    whole number (no point, exponent or fraction) is an exact `int`: a float holds 15-16
+    digits, and the code agent's answers run to 20 and more."""
     text = _clean(text).replace("(", "").replace(")", "").strip().rstrip(".").strip()
     match = _LEADING_NUMBER.match(text)
     if match is None:
@@ -59,7 +62,10 @@ def parse_number(text: str) -> tuple[float, bool] | None:
     rest = text[match.end() :]
     if re.search(r"[\d=^*+/]", rest):  # an expression or a second number: not one number
         return None
-    value = float(match.group("num").replace(",", ""))
+    digits = match.group("num").replace(",", "")
+    whole = (re.fullmatch(r"[-+]?\d{1,4000}", digits)  # int() refuses over 4,300 digits
+             and match.group("den") is None and match.group("pct") is None)
+    value: float | int = int(digits) if whole else float(digits)  # float: inf past its range, as before
     if match.group("den") is not None:
         den = float(match.group("den").replace(",", ""))
         if den == 0:
@@ -72,7 +78,7 @@ def normalise_text(text: str) -> str:
     return re.sub(r"\s+", "", _clean(text)).rstrip(".").lower()
 
 
-def _values(number: tuple[float, bool]) -> list[float]:
+def _values(number: tuple[float | int, bool]) -> list[float | int]:
     value, pct = number
     return [value, value / 100] if pct else [value]
 
@@ -97,11 +103,15 @@ def answers_match(prediction: str, truth: object, tol: float = 1e-6) -> bool:
     pred_num = parse_number(pred_text)
     if pred_num is None:
         return False
-    return any(
-        math.isclose(p, t, rel_tol=tol, abs_tol=tol)
-        for p in _values(pred_num)
-        for t in _values(truth_num)
-    )
+    return any(_close(p, t, tol) for p in _values(pred_num) for t in _values(truth_num))
+
+
+def _close(pred: float | int, truth: float | int, tol: float) -> bool:
+    """Two whole numbers are equal or not (a relative `tol` would let 7435545 pass for 7435541,
+    and a float cannot tell 20-digit numbers apart); anything else is within `tol`."""
+    if isinstance(pred, int) and isinstance(truth, int):
+        return pred == truth
+    return math.isclose(pred, truth, rel_tol=tol, abs_tol=tol)
 
 
 class MathJudge:

@@ -86,3 +86,15 @@ def test_helpers() -> None:
     assert parse_number("1/0") is None
     assert parse_number("2 and 3") is None
     assert answers_match("\\dfrac{1}{4}", "0.25")
+
+
+@pytest.mark.parametrize("prediction,truth,ok", [
+    ("\\boxed{123456789012345678901}", "123456789012345678901", True),   # past a float's 2**53
+    ("\\boxed{123456789012345678900}", "123456789012345678901", False),  # a float calls these equal
+    ("\\boxed{7435545}", "7435541", False),  # inside rel_tol=1e-6, but whole numbers are exact
+    ("\\boxed{7,435,541}", "7435541", True),
+    ("72.0", "72", True),                    # a decimal keeps the tolerance
+    ("1" * 5000, "5", False),                # past int()'s 4,300 digits: a float (inf), no error
+])
+def test_whole_numbers_are_compared_exactly(prediction: str, truth: str, ok: bool) -> None:
+    assert judge(prediction, truth) == ((1.0, True) if ok else (0.0, False))
