@@ -1,5 +1,6 @@
 """Regenerate demos.jsonl: demonstrations for the SFT warm-up, from the TRAIN split only
-(`make_data.py` runs this too).
+(`make_data.py` runs this too; the code agent's from code_train.jsonl, whose problems where code
+helps carry their own `program`).
 
     python tutorial/example_math_agent/make_demos.py                # demos.jsonl (calculator)
     python tutorial/example_math_agent/make_demos.py --agent code   # code_demos.jsonl (code agent)
@@ -24,9 +25,9 @@ from typing import Any
 HERE = Path(__file__).parent
 
 
-def scripted_model(expression: str, tool: str = "calculate") -> Any:
-    """An AgentScope chat model that calls `calculate(expression)` (or, for the code agent,
-    `run_python("print(expression)")`), then answers the result."""
+def scripted_model(argument: str, tool: str = "calculate") -> Any:
+    """An AgentScope chat model that calls `calculate(argument)` (or, for the code agent,
+    `run_python(argument)`: a program), then answers the result."""
     from agentscope.message import TextBlock, ToolUseBlock
     from agentscope.model import ChatModelBase, ChatResponse
 
@@ -40,7 +41,7 @@ def scripted_model(expression: str, tool: str = "calculate") -> Any:
             self.calls.append({"messages": messages, "tools": tools})
             results = [m for m in messages if m.get("role") == "tool"]
             if not results:
-                args = {"expression": expression} if tool == "calculate" else {"code": f"print({expression})"}
+                args = {"expression": argument} if tool == "calculate" else {"code": argument}
                 call = ToolUseBlock(type="tool_use", id=f"call_{len(self.calls)}", name=tool, input=args)
                 return ChatResponse(content=[call])
             return ChatResponse(content=[TextBlock(type="text", text=f"\\boxed{{{_text(results[-1])}}}")])
@@ -55,9 +56,15 @@ def _text(message: dict) -> str:
     return str(content)
 
 
-# agent -> (its workflow, its tool, the demos file): the calculator agent and the code agent
-AGENTS = {"calculator": ("math_agent:MathAgent", "calculate", "demos.jsonl"),
-          "code": ("code_agent:CodeAgent", "run_python", "code_demos.jsonl")}
+# agent -> (its workflow, its tool, its train split, the demos file): the calculator agent and the code agent
+AGENTS = {"calculator": ("math_agent:MathAgent", "calculate", "train.jsonl", "demos.jsonl"),
+          "code": ("code_agent:CodeAgent", "run_python", "code_train.jsonl", "code_demos.jsonl")}
+
+
+def program(task: dict) -> str:
+    """The code agent's program for a task: its own (a problem where code helps) or the
+    expression printed."""
+    return task.get("program") or f"print({task['expression']})"
 
 
 async def demo(task: dict, agent: str = "calculator") -> dict:
@@ -67,10 +74,10 @@ async def demo(task: dict, agent: str = "calculator") -> dict:
 
     from ajet import WorkflowTask
 
-    target, tool, _ = AGENTS[agent]
+    target, tool, _, _ = AGENTS[agent]
     module, cls = target.split(":")
     workflow = getattr(importlib.import_module(module), cls)()
-    model = scripted_model(task["expression"], tool)
+    model = scripted_model(task["expression"] if tool == "calculate" else program(task), tool)
     wt = WorkflowTask(task_id=task["task_id"], main_query=task["question"], metadata=task)
     output = await workflow.execute(wt, model)
     last = model.calls[-1]
@@ -86,14 +93,15 @@ async def demo(task: dict, agent: str = "calculator") -> dict:
     }
 
 
-def main(out_dir: Path = HERE, count: int = 256, agent: str = "calculator") -> Path:
+def main(out_dir: Path = HERE, count: int | None = None, agent: str = "calculator") -> Path:
     import sys
 
     if str(HERE) not in sys.path:  # math_agent.py, when run as a script from elsewhere
         sys.path.insert(0, str(HERE))
-    tasks = [json.loads(line) for line in (out_dir / "train.jsonl").read_text().splitlines()][:count]
+    _, _, split, demos = AGENTS[agent]
+    tasks = [json.loads(line) for line in (out_dir / split).read_text().splitlines()][:count]
     dialogs = asyncio.run(_all(tasks, agent))
-    path = out_dir / AGENTS[agent][2]
+    path = out_dir / demos
     path.write_text("".join(json.dumps(d) + "\n" for d in dialogs))
     return path
 

@@ -74,16 +74,35 @@ def test_hostile_programs_are_results_and_the_episode_goes_on(example_modules) -
     assert metrics["code/valid_rate"] == pytest.approx(1 / 3)
 
 
+def read(name: str) -> list[dict]:
+    return [json.loads(line) for line in (HERE / name).read_text().splitlines()]
+
+
+def test_the_code_splits_are_the_math_splits_plus_problems_where_code_helps() -> None:
+    for split, extra in (("train", 128), ("val", 16), ("test", 16)):
+        math_tasks, code_tasks = read(f"{split}.jsonl"), read(f"code_{split}.jsonl")
+        assert code_tasks[:len(math_tasks)] == math_tasks and len(code_tasks) == len(math_tasks) + extra
+    questions = {split: {t["question"] for t in read(f"code_{split}.jsonl")} for split in ("train", "val", "test")}
+    assert not questions["train"] & questions["val"] and not questions["test"] & (questions["train"] | questions["val"])
+    train_kinds = {t["kind"] for t in read("code_train.jsonl") if "program" in t}
+    test_kinds = {t["kind"] for t in read("code_test.jsonl") if "program" in t}
+    assert not train_kinds & test_kinds  # test's problems where code helps are templates of their own
+    # what the calculator cannot do: a loop, or a number past what a float holds exactly
+    for task in read("code_test.jsonl")[32:]:
+        assert "for " in task["program"] or int(task["answer"]) > 2**53, task
+
+
 def test_the_demos_are_the_workflows_own_dialogs() -> None:
-    demos = [json.loads(line) for line in (HERE / "code_demos.jsonl").read_text().splitlines()]
-    tasks = {f"code_agent-{json.loads(line)['task_id']}": json.loads(line)
-             for line in (HERE / "train.jsonl").read_text().splitlines()}
-    assert len(demos) == 256
-    for demo in demos[:20]:
+    demos = read("code_demos.jsonl")
+    tasks = {f"code_agent-{t['task_id']}": t for t in read("code_train.jsonl")}
+    assert [d["id"] for d in demos] == list(tasks)  # every train task, the problems where code helps too
+    for demo in demos[:10] + demos[256:266]:
         call = demo["messages"][-3]["tool_calls"][0]["function"]
         task = tasks[demo["id"]]
         assert call["name"] == "run_python"
-        assert json.loads(call["arguments"]) == {"code": f"print({task['expression']})"}
+        program = task.get("program") or f"print({task['expression']})"
+        assert json.loads(call["arguments"]) == {"code": program}
+        assert demo["messages"][-2]["content"] == task["answer"]  # what the program printed in the sandbox
         assert demo["messages"][-1]["content"] == f"\\boxed{{{task['answer']}}}"
 
 

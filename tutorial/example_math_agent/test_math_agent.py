@@ -82,7 +82,8 @@ def _load(name: str) -> Any:
 def test_data_and_demos_regenerate_identically(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(HERE))  # make_demos runs math_agent.py's MathAgent (and code_agent.py's)
     paths = _load("make_data").main(tmp_path)
-    assert [p.name for p in paths] == ["train.jsonl", "val.jsonl", "test.jsonl", "demos.jsonl", "code_demos.jsonl"]
+    assert [p.name for p in paths] == ["train.jsonl", "val.jsonl", "test.jsonl", "code_train.jsonl", "code_val.jsonl",
+                                       "code_test.jsonl", "demos.jsonl", "code_demos.jsonl"]
     for path in paths:
         assert path.read_text() == (HERE / path.name).read_text()
 
