@@ -191,8 +191,8 @@ class LocalEngine:
         with self._cv:
             if self._closed:
                 raise EngineClosedError("the engine is closed; create a new LocalEngine")
-            if self.max_waiting and len(self._pending) >= self.max_waiting:
-                raise EngineBusyError(f"{len(self._pending)} requests are waiting for the engine "
+            if self.max_waiting and self.num_pending >= self.max_waiting:
+                raise EngineBusyError(f"{self.num_pending} requests are waiting for the engine "
                                       f"(rollout.max_waiting_requests={self.max_waiting}); retry later")
             self._pending.append(request)
             self._cv.notify_all()

@@ -41,11 +41,6 @@ def step_files(run_dir: Path) -> dict[int, Path]:
     return dict(sorted(files.items()))
 
 
-def read_records(run_dir: Path) -> dict[int, list[dict]]:
-    """Records of every step under RUN/records, keyed by step, in file order."""
-    return {step: read_jsonl(path) for step, path in step_files(run_dir).items()}
-
-
 def token_classes(record: dict) -> list[str]:
     """'trained' (loss_mask 1), 'context' (loss_mask 0) or 'other' (a non-trainable role's sample).
 

@@ -164,10 +164,6 @@ class Gateway:
             self._keys[key] = (session, role)
         return key
 
-    def unregister(self, api_key: str) -> None:
-        with self._keys_lock:
-            self._keys.pop(api_key, None)
-
     def unregister_session(self, session: EpisodeSession) -> int:
         """Drop every key of `session`; returns how many."""
         with self._keys_lock:
@@ -175,10 +171,6 @@ class Gateway:
             for key in dead:
                 del self._keys[key]
         return len(dead)
-
-    def num_keys(self) -> int:
-        with self._keys_lock:
-            return len(self._keys)
 
     def _lookup(self, request: Request) -> tuple[EpisodeSession, str]:
         header = request.headers.get("authorization", "")

@@ -69,7 +69,6 @@ def test_verl_composes_our_overrides(prepared: tuple[Any, Path]) -> None:
 
 
 def test_agent_loop_runs_an_episode_into_verl_outputs(prepared: tuple[Any, Path]) -> None:
-    import numpy as np
     import torch
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
@@ -80,12 +79,11 @@ def test_agent_loop_runs_an_episode_into_verl_outputs(prepared: tuple[Any, Path]
         ToolListWrap,
         _agent_loop_registry,
     )
-    from verl.protocol import DataProto
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
     from ajet.backbones.gpu import EpisodeRuntime
     from ajet.backbones.verl.agent_loop import AjetAgentLoop
-    from ajet.backbones.verl.convert import task_from_extra_info, to_dataproto
+    from ajet.backbones.verl.convert import task_from_extra_info
     from ajet.engine.local import LocalEngine
     from ajet.models.load import load_model_and_tokenizer
 
@@ -143,19 +141,3 @@ def test_agent_loop_runs_an_episode_into_verl_outputs(prepared: tuple[Any, Path]
     as_dict = output.as_dict()  # verl's own tensor conversion of the loop output
     assert as_dict["response_mask"].tolist() == mask
     assert torch.allclose(as_dict["rollout_log_probs"], torch.tensor(output.response_logprobs))
-
-    from ajet.backbones.verl.convert import batch_meta, samples_to_batch
-    from ajet.context.types import Sample
-
-    sample = Sample(input_ids=whole, loss_mask=[0] * len(output.prompt_ids) + mask,
-                    old_logprobs=[0.0] * len(output.prompt_ids) + output.response_logprobs,
-                    group_id="t1", episode_id="t1-e0", reward=0.25, num_calls=2)
-    batch = samples_to_batch([sample, sample], pad_token_id=tokenizer.pad_token_id,
-                             max_prompt_length=rollout.prompt_length, max_response_length=rollout.response_length)
-    proto = to_dataproto(batch, batch_meta([sample, sample]))
-    assert isinstance(proto, DataProto) and len(proto) == 2
-    assert proto.batch["response_mask"][0, : len(mask)].tolist() == mask
-    assert int(proto.batch["response_mask"][0].sum()) == sum(mask)
-    assert list(proto.non_tensor_batch["uid"]) == ["t1", "t1"] and proto.non_tensor_batch["uid"].dtype == np.object_
-    first, second = proto.chunk(2)  # verl splits batches across workers like this
-    assert torch.equal(first.batch["input_ids"], second.batch["input_ids"])

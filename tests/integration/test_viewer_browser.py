@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from ajet.outputs.viewer import QUERY_CHARS, read_records, token_classes, write_viewer
+from ajet.outputs.metrics import read_jsonl
+from ajet.outputs.viewer import QUERY_CHARS, step_files, token_classes, write_viewer
 
 pytestmark = pytest.mark.integration
 
@@ -100,7 +101,7 @@ def open_viewer(driver, run_dir: Path, tmp_path: Path) -> None:
 def test_trained_tokens_are_styled_and_hover_shows_token_details(driver, run_dir: Path, tmp_path: Path):
     from selenium.webdriver.common.action_chains import ActionChains
 
-    records = read_records(run_dir)
+    records = {step: read_jsonl(path) for step, path in step_files(run_dir).items()}
     step, rec = next((s, r) for s, recs in records.items() for r in recs
                      if {"trained", "context"} <= set(token_classes(r)))
     open_viewer(driver, run_dir, tmp_path)
@@ -144,7 +145,7 @@ def test_search_box_filters_the_episode_list(driver, run_dir: Path, tmp_path: Pa
     from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    records = read_records(run_dir)
+    records = {step: read_jsonl(path) for step, path in step_files(run_dir).items()}
     total = {(s, str(r["episode_id"])) for s, recs in records.items() for r in recs}
     ids = sorted({str(r["task_id"]) for recs in records.values() for r in recs}, reverse=True)
     ids += sorted({str(r["episode_id"]) for recs in records.values() for r in recs}, reverse=True)

@@ -13,10 +13,8 @@ from typer.testing import CliRunner
 from ajet.backbones.gpu import flatten
 from ajet.backbones.verl.convert import (
     SampleTooLongError,
-    batch_meta,
     pick_episode_sample,
     sample_to_agent_loop_fields,
-    samples_to_batch,
     task_from_extra_info,
     task_to_verl_row,
     write_parquet,
@@ -213,23 +211,6 @@ def test_agent_loop_fields_split_at_first_trained_token() -> None:
         sample_to_agent_loop_fields(s, max_prompt_length=4, max_response_length=4)
     with pytest.raises(ValueError, match="no trained token"):
         sample_to_agent_loop_fields(sample([1, 2], [0, 0]), max_prompt_length=4, max_response_length=4)
-
-
-def test_batch_is_left_padded_prompt_and_right_padded_response() -> None:
-    a = sample([10, 11, 12, 20, 21, 30, 40], [0, 0, 0, 1, 1, 0, 1], reward=0.5, group="t1")
-    b = sample([50, 60, 61], [0, 1, 1], reward=-1.0, group="t2")
-    batch = samples_to_batch([a, b], pad_token_id=0, max_prompt_length=4, max_response_length=5)
-    assert batch["prompts"].tolist() == [[0, 10, 11, 12], [0, 0, 0, 50]]
-    assert batch["responses"].tolist() == [[20, 21, 30, 40, 0], [60, 61, 0, 0, 0]]
-    assert batch["input_ids"].tolist() == [[0, 10, 11, 12, 20, 21, 30, 40, 0], [0, 0, 0, 50, 60, 61, 0, 0, 0]]
-    assert batch["attention_mask"].tolist() == [[0, 1, 1, 1, 1, 1, 1, 1, 0], [0, 0, 0, 1, 1, 1, 0, 0, 0]]
-    assert batch["position_ids"].tolist() == [[0, 0, 1, 2, 3, 4, 5, 6, 6], [0, 0, 0, 0, 1, 2, 2, 2, 2]]
-    assert batch["response_mask"].tolist() == [[1, 1, 0, 1, 0], [1, 1, 0, 0, 0]]
-    assert batch["old_log_probs"].tolist() == [[-2.0, -2.5, 0.0, -3.5, 0.0], [-1.0, -1.5, 0.0, 0.0, 0.0]]
-    # the reward sits on the last real response token only
-    assert batch["token_level_scores"].tolist() == [[0, 0, 0, 0.5, 0], [0, -1.0, 0, 0, 0]]
-    assert {k: tuple(v.shape) for k, v in batch.items()}["input_ids"] == (2, 9)
-    assert batch_meta([a, b]) == {"uid": ["t1", "t2"], "episode_id": ["t1-e0", "t2-e0"]}
 
 
 def test_pick_episode_sample_counts_what_is_left_out() -> None:

@@ -55,7 +55,7 @@ def test_binds_localhost_and_lists_models(gateway: Gateway) -> None:
     ).json()
     assert models["object"] == "list" and models["data"][0]["id"] == "ajet-policy"
     assert_openai_error(httpx.get(f"{gateway.base_url}/models"), 401, "invalid_api_key")
-    gateway.unregister(key)
+    gateway.unregister_session(session)
 
 
 @pytest.mark.parametrize(
@@ -80,7 +80,7 @@ def test_keys_die_after_unregister_and_with_their_episode(gateway: Gateway) -> N
     session, _, tracker, _ = make_session(["one", "two"])
     key = gateway.register(session, "default")
     assert post(gateway, key=key).status_code == 200
-    gateway.unregister(key)
+    gateway.unregister_session(session)
     assert_openai_error(post(gateway, key=key), 401)
 
     key2 = gateway.register(session, "default")
@@ -119,7 +119,7 @@ def test_bad_requests_are_400_with_openai_bodies(
     error = assert_openai_error(post(gateway, body, key), 400)
     assert fragment in error["message"] and error["type"] == "invalid_request_error"
     assert engine.seen == []
-    gateway.unregister(key)
+    gateway.unregister_session(session)
 
 
 def test_oversized_body_is_413(gateway: Gateway) -> None:
@@ -254,7 +254,7 @@ def test_a_field_ajet_cannot_honour_is_a_400_naming_it(gateway: Gateway, field: 
     error = assert_openai_error(post(gateway, {**BODY, field: value}, key), 400, "unsupported_parameter")
     assert error["param"] == field and field in error["message"] and "docs/gateway.md" in error["message"]
     assert engine.seen == []
-    gateway.unregister(key)
+    gateway.unregister_session(session)
 
 
 def test_fields_with_no_effect_and_the_honoured_values_are_served(gateway: Gateway,
@@ -270,7 +270,7 @@ def test_fields_with_no_effect_and_the_honoured_values_are_served(gateway: Gatew
         assert post(gateway, {**BODY, "my_framework_hint": 2}, key).status_code == 200
     notes = [r.getMessage() for r in caplog.records if "my_framework_hint" in r.getMessage()]
     assert len(notes) == 1 and "not part of the chat-completions protocol" in notes[0]
-    gateway.unregister(key)
+    gateway.unregister_session(session)
 
 
 def test_logprobs_are_the_recorded_ones(gateway: Gateway) -> None:
@@ -284,7 +284,7 @@ def test_logprobs_are_the_recorded_ones(gateway: Gateway) -> None:
     assert all(c["top_logprobs"] == [] and bytes(c["bytes"]).decode() == c["token"] for c in content)
     error = assert_openai_error(post(gateway, {**BODY, "logprobs": True, "stream": True}, key), 400)
     assert error["param"] == "logprobs"
-    gateway.unregister(key)
+    gateway.unregister_session(session)
 
 
 def test_a_forced_call_cut_at_max_tokens_is_a_tool_call_with_finish_length(gateway: Gateway) -> None:
@@ -306,4 +306,4 @@ def test_a_forced_call_cut_at_max_tokens_is_a_tool_call_with_finish_length(gatew
     choice = post(gateway, {**body, "max_tokens": len('add", "arguments": {"a": 1')}, key).json()["choices"][0]
     assert choice["finish_reason"] == "length"
     assert json.loads(choice["message"]["tool_calls"][0]["function"]["arguments"]) == {"a": 1}
-    gateway.unregister(key)
+    gateway.unregister_session(session)

@@ -7,14 +7,9 @@ rest (assistant turns, tool outputs, later user turns) is the response, with
 `response_mask` = our loss mask (tool outputs and untrained roles 0). The episode reward
 sits on the last response token of `token_level_scores` (verl's `rm_scores` convention).
 
-Two levels:
-- `sample_to_agent_loop_fields`: one unpadded sample, the fields of verl's
-  `AgentLoopOutput` (what our agent loop returns; verl pads it); `episode_outputs`: what
-  the agent loop returns for one episode (nothing for a failed one: it leaves its GRPO group).
-- `samples_to_batch`: a padded batch as torch tensors with verl's `DataProto` batch keys
-  (`input_ids`, `attention_mask`, `position_ids`, `prompts`, `responses`,
-  `response_mask`, `old_log_probs`, `token_level_scores`), for driving verl's trainer
-  directly.
+`sample_to_agent_loop_fields`: one unpadded sample, the fields of verl's `AgentLoopOutput`
+(what our agent loop returns; verl pads it and builds its `DataProto`); `episode_outputs`: what
+the agent loop returns for one episode (nothing for a failed one: it leaves its GRPO group).
 """
 
 from __future__ import annotations
@@ -104,59 +99,6 @@ def episode_outputs(episode: Any, samples: list[Sample], *, max_prompt_length: i
                                              max_response_length=max_response_length)
     fields["extra_fields"] = {"ajet_samples_left_out": left_out, "ajet_stand_in": int(sample is None)}
     return [fields]
-
-
-def samples_to_batch(samples: list[Sample], *, pad_token_id: int, max_prompt_length: int,
-                     max_response_length: int) -> dict[str, Any]:
-    """A padded batch with verl's DataProto keys (torch tensors) (pure over the samples)."""
-    import torch
-
-    rows = [sample_to_agent_loop_fields(s, max_prompt_length=max_prompt_length,
-                                        max_response_length=max_response_length) for s in samples]
-    b, p, r = len(rows), max_prompt_length, max_response_length
-    prompts = torch.full((b, p), pad_token_id, dtype=torch.long)
-    responses = torch.full((b, r), pad_token_id, dtype=torch.long)
-    prompt_attn = torch.zeros((b, p), dtype=torch.long)
-    response_attn = torch.zeros((b, r), dtype=torch.long)
-    response_mask = torch.zeros((b, r), dtype=torch.long)
-    old_log_probs = torch.zeros((b, r), dtype=torch.float32)
-    scores = torch.zeros((b, r), dtype=torch.float32)
-    for i, row in enumerate(rows):
-        np_, nr = len(row["prompt_ids"]), len(row["response_ids"])
-        prompts[i, p - np_:] = torch.tensor(row["prompt_ids"], dtype=torch.long)  # left pad
-        prompt_attn[i, p - np_:] = 1
-        responses[i, :nr] = torch.tensor(row["response_ids"], dtype=torch.long)  # right pad
-        response_attn[i, :nr] = 1
-        response_mask[i, :nr] = torch.tensor(row["response_mask"], dtype=torch.long)
-        old_log_probs[i, :nr] = torch.tensor(row["response_logprobs"], dtype=torch.float32)
-        scores[i, nr - 1] = row["reward_score"]
-    attention_mask = torch.cat([prompt_attn, response_attn], dim=1)
-    # verl's compute_position_id_with_mask: positions count attended tokens only.
-    position_ids = torch.clamp(torch.cumsum(attention_mask, dim=1) - 1, min=0)
-    return {
-        "input_ids": torch.cat([prompts, responses], dim=1),
-        "attention_mask": attention_mask,
-        "position_ids": position_ids,
-        "prompts": prompts,
-        "responses": responses,
-        "response_mask": response_mask,
-        "old_log_probs": old_log_probs,
-        "token_level_scores": scores,
-    }
-
-
-def batch_meta(samples: list[Sample]) -> dict[str, list[Any]]:
-    """Non-tensor columns: `uid` (verl's GRPO group key = our group id) and the episode ids."""
-    return {"uid": [s.group_id for s in samples], "episode_id": [s.episode_id for s in samples]}
-
-
-def to_dataproto(batch: dict[str, Any], meta: dict[str, list[Any]]) -> Any:
-    """The real verl object (GPU path only: imports verl)."""
-    import numpy as np
-    from verl.protocol import DataProto  # the verl extra: only verl's workers call this
-
-    non_tensors = {k: np.array(v, dtype=object) for k, v in meta.items()}
-    return DataProto.from_dict(tensors=batch, non_tensors=non_tensors)
 
 
 # ---------------------------------------------------------------------- tasks -> verl's dataset
