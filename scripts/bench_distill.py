@@ -19,13 +19,14 @@ The teacher is the math agent `make demo` trained; the student is the base model
 
 Each run's held-out points: the RL methods validate on the **test** split every
 `trainer.val_every` steps (`task_reader.jsonl.val_path` pointed at test.jsonl: reporting only;
-every setting was chosen on val before, see docs/learning_curve.md), SFT is evaluated on test at
+every setting was chosen on val before, see docs/log/2026-11-25_distillation_vs_grpo_and_sft.md), SFT is evaluated on test at
 its end. The x axis is *training* minutes: wall minutes since the run's launch (model loading
 included) minus the minutes its test validations took, so that measuring more often costs a
 method nothing. The base model's test success (minute 0) is `ajet eval --split test` with the
 method's own sampling settings (not timed).
 
-Writes OUT/bench_distill.json, OUT/bench_distill.md (the table for docs/learning_curve.md) and
+Writes OUT/bench_distill.json, OUT/bench_distill.md (the table; docs/results/learning.md's is generated from the JSON by
+scripts/docs_results.py) and
 OUT/bench_distill.png; prints the table. The machine may be shared: minutes are what the runs
 took here (its CPU flags are recorded beside them).
 """
@@ -50,7 +51,7 @@ EXP = REPO / "experiments" / "bench_distill"
 METHODS = ("distill", "grpo", "sft", "grpo_overlap")
 CONF = {"distill": EXAMPLE / "math_agent_distill.yaml", "grpo": EXAMPLE / "math_agent_rl.yaml",
         "sft": EXAMPLE / "math_agent.yaml", "grpo_overlap": EXAMPLE / "math_agent_rl.yaml"}
-# Pinned on top of each YAML (chosen on val: docs/learning_curve.md, "Distillation").
+# Pinned on top of each YAML (chosen on val: docs/log/2026-11-25_distillation_vs_grpo_and_sft.md).
 PINNED = {
     "distill": ["pipeline.stages=[distill]", "trainer.total_steps=24", "trainer.val_every=4"],
     "grpo": ["pipeline.stages=[grpo]", "trainer.total_steps=24", "trainer.val_every=4"],

@@ -28,7 +28,7 @@ training), e.g. after a change to what is recorded.
 
 Writes OUT/bench_learning.json (merged: examples not run keep their last result),
 OUT/bench_learning_<name>.png (the metric against minutes) and OUT/bench_learning.md (the
-table as markdown, for docs/learning_curve.md); prints the table. Exits 1 when a run failed
+table as markdown; docs/results/learning.md's is generated from the JSON by scripts/docs_results.py); prints the table. Exits 1 when a run failed
 or missed its threshold. Minutes over the budget are shown, not failed: the machine may be
 shared, and a benchmark measures time, it does not assert it.
 
@@ -138,7 +138,7 @@ REGISTRY: tuple[Example, ...] = (
                    "trainer.total_steps=16", "trainer.val_every=4", "trainer.save_every=0", "eval.n=4"),
         budget_min=6, threshold=0.5, quick=True,
         why="scripts/learning_curve.sh's 16 steps (4.2 min quiet); val success was 0.94 at step 8 "
-            "and 0.98 at 16 (docs/learning_curve.md). Test holds the pairs with a 0, a kind train "
+            "and 0.98 at 16 (docs/log/2026-11-22_adder_learning_curve.md). Test holds the pairs with a 0, a kind train "
             "never shows: the threshold asks for about half of val's level.",
     ),
     Example(

@@ -154,7 +154,7 @@ def bench(prompts: list[list[int]], new_tokens: int, levels: list[int], repeats:
 
 # What a build of llama.cpp for an AMX CPU needs: the native build (GGML_NATIVE, what pip builds)
 # dies in its first decode with a general protection fault in libggml-cpu's AMX kernels, which
-# request the AMX tile permission on the main thread only (docs/benchmarks.md, 2026-11-28). The
+# request the AMX tile permission on the main thread only (docs/log/2026-11-28_decode_and_demo.md). The
 # Makefile's `bench` target builds with these flags where /proc/cpuinfo lists amx_tile.
 NO_AMX_CMAKE_ARGS = (
     "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON "

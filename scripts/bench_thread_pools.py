@@ -1,4 +1,4 @@
-"""How a second OpenMP pool in the process slows the engine's decode (docs/benchmarks.md,
+"""How a second OpenMP pool in the process slows the engine's decode (docs/log/2026-11-25_decode_openmp_and_overlap.md,
 "Decode on 2 cores"): the fp16 engine decodes 16 requests x 64 tokens after
 
 - `none`: nothing else ran torch;

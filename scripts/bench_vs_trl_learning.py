@@ -35,7 +35,7 @@ from its docs and issues:
 TRL cannot force the first call to be a tool call, nor refill groups without signal.
 
 `trl_helped` is TRL with two more levers, since plain TRL gets no signal on this task (its base
-model made no tool call in any step of the runs in docs/benchmarks.md, so every reward was 0):
+model made no tool call in any step of the runs in docs/log/2026-11-26_learning_vs_trl.md, so every reward was 0):
 - the curriculum's start as its whole train set: the difficulty-1 tasks (one product or sum, 112
   of 256), which ajet's curriculum starts on and which are 22 of the 32 test tasks;
 - a shaping reward beside the math judge, as TRL's own GRPO examples add a format reward:

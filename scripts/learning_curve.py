@@ -1,5 +1,5 @@
 """The math agent's learning curve: success, tool-call rate and LLM calls per episode against
-wall-clock minutes, one table per seed (the tables of docs/learning_curve.md).
+wall-clock minutes, one table per seed (the tables of docs/log/2026-11-23_math_agent_demo_and_grpo_alone.md).
 
     .venv/bin/python scripts/learning_curve.py --seeds 0,1            # train, then print the tables
     .venv/bin/python scripts/learning_curve.py --table RUN_DIR ...     # tables of finished runs

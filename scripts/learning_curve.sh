@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduce the learning curve of docs/learning_curve.md: GRPO on the one-digit adder
+# Reproduce the learning curve of docs/log/2026-11-22_adder_learning_curve.md: GRPO on the one-digit adder
 # (tutorial/example_function_workflow) from the bundled SmolLM2-135M-Instruct, fixed seed,
 # validation on 24 held-out additions every 5 steps. Prints the validation table and writes
 # the report (PNG plots) under the run dir; copies the success curve to docs/.
