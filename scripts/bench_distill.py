@@ -25,9 +25,9 @@ included) minus the minutes its test validations took, so that measuring more of
 method nothing. The base model's test success (minute 0) is `ajet eval --split test` with the
 method's own sampling settings (not timed).
 
-Writes OUT/bench_distill.json, OUT/bench_distill.md (the table; docs/results/learning.md's is generated from the JSON by
-scripts/docs_results.py) and
-OUT/bench_distill.png; prints the table. The machine may be shared: minutes are what the runs
+Writes OUT/bench_distill.json, OUT/bench_distill.md (the table) and OUT/bench_distill.png;
+prints the table; `scripts/docs_results.py` then regenerates docs/results/learning.md from every
+committed bench_distill.json. The machine may be shared: minutes are what the runs
 took here (its CPU flags are recorded beside them).
 """
 

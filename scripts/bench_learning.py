@@ -28,8 +28,9 @@ training), e.g. after a change to what is recorded.
 
 Writes OUT/bench_learning.json (merged: examples not run keep their last result),
 OUT/bench_learning_<name>.png (the metric against minutes) and OUT/bench_learning.md (the
-table as markdown; docs/results/learning.md's is generated from the JSON by scripts/docs_results.py); prints the table. Exits 1 when a run failed
-or missed its threshold. Minutes over the budget are shown, not failed: the machine may be
+table as markdown); prints the table. After a run into docs/learning/,
+`scripts/docs_results.py` regenerates docs/results/learning.md from the JSON (a unit test fails
+until it has). Exits 1 when a run failed or missed its threshold. Minutes over the budget are shown, not failed: the machine may be
 shared, and a benchmark measures time, it does not assert it.
 
 The protocol: settings (steps, learning rates, ...) and thresholds were chosen from the val

@@ -43,7 +43,8 @@ model made no tool call in any step of the runs in docs/log/2026-11-26_learning_
   TRL could not parse. ajet's reward pays for the answer alone, so this favours TRL.
 
 Writes OUT/bench_vs_trl.json and OUT/bench_vs_trl.md (test success against training minutes, per
-method) and prints the table. The goal (issue 28): ajet reaches TRL's success at the budget in
+method) and prints the table; `scripts/docs_results.py` then regenerates docs/results/learning.md
+from every committed bench_vs_trl.json. The goal (issue 28): ajet reaches TRL's success at the budget in
 at most a third of the budget (with the default marks: ajet at 5 min >= TRL at 15 min).
 """
 
