@@ -14,7 +14,7 @@ copy, which halves the bytes a decode step reads (decode is bound by reading the
   oneDNN, whose bf16 GEMM runs on AMX / avx512_bf16 (x86 CPUs with avx512_bf16: refused
   elsewhere). The activations are rounded to bf16 around each GEMM, everything else is fp32. On
   an Intel AMX machine at 16 rows the GEMMs of a decode step take ~20 ms against FBGEMM fp16's
-  ~43 ms; the logprobs move about as much as with `bfloat16` (docs/benchmarks.md). Its Llama /
+  ~43 ms; the logprobs move about as much as with `bfloat16` (docs/results/speed.md). Its Llama /
   Qwen2 MLPs become `Bf16SwiGLU`s, which apply the SiLU and the product inside the GEMMs.
 - `auto`: the one of these that decodes fastest where the model is (`fastest_engine_dtype`).
 
@@ -47,7 +47,7 @@ ENGINE_DTYPES = ("float32", "bfloat16", "float16", "bfloat16_linear", "auto")
 
 def fastest_engine_dtype(device: torch.device) -> str:
     """What `engine_dtype: auto` decodes with on `device`: the fastest 2-byte copy measured
-    there (docs/benchmarks.md), float32 where no 2-byte kernel beats it.
+    there (docs/results/speed.md), float32 where no 2-byte kernel beats it.
 
     - a GPU: bfloat16 (native bf16 matmuls; the copy, KV and activations in bf16);
     - a CPU with AMX: bfloat16_linear (oneDNN's AMX bf16 GEMM; 2.3x HF's fp32 static batch at

@@ -19,7 +19,7 @@ A chain runs SDPA's causal kernel, which skips the upper triangle (half the pair
 ancestors it does so with the ancestors' queries recomputed and dropped, where that is
 cheaper than a mask over its own queries (`causal_is_cheaper`). Every token is forwarded once whatever the plan, so tokens do
 not enter the choice. The constants are measured on the bundled model's fwd+bwd on CPU
-(`scripts/bench_context.py --calibrate`, docs/benchmarks.md); they only decide speed,
+(`scripts/bench_context.py --calibrate`, docs/log/2026-11-23_engine_memory_context.md); they only decide speed,
 never the result: every plan computes the same logits.
 """
 

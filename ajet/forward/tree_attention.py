@@ -6,7 +6,7 @@ blocks. Forwarding each piece of the tree on its own, with its ancestors' keys a
 as a past, saves those pairs but pays a whole forward per piece, and in backward every
 forward materialises a full-size weight gradient (a [out, in] matmul and an accumulation
 per linear layer, the dense embedding gradient too): on CPU about as much as 150 tokens of
-fwd+bwd each (docs/benchmarks.md), which lost 2-5x on GRPO-style trees.
+fwd+bwd each (docs/log/2026-11-23_engine_memory_context.md), which lost 2-5x on GRPO-style trees.
 
 Here the sequence is forwarded once (the linear layers see every distinct token once, in
 one matmul each) and only attention is cut: the attention implementation registered below
