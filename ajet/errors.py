@@ -28,7 +28,7 @@ stays in the module that raises it when it is
   `InfrastructureError` for it); the session's `SessionError` family (the gateway answers the
   matching OpenAI error); the episode API's `EpisodeRequestError` family (one HTTP status
   each); `GatewayError`; `RoleNotRegisteredError` (a KeyError of `ModelTuner.get_model`); and
-  `ajet.client.EpisodeAPIError`, kept with the client because the client imports nothing of
+  `ajet.serve.client.EpisodeAPIError`, kept with the client because the client imports nothing of
   ajet.
 """
 

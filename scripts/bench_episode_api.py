@@ -64,7 +64,7 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
     cfg = load_config(EXAMPLE / "remote_agent.yaml", [
         f"model.path={args.model}", f"rollout.n={args.n}", f"rollout.max_tokens={args.max_tokens}",
         f"rollout.max_concurrency={args.concurrency}", f"trainer.batch_size={args.groups}",
-        f"serve.max_staleness={args.max_staleness}"], require_workflow=False)
+        f"rollout.max_staleness={args.max_staleness}"], require_workflow=False)
     model, tokenizer = load_model_and_tokenizer(cfg.model)
     max_len = model_window(model, cfg.context.max_model_len)
     engine = LocalEngine(model, tokenizer, max_batch_size=args.concurrency, max_model_len=max_len)
@@ -95,37 +95,33 @@ def generated(episodes: list[Any]) -> int:
 
 
 def in_process(parts: dict[str, Any], args: argparse.Namespace) -> dict[str, float]:
-    from ajet.rollout.stack import RolloutStack
+    from ajet.rollout.engine_rollout import EngineRollout
 
     cfg = parts["cfg"]
-    stack = RolloutStack(cfg, parts["engine"], parts["tokenizer"], agent_workflow(),
-                         model_max_len=parts["max_len"], judge=parts["judge"])
-    loop = asyncio.new_event_loop()
+    rollout = EngineRollout(cfg, parts["engine"], parts["tokenizer"], agent_workflow(),
+                            model_max_len=parts["max_len"], judge=parts["judge"])
     try:
-        loop.run_until_complete(stack.manager.rollout(parts["reader"].next_batch(args.groups)))  # warm-up
+        rollout.loop.run_until_complete(rollout.manager.rollout(parts["reader"].next_batch(args.groups)))  # warm-up
         start, episodes = time.perf_counter(), []
         for _ in range(args.rounds):
-            result = loop.run_until_complete(stack.manager.rollout(parts["reader"].next_batch(args.groups)))
+            result = rollout.loop.run_until_complete(rollout.manager.rollout(parts["reader"].next_batch(args.groups)))
             episodes += result.episodes
         return summary("in-process", episodes, time.perf_counter() - start)
     finally:
-        loop.close()
-        stack.close()
+        rollout.close()
 
 
 def through_api(parts: dict[str, Any], args: argparse.Namespace, client: str) -> dict[str, float]:
-    from ajet.engine.chat import ChatFormat
-    from ajet.rollout.remote import EpisodeBroker
-    from ajet.rollout.session_factory import LocalSessionFactory
-    from ajet.tuner import Gateway
-    from ajet.tuner.episode_api import attach_episode_api
+    from ajet.rollout.engine_rollout import EngineRollout
+    from ajet.serve.broker import EpisodeBroker, RemoteWorkflow
+    from ajet.serve.http import attach_episode_api
 
     cfg, engine = parts["cfg"], parts["engine"]
-    gateway = Gateway().start()
-    sessions = LocalSessionFactory(engine=engine, chat=ChatFormat(parts["tokenizer"]), gateway=gateway,
-                                   rollout=cfg.rollout, context=cfg.context, trainable_targets=None,
-                                   model_max_len=parts["max_len"])
-    broker = EpisodeBroker(parts["reader"], parts["judge"], sessions, cfg.rollout, batch_size=args.groups,
+    # the rollout's own gateway serves the episode API and its episodes' model calls
+    rollout = EngineRollout(cfg, engine, parts["tokenizer"], RemoteWorkflow(), model_max_len=parts["max_len"],
+                            judge=parts["judge"])
+    gateway = rollout.gateway
+    broker = EpisodeBroker(parts["reader"], parts["judge"], rollout, cfg.rollout, batch_size=args.groups,
                            total_steps=args.rounds + 1, policy_version=lambda: engine.policy_version,
                            max_staleness=args.max_staleness)
     token = attach_episode_api(gateway, broker)
@@ -148,7 +144,7 @@ def through_api(parts: dict[str, Any], args: argparse.Namespace, client: str) ->
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
-        gateway.stop()
+        rollout.close()
 
 
 def summary(name: str, episodes: list[Any], seconds: float) -> dict[str, Any]:

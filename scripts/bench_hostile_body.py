@@ -21,7 +21,7 @@ from dataclasses import dataclass
 TOKEN = "bench-token"
 SERVER = f"""
 import sys, time
-from ajet.tuner.episode_api import attach_episode_api
+from ajet.serve.http import attach_episode_api
 from ajet.tuner.gateway import Gateway
 
 class Source:  # never reached: every request here is refused before a route runs

@@ -103,7 +103,7 @@ def install() -> None:
     import ajet.pipeline  # noqa: F401 - loads the modules that import the wrapped functions
     import ajet.rl.recipe as rl
     import ajet.rl.update as update
-    import ajet.rollout.local as rollout
+    import ajet.rollout.engine_rollout as rollout
     import ajet.sft.step as sft_step
     import ajet.training.loop as loop
     import ajet.training.memory as memory
@@ -117,7 +117,7 @@ def install() -> None:
     engine.LocalEngine.__init__ = tracked_init
     for owner, name, label in [
         (load, "load_model_and_tokenizer", "load model"), (eval_runner, "evaluate", "evaluate"),
-        (rollout.LocalRollout, "rollout", "eval rollout"), (rl.RLRecipe, "_rollout", "grpo rollout"),
+        (rollout.EngineRollout, "rollout", "eval rollout"), (rl.RLRecipe, "_rollout", "grpo rollout"),
         (rl.RLRecipe, "update", "grpo update"), (update.PolicyUpdater, "update", "policy update"),
         (packed_forward, "forward_packed", "forward"), (torch.Tensor, "backward", "backward"),
         (torch.nn.utils, "clip_grad_norm_", "clip"), (sft_step, "sft_step", "sft step"),

@@ -2,7 +2,7 @@
 
 - checks and refusals: `require_gpus`, `common_refusals` (settings neither backbone honours);
 - pure helpers of the translations: `run_dir`, `flatten`, `dump_yaml`, `lora_target_regex`;
-- `EpisodeRuntime`: ajet's rollout stack inside a backbone's worker process (Trinity's
+- `EpisodeRuntime`: ajet's rollout (EngineRollout) inside a backbone's worker process (Trinity's
   workflow runner, verl's agent-loop worker), used by both adapters.
 
 No torch / ray / trinity / verl import at module level.
@@ -211,7 +211,7 @@ def episode_metrics(episode: Any) -> dict[str, float]:
 
 
 class EpisodeRuntime:
-    """The ajet rollout stack inside a foreign worker process (a Trinity workflow runner,
+    """ajet's rollout (`EngineRollout`) inside a foreign worker process (a Trinity workflow runner,
     a verl agent-loop worker): the user's workflow and judge, our tracker/session/tuner per
     episode, and a gateway for OpenAI-protocol agents, all against `engine` (the backbone's
     vLLM server behind ajet's InferenceEngine protocol; LLM judges on the policy model go
@@ -226,15 +226,15 @@ class EpisodeRuntime:
 
     def __init__(self, cfg: AjetConfig, engine: Any, tokenizer: Any) -> None:
         # imports agentscope and ray (ajet.tuner): gpu.py is on the path of ajet --dry-run
-        from ajet.rollout.stack import RolloutStack
+        from ajet.rollout.engine_rollout import EngineRollout
 
         self.cfg = cfg
         self.engine = engine
         # The translations size the backbone's engine window the same way.
         self.model_max_len = cfg.context.max_model_len or cfg.context.max_sample_tokens
-        self.stack = RolloutStack(cfg, engine, tokenizer, load_workflow(cfg.workflow.target),
-                                  model_max_len=self.model_max_len)
-        self.runner = self.stack.runner
+        self.rollout = EngineRollout(cfg, engine, tokenizer, load_workflow(cfg.workflow.target),
+                                   model_max_len=self.model_max_len)
+        self.runner = self.rollout.runner
 
     @classmethod
     def shared(cls, config_path: str, engine_factory: Any, tokenizer: Any) -> EpisodeRuntime:
@@ -263,4 +263,4 @@ class EpisodeRuntime:
         return episode, samples, metrics
 
     def close(self) -> None:
-        self.stack.close()
+        self.rollout.close()

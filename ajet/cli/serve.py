@@ -2,7 +2,7 @@
 
 The run is `ajet train` on the debug backbone (same config, minus `workflow`), except that the
 episodes of each step come from clients through the episode API (docs/episode_api.md) instead
-of an in-process workflow: `ajet.rollout.served.ServedEpisodes` (an `EpisodeBroker` behind a
+of an in-process workflow: `ajet.serve.source.ServedEpisodes` (an `EpisodeBroker` behind a
 public gateway) is the trainer's episode source.
 """
 
@@ -71,7 +71,7 @@ def serve(
             typer.echo("".join(f"# {line}\n" for line in task_visibility(cfg)), nl=False)
             return
         from ajet.rl.recipe import train  # imports torch: not for --help
-        from ajet.rollout.remote import RemoteWorkflow  # imports agentscope: not for --help
+        from ajet.serve.broker import RemoteWorkflow  # imports agentscope: not for --help
 
         checked_backbone("debug", cfg, str(conf))
         fresh_start(run_dir_of(cfg), fresh=fresh, resume=resume)
@@ -83,12 +83,11 @@ def serve(
 def served_episodes(recipe: Any) -> Any:
     """The RL recipe's episode source under `ajet serve`, built at the end of its setup."""
     # imports agentscope: not for `ajet serve --help`
-    from ajet.rollout.served import ServedEpisodes
+    from ajet.serve.source import ServedEpisodes
 
     return ServedEpisodes.start(
-        recipe.cfg, engine=recipe.rollout.engine, chat=recipe.rollout.chat, reader=recipe.reader,
-        judge=recipe.judge, model_max_len=recipe.window, run_dir=recipe.run_dir, start_step=recipe.loop.step,
-        announce=lambda text: typer.echo(text, err=True))
+        recipe.cfg, rollout=recipe.rollout, reader=recipe.reader, judge=recipe.judge, run_dir=recipe.run_dir,
+        start_step=recipe.loop.step, announce=lambda text: typer.echo(text, err=True))
 
 
 def task_visibility(cfg: Any) -> list[str]:
@@ -112,10 +111,6 @@ def _check(cfg: Any) -> None:
         raise UserError("judge.type=group_rank scores a group once all its episodes have ended, but the "
                         "episode API gives each episode its reward when it finishes; with `ajet serve`, "
                         "finish episodes with a reward or use a per-episode judge (e.g. judge.type=llm).", 2)
-    if cfg.rollout.max_staleness:
-        raise UserError("rollout.max_staleness overlaps the trainer's own rollouts with the update; with "
-                        "`ajet serve` clients roll out whenever they like, and how far they may run ahead is "
-                        "serve.max_staleness: set rollout.max_staleness=0.", 2)
     if cfg.trainer.val_every:
         raise UserError("trainer.val_every: validation runs a workflow in-process, and `ajet serve` has none; "
                         "set trainer.val_every=0 (evaluate checkpoints with `ajet eval`).", 2)

@@ -53,10 +53,6 @@ class ServeConfig:
     port: int = bounded(0, Interval(ge=0, le=65535))
     # The token clients send as `Authorization: Bearer <token>`; "" = a random one, printed at start.
     client_token: str = ""
-    # Policy versions an episode may lag behind the weights it is trained on: 0 = fully on-policy
-    # (clients wait while the trainer updates); more lets clients start the next step's groups
-    # during an update. Older episodes are dropped and counted (rollout/failed/stale).
-    max_staleness: int = bounded(1, Ge(0))
     # The task metadata keys a client sees. A ticket carries the task's id, query, initial
     # messages and env type, and of its metadata only these keys (default: none), so no other
     # column of the data (a reference answer, a solution) reaches a client; the judge still

@@ -50,6 +50,10 @@ REMOVED_KEYS = {
         "use rollout.tool_call_grammar instead: 'forced' (the default) decodes a forced call "
         "under the tool's JSON schema, its keys included"
     ),
+    "serve.max_staleness": (
+        "use rollout.max_staleness instead: the policy versions an episode may lag behind the weights "
+        "it trains, for `ajet serve`'s clients as for the debug backbone's overlap (default 0: on-policy)"
+    ),
     "sft.lr": (
         "use trainer.lr instead: the SFT stage trains with it; in a staged run, give the SFT "
         "stage its own with pipeline.overrides.sft.trainer.lr"

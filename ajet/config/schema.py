@@ -273,13 +273,16 @@ class RolloutConfig:
     # gate/up) is refreshed after every weight update; the update logs the logprob mismatch it
     # causes (rollout/logprob_mismatch; see algorithm.tis_cap).
     engine_dtype: EngineDType = EngineDType.float32
-    # One-step off-policy overlap (debug backbone, ajet/rollout/ahead.py): while step k updates
-    # the weights, step k+1's episodes already roll out on the engine's copy of the previous
-    # weights. Episodes whose oldest call is more than this many policy versions behind are not
-    # trained on (rollout/failed/stale); the update corrects for the lag with TIS
-    # (algorithm.tis_cap > 0). 0 = on-policy: rollout and update take turns (the default).
-    # Needs an engine with its own copy of the weights (engine_dtype float16, bfloat16,
-    # bfloat16_linear, or auto where it picks one of them).
+    # Policy versions an episode may lag behind the weights it is trained on (ajet/rollout/staleness.py).
+    # 0 = on-policy: rollout and update take turns (the default). Episodes whose oldest call is
+    # more than this many versions behind are not trained on (rollout/failed/stale); the update
+    # corrects for the lag with TIS (algorithm.tis_cap > 0).
+    # - `ajet train` (debug backbone, ajet/rollout/overlap.py): while step k updates the weights,
+    #   step k+1's episodes already roll out on the engine's copy of the previous weights. Needs an
+    #   engine with its own copy (engine_dtype float16, bfloat16, bfloat16_linear, or auto where it
+    #   picks one of them).
+    # - `ajet serve`: clients may begin the groups of up to this many steps ahead while the
+    #   trainer updates; their calls wait out the update.
     max_staleness: int = bounded(0, Ge(0))
 
 

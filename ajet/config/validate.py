@@ -96,8 +96,10 @@ def validate(cfg: AjetConfig, *, require_workflow: bool = True) -> list[tuple[st
     )
 
     if r.max_staleness > 0:
+        # In-process, the next step rolls out during the update: the engine needs its own copy of
+        # the weights. Under `ajet serve` (no workflow) clients' calls wait out an update instead.
         need(
-            r.engine_dtype != "float32",
+            r.engine_dtype != "float32" or not require_workflow,
             "rollout.max_staleness",
             f"={r.max_staleness} rolls out the next step while the trainer updates the weights, so the engine "
             "must decode with its own copy of them: set rollout.engine_dtype=float16 (x86 CPUs), bfloat16 (GPUs) or auto, "

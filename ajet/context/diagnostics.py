@@ -139,7 +139,7 @@ def _check_and_warn(renderer: ChatRenderer) -> bool:
 
 
 # Per tokenizer (weakly held): the shapes where the template breaks, computed and logged once,
-# by whichever comes first: the run's start (`ajet.rollout.stack`) or a tracker's first prompt.
+# by whichever comes first: the run's start (`ajet.rollout.engine_rollout`) or a tracker's first prompt.
 _reported: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 

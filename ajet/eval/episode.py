@@ -99,21 +99,22 @@ def show_episodes(cfg: AjetConfig, *, task: str = "0", n: int = 1, split: EvalSp
 
         model, tokenizer = load_model_and_tokenizer(cfg.model)
     with _timed(timings, "engine start"):
-        from ajet.rollout.local import LocalRollout
+        from ajet.rollout.engine_rollout import EngineRollout
         from ajet.training.model import model_window
 
         window = model_window(model, cfg.context.max_model_len)
-        stack = LocalRollout(cfg, model, tokenizer, workflow, model_max_len=window, record=True, fixed_weights=True)
+        rollout = EngineRollout.local(cfg, model, tokenizer, workflow, model_max_len=window, record=True,
+                                    fixed_weights=True)
     try:
         with _timed(timings, "episodes"), _workflow_errors(on_workflow_error):
-            result = stack.rollout([chosen], n, episode_prefix="try-")
+            result = rollout.rollout([chosen], n, episode_prefix="try-")
         views = []
         for ep in sorted(result.episodes, key=lambda e: e.episode_id):
             samples = episode_samples(ep, cfg.context, window)[0] if ep.ok else []
-            views.append(EpisodeView(ep, stack.factory.calls(ep.episode_id), samples,
+            views.append(EpisodeView(ep, rollout.calls(ep.episode_id), samples,
                                      lambda ids: tokenizer.decode(ids, skip_special_tokens=False)))
     finally:
-        stack.close()
+        rollout.close()
     return Shown(task=chosen, index=index, split=split.value, views=views, timings=timings)
 
 

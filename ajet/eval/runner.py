@@ -29,8 +29,8 @@ from ajet.models.load import (
     with_role_adapters,
 )
 from ajet.rollout.agent_metrics import agent_metrics
+from ajet.rollout.engine_rollout import EngineRollout
 from ajet.rollout.loader import as_workflow, load_workflow
-from ajet.rollout.local import LocalRollout
 from ajet.rollout.manager import mean_log_metrics
 from ajet.rollout.roles import role_metrics
 from ajet.task_reader import TaskReader, build_reader
@@ -90,21 +90,21 @@ def evaluate(cfg: AjetConfig, *, workflow: Any = None, name: str | None = None,
     if roles:
         model = with_role_adapters(model, roles)
     name = name or e.name or default_name(model_path)
-    stack = LocalRollout(cfg, model, tokenizer, wf, model_max_len=model_window(model, cfg.context.max_model_len),
-                         rollout=rollout, record=True, fixed_weights=True)
+    local = EngineRollout.local(cfg, model, tokenizer, wf, model_max_len=model_window(model, cfg.context.max_model_len),
+                                rollout=rollout, record=True, fixed_weights=True)
     start = time.monotonic()
     try:
         log.info("eval %s: %d %s tasks x %d on %s (temperature %g)", name, len(tasks), e.split.value, e.n,
                  model_path, temperature)
-        result = stack.rollout(tasks, e.n, episode_prefix="eval-")
-        results = [episode_result(ep, stack.factory.calls(ep.episode_id)) for ep in result.episodes]
+        result = local.rollout(tasks, e.n, episode_prefix="eval-")
+        results = [episode_result(ep, local.calls(ep.episode_id)) for ep in result.episodes]
         if dialogs is not None:
             rows = [row for ep in result.episodes if ep.ok and (ep.is_success or not successful_only)
-                    for row in episode_dialogs(ep.episode_id, stack.factory.calls(ep.episode_id))]
+                    for row in episode_dialogs(ep.episode_id, local.calls(ep.episode_id))]
             write_dialogs(dialogs, rows)
             log.info("eval %s: %d dialogs -> %s", name, len(rows), dialogs)
     finally:
-        stack.close()
+        local.close()
     metrics = summarize(results, k=e.n)
     metrics.update(agent_metrics(result.episodes))
     # A multi-agent workflow's per-role scores, the workflow's own behaviour metrics (e.g. a

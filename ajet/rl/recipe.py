@@ -27,9 +27,9 @@ from ajet.outputs.records import write_step_records
 from ajet.passing_thread import in_passing_thread
 from ajet.rl.samples import build_step_batch
 from ajet.rl.update import PolicyUpdater
-from ajet.rollout.ahead import AheadEpisodes
 from ajet.rollout.failed_steps import FailedSteps
 from ajet.rollout.loader import trainable_targets_of
+from ajet.rollout.overlap import OverlappedEpisodes
 from ajet.rollout.ray_rollout import build_ray_manager, workflow_spec
 from ajet.rollout.source import EpisodeSource, managed_episodes
 from ajet.signals import defer_stop
@@ -95,11 +95,11 @@ class RLRecipe:
             self.source = managed_episodes(self.manager, self.reader, cfg.rollout, batch_size=cfg.trainer.batch_size,
                                            phase=self.loop.phase)
             if cfg.rollout.max_staleness > 0:
-                self.source = self._ahead(self.source)
+                self.source = self._overlapped(self.source)
         closers.push(self.source.close, "episode source")
 
-    def _ahead(self, source: EpisodeSource) -> AheadEpisodes:
-        """`rollout.max_staleness`: the next step rolls out during the update (ajet/rollout/ahead.py)."""
+    def _overlapped(self, source: EpisodeSource) -> OverlappedEpisodes:
+        """`rollout.max_staleness`: the next step rolls out during the update (ajet/rollout/overlap.py)."""
         engine = self.rollout.engine
         if not engine.decodes_a_copy:
             raise ConfigError("rollout.max_staleness > 0 needs the engine to decode with its own copy of the "
@@ -107,7 +107,7 @@ class RLRecipe:
                               f"(engine_dtype={self.cfg.rollout.engine_dtype.value} decodes with {engine.dtype} here)")
         log.info("rollout overlaps the update: up to %d policy version(s) of staleness, TIS cap %g",
                  self.cfg.rollout.max_staleness, self.cfg.algorithm.tis_cap)
-        return AheadEpisodes(source, max_staleness=self.cfg.rollout.max_staleness,
+        return OverlappedEpisodes(source, max_staleness=self.cfg.rollout.max_staleness,
                              version=lambda: engine.policy_version)
 
     def _ray_manager(self, closers: Closers) -> Any:
@@ -116,7 +116,7 @@ class RLRecipe:
         spec = workflow_spec(self.workflow, None if self.workflow_arg is not None else cfg.workflow.target)
         targets = trainable_targets_of(cfg.workflow.trainable_targets, self.workflow)
         manager, close = build_ray_manager(cfg.ray, cfg.rollout, spec, trainable_targets=targets,
-                                           judge=self.judge, sessions=self.rollout.factory)
+                                           judge=self.judge, sessions=self.rollout)
         closers.push(close, "ray workers")
         return manager
 
@@ -201,10 +201,10 @@ class RLRecipe:
         return self.cfg.model.lora.enabled and self.cfg.model.lora.per_role
 
     def _update_step(self, batch: Any, step: int) -> dict[str, float]:
-        """The step's update; with the overlap (`AheadEpisodes`) and a step after this one, the
+        """The step's update; with the overlap (`OverlappedEpisodes`) and a step after this one, the
         next step's rollout starts first and runs on the event loop while the update runs in a
         worker thread on the trainer's weights (the engine decodes its own copy meanwhile)."""
-        if not isinstance(self.source, AheadEpisodes) or step >= self.cfg.trainer.total_steps:
+        if not isinstance(self.source, OverlappedEpisodes) or step >= self.cfg.trainer.total_steps:
             return self.update(batch, step=step)
         source = self.source
         # A stop (Ctrl-C) reaches this thread while the update runs in the worker: it waits for

@@ -4,8 +4,9 @@
   an instance or an `async def fn(task: dict, model) -> float` (checked before anything loads).
 - `TaskRunner.run_episode`: one episode, every ending recorded as an `Episode`.
 - `RolloutManager.rollout`: tasks × n episodes, bounded concurrency, `RolloutResult.metrics()`.
-- `ajet.rollout.remote.EpisodeBroker.next_batch`: the same `RolloutResult`, from episodes that
-  clients run through the episode API (`ajet serve`; imported from there, it needs FastAPI).
+- `EngineRollout` (`ajet.rollout.engine_rollout`): all of it built around an inference engine.
+- `ajet.serve.broker.EpisodeBroker.next_batch`: the same `RolloutResult`, from episodes that
+  clients run through the episode API (`ajet serve`).
 """
 
 from ajet.errors import BadOutputError, InfrastructureError

@@ -64,7 +64,7 @@ class Episode:
     offered_tools: bool = False
     truncated: bool = False
     # The policy versions that produced the episode's completions (several when its calls
-    # spanned a weight update; see `ajet.rollout.remote`).
+    # spanned a weight update; see `ajet.serve.broker`).
     policy_versions: list[int] = field(default_factory=list)
     duration_s: float = 0.0
     retries: int = 0

@@ -1,36 +1,32 @@
 """One-step off-policy overlap (`rollout.max_staleness > 0`): the next step's episodes roll out
 while the trainer updates the weights.
 
-`AheadEpisodes` wraps any managed episode source. The recipe calls `prefetch(step + 1)` as it
+`OverlappedEpisodes` wraps any managed episode source. The recipe calls `prefetch(step + 1)` as it
 starts step `step`'s update (which then runs off the event loop's thread, so the loop keeps
 running the prefetched episodes); `next_batch(step + 1)` then awaits what was prefetched
 instead of starting from nothing. The engine decodes those episodes with its own copy of the
 weights of the step before (`rollout.engine_dtype` float16 / bfloat16), which the trainer
 replaces once the update is done (`LocalEngine.publish_weights`).
 
-What the trainer gets is filtered by staleness: an episode's lag is the current policy
-version minus the oldest version among its calls. An episode more than `max_staleness`
-versions behind is not trained on: it is marked failed with reason `stale`
-(`rollout/failed/stale`) and leaves its group. The rest are trained with the TIS correction
-(`algorithm.tis_cap`): each token's loss weighted by min(p_trainer / p_sampled, cap).
-Metrics: `rollout/staleness_mean`, `rollout/staleness_max` (over kept episodes),
-`rollout/prefetched` (1 when the step's episodes were started during the previous update).
+What the trainer gets is filtered by staleness (`ajet.rollout.staleness`, the rule `ajet
+serve` applies too): an episode more than `max_staleness` policy versions behind is not
+trained on (`rollout/failed/stale`) and leaves its group. The rest are trained with the TIS
+correction (`algorithm.tis_cap`): each token's loss weighted by min(p_trainer / p_sampled, cap).
+Metrics: the staleness ones, and `rollout/prefetched` (1 when the step's episodes were started
+during the previous update).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable
 from typing import Any
 
-from ajet.rollout.episode import FAILED, OK
 from ajet.rollout.manager import RolloutResult
+from ajet.rollout.staleness import keep_fresh
 
-log = logging.getLogger(__name__)
 
-
-class AheadEpisodes:
+class OverlappedEpisodes:
     """An episode source whose next batch can start early (see the module docstring)."""
 
     overlaps_update = True
@@ -81,29 +77,3 @@ class AheadEpisodes:
         loop = task.get_loop()
         if not loop.is_running() and not loop.is_closed():
             loop.run_until_complete(asyncio.gather(task, return_exceptions=True))
-
-
-def keep_fresh(result: RolloutResult, version: int, max_staleness: int) -> RolloutResult:
-    """Mark the ok episodes more than `max_staleness` versions behind `version` failed
-    (`stale`) and take them out of `ok_episodes`; add the staleness metrics. In place."""
-    lags: list[int] = []
-    stale = set()
-    for episode in result.episodes:
-        if episode.status != OK:
-            continue
-        versions = list(episode.policy_versions or [])
-        lag = version - min(versions) if versions else 0
-        if lag > max_staleness:
-            episode.status, episode.reason = FAILED, "stale"
-            episode.error_message = (f"its oldest call ran on policy version {min(versions)}, {lag} behind {version}: "
-                                     f"more than rollout.max_staleness={max_staleness}")
-            stale.add(episode.episode_id)
-        else:
-            lags.append(lag)
-    if stale:
-        log.info("%d episode(s) more than rollout.max_staleness=%d versions behind were not trained on",
-                 len(stale), max_staleness)
-        result.ok_episodes = [e for e in result.ok_episodes if e.episode_id not in stale]
-    result.extra_metrics["rollout/staleness_mean"] = sum(lags) / len(lags) if lags else 0.0
-    result.extra_metrics["rollout/staleness_max"] = float(max(lags, default=0))
-    return result

@@ -8,7 +8,7 @@ has. The sources:
   manager: the in-process `RolloutManager`, or the Ray builder's manager (`--with-ray`);
 - `RefilledEpisodes`: the same, with dynamic sampling: groups without a learning signal are
   dropped and refilled with more tasks (`ajet.rollout.dynamic`);
-- `ServedEpisodes` (`ajet.rollout.served`): episodes that clients run elsewhere, through the
+- `ServedEpisodes` (`ajet.serve.source`): episodes that clients run elsewhere, through the
   episode API of `ajet serve`.
 """
 

@@ -20,7 +20,7 @@ import httpx
 
 class EpisodeAPIError(RuntimeError):
     """The episode API answered an error: `status` (HTTP) and `code` (e.g. "episode_ended").
-    (The server raises `ajet.tuner.episode_api.EpisodeRequestError` for it.)"""
+    (The server raises `ajet.serve.http.EpisodeRequestError` for it.)"""
 
     def __init__(self, status: int, code: str, message: str) -> None:
         super().__init__(f"{status} {code}: {message}")
@@ -28,7 +28,9 @@ class EpisodeAPIError(RuntimeError):
 
 
 @dataclass
-class Episode:
+class RemoteEpisode:
+    """An episode this client began: its task, and where and how to call the model."""
+
     episode_id: str
     task: dict[str, Any]  # task_id, main_query, init_messages, metadata, env_type
     base_url: str  # OpenAI-compatible; every call made with api_key is recorded
@@ -46,7 +48,7 @@ class EpisodeClient:
         self._http = httpx.Client(base_url=self.url, timeout=timeout_s,
                                   headers={"Authorization": f"Bearer {token}"})
 
-    def begin(self) -> Episode | None:
+    def begin(self) -> RemoteEpisode | None:
         """The next episode; None once the run has ended. Waits (Retry-After) while the trainer
         has enough episodes in flight."""
         deadline = time.monotonic() + self.wait_s
@@ -55,7 +57,7 @@ class EpisodeClient:
             if response.status_code == 410:
                 return None
             if response.status_code != 503 or time.monotonic() > deadline:
-                episode = Episode(**self._json(response))
+                episode = RemoteEpisode(**self._json(response))
                 self._keys[episode.episode_id] = episode.api_key
                 return episode
             time.sleep(float(response.headers.get("retry-after", "1")))

@@ -1,4 +1,4 @@
-"""The episode API: agents outside Python (or outside this process) train the model over HTTP.
+"""The episode API's HTTP layer: agents outside Python (or outside this process) train the model.
 
 Mounted on the gateway (`attach_episode_api`) next to the OpenAI-compatible model routes:
 
@@ -11,17 +11,17 @@ A server-level client token (`Authorization: Bearer <token>`) guards these route
 /openapi.json), checked before a body is read (`ajet.tuner.http_guard`); the per-episode
 `api_key` guards the model calls, as for in-process workflows, and ending the episode: finish
 and abort carry it in `X-Episode-Key`, so a client cannot end another's episode. The routes only
-translate HTTP: the episode source behind them (`ajet.rollout.remote.EpisodeBroker`) hands out
-tasks, scores and collects episodes. This module defines the wire models and the errors the
-source raises, so that the tuner layer never imports the rollout layer. (FastAPI is imported at
-the top: it resolves the routes' string annotations against this module's names.)
+translate HTTP: the broker behind them (`ajet.serve.broker.EpisodeBroker`) hands out tasks,
+scores and collects episodes. This module defines the wire models and the errors the broker
+raises. (FastAPI is imported at the top: it resolves the routes' string annotations against
+this module's names.)
 """
 
 from __future__ import annotations
 
 import logging
 import secrets
-from typing import TYPE_CHECKING, Annotated, Any, Protocol
+from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Request
 from fastapi.security import HTTPBearer
@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 from starlette.exceptions import HTTPException
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ajet.serve.broker import EpisodeBroker
     from ajet.tuner.gateway import Gateway
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,7 @@ log = logging.getLogger(__name__)
 # ----------------------------------------------------------------------------- errors
 class EpisodeRequestError(Exception):
     """A request the episode API refuses (server side), with its HTTP status and code; the
-    client raises `ajet.client.EpisodeAPIError` for it."""
+    client raises `ajet.serve.client.EpisodeAPIError` for it."""
 
     status: int = 400
     code: str = "episode_error"
@@ -143,24 +144,12 @@ class ServerStatus(BaseModel):
     last_metrics: dict[str, float] = Field(default_factory=dict)
 
 
-class EpisodeSource(Protocol):
-    """What the routes call (any thread's event loop may await these)."""
-
-    async def begin(self) -> EpisodeTicket: ...
-
-    async def finish(self, episode_id: str, key: str, request: FinishRequest) -> EpisodeResult: ...
-
-    async def abort(self, episode_id: str, key: str, reason: str) -> EpisodeResult: ...
-
-    async def status(self) -> ServerStatus: ...
-
-
 # ----------------------------------------------------------------------------- routes
 # Only the client that began an episode may end it: finish and abort carry its api_key.
 EpisodeKey = Annotated[str, Header(alias="X-Episode-Key", description="the episode's api_key (from its ticket)")]
 
 
-def episode_router(source: EpisodeSource) -> Any:
+def episode_router(broker: EpisodeBroker) -> Any:
     """The FastAPI router of the episode API, guarded by the client `token`."""
     bearer = HTTPBearer(auto_error=False, scheme_name="client_token",
                         description="the server's client token (not a per-episode api_key)")
@@ -177,7 +166,7 @@ def episode_router(source: EpisodeSource) -> Any:
     async def begin_episode(request: Request) -> EpisodeTicket:
         """Begin an episode: the next task (each task is handed out `rollout.n` times, one GRPO
         group), and a per-episode key for the model endpoint."""
-        ticket = await _guard(source.begin())
+        ticket = await _guard(broker.begin())
         # The model endpoint is this server: give it as the client reached it (the gateway may
         # listen on 0.0.0.0 and be reached through any name).
         return ticket.model_copy(update={"base_url": str(request.base_url).rstrip("/") + "/v1"})
@@ -190,17 +179,17 @@ def episode_router(source: EpisodeSource) -> Any:
     async def finish_episode(episode_id: str, body: FinishRequest, key: EpisodeKey = "") -> EpisodeResult:
         """Finish an episode. Without `reward`, the configured judge scores it from `metadata`
         (as a workflow returning `WorkflowOutput(reward=None)`). Its api_key stops working."""
-        return await _guard(source.finish(episode_id, key, body))
+        return await _guard(broker.finish(episode_id, key, body))
 
     @router.post("/episodes/{episode_id}/abort", response_model=EpisodeResult, responses=ended)
     async def abort_episode(episode_id: str, body: AbortRequest, key: EpisodeKey = "") -> EpisodeResult:
         """Abort an episode: counted as failed (`rollout/failed/aborted`), never trained on."""
-        return await _guard(source.abort(episode_id, key, body.reason))
+        return await _guard(broker.abort(episode_id, key, body.reason))
 
     @router.get("/status", response_model=ServerStatus, responses=errors)
     async def status() -> ServerStatus:
         """The step, the policy version, episode counts and the trainer's last metrics."""
-        return await _guard(source.status())
+        return await _guard(broker.status())
 
     return router
 
@@ -219,12 +208,12 @@ def _http(status: int, message: str, code: str, headers: dict[str, str] | None =
     return exc
 
 
-def attach_episode_api(gateway: Gateway, source: EpisodeSource, token: str | None = None) -> str:
+def attach_episode_api(gateway: Gateway, broker: EpisodeBroker, token: str | None = None) -> str:
     """Serve the episode API (and /docs, /openapi.json) on `gateway`; returns the client token
     (`token`, or a new random one when None or empty)."""
     token = token or secrets.token_urlsafe(24)
     gateway.require_client_token(token)
-    gateway.include_router(episode_router(source))
+    gateway.include_router(episode_router(broker))
     if gateway.running:
         log.info("episode API on %s/episodes (docs at %s/docs)", gateway.base_url,
                  gateway.base_url.removesuffix("/v1"))

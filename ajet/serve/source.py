@@ -1,24 +1,38 @@
-"""The episode source of `ajet serve`: episodes that clients run elsewhere (docs/episode_api.md).
+"""`ServedEpisodes`: the RL recipe's episode source under `ajet serve` (docs/episode_api.md).
 
 An `EpisodeBroker` hands out the reader's tasks through the episode API on a public gateway;
-each episode's calls reach the local engine through the same gateway (per-episode keys), are
-recorded token by token, and the broker returns `trainer.batch_size` complete groups per step.
+each episode's calls reach the run's engine through the same gateway (per-episode keys, opened
+by the run's `EngineRollout`), are recorded token by token, and the broker returns
+`trainer.batch_size` complete groups per step (`ajet.rollout.source.EpisodeSource`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ajet.config.schema import AjetConfig
 from ajet.files import write_json_atomic
-from ajet.rollout.loader import trainable_targets_of
+from ajet.rollout.engine_rollout import EngineRollout, EpisodeHandle
 from ajet.rollout.manager import RolloutResult
-from ajet.rollout.remote import EpisodeBroker
-from ajet.rollout.session_factory import LocalSessionFactory
+from ajet.serve.broker import EpisodeBroker
+from ajet.serve.http import attach_episode_api
 from ajet.tuner import Gateway
-from ajet.tuner.episode_api import attach_episode_api
+from ajet.workflow import WorkflowTask
+
+
+@dataclass
+class PublicSessions:
+    """The broker's sessions: the run's own (`EngineRollout.open_episode`), with each episode's
+    key on the public gateway that clients reach."""
+
+    rollout: EngineRollout
+    gateway: Gateway
+
+    def open_episode(self, episode_id: str, task: WorkflowTask) -> EpisodeHandle:
+        return self.rollout.open_episode(episode_id, task, gateway=self.gateway)
 
 
 class ServedEpisodes:
@@ -27,26 +41,24 @@ class ServedEpisodes:
 
     @property
     def overlaps_update(self) -> bool:
-        """Clients may run episodes during an update when serve.max_staleness > 0."""
+        """Clients may run episodes during an update when rollout.max_staleness > 0."""
         return self.broker.max_staleness > 0
 
     def __init__(self, broker: EpisodeBroker, gateway: Gateway, token: str) -> None:
         self.broker, self.gateway, self.token = broker, gateway, token
 
     @classmethod
-    def start(cls, cfg: AjetConfig, *, engine: Any, chat: Any, reader: Any, judge: Any, model_max_len: int,
-              run_dir: Path, start_step: int, announce: Callable[[str], object]) -> ServedEpisodes:
-        """Start the gateway and the broker; `announce(text)` tells the user where the API is."""
+    def start(cls, cfg: AjetConfig, *, rollout: EngineRollout, reader: Any, judge: Any, run_dir: Path,
+              start_step: int, announce: Callable[[str], object]) -> ServedEpisodes:
+        """Start the public gateway and the broker on the run's rollout; `announce(text)` tells
+        the user where the API is."""
         gateway = Gateway(cfg.serve.host, cfg.serve.port).start()
         try:
-            sessions = LocalSessionFactory(
-                engine=engine, chat=chat, gateway=gateway, rollout=cfg.rollout, context=cfg.context,
-                trainable_targets=trainable_targets_of(cfg.workflow.trainable_targets, None),
-                model_max_len=model_max_len)
+            engine = rollout.engine
             broker = EpisodeBroker(
-                reader, judge, sessions, cfg.rollout, batch_size=cfg.trainer.batch_size,
+                reader, judge, PublicSessions(rollout, gateway), cfg.rollout, batch_size=cfg.trainer.batch_size,
                 total_steps=cfg.trainer.total_steps, policy_version=lambda: engine.policy_version,
-                max_staleness=cfg.serve.max_staleness, start_step=start_step,
+                max_staleness=cfg.rollout.max_staleness, start_step=start_step,
                 public_metadata_keys=cfg.serve.public_metadata_keys)
             token = attach_episode_api(gateway, broker, cfg.serve.client_token)
             served = cls(broker, gateway, token)

@@ -15,8 +15,8 @@ from typing import Any
 
 from ajet.config.schema import AjetConfig
 from ajet.judge import build_judge
+from ajet.rollout.engine_rollout import EngineRollout
 from ajet.rollout.loader import load_or_wrap_workflow, trainable_targets_of
-from ajet.rollout.local import LocalRollout
 from ajet.task_reader import build_reader
 from ajet.training.loop import TrainingLoop
 from ajet.training.model import load_trainable_model, model_window
@@ -35,7 +35,7 @@ class RolloutRun:
     model: Any
     tokenizer: Any
     window: int  # the model's context window for this run (tokens)
-    rollout: LocalRollout
+    rollout: EngineRollout
     optimizer: Any
     scheduler: Any
 
@@ -45,14 +45,14 @@ class RolloutRun:
         run_dir = prepare_run_dir(cfg, resume=resume)
         workflow = load_or_wrap_workflow(workflow, cfg.workflow.target)
         reader = build_reader(cfg.task_reader, seed=cfg.project.seed)
-        rollout: list[LocalRollout] = []  # LLM judges call the policy through the rollout's gateway
+        rollout: list[EngineRollout] = []  # LLM judges call the policy through the rollout's gateway
         judge = build_judge(cfg.judge, llm_client_factory=lambda: rollout[0].llm_client())
         loop = TrainingLoop(cfg, run_dir, closers, total_steps=cfg.trainer.total_steps, resume=resume)
         model, tokenizer = load_trainable_model(
             cfg.model, seed=cfg.project.seed, gradient_checkpointing=cfg.trainer.gradient_checkpointing,
             roles=trainable_targets_of(cfg.workflow.trainable_targets, workflow))
         window = model_window(model, cfg.context.max_model_len)
-        rollout.append(LocalRollout(cfg, model, tokenizer, workflow, model_max_len=window, judge=judge))
+        rollout.append(EngineRollout.local(cfg, model, tokenizer, workflow, model_max_len=window, judge=judge))
         closers.push(rollout[0].close, "rollout")
         optimizer, scheduler = build_optimizer(model, cfg.trainer, seed=cfg.project.seed)
         loop.attach(model, tokenizer, optimizer, scheduler, state=lambda step: {"reader": reader.state_at_end_of(step)})

@@ -196,7 +196,7 @@ class Gateway:
 
     # -- HTTP ------------------------------------------------------------------
     def include_router(self, router: Any) -> None:
-        """Serve more routes (the episode API, `ajet.tuner.episode_api`) on this gateway, and
+        """Serve more routes (the episode API, `ajet.serve.http`) on this gateway, and
         their OpenAPI schema at /openapi.json with Swagger UI at /docs. Works while serving."""
         from fastapi.exceptions import RequestValidationError
         from fastapi.openapi.docs import get_swagger_ui_html

@@ -37,9 +37,9 @@ TASKS, BATCH, N = 8, 2, 2  # make_run's 8 tasks, 2 per step, 2 episodes each: an
 MODES = {
     "in_process": [],
     "overlap": ["rollout.max_staleness=1", "rollout.engine_dtype=float16", "algorithm.tis_cap=2"],
-    # `ajet serve` (serve.max_staleness 1: the next step's groups open before this one commits),
+    # `ajet serve` (rollout.max_staleness 1: the next step's groups open before this one commits),
     # with two client threads that keep running episodes across the server's restarts
-    "serve": ["trainer.val_every=0", f"serve.client_token={TOKEN}"],
+    "serve": ["trainer.val_every=0", f"serve.client_token={TOKEN}", "rollout.max_staleness=1", "algorithm.tis_cap=2"],
 }
 SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGKILL]
 # `make test` runs one chain a mode, its phases stopped by the three signals in turn, shifted by
@@ -156,7 +156,7 @@ class Clients:
     def work(self) -> None:
         import httpx
 
-        from ajet.client import EpisodeAPIError, EpisodeClient
+        from ajet.serve.client import EpisodeAPIError, EpisodeClient
 
         while not self.stopping.is_set():
             try:

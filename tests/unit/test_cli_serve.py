@@ -42,15 +42,25 @@ def test_non_rl_algorithms_and_bad_serve_keys_exit_2(tmp_path: Path) -> None:
     conf = _conf(tmp_path)
     sft = runner.invoke(serve_cmd.app, ["--conf", str(conf), "algorithm.name=dpo"])
     assert sft.exit_code == 2 and "RL" in sft.output
-    stale = runner.invoke(serve_cmd.app, ["--conf", str(conf), "serve.max_staleness=-1"])
-    assert stale.exit_code == 2 and "serve.max_staleness" in stale.output
+    stale = runner.invoke(serve_cmd.app, ["--conf", str(conf), "rollout.max_staleness=-1"])
+    assert stale.exit_code == 2 and "rollout.max_staleness" in stale.output
 
 
-def test_the_trainers_own_overlap_is_refused_naming_serve_max_staleness(tmp_path: Path) -> None:
-    result = runner.invoke(serve_cmd.app, ["--conf", str(_conf(tmp_path)), "rollout.max_staleness=1",
-                                           "rollout.engine_dtype=float16", "algorithm.tis_cap=2"])
+def test_the_removed_serve_max_staleness_names_its_replacement(tmp_path: Path) -> None:
+    result = runner.invoke(serve_cmd.app, ["--conf", str(_conf(tmp_path)), "serve.max_staleness=1"])
     assert result.exit_code == 2
-    assert "rollout.max_staleness=0" in result.output and "serve.max_staleness" in result.output
+    assert "'serve.max_staleness' was removed" in result.output and "rollout.max_staleness" in result.output
+
+
+def test_staleness_under_serve_needs_tis_but_not_an_engine_copy(tmp_path: Path) -> None:
+    """One rule, `rollout.max_staleness`: off-policy episodes need the TIS correction; clients'
+    calls wait out an update, so float32 weights (no engine copy) are fine under `ajet serve`."""
+    conf = str(_conf(tmp_path))
+    no_tis = runner.invoke(serve_cmd.app, ["--conf", conf, "rollout.max_staleness=1", "algorithm.tis_cap=0"])
+    assert no_tis.exit_code == 2 and "algorithm.tis_cap" in no_tis.output
+    ok = runner.invoke(serve_cmd.app, ["--conf", conf, "rollout.max_staleness=1", "algorithm.tis_cap=2",
+                                       "rollout.engine_dtype=float32", "--dry-run"])
+    assert ok.exit_code == 0, ok.output
 
 
 def test_dry_run_says_which_task_metadata_keys_clients_see_and_which_stay_private(tmp_path: Path) -> None:

@@ -16,11 +16,11 @@ import httpx
 import pytest
 from test_tuner_fakes import FakeChat, FakeEngine, FakeTracker
 
-from ajet.client import EpisodeAPIError, EpisodeClient
 from ajet.config.schema import ContextConfig, DynamicSamplingConfig, RolloutConfig
-from ajet.rollout.remote import EpisodeBroker
+from ajet.serve.broker import EpisodeBroker
+from ajet.serve.client import EpisodeAPIError, EpisodeClient
+from ajet.serve.http import attach_episode_api
 from ajet.tuner import EpisodeSession, Gateway, ModelTuner
-from ajet.tuner.episode_api import attach_episode_api
 from ajet.workflow import WorkflowTask
 
 TOKEN = "test-client-token"
@@ -277,7 +277,7 @@ def test_episodes_older_than_max_staleness_are_dropped_and_counted(make_server: 
     server.engine.policy_version = 1
     kept = asyncio.run(server.broker.next_batch(2))
     assert [e.episode_id for e in kept.ok_episodes] == [a.episode_id]
-    assert kept.metrics()["remote/stale_kept"] == 1
+    assert kept.metrics()["rollout/stale_kept"] == 1
 
 
 def test_tickets_keep_the_judges_answer_on_the_server(make_server: Any) -> None:

@@ -327,7 +327,7 @@ class CannedReply:
 def test_the_judges_calls_on_the_policy_are_never_recorded(tiny_model_dir: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ajet.rollout.local import LocalRollout
+    from ajet.rollout.engine_rollout import EngineRollout
 
     cfg = AjetConfig()
     cfg.rollout.n, cfg.rollout.max_tokens, cfg.rollout.max_concurrency = 2, 4, 2
@@ -335,14 +335,14 @@ def test_the_judges_calls_on_the_policy_are_never_recorded(tiny_model_dir: Path)
     cfg.judge.group_rank.max_tokens = 16
     model, tokenizer = AutoModelForCausalLM.from_pretrained(tiny_model_dir), AutoTokenizer.from_pretrained(tiny_model_dir)
     clients: list[CannedReply] = []
-    rollouts: list[LocalRollout] = []
+    rollouts: list[EngineRollout] = []
 
     def factory() -> CannedReply:
         clients.append(CannedReply(rollouts[0].llm_client()))
         return clients[-1]
 
     judge = build_judge(cfg.judge, llm_client_factory=factory)
-    rollouts.append(LocalRollout(cfg, model, tokenizer, OneCall(), model_max_len=2048, judge=judge))
+    rollouts.append(EngineRollout.local(cfg, model, tokenizer, OneCall(), model_max_len=2048, judge=judge))
     try:
         result = rollouts[0].rollout([WorkflowTask(task_id="t", main_query="Say hi.")], 2, episode_prefix="")
     finally:

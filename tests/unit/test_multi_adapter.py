@@ -384,14 +384,19 @@ def test_register_model_errors_name_the_role_and_the_fix(tmp_path):
 
 
 def test_roles_train_their_own_adapters_through_the_real_stack(tiny_model_dir):
-    """load_trainable_model(per_role) -> LocalEngine -> session factory -> tuner: each role's
-    call is sampled from its own adapter, a default model's call from the base."""
-    from ajet.config.schema import ContextConfig, LoraConfig, ModelConfig, RolloutConfig
-    from ajet.engine.chat import ChatFormat
+    """load_trainable_model(per_role) -> LocalEngine -> EngineRollout.open_episode -> tuner: each
+    role's call is sampled from its own adapter, a default model's call from the base."""
+    from ajet.config.schema import (
+        AjetConfig,
+        LoraConfig,
+        ModelConfig,
+        RolloutConfig,
+        WorkflowConfig,
+    )
     from ajet.engine.local import LocalEngine
-    from ajet.rollout.session_factory import LocalSessionFactory
+    from ajet.rollout.engine_rollout import EngineRollout
     from ajet.training.model import load_trainable_model
-    from ajet.workflow import WorkflowTask
+    from ajet.workflow import Workflow, WorkflowTask
 
     cfg = ModelConfig(path=str(tiny_model_dir), device="cpu", lora=LoraConfig(enabled=True, r=2, per_role=True))
     model, tokenizer = load_trainable_model(cfg, seed=0, roles=["wolf", "seer"])
@@ -401,9 +406,9 @@ def test_roles_train_their_own_adapters_through_the_real_stack(tiny_model_dir):
             if "lora_B" in name:
                 param.copy_(torch.randn(param.shape, generator=gen))
     with LocalEngine(model, tokenizer, prefix_cache_tokens=4096) as engine:
-        factory = LocalSessionFactory(engine=engine, chat=ChatFormat(tokenizer), gateway=None,
-                                      rollout=RolloutConfig(temperature=1.0, max_tokens=4), context=ContextConfig(),
-                                      trainable_targets=["wolf", "seer"], model_max_len=512)
+        run = AjetConfig(rollout=RolloutConfig(temperature=1.0, max_tokens=4),
+                         workflow=WorkflowConfig(trainable_targets=["wolf", "seer"]))
+        factory = EngineRollout(run, engine, tokenizer, Workflow(), model_max_len=512)  # episodes opened by hand
         handle = factory.open_episode("e0", WorkflowTask(task_id="t0", main_query="q"))
         tuner = handle.tuner
         roles = {r: tuner.register_model(r) for r in ("wolf", "seer")}
@@ -414,6 +419,7 @@ def test_roles_train_their_own_adapters_through_the_real_stack(tiny_model_dir):
 
         asyncio.run(play())
         calls = {c.role: c for c in handle.tracker.calls}
+        factory.close()
     assert {r: c.trainable for r, c in calls.items()} == {"wolf": True, "seer": True, "villager": False}
     for role, adapter in (("wolf", "wolf"), ("seer", "seer"), ("villager", None)):
         call = calls[role]

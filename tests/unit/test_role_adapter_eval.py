@@ -136,11 +136,11 @@ def test_evaluate_loads_the_role_adapters_only_with_per_role(export, two_calls_c
     class Stop(Exception):
         pass
 
-    def fake_rollout(cfg, model, *args, **kwargs):  # noqa: ANN001, ANN202 - stands in for the rollout stack
+    def fake_rollout(cfg, model, *args, **kwargs):  # noqa: ANN001, ANN202 - stands in for EngineRollout.local
         served.append(model)
         raise Stop
 
-    monkeypatch.setattr(eval_runner, "LocalRollout", fake_rollout)
+    monkeypatch.setattr(eval_runner.EngineRollout, "local", fake_rollout)
     for per_role in ("true", "false"):
         cfg = load_config(two_calls_conf, [f"model.path={out}", "model.device=cpu", "model.lora.enabled=true",
                                            f"model.lora.per_role={per_role}", "eval.split=train"])

@@ -14,9 +14,10 @@ from ajet.config.schema import AlgorithmConfig, ContextConfig, TrainerConfig
 from ajet.context.pack import pack_samples
 from ajet.rl.samples import build_step_batch
 from ajet.rl.update import PolicyUpdater
-from ajet.rollout.ahead import AheadEpisodes, keep_fresh
 from ajet.rollout.episode import FAILED, OK, Episode
 from ajet.rollout.manager import RolloutResult
+from ajet.rollout.overlap import OverlappedEpisodes
+from ajet.rollout.staleness import keep_fresh
 from ajet.training.optim import build_optimizer
 from ajet.workflow import WorkflowTask
 from tests.unit.test_rl_update import T, completion_logprobs, episode
@@ -72,7 +73,7 @@ class Source:
 def test_a_prefetched_step_is_not_rolled_out_again() -> None:
     inner = Source()
     version = {"v": 0}
-    source = AheadEpisodes(inner, max_staleness=1, version=lambda: version["v"])
+    source = OverlappedEpisodes(inner, max_staleness=1, version=lambda: version["v"])
     loop = asyncio.new_event_loop()
 
     async def step_one_then_update() -> RolloutResult:
@@ -99,14 +100,14 @@ def test_a_prefetched_step_is_not_rolled_out_again() -> None:
     loop.close()
 
 
-async def _prefetch(source: AheadEpisodes, step: int) -> None:
+async def _prefetch(source: OverlappedEpisodes, step: int) -> None:
     source.prefetch(step)
     await asyncio.sleep(0)
 
 
 def test_max_staleness_zero_is_not_an_overlap() -> None:
     with pytest.raises(ValueError, match="at least 1"):
-        AheadEpisodes(Source(), max_staleness=0, version=lambda: 0)
+        OverlappedEpisodes(Source(), max_staleness=0, version=lambda: 0)
 
 
 def test_kept_stale_episodes_train_with_the_tis_ratio_of_their_sampling_weights() -> None:

@@ -174,7 +174,7 @@ def test_a_late_refill_of_a_committed_step_is_not_handed_out_again_after_a_resum
     out again on resume: it was trained twice in the epoch, and another task never."""
     reader = TaskReader(tasks(6), seed=0, shuffle=False)
     step1 = [t.task_id for t in reader.next_batch(2, step=1)]
-    step2 = [t.task_id for t in reader.next_batch(1, step=2)]  # opened early (serve.max_staleness)
+    step2 = [t.task_id for t in reader.next_batch(1, step=2)]  # opened early (rollout.max_staleness, ajet serve)
     refill = [t.task_id for t in reader.next_batch(1, step=1)]  # step 1's group had no signal
     state = reader.state_at_end_of(1)
     assert state["skip"] == [[0, 3]]
@@ -202,10 +202,10 @@ def test_ctrl_c_during_an_overlapped_update_waits_for_it_to_finish() -> None:
     from types import SimpleNamespace
 
     from ajet.rl.recipe import RLRecipe
-    from ajet.rollout.ahead import AheadEpisodes
+    from ajet.rollout.overlap import OverlappedEpisodes
 
     recipe = RLRecipe.__new__(RLRecipe)  # only what _update_step uses
-    recipe.source = AheadEpisodes.__new__(AheadEpisodes)
+    recipe.source = OverlappedEpisodes.__new__(OverlappedEpisodes)
     recipe.source.prefetch = lambda step: None
     recipe.cfg = SimpleNamespace(trainer=SimpleNamespace(total_steps=5))
     recipe.rollout = SimpleNamespace(loop=asyncio.new_event_loop())
@@ -237,11 +237,11 @@ def test_ctrl_c_during_an_overlapped_update_inside_a_step_finishes_the_step() ->
     from types import SimpleNamespace
 
     from ajet.rl.recipe import RLRecipe
-    from ajet.rollout.ahead import AheadEpisodes
+    from ajet.rollout.overlap import OverlappedEpisodes
     from ajet.signals import stop_at_step_end, take_requested_stop
 
     recipe = RLRecipe.__new__(RLRecipe)
-    recipe.source = AheadEpisodes.__new__(AheadEpisodes)
+    recipe.source = OverlappedEpisodes.__new__(OverlappedEpisodes)
     recipe.source.prefetch = lambda step: None
     recipe.cfg = SimpleNamespace(trainer=SimpleNamespace(total_steps=5))
     recipe.rollout = SimpleNamespace(loop=asyncio.new_event_loop())

@@ -106,7 +106,7 @@ def test_the_check_is_logged_once_per_tokenizer_whoever_asks_first(caplog: pytes
     from test_context_fakes import make_tracker
 
     from ajet.context.diagnostics import CUT_SHAPE, report_template
-    from ajet.rollout.stack import log_template_check
+    from ajet.rollout.engine_rollout import log_template_check
 
     assert CUT_SHAPE in {shape for shape, *_ in SHAPES}  # a reply cut at max_tokens is a shape too
     renderer = LatestMarkChatML()

@@ -53,12 +53,12 @@ def test_run_recipe_closes_everything_started_in_reverse_order() -> None:
 
 def test_rl_setup_failure_after_the_gateway_started_closes_gateway_and_engine(
         two_calls_conf: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import ajet.rollout.local
+    import ajet.rollout.engine_rollout
     import ajet.training.rollout_run
     from ajet.rl.recipe import train
 
-    built: list[ajet.rollout.local.LocalRollout] = []
-    init = ajet.rollout.local.LocalRollout.__init__
+    built: list[ajet.rollout.engine_rollout.EngineRollout] = []
+    init = ajet.rollout.engine_rollout.EngineRollout.__init__
 
     def recording_init(self, *args, **kwargs) -> None:
         init(self, *args, **kwargs)
@@ -67,13 +67,13 @@ def test_rl_setup_failure_after_the_gateway_started_closes_gateway_and_engine(
     def failing_optimizer(*args, **kwargs):
         raise RuntimeError("optimizer could not be built")
 
-    monkeypatch.setattr(ajet.rollout.local.LocalRollout, "__init__", recording_init)
+    monkeypatch.setattr(ajet.rollout.engine_rollout.EngineRollout, "__init__", recording_init)
     monkeypatch.setattr(ajet.training.rollout_run, "build_optimizer", failing_optimizer)
     cfg = load_config(two_calls_conf, [f"project.exp_dir={two_calls_conf.parent / 'exp'}", "logging.quiet=true"])
     with pytest.raises(RuntimeError, match="optimizer could not be built"):
         train(cfg)
     (rollout,) = built
-    assert not rollout.stack.gateway.running
+    assert not rollout.gateway.running
     assert not rollout.engine._thread.is_alive()
     assert rollout.loop.is_closed()
 

@@ -1,4 +1,4 @@
-"""The math agent in Python, on `ajet.client.EpisodeClient` and the OpenAI SDK, with its calculator.
+"""The math agent in Python, on `ajet.serve.client.EpisodeClient` and the OpenAI SDK, with its calculator.
 
     AJET_URL=http://127.0.0.1:8765 AJET_TOKEN=secret python tutorial/example_remote_agent/agent.py
 
@@ -17,7 +17,7 @@ from typing import Any
 
 import openai
 
-from ajet.client import EpisodeClient
+from ajet.serve.client import EpisodeClient
 
 SYSTEM_PROMPT = (
     "You solve arithmetic word problems with the `calculate` tool. First call `calculate` with "
@@ -73,7 +73,7 @@ def tool_result(call: Any) -> str:
         return f"error: bad arguments ({type(exc).__name__}: {exc}); call calculate(expression=...)"
 
 
-def solve(episode) -> str:  # noqa: ANN001 - an ajet.client.Episode
+def solve(episode) -> str:  # noqa: ANN001 - an ajet.serve.client.RemoteEpisode
     """A tool loop: the model may call `calculate`; the episode's answer is its last text reply."""
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": SYSTEM_PROMPT},

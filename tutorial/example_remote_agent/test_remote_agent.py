@@ -30,7 +30,7 @@ REPO = HERE.parent.parent
 # A client that takes an episode, makes one call and disappears without finishing it.
 VANISH = '''
 import sys, httpx
-from ajet.client import EpisodeClient
+from ajet.serve.client import EpisodeClient
 episode = EpisodeClient(sys.argv[1], sys.argv[2]).begin()
 reply = httpx.post(episode.base_url + "/chat/completions", headers={"Authorization": "Bearer " + episode.api_key},
                    json={"model": episode.model, "messages": [{"role": "user", "content": "hi"}]}, timeout=120)
@@ -173,7 +173,7 @@ def test_serve_two_steps_with_the_python_client(tmp_path: Path, tiny_model_dir: 
     import torch
     from transformers import AutoModelForCausalLM
 
-    from ajet.client import EpisodeClient
+    from ajet.serve.client import EpisodeClient
 
     log = tmp_path / "python.jsonl"
     with serving(tmp_path, tiny_model_dir, vowel_judge, "trainer.total_steps=2") as served:

@@ -1,0 +1,179 @@
+"""Rollouts on an inference engine: what every backbone builds around an engine to run episodes.
+
+engine -> chat format -> gateway (HTTP agents) -> one tracker + session + tuner per episode
+(`open_episode`) -> `TaskRunner` (workflow, judge, retries, timeouts) -> `RolloutManager`
+(groups of n, concurrency). `EngineRollout.local(...)` builds it on an in-process `LocalEngine`
+that it owns (the RL, DPO and evaluation recipes, `ajet episode`) and `rollout()` runs the
+manager to completion on its own event loop; the Trinity plugin and the verl agent loop build
+it on the backbone's vLLM servers (`EngineRollout(cfg, engine, ...)`: the engine is theirs).
+With `record=True` it keeps each episode's tracker, so the recorded calls (with their tool
+calls) can be read afterwards (evaluation, `ajet episode`). `close()` stops what it started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from ajet.config.schema import AjetConfig, RolloutConfig
+from ajet.context.tracker import ContextTracker
+from ajet.engine.chat import ChatFormat
+from ajet.engine.local import LocalEngine
+from ajet.judge import build_judge
+from ajet.models.resolve import resolve_model_path
+from ajet.rollout.loader import trainable_targets_of
+from ajet.rollout.manager import RolloutManager, RolloutResult
+from ajet.rollout.runner import TaskRunner
+from ajet.tuner import EpisodeSession, Gateway, ModelTuner
+from ajet.workflow import WorkflowTask
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EpisodeHandle:
+    """One episode attempt's tuner, tracker and session (`ajet.rollout.runner.EpisodeHandle`)."""
+
+    tuner: Any
+    tracker: Any
+    session: Any
+
+    def close(self) -> None:
+        close_tuner = getattr(self.tuner, "close", None)
+        if close_tuner is not None:
+            close_tuner()
+        self.session.close()
+
+
+class EngineRollout:
+    def __init__(self, cfg: AjetConfig, engine: Any, tokenizer: Any, workflow: Any, *, model_max_len: int,
+                 rollout: RolloutConfig | None = None, judge: Any = None, record: bool = False,
+                 owns_engine: bool = False) -> None:
+        """`judge`: a judge built beforehand (None: built from `cfg.judge`, with LLM judges on
+        the policy model through the gateway). `record`: keep each episode's tracker (`calls`).
+        `owns_engine`: `close()` closes the engine too."""
+        self.rollout_config = rollout = rollout or cfg.rollout
+        self.engine, self.owns_engine = engine, owns_engine
+        self.context = cfg.context
+        self.model_max_len = model_max_len
+        self.trainable_targets = trainable_targets_of(cfg.workflow.trainable_targets, workflow)
+        self.trackers: dict[str, Any] | None = {} if record else None
+        self.chat = ChatFormat(tokenizer)
+        log_template_check(self.chat)
+        self.gateway = Gateway().start()
+        self.runner: Any = None
+        self.loop = asyncio.new_event_loop()  # what `rollout()` and the RL recipe run the manager on
+        try:
+            self.judge = judge if judge is not None else build_judge(cfg.judge, llm_client_factory=self.llm_client)
+            self.runner = TaskRunner(workflow, self.judge, self, rollout)
+            self.manager = RolloutManager(self.runner, rollout)
+        except BaseException:
+            self.close()
+            raise
+
+    @classmethod
+    def local(cls, cfg: AjetConfig, model: Any, tokenizer: Any, workflow: Any, *, model_max_len: int,
+              rollout: RolloutConfig | None = None, judge: Any = None, record: bool = False,
+              fixed_weights: bool = False) -> EngineRollout:
+        """On a `LocalEngine` of `model`, which it owns. `fixed_weights`: nothing will update
+        the model (an evaluation)."""
+        r = rollout or cfg.rollout
+        engine = LocalEngine(model, tokenizer, max_batch_size=max(1, r.max_concurrency),
+                             max_waiting=r.max_waiting_requests, max_model_len=model_max_len,
+                             prefix_cache_tokens=r.prefix_cache_tokens, dtype=r.engine_dtype.value,
+                             fixed_weights=fixed_weights, initial_model=initial_model_dir(cfg))
+        try:
+            return cls(cfg, engine, tokenizer, workflow, model_max_len=model_max_len, rollout=r, judge=judge,
+                       record=record, owns_engine=True)
+        except BaseException:
+            engine.close()
+            raise
+
+    # ------------------------------------------------------------------ episodes
+    def open_episode(self, episode_id: str, task: WorkflowTask, *, gateway: Gateway | None = None) -> EpisodeHandle:
+        """A fresh tracker, session and tuner for one episode attempt (the runner's
+        `SessionFactory`). `gateway`: where the episode's keys live (default: this rollout's;
+        `ajet serve` puts them on its public one)."""
+        roles = set(self.trainable_targets) if self.trainable_targets else None
+        tracker = ContextTracker(self.chat, roles, self.context)
+        session = EpisodeSession(episode_id, self.engine, self.chat, tracker, self.rollout_config, self.context,
+                                 roles, self.model_max_len)
+        tuner = ModelTuner(session, gateway=gateway or self.gateway, trainable_targets=self.trainable_targets)
+        if self.trackers is not None:
+            self.trackers[episode_id] = tracker  # the last attempt's
+        return EpisodeHandle(tuner=tuner, tracker=tracker, session=session)
+
+    def calls(self, episode_id: str) -> list[Any]:
+        """The recorded calls of an episode's last attempt (`record=True`)."""
+        tracker = (self.trackers or {}).get(episode_id)
+        return list(tracker.calls) if tracker is not None else []
+
+    def rollout(self, tasks: list[Any], n: int, *, episode_prefix: str) -> RolloutResult:
+        """`RolloutManager.rollout`, run to completion on this rollout's own event loop."""
+        return self.loop.run_until_complete(self.manager.rollout(tasks, n, episode_prefix=episode_prefix))
+
+    def llm_client(self) -> Any:
+        """An OpenAI client on the gateway for in-run services (LLM judges) on the policy model:
+        its calls are never recorded or trained."""
+        import openai
+
+        return openai.AsyncOpenAI(base_url=self.gateway.base_url, api_key=self.service_api_key())
+
+    def service_api_key(self, name: str = "service") -> str:
+        """A gateway key for in-run services (judges) on the policy model; never recorded or trained."""
+        session = EpisodeSession(name, self.engine, self.chat, StatelessTracker(self.chat), self.rollout_config,
+                                 self.context, set(), self.model_max_len)
+        return self.gateway.register(session, "judge")
+
+    def close(self) -> None:
+        closers = [getattr(self.runner, "close", None), self.gateway.stop]
+        if self.owns_engine:
+            closers.append(self.engine.close)
+        for close in closers:
+            if close is None:
+                continue
+            try:
+                close()
+            except Exception:  # noqa: BLE001 - keep closing the rest, but say what failed
+                log.exception("error while shutting down %s", getattr(close, "__qualname__", close))
+        self.loop.close()
+
+
+class StatelessTracker:
+    """Tracker for service calls (e.g. an LLM judge on the local model): nothing is kept or trained."""
+
+    def __init__(self, chat: Any) -> None:
+        self.chat = chat
+        self.calls: list[Any] = []
+
+    def build_prompt(
+        self, role: str, messages: list[dict], tools: list[dict] | None, reply_prefix: str = ""
+    ) -> list[int]:
+        return self.chat.encode(self.chat.render(messages, tools, add_generation_prompt=True) + reply_prefix)
+
+    def record(self, call: Any) -> None:
+        """Service calls are not training data: dropped."""
+
+    def timelines(self) -> list[Any]:
+        return []
+
+    def stats(self) -> dict[str, float]:
+        return {}
+
+
+def log_template_check(chat: Any) -> None:
+    """The chat-template check (`ajet.context.diagnostics.report_template`), logged once per
+    tokenizer: INFO when every message shape keeps its tokens, else a WARNING naming the shapes
+    and what ajet does. A tracker's first prompt runs the same check, logged once between them."""
+    from ajet.context.diagnostics import report_template
+
+    report_template(chat)
+
+
+def initial_model_dir(cfg: AjetConfig) -> str | None:
+    """The checkpoint directory default_model="initial" names (`model.initial_path`), or None
+    for the weights the run starts from."""
+    path = cfg.model.initial_path
+    return str(resolve_model_path(path, cfg.model.cache_dir, key="model.initial_path")) if path else None
