@@ -4,7 +4,7 @@ A scheduler (Slurm), `docker stop`, `timeout`, a CI runner and a closed terminal
 with SIGTERM or SIGHUP, whose default action ends it at once: whatever the step was doing is
 lost with it, and nothing closes the gateway, the engine or the child processes. Inside
 `stop_on_signals()` both raise KeyboardInterrupt in the main thread instead, so every stop
-takes Ctrl-C's path: an update that has begun finishes (`ajet.passing_thread`), the loop saves
+takes Ctrl-C's path: an update that has begun finishes (`ajet.own_thread`), the loop saves
 the last finished step (`ajet.training.loop`), the closers run, and the command exits non-zero
 saying how to resume.
 
@@ -37,7 +37,7 @@ def _stop(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
-_stop.stops_the_run = True  # type: ignore[attr-defined]  # how ajet.passing_thread knows it
+_stop.stops_the_run = True  # type: ignore[attr-defined]  # how ajet.own_thread knows it
 
 
 def stops_the_run(handler: Any) -> bool:
@@ -75,7 +75,7 @@ def stop_at_step_end(defer_now: Callable[[], bool]) -> Iterator[None]:
     """Inside (a training step): a stop that arrives once `defer_now()` holds (the step has
     begun to change the weights, or is being committed) is kept for the loop
     (`take_requested_stop`) and the step runs to its end; before that it stops at once, as
-    outside. A second stop raises `StopNow`. So is a stop that in_passing_thread noted."""
+    outside. A second stop raises `StopNow`. So is a stop that in_own_thread noted."""
 
     def on_stop(signum: int, frame: Any) -> None:
         name = signal.Signals(signum).name
@@ -87,7 +87,7 @@ def stop_at_step_end(defer_now: Callable[[], bool]) -> Iterator[None]:
         log.warning("%s: finishing the running step first (its update has begun); a second one stops at once",
                     name)
 
-    on_stop.stops_the_run = True  # type: ignore[attr-defined]  # in_passing_thread defers it too
+    on_stop.stops_the_run = True  # type: ignore[attr-defined]  # in_own_thread defers it too
     with handling_stops(on_stop):
         _deferred.allowed = True
         try:

@@ -27,7 +27,7 @@ from typing import Any
 from ajet.backbones.registry import checked_backbone
 from ajet.config import load_config
 from ajet.outputs.setup import configure_logging
-from ajet.rollout.loader import as_workflow
+from ajet.rollout.workflow_loader import as_workflow
 from ajet.workflow import Workflow
 
 logger = logging.getLogger(__name__)

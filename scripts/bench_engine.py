@@ -27,7 +27,7 @@ Adapters (`--workloads adapters`, not run by default: it wraps a copy of the mod
 --adapter-requests concurrent requests (16), each generating --new-tokens tokens (greedy, EOS
 ignored), on a model with --adapters LoRA adapters (4, r=8 on q/k/v/o, as `model.lora.per_role`
 gives each role): "single", every request on one adapter, against "mixed", request i on adapter
-i mod 4 in the same batch (peft's mixed-batch forward, ajet/engine/served.py). Same prompts.
+i mod 4 in the same batch (peft's mixed-batch forward, ajet/engine/served_models.py). Same prompts.
 
 Choices (`--workloads choices`, not run by default): --choice-requests concurrent requests
 (16) under the calculator system prompt, each answering one structured choice the way
@@ -390,7 +390,7 @@ def run_decode(model, tokenizer, args) -> dict[str, dict[str, float]]:
 
     from ajet.engine.local import LocalEngine
     from ajet.engine.weights import fastest_engine_dtype
-    from ajet.passing_thread import in_passing_thread
+    from ajet.own_thread import in_own_thread
 
     levels = [int(c) for c in args.concurrency.split(",") if c]
     methods = decode_methods(args)
@@ -416,7 +416,7 @@ def run_decode(model, tokenizer, args) -> dict[str, dict[str, float]]:
             runs["llama_cpp"].update(measured)
     # One method at a time, each in threads that end with it: every thread that runs torch keeps
     # an OpenMP pool, and with more pooled threads than cores libgomp stops spinning between
-    # parallel regions (ajet/passing_thread.py), which slowed the method measured after
+    # parallel regions (ajet/own_thread.py), which slowed the method measured after
     # another by 20-30 % on 2 cores. Each engine is built, warmed up, measured and closed in turn.
     for _ in range(args.repeats):
         for method in methods:
@@ -429,7 +429,7 @@ def run_decode(model, tokenizer, args) -> dict[str, dict[str, float]]:
                         bench_ours(eng, prompts[:c], 8)
                     rates = [bench_ours(eng, prompts[:c], args.new_tokens) for c in levels]
             else:
-                rates = in_passing_thread(hf_rates, model, tokenizer, prompts, levels, args.new_tokens,
+                rates = in_own_thread(hf_rates, model, tokenizer, prompts, levels, args.new_tokens,
                                           method == "hf_batched")
             for c, rate in zip(levels, rates, strict=True):
                 runs[method][str(c)].append(round(rate, 2))

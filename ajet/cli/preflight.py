@@ -18,7 +18,7 @@ from ajet.config.stages import needs_workflow, stage_names
 from ajet.errors import ConfigError
 from ajet.judge.build import BUILTINS, load_target
 from ajet.models.resolve import cache_root, check_model_path, checkpoint_at_hand
-from ajet.rollout.loader import load_workflow, trainable_targets_of
+from ajet.rollout.workflow_loader import load_workflow, trainable_targets_of
 from ajet.training.model import per_role_adapters
 
 

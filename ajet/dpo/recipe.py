@@ -19,7 +19,7 @@ from ajet.algorithms.reference import ReferencePolicy
 from ajet.config import AjetConfig
 from ajet.dpo.pairs import build_pair_batch
 from ajet.dpo.step import dpo_step
-from ajet.passing_thread import in_passing_thread
+from ajet.own_thread import in_own_thread
 from ajet.training.recipe import Closers, run_recipe
 from ajet.training.rollout_run import RolloutRun
 from ajet.training.step import OptimizerStep, updating_weights
@@ -75,8 +75,8 @@ class DpoRecipe:
             self.loop.phase(f"step {step}: update on {batch.num_pairs} pairs")
             micro = cfg.trainer.micro_batch_tokens if cfg.context.tree_packing else 0
             with updating_weights(self.rollout.engine):
-                # In a thread of its own, whose OpenMP pool ends with it (ajet/passing_thread.py).
-                metrics.update(in_passing_thread(dpo_step, self.optimizer_step, self.reference, batch, cfg.algorithm,
+                # In a thread of its own, whose OpenMP pool ends with it (ajet/own_thread.py).
+                metrics.update(in_own_thread(dpo_step, self.optimizer_step, self.reference, batch, cfg.algorithm,
                                                  micro_batch_tokens=micro,
                                                  logits_chunk=cfg.trainer.logits_chunk_tokens, step=step))
         metrics["perf/step_time_s"] = time.monotonic() - start

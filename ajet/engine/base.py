@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 # `generate(..., model=INITIAL_MODEL)`: the frozen initial weights (LoRA: the base with no
-# adapter; full fine-tuning: a frozen copy). Served by the local engine (ajet/engine/served.py).
+# adapter; full fine-tuning: a frozen copy). Served by the local engine (ajet/engine/served_models.py).
 INITIAL_MODEL = "initial"
 
 

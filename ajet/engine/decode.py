@@ -1,7 +1,7 @@
 """The running batch of the local engine and its decode step (engine thread only).
 
 `DecodeBatch` holds the sequences being decoded by one module (the engine keeps one per
-module it serves, ajet/engine/served.py); row i of its KV cache (`BatchKV`,
+module it serves, ajet/engine/served_models.py); row i of its KV cache (`BatchKV`,
 ajet/engine/kv.py) is `active[i]`, and runs its request's LoRA adapter. A request's completions join it after their prefill
 (ajet/engine/prefill.py): `start` samples each completion's first token from the prefill
 logits, `join` adds the rows. `step` forwards the last token of every active sequence at
@@ -37,7 +37,7 @@ from ajet.engine.sampling import (
     logprob_temperature,
     make_generator,
 )
-from ajet.engine.served import row_adapters
+from ajet.engine.served_models import row_adapters
 from ajet.engine.weights import ServingWeights
 
 if TYPE_CHECKING:  # pragma: no cover

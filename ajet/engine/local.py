@@ -24,7 +24,7 @@ around weight updates, the engine thread. How a request runs:
 
 Which model serves a request (`generate(..., model=...)`: the policy, one of its LoRA
 adapters, the frozen initial weights or a local checkpoint) is resolved by `ServedModels`
-(ajet/engine/served.py). Requests of the policy's adapters share one batch (a mixed-adapter
+(ajet/engine/served_models.py). Requests of the policy's adapters share one batch (a mixed-adapter
 forward); a frozen model has its own decode batch, stepped after the policy's.
 
 Failures stay local: a request whose prefill or sampling raises gets the exception, the
@@ -62,7 +62,7 @@ from ajet.engine.requests import (
     deliver,
 )
 from ajet.engine.sampling import stop_strings, validate_params
-from ajet.engine.served import ServedModels, frozen_namespace
+from ajet.engine.served_models import ServedModels, frozen_namespace
 from ajet.engine.weights import ServingWeights
 
 log = logging.getLogger(__name__)
@@ -163,7 +163,7 @@ class LocalEngine:
     # ---------------------------------------------------------------- public API
     supports_streaming = True  # generate() takes on_token
     supports_grammar = True  # SamplingParams.grammar (ajet/engine/grammar.py)
-    supports_models = True  # generate() takes model= (ajet/engine/served.py)
+    supports_models = True  # generate() takes model= (ajet/engine/served_models.py)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, *,
                        on_token: Callable[[int], None] | None = None,

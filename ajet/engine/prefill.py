@@ -15,7 +15,7 @@ the prefix cache (`PrefixReuse`, which first prefills once what several of them 
 grouped by similar length, prefilled one forward per group, and each of a request's n
 completions samples its first token from the same logits (n completions, one prefill) before
 joining the decode batch (ajet/engine/decode.py). The requests of one call share a module;
-each row runs its own LoRA adapter (`row_adapters`, ajet/engine/served.py) and its cache
+each row runs its own LoRA adapter (`row_adapters`, ajet/engine/served_models.py) and its cache
 entries live in its own namespace.
 """
 
@@ -34,7 +34,7 @@ from transformers.cache_utils import DynamicLayer
 from ajet.engine.kv import RowKV, cache_kwarg
 from ajet.engine.prefix_cache import PrefixCache, shared_prefixes
 from ajet.engine.requests import Request, Target, deliver, prefill_groups
-from ajet.engine.served import row_adapters
+from ajet.engine.served_models import row_adapters
 
 if TYPE_CHECKING:  # pragma: no cover
     from ajet.engine.decode import DecodeBatch, Joining

@@ -16,7 +16,7 @@ Validity: KV depends on the weights. The tree carries the policy version it was 
 `sync(version)` empties it when the engine's version moved on, so KV from old weights never
 serves a request under new ones; except the namespaces `keep` says are frozen (a frozen
 default model's, whose weights an update never changes): their trees stay. KV depends on the model too: each `namespace` (the engine's
-(model, LoRA adapter) of a request, ajet/engine/served.py) has its own tree, so one adapter's
+(model, LoRA adapter) of a request, ajet/engine/served_models.py) has its own tree, so one adapter's
 KV never serves another's request; the budget and the LRU order span every tree. Everything
 here runs on the engine thread.
 """

@@ -33,7 +33,7 @@ POLICY = "policy"  # the unit of the trainer's model and its LoRA adapters
 
 @dataclass(frozen=True)
 class Target:
-    """What serves a request (ajet/engine/served.py): the module (`unit`: the policy, or a
+    """What serves a request (ajet/engine/served_models.py): the module (`unit`: the policy, or a
     frozen model's key), the peft adapter its rows run with (None: the module as it is), and
     the prefix-cache namespace of its KV (None: the policy's own)."""
 

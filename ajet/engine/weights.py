@@ -38,7 +38,7 @@ from typing import Any
 
 import torch  # this module is imported only where the engine runs (like kv.py, prefill.py)
 
-from ajet.passing_thread import in_passing_thread
+from ajet.own_thread import in_own_thread
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +103,8 @@ class ServingWeights:
             # regions, and one run in the caller's thread (the main thread) leaves that thread a
             # pool of workers for good. Beside the engine thread's pool that throttles every op
             # of a decode step: the GEMMs of a 16-row step took 42 ms instead of 23, the whole
-            # step 72 instead of 42 (Intel AMX machine, bfloat16_linear; ajet/passing_thread.py).
-            self.model = in_passing_thread(self._copy, source, dtype)
+            # step 72 instead of 42 (Intel AMX machine, bfloat16_linear; ajet/own_thread.py).
+            self.model = in_own_thread(self._copy, source, dtype)
         if self.model is not source:
             # eval() only: requires_grad_ would also freeze the trainer's tensors a copy shares.
             self.model.eval()
@@ -150,7 +150,7 @@ class ServingWeights:
         if key not in self._merged:
             sources = [source for module in modules for source in module._source]
             # Packing runs OpenMP parallel regions: not in the caller's thread (see __init__).
-            fast = self._merged[key] = in_passing_thread(kind, *sources)
+            fast = self._merged[key] = in_own_thread(kind, *sources)
             self._refreshers.append(fast.pack)
         return self._merged[key]
 
@@ -305,7 +305,7 @@ class Fp16Linear(_PackedLinear):
 class Bf16Linear(_PackedLinear):
     """W in bf16, packed for oneDNN (AMX / avx512_bf16 kernels); x is rounded to bf16 for the
     GEMM, which accumulates in fp32. Packing runs an OpenMP parallel region: pack on the engine
-    thread or in a passing thread (see `ServingWeights.__init__`)."""
+    thread or in its own thread (see `ServingWeights.__init__`)."""
 
     kernel = "bf16 (oneDNN)"
     bias: Any = None

@@ -91,7 +91,7 @@ def show_episodes(cfg: AjetConfig, *, task: str = "0", n: int = 1, split: EvalSp
         tasks = split_tasks(build_reader(cfg.task_reader, seed=cfg.project.seed), split)
         index, chosen = pick_task(tasks, task, split.value)
     with _timed(timings, "workflow import"):
-        from ajet.rollout.loader import load_workflow
+        from ajet.rollout.workflow_loader import load_workflow
 
         workflow = load_workflow(cfg.workflow.target)
     with _timed(timings, "model load"):

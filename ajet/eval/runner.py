@@ -30,9 +30,9 @@ from ajet.models.load import (
 )
 from ajet.rollout.agent_metrics import agent_metrics
 from ajet.rollout.engine_rollout import EngineRollout
-from ajet.rollout.loader import as_workflow, load_workflow
 from ajet.rollout.manager import mean_log_metrics
 from ajet.rollout.roles import role_metrics
+from ajet.rollout.workflow_loader import as_workflow, load_workflow
 from ajet.task_reader import TaskReader, build_reader
 from ajet.training.memory import limit_heap_retention
 from ajet.training.model import model_window

@@ -24,14 +24,14 @@ from ajet.engine.sampling import policy_temperature
 from ajet.errors import ConfigError, UserError
 from ajet.faults import fault_point
 from ajet.outputs.records import write_step_records
-from ajet.passing_thread import in_passing_thread
+from ajet.own_thread import in_own_thread
 from ajet.rl.samples import build_step_batch
 from ajet.rl.update import PolicyUpdater
 from ajet.rollout.failed_steps import FailedSteps
-from ajet.rollout.loader import trainable_targets_of
 from ajet.rollout.overlap import OverlappedEpisodes
 from ajet.rollout.ray_rollout import build_ray_manager, workflow_spec
 from ajet.rollout.source import EpisodeSource, managed_episodes
+from ajet.rollout.workflow_loader import trainable_targets_of
 from ajet.signals import defer_stop
 from ajet.training.recipe import Closers, run_recipe
 from ajet.training.rollout_run import RolloutRun
@@ -188,7 +188,7 @@ class RLRecipe:
         self.loop.phase(f"teacher scores {len(samples)} samples")
         start = time.monotonic()
         with self.rollout.engine.paused():
-            teacher_logprobs = in_passing_thread(self.teacher.score, samples)  # see ajet/passing_thread.py
+            teacher_logprobs = in_own_thread(self.teacher.score, samples)  # see ajet/own_thread.py
         seconds = time.monotonic() - start
         metrics = distill_advantages(samples, teacher_logprobs, self.cfg.distill.reward_coef)
         metrics["distill/teacher_s"] = seconds
@@ -251,7 +251,7 @@ class RLRecipe:
         engine = self.rollout.engine
         with overlapped_update(engine) if overlap else updating_weights(engine):
             # In a thread of its own, whose OpenMP pool ends with it: decoding stays at full speed.
-            metrics.update(in_passing_thread(self.updater.update, packed, step=step))
+            metrics.update(in_own_thread(self.updater.update, packed, step=step))
         update_s = time.monotonic() - start
         metrics["perf/update_s"] = update_s
         metrics["perf/train_tokens_per_s"] = sum(p.num_tokens for p in packed) / max(update_s, 1e-9)

@@ -11,7 +11,9 @@
 
 from ajet.errors import BadOutputError, InfrastructureError
 from ajet.rollout.episode import Episode
-from ajet.rollout.loader import (
+from ajet.rollout.manager import RolloutManager, RolloutResult, drop_equal_reward_groups
+from ajet.rollout.runner import EpisodeHandle, SessionFactory, TaskRunner
+from ajet.rollout.workflow_loader import (
     FunctionWorkflow,
     WorkflowLoadError,
     WorkflowSignatureError,
@@ -19,8 +21,6 @@ from ajet.rollout.loader import (
     load_workflow,
     validate_workflow_function,
 )
-from ajet.rollout.manager import RolloutManager, RolloutResult, drop_equal_reward_groups
-from ajet.rollout.runner import EpisodeHandle, SessionFactory, TaskRunner
 
 __all__ = [
     "BadOutputError",

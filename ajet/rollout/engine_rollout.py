@@ -23,9 +23,9 @@ from ajet.engine.chat import ChatFormat
 from ajet.engine.local import LocalEngine
 from ajet.judge import build_judge
 from ajet.models.resolve import resolve_model_path
-from ajet.rollout.loader import trainable_targets_of
 from ajet.rollout.manager import RolloutManager, RolloutResult
 from ajet.rollout.runner import TaskRunner
+from ajet.rollout.workflow_loader import trainable_targets_of
 from ajet.tuner import EpisodeSession, Gateway, ModelTuner
 from ajet.workflow import WorkflowTask
 

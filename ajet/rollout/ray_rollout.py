@@ -34,10 +34,10 @@ from pydantic import PrivateAttr
 from ajet.config.schema import RayConfig, RolloutConfig
 from ajet.errors import BadOutputError, InfrastructureError, WorkflowLoadError
 from ajet.launcher import Launcher
-from ajet.rollout.loader import load_workflow
 from ajet.rollout.manager import RolloutManager
 from ajet.rollout.runner import TaskRunner, _is_infrastructure
 from ajet.rollout.sync_threads import run_in_daemon_thread
+from ajet.rollout.workflow_loader import load_workflow
 from ajet.tuner.openai_compat import MODEL_NAME
 from ajet.workflow import Workflow, WorkflowOutput, WorkflowTask
 
@@ -51,15 +51,15 @@ def make_tuner_proxy(base_url: str, keys: dict[str, str], trainable_targets: lis
     from agentscope.model import OpenAIChatModel  # the actor side only
 
     shared = _shared if _shared is not None else {"models": {}}
-    targets = set(trainable_targets or []) or None
+    trainable = set(trainable_targets or []) or None
 
     def key_for(name: str) -> str:
         if name in keys:
             return keys[name]
-        if targets is None:  # every role is trainable: the default key trains the same way
+        if trainable is None:  # every role is trainable: the default key trains the same way
             return keys["default"]
         raise KeyError(
-            f"role {name!r} is not in trainable_targets {sorted(targets)}; with --with-ray a role "
+            f"role {name!r} is not in trainable_targets {sorted(trainable)}; with --with-ray a role "
             "outside them needs register_model(role, default_model=...)"
         )
 
@@ -71,10 +71,10 @@ def make_tuner_proxy(base_url: str, keys: dict[str, str], trainable_targets: lis
 
         @property
         def trainable(self) -> bool:
-            return targets is None or self.role in targets
+            return trainable is None or self.role in trainable
 
         def is_trainable_role(self, name: str) -> bool:
-            return targets is None or name in targets
+            return trainable is None or name in trainable
 
         def register_model(self, name: str, default_model: Any = None) -> Any:
             if not isinstance(name, str) or not name:
@@ -184,13 +184,13 @@ class RayWorkflow(Workflow):
     _workers: list = PrivateAttr(default_factory=list)
     _load: list = PrivateAttr(default_factory=list)
     _roles: list = PrivateAttr(default_factory=list)
-    _targets: Any = PrivateAttr(default=None)
+    _trainable_targets: Any = PrivateAttr(default=None)
     _timeout_s: float = PrivateAttr(default=300.0)
 
     def setup(self, workers: list, trainable_targets: list[str] | None, timeout_s: float) -> RayWorkflow:
         self._workers, self._load = list(workers), [0] * len(workers)
-        self._targets = list(trainable_targets) if trainable_targets else None
-        self._roles = ["default", *[r for r in (self._targets or []) if r != "default"]]
+        self._trainable_targets = list(trainable_targets) if trainable_targets else None
+        self._roles = ["default", *[r for r in (self._trainable_targets or []) if r != "default"]]
         self._timeout_s = timeout_s
         return self
 
@@ -201,7 +201,7 @@ class RayWorkflow(Workflow):
         keys = {role: tuner.base_url_and_key(role)[1] for role in self._roles}
         index = min(range(len(self._workers)), key=self._load.__getitem__)  # least busy actor
         self._load[index] += 1
-        ref = self._workers[index].execute.remote(task.model_dump(), base_url, keys, self._targets, self._timeout_s)
+        ref = self._workers[index].execute.remote(task.model_dump(), base_url, keys, self._trainable_targets, self._timeout_s)
         try:
             kind, value = await ref
         except asyncio.CancelledError:  # the episode timed out: stop the remote coroutine too

@@ -20,7 +20,7 @@ from ajet.context.budget import apply_budget
 from ajet.context.diagnostics import probe_template
 from ajet.context.types import Sample
 from ajet.engine.chat import ChatFormat
-from ajet.passing_thread import in_passing_thread
+from ajet.own_thread import in_own_thread
 from ajet.sft.coreset import dialog_stats, fill_losses, select_coreset, selection_summary
 from ajet.sft.data import Dialog, DialogDataError, read_dialogs, split_dev
 from ajet.sft.masks import dialog_samples
@@ -121,7 +121,7 @@ class SftRecipe:
         """The model's mean loss per trained token of each of these dialogs."""
 
         flat = [(i, s) for i in indices for s in self.samples[i]]
-        nll = in_passing_thread(sample_nll, self.model, [s for _, s in flat], micro_batch_tokens=self._pack_tokens(),
+        nll = in_own_thread(sample_nll, self.model, [s for _, s in flat], micro_batch_tokens=self._pack_tokens(),
                                 bf16=self.cfg.trainer.bf16, logits_chunk=self.cfg.trainer.logits_chunk_tokens)
         sums = {i: [0.0, 0] for i in indices}
         for (i, _), (total, count) in zip(flat, nll, strict=True):
@@ -167,8 +167,8 @@ class SftRecipe:
         start = time.monotonic()
         batch = self.schedule[step - 1]
         samples = [s for i in batch.indices for s in self.samples[i]]
-        # In a thread of its own, whose OpenMP pool ends with it (ajet/passing_thread.py).
-        metrics = in_passing_thread(sft_step, self.optimizer_step, samples, loss_agg=self.cfg.context.loss_agg,
+        # In a thread of its own, whose OpenMP pool ends with it (ajet/own_thread.py).
+        metrics = in_own_thread(sft_step, self.optimizer_step, samples, loss_agg=self.cfg.context.loss_agg,
                                     micro_batch_tokens=self._pack_tokens(),
                                     logits_chunk=self.cfg.trainer.logits_chunk_tokens, step=step)
         metrics.update({
@@ -183,7 +183,7 @@ class SftRecipe:
         if not self.dev_samples:
             return None
         flat = [s for samples in self.dev_samples for s in samples]
-        loss = mean_nll(in_passing_thread(sample_nll, self.model, flat, micro_batch_tokens=self._pack_tokens(),
+        loss = mean_nll(in_own_thread(sample_nll, self.model, flat, micro_batch_tokens=self._pack_tokens(),
                                           bf16=self.cfg.trainer.bf16,
                                           logits_chunk=self.cfg.trainer.logits_chunk_tokens))
         self.loop.log({"val/sft/loss": loss, "val/sft/dialogs": float(len(self.dev_samples))}, split="val")

@@ -65,7 +65,7 @@ def export_checkpoint(ckpt: Path) -> Path:
         roles = list(dict.fromkeys(a for a in map(adapter_of, names) if a))
     log.info("exporting training checkpoint %s (base %s%s) to %s", ckpt, cfg.model.path,
              ", LoRA" if lora.enabled else "", out)
-    model, tokenizer = load_trainable_model(cfg.model, seed=cfg.project.seed, roles=roles)
+    model, tokenizer = load_trainable_model(cfg.model, seed=cfg.project.seed, trainable_targets=roles)
     load_trainable_weights(ckpt, model)
     save_final_model(model, tokenizer, out, lora=lora.enabled, per_role=lora.enabled and lora.per_role)
     return out

@@ -23,17 +23,17 @@ log = logging.getLogger(__name__)
 
 
 def load_trainable_model(cfg: ModelConfig, *, seed: int, gradient_checkpointing: bool = False,
-                         roles: list[str] | None = None) -> tuple[Any, Any]:
+                         trainable_targets: list[str] | None = None) -> tuple[Any, Any]:
     """(model in eval mode, tokenizer); a peft model when `cfg.lora.enabled`.
 
-    `roles`: the run's trainable targets (`ajet.rollout.loader.trainable_targets_of`). With
+    `trainable_targets`: the run's trainable roles (`ajet.rollout.workflow_loader.trainable_targets_of`). With
     `cfg.lora.per_role` each gets its own adapter named by the role (the same LoraConfig, peft's
     default init: each starts equal to the base); the first is the active one (what the engine
     serves for `model=None`), and every adapter's parameters require grad (the update selects
     the adapter of each packed sequence, with all of them in the optimizer)."""
     import torch
 
-    adapters = per_role_adapters(cfg.lora, roles) if cfg.lora.enabled else []
+    adapters = per_role_adapters(cfg.lora, trainable_targets) if cfg.lora.enabled else []
     torch.manual_seed(seed)
     model, tokenizer = load_model_and_tokenizer(cfg)
     if cfg.lora.enabled:
@@ -60,12 +60,12 @@ def load_trainable_model(cfg: ModelConfig, *, seed: int, gradient_checkpointing:
     return model, tokenizer
 
 
-def per_role_adapters(lora: LoraConfig, roles: list[str] | None) -> list[str]:
+def per_role_adapters(lora: LoraConfig, trainable_targets: list[str] | None) -> list[str]:
     """The LoRA adapters' names: one per role with `lora.per_role`, else peft's "default".
     ConfigError when per_role has no trainable role to give an adapter to."""
     if not lora.per_role:
         return ["default"]
-    names = list(dict.fromkeys(roles or []))
+    names = list(dict.fromkeys(trainable_targets or []))
     if not names:
         raise ConfigError(
             "model.lora.per_role=true gives each trainable role its own LoRA adapter, but this run names "

@@ -16,7 +16,7 @@ from typing import Any
 from ajet.config.schema import AjetConfig
 from ajet.judge import build_judge
 from ajet.rollout.engine_rollout import EngineRollout
-from ajet.rollout.loader import load_or_wrap_workflow, trainable_targets_of
+from ajet.rollout.workflow_loader import load_or_wrap_workflow, trainable_targets_of
 from ajet.task_reader import build_reader
 from ajet.training.loop import TrainingLoop
 from ajet.training.model import load_trainable_model, model_window
@@ -50,7 +50,7 @@ class RolloutRun:
         loop = TrainingLoop(cfg, run_dir, closers, total_steps=cfg.trainer.total_steps, resume=resume)
         model, tokenizer = load_trainable_model(
             cfg.model, seed=cfg.project.seed, gradient_checkpointing=cfg.trainer.gradient_checkpointing,
-            roles=trainable_targets_of(cfg.workflow.trainable_targets, workflow))
+            trainable_targets=trainable_targets_of(cfg.workflow.trainable_targets, workflow))
         window = model_window(model, cfg.context.max_model_len)
         rollout.append(EngineRollout.local(cfg, model, tokenizer, workflow, model_max_len=window, judge=judge))
         closers.push(rollout[0].close, "rollout")

@@ -33,7 +33,7 @@ import httpx
 from ajet.config.schema import AjetConfig
 from ajet.context.pack import pack_samples
 from ajet.context.types import Sample
-from ajet.engine.served import check_directory, load_directory
+from ajet.engine.served_models import check_directory, load_directory
 from ajet.errors import ConfigError, TeacherUnavailable
 from ajet.forward.packed import forward_packed
 from ajet.retry import send_with_retries

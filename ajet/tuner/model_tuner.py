@@ -7,7 +7,7 @@
 `register_model` / `get_model`; OpenAI-protocol clients from `openai_client`.
 
 Default models ajet serves itself (`default_model="initial"` or a checkpoint directory) run
-on the debug backbone's local engine only (ajet/engine/served.py); on trinity / verl, and
+on the debug backbone's local engine only (ajet/engine/served_models.py); on trinity / verl, and
 with --with-ray, give an AgentScope model instead.
 
 This module subclasses `agentscope.model.ChatModelBase`, so it imports agentscope;
@@ -78,7 +78,7 @@ class ModelTuner(ChatModelBase):
         self.session = session
         self.role = role
         if _shared is None:
-            _shared = _Shared(gateway, _targets(session, trainable_targets))
+            _shared = _Shared(gateway, _trainable_targets(session, trainable_targets))
             _shared.models[role] = self
         self._shared = _shared
 
@@ -89,8 +89,8 @@ class ModelTuner(ChatModelBase):
         return self.session.is_trainable(self.role)
 
     def is_trainable_role(self, role: str) -> bool:
-        targets = self._shared.trainable_targets
-        return targets is None or role in targets
+        trainable = self._shared.trainable_targets
+        return trainable is None or role in trainable
 
     def register_model(self, role: str, default_model: Any = None) -> Any:
         """Register `role` and return its model.
@@ -279,14 +279,14 @@ def _same_default(a: Any, b: Any) -> bool:
     return a is b
 
 
-def _targets(session: EpisodeSession, trainable_targets: list[str] | None) -> set[str] | None:
-    """The trainable roles: the tuner's targets must agree with the session's."""
-    targets = set(trainable_targets) if trainable_targets else None
+def _trainable_targets(session: EpisodeSession, trainable_targets: list[str] | None) -> set[str] | None:
+    """The trainable roles: the tuner's must agree with the session's."""
+    roles = set(trainable_targets) if trainable_targets else None
     if trainable_targets is None:
         return session.trainable_targets
-    if targets != session.trainable_targets:
+    if roles != session.trainable_targets:
         raise ValueError(
-            f"trainable_targets {sorted(targets or [])} disagree with the session's trainable roles "
+            f"trainable_targets {sorted(roles or [])} disagree with the session's trainable roles "
             f"{sorted(session.trainable_targets or [])} (empty = all); build both from the same list"
         )
-    return targets
+    return roles

@@ -6,7 +6,7 @@ the per-call budget caps the completion length, the engine samples, the chat for
 parses tool calls, and the call is recorded as an `LLMCall`. The `ModelTuner`
 (AgentScope) and the OpenAI-compatible `Gateway` are thin shells around it.
 
-Which model serves a call is the role's (`model=` of the engine, ajet/engine/served.py): a
+Which model serves a call is the role's (`model=` of the engine, ajet/engine/served_models.py): a
 default model registered for it ("initial", a checkpoint directory: `use_default_model`), else
 the role's own LoRA adapter when it is trainable and the engine has one by its name
 (`model.lora.per_role`), else the policy.

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from ajet.backbones.gpu import flatten
+from ajet.backbones.gpu_shared import flatten
 from ajet.backbones.trinity.convert import (
     episode_experience_fields,
     sample_to_experience_fields,
@@ -334,7 +334,7 @@ def test_episode_runtime_turns_an_episode_into_experiences(two_calls_conf: Path)
     standing in for Trinity's vLLM endpoint."""
     import asyncio
 
-    from ajet.backbones.gpu import EpisodeRuntime
+    from ajet.backbones.gpu_shared import EpisodeRuntime
     from ajet.config import load_config
     from ajet.engine.local import LocalEngine
     from ajet.models.load import load_model_and_tokenizer

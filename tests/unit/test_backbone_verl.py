@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from ajet.backbones.gpu import flatten
+from ajet.backbones.gpu_shared import flatten
 from ajet.backbones.verl.convert import (
     SampleTooLongError,
     pick_episode_sample,

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from ajet.config.schema import RolloutConfig
-from ajet.rollout.loader import FunctionWorkflow
 from ajet.rollout.manager import RolloutManager
 from ajet.rollout.runner import TaskRunner
+from ajet.rollout.workflow_loader import FunctionWorkflow
 from ajet.workflow import Workflow, WorkflowOutput, WorkflowTask
 
 NAN, INF = float("nan"), float("inf")

@@ -31,7 +31,7 @@ def _train_and_save(run: Path, two_calls_conf: Path, overrides: list[str], roles
                                        f"project.name={run.name}", *overrides])
     run.mkdir(parents=True)
     (run / "config.yaml").write_text(to_yaml(cfg))
-    model, _ = load_trainable_model(cfg.model, seed=0, roles=roles)
+    model, _ = load_trainable_model(cfg.model, seed=0, trainable_targets=roles)
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     names = trainable_names(model)

@@ -317,7 +317,7 @@ def test_dry_run_checks_the_teacher_directory(tmp_path) -> None:
 
 
 def test_gpu_backbones_refuse_distillation(tmp_path) -> None:
-    from ajet.backbones.gpu import common_refusals
+    from ajet.backbones.gpu_shared import common_refusals
     from ajet.config import load_config
 
     cfg = load_config(distill_conf(tmp_path), ["distill.teacher=http://t:8000/v1"])

@@ -256,7 +256,7 @@ def test_a_frozen_namespace_keeps_its_kv_across_versions():
 
 def test_frozen_namespaces_are_the_frozen_models_and_the_lora_base():
     from ajet.engine.requests import POLICY
-    from ajet.engine.served import BASE_ADAPTER, frozen_namespace
+    from ajet.engine.served_models import BASE_ADAPTER, frozen_namespace
 
     assert frozen_namespace(("initial", None)) and frozen_namespace(("/ckpt", None))
     assert frozen_namespace((POLICY, BASE_ADAPTER))  # LoRA: the base never trains

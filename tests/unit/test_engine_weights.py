@@ -305,16 +305,16 @@ def test_bf16_prefix_cache_holds_bf16_kv_and_matches_cache_off(peaky):
 
 # In a fresh interpreter: the OS threads before and after building each lower-precision copy in
 # the main thread (casting and oneDNN's reorder run OpenMP parallel regions; a pool left in the
-# main thread would throttle the engine thread's decode steps, ajet/passing_thread.py).
+# main thread would throttle the engine thread's decode steps, ajet/own_thread.py).
 _COPY_THREADS = """
 import os, sys, time, torch
 from tiny_models import load_peaky
 from ajet.engine.weights import ServingWeights
-from ajet.passing_thread import in_passing_thread
+from ajet.own_thread import in_own_thread
 torch.set_num_threads(2)
 count = lambda: len(os.listdir("/proc/self/task"))
-model, _ = in_passing_thread(load_peaky, sys.argv[1])
-def settled():  # a passing thread's pool exits just after the thread does
+model, _ = in_own_thread(load_peaky, sys.argv[1])
+def settled():  # its own thread's pool exits just after the thread does
     seen = [count()]
     while len(seen) < 100 and (len(seen) < 5 or len(set(seen[-5:])) > 1):
         time.sleep(0.05)

@@ -26,7 +26,7 @@ def test_every_ajet_error_is_defined_in_errors_py() -> None:
 
 def test_moved_errors_are_still_importable_where_they_are_raised() -> None:
     from ajet.eval.runner import EvalError
-    from ajet.rollout.loader import WorkflowSignatureError
+    from ajet.rollout.workflow_loader import WorkflowSignatureError
     from ajet.task_reader.env_client import EnvServiceError
 
     assert EvalError is errors.EvalError and issubclass(WorkflowSignatureError, errors.UserError)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from ajet.backbones.gpu import common_refusals
+from ajet.backbones.gpu_shared import common_refusals
 from ajet.cli import serve as serve_cmd
 from ajet.cli import train as train_cmd
 from ajet.config import load_config

@@ -132,7 +132,7 @@ def test_initial_model_does_not_drift(lora, caplog):
     model = lora_model() if lora else tiny_llama()
     prompt = PROMPTS[2]
     params = SamplingParams(temperature=0.0, max_tokens=6)
-    with caplog.at_level("INFO", logger="ajet.engine.served"), \
+    with caplog.at_level("INFO", logger="ajet.engine.served_models"), \
             LocalEngine(model, Tokenizer(), eos_token_ids=[], prefix_cache_tokens=1024) as engine:
         (initial,) = asyncio.run(engine.generate(prompt, params, model=INITIAL_MODEL))
         (policy,) = asyncio.run(engine.generate(prompt, params))
@@ -161,7 +161,7 @@ def test_an_evaluation_engine_serves_initial_with_the_policy_itself(caplog):
 
     prompt = PROMPTS[1]
     params = SamplingParams(temperature=0.0, max_tokens=6)
-    with caplog.at_level("INFO", logger="ajet.engine.served"), \
+    with caplog.at_level("INFO", logger="ajet.engine.served_models"), \
             LocalEngine(tiny_llama(), Tokenizer(), eos_token_ids=[], fixed_weights=True) as engine:
         (policy,) = asyncio.run(engine.generate(prompt, params))
         (initial,) = asyncio.run(engine.generate(prompt, params, model=INITIAL_MODEL))
@@ -276,7 +276,7 @@ def test_load_trainable_model_gives_each_role_an_adapter(tiny_model_dir):
     from ajet.training.model import load_trainable_model
 
     cfg = ModelConfig(path=str(tiny_model_dir), device="cpu", lora=LoraConfig(enabled=True, r=2, per_role=True))
-    model, _ = load_trainable_model(cfg, seed=0, roles=["wolf", "seer"])
+    model, _ = load_trainable_model(cfg, seed=0, trainable_targets=["wolf", "seer"])
     assert list(model.peft_config) == ["wolf", "seer"] and model.active_adapter == "wolf"
     lora = {name: p for name, p in model.named_parameters() if "lora_" in name}
     assert lora and all(p.requires_grad for p in lora.values())  # every role's adapter is trained
@@ -284,14 +284,14 @@ def test_load_trainable_model_gives_each_role_an_adapter(tiny_model_dir):
     assert not any(p.requires_grad for n, p in model.named_parameters() if "lora_" not in n)
     assert all(float(p.detach().abs().max()) == 0 for n, p in lora.items() if "lora_B" in n)  # = the base
     with pytest.raises(ConfigError, match="per_role=true .* names no trainable role.*trainable_targets"):
-        load_trainable_model(cfg, seed=0, roles=None)
+        load_trainable_model(cfg, seed=0, trainable_targets=None)
     plain, _ = load_trainable_model(ModelConfig(path=str(tiny_model_dir), device="cpu",
-                                                lora=LoraConfig(enabled=True, r=2)), seed=0, roles=["wolf"])
+                                                lora=LoraConfig(enabled=True, r=2)), seed=0, trainable_targets=["wolf"])
     assert list(plain.peft_config) == ["default"]  # without per_role: one adapter, as before
 
 
 def test_per_role_needs_lora_and_gpu_backbones_refuse_it():
-    from ajet.backbones.gpu import common_refusals
+    from ajet.backbones.gpu_shared import common_refusals
     from ajet.config.schema import AjetConfig, LoraConfig, ModelConfig
     from ajet.config.validate import validate
 
@@ -399,7 +399,7 @@ def test_roles_train_their_own_adapters_through_the_real_stack(tiny_model_dir):
     from ajet.workflow import Workflow, WorkflowTask
 
     cfg = ModelConfig(path=str(tiny_model_dir), device="cpu", lora=LoraConfig(enabled=True, r=2, per_role=True))
-    model, tokenizer = load_trainable_model(cfg, seed=0, roles=["wolf", "seer"])
+    model, tokenizer = load_trainable_model(cfg, seed=0, trainable_targets=["wolf", "seer"])
     gen = torch.Generator().manual_seed(3)
     with torch.no_grad():
         for name, param in model.named_parameters():

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ajet.backbones.gpu import common_refusals
+from ajet.backbones.gpu_shared import common_refusals
 from ajet.config.loader import load_config
 from ajet.task_reader import TaskReader, build_reader
 from ajet.task_reader.curriculum import Curriculum, CurriculumError

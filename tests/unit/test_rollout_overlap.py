@@ -158,7 +158,7 @@ def test_kept_stale_episodes_train_with_the_tis_ratio_of_their_sampling_weights(
 
 
 def test_gpu_backbones_refuse_the_overlap(tmp_path) -> None:
-    from ajet.backbones.gpu import common_refusals
+    from ajet.backbones.gpu_shared import common_refusals
     from ajet.config import load_config
 
     (tmp_path / "agent.py").write_text("class W: pass\n")

@@ -14,8 +14,8 @@ import pytest
 
 from ajet.config.schema import RolloutConfig
 from ajet.errors import InfrastructureError
-from ajet.rollout.loader import FunctionWorkflow
 from ajet.rollout.runner import TaskRunner
+from ajet.rollout.workflow_loader import FunctionWorkflow
 from ajet.workflow import Workflow, WorkflowOutput, WorkflowTask
 
 # ------------------------------------------------------------------ fakes

@@ -14,7 +14,7 @@ import pytest
 import ajet.backbones.registry as registry
 from ajet.config import ConfigError
 from ajet.config.schema import AjetConfig
-from ajet.rollout.loader import FunctionWorkflow, WorkflowLoadError, WorkflowSignatureError
+from ajet.rollout.workflow_loader import FunctionWorkflow, WorkflowLoadError, WorkflowSignatureError
 from ajet.tune import tune
 from ajet.workflow import Workflow, WorkflowOutput
 

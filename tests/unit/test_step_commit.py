@@ -17,7 +17,7 @@ import torch
 
 from ajet.config import load_config
 from ajet.errors import DiskFullError
-from ajet.passing_thread import in_passing_thread
+from ajet.own_thread import in_own_thread
 from ajet.task_reader.base import TaskReader
 from ajet.training.checkpoint_dir import checkpoint_step, latest_checkpoint
 from ajet.training.loop import TrainingLoop
@@ -39,7 +39,7 @@ def tasks(count: int) -> list[WorkflowTask]:
 def run(two_calls_conf: Path, tmp_path: Path):
     """`run(save_every)`: a loop over a Linear model and SGD, whose steps each draw a batch of 2
     from a reader of 10 tasks and take one optimizer step; `fail(step, where)` makes a step
-    raise: "before" the update (after drawing), "after" it (the Ctrl-C that in_passing_thread
+    raise: "before" the update (after drawing), "after" it (the Ctrl-C that in_own_thread
     raises once the update finished)."""
     cfg = load_config(two_calls_conf, [f"project.exp_dir={tmp_path / 'exp'}", "logging.quiet=true",
                                        "logging.tensorboard=false", "trainer.save_final_model=false",
@@ -64,7 +64,7 @@ def run(two_calls_conf: Path, tmp_path: Path):
             self.optimizer.zero_grad()
             self.model(torch.ones(1, 3)).sum().backward()
             if self.failure and self.failure[:2] == (step, "during"):  # Ctrl-C while the update runs
-                in_passing_thread(lambda: (os.kill(os.getpid(), signal.SIGINT), time.sleep(0.3),
+                in_own_thread(lambda: (os.kill(os.getpid(), signal.SIGINT), time.sleep(0.3),
                                            self.optimizer.step()))
             else:
                 self.optimizer.step()
@@ -109,7 +109,7 @@ def test_ctrl_c_after_an_update_keeps_the_checkpoint_of_the_step_before_it(run) 
 
 
 def test_ctrl_c_during_an_update_finishes_the_step_commits_it_and_stops(run) -> None:
-    """The update ran to its end (in_passing_thread), so the step is finished, not abandoned:
+    """The update ran to its end (in_own_thread), so the step is finished, not abandoned:
     logged, checkpointed with its own weights, then the run stops."""
     r = run(save_every=0)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ajet import Workflow, WorkflowOutput
-from ajet.rollout.loader import WorkflowLoadError, as_workflow, load_workflow, target_of
+from ajet.rollout.workflow_loader import WorkflowLoadError, as_workflow, load_workflow, target_of
 
 
 class ModuleLevel(Workflow):

@@ -58,7 +58,7 @@ def _yamls() -> list[Path]:
 @pytest.mark.parametrize("conf", _yamls(), ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_config_and_workflow_load(conf: Path) -> None:
     from ajet.config import load_config
-    from ajet.rollout.loader import load_workflow
+    from ajet.rollout.workflow_loader import load_workflow
     from ajet.workflow import Workflow
 
     cfg = load_config(conf, require_workflow=False)

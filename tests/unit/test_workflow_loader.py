@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ajet.errors import BadOutputError
-from ajet.rollout.loader import (
+from ajet.rollout.workflow_loader import (
     FunctionWorkflow,
     WorkflowLoadError,
     WorkflowSignatureError,

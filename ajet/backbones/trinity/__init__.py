@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ajet.backbones.gpu import dump_yaml, model_path_for, require_gpus, with_workflow
+from ajet.backbones.gpu_shared import dump_yaml, model_path_for, require_gpus, with_workflow
 
 # Loading the submodule `translate` sets the package attribute `translate`; the function
 # below, defined after every import, replaces it and stays what the CLI calls.

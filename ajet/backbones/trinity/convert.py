@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ajet.backbones.gpu import first_trained
+from ajet.backbones.gpu_shared import first_trained
 from ajet.context.types import Sample
 from ajet.workflow import WorkflowTask
 

@@ -14,7 +14,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ajet.backbones.gpu import TRINITY_ALGORITHMS, common_refusals, lora_target_regex, run_dir
+from ajet.backbones.gpu_shared import (
+    TRINITY_ALGORITHMS,
+    common_refusals,
+    lora_target_regex,
+    run_dir,
+)
 from ajet.config.schema import AjetConfig, Algorithm, LossAgg
 
 WORKFLOW_TYPE = "ajet.backbones.trinity.workflow.AjetTrinityWorkflow"

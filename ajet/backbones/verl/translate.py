@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ajet.backbones.gpu import VERL_ESTIMATORS, common_refusals, flatten, run_dir
+from ajet.backbones.gpu_shared import VERL_ESTIMATORS, common_refusals, flatten, run_dir
 from ajet.config.schema import AjetConfig, LossAgg
 
 AGENT_NAME = "ajet_agent"

@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-def in_passing_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+def in_own_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """`fn(*args, **kwargs)` run in a new thread, waited for; its result, or its exception
     re-raised here. Ctrl-C (or SIGTERM / SIGHUP inside `ajet.signals.stop_on_signals`) while it
     runs waits for it to finish (the weights are never left half-updated), then raises
