@@ -41,6 +41,11 @@ def episode(
     full: Annotated[bool, typer.Option("--full", help="Print whole messages, not their first 160 characters.")] = False,
     pdb: Annotated[bool, typer.Option("--pdb", help=(
         "Open the debugger at the workflow's exception (its frames alive); no episode timeout."))] = False,
+    engine_dtype: Annotated[str, typer.Option("--engine-dtype", help=(
+        "The engine's weights for this look: auto (the fastest here: float16 on most x86 CPUs, "
+        "4-8x float32's decode), float32, float16, bfloat16, bfloat16_linear, or 'config' for the "
+        "config's rollout.engine_dtype. Nothing is trained, so the run's own precision is not needed "
+        "(its tokens may differ in the last digits)."))] = "auto",
 ) -> None:
     with user_errors():
         from ajet.config import load_config
@@ -51,11 +56,15 @@ def episode(
         timings: dict[str, float] = {}
         if split not in {s.value for s in EvalSplit}:
             raise ConfigError(f"--split {split}: use train, val or test")
-        extra = [*(overrides or []), *([f"model.path={model}"] if model else [])]
+        extra = [*(overrides or []), *([f"model.path={model}"] if model else []),
+                 *([f"rollout.engine_dtype={engine_dtype}"] if engine_dtype != "config" else [])]
         cfg = load_config(conf, extra)
         configure_logging(cfg.logging.level, quiet=True)
         timings["start-up"] = time.monotonic() - START
-        from ajet.eval.episode import for_debugger, show_episodes
+        imported = time.monotonic()
+        from ajet.eval.episode import for_debugger, show_episodes  # torch, transformers, agentscope
+
+        timings["imports"] = time.monotonic() - imported
 
         if pdb:
             cfg = for_debugger(cfg)
@@ -144,4 +153,4 @@ def print_shown(shown: Any, *, tokens: bool = False, full: bool = False) -> None
 
             echo(f"  answer {_clip(answer_text(output), full)!r}, expected {_clip(truth, full)!r}")
     parts = "  ".join(f"{name} {seconds:.2f} s" for name, seconds in shown.timings.items())
-    echo(f"\ntime: {parts}  (total {time.monotonic() - START:.1f} s)")
+    echo(f"\ntime: {parts}  (total {time.monotonic() - START:.1f} s; engine {shown.engine_dtype}, --engine-dtype)")

@@ -51,6 +51,7 @@ class Shown:
     split: str
     views: list[EpisodeView]
     timings: dict[str, float] = field(default_factory=dict)
+    engine_dtype: str = ""  # what the engine decoded with
 
 
 def pick_task(tasks: list[WorkflowTask], ref: str, split: str) -> tuple[int, WorkflowTask]:
@@ -105,6 +106,7 @@ def show_episodes(cfg: AjetConfig, *, task: str = "0", n: int = 1, split: EvalSp
         window = model_window(model, cfg.context.max_model_len)
         rollout = EngineRollout.local(cfg, model, tokenizer, workflow, model_max_len=window, record=True,
                                     fixed_weights=True)
+    dtype = rollout.engine.dtype
     try:
         with _timed(timings, "episodes"), _workflow_errors(on_workflow_error):
             result = rollout.rollout([chosen], n, episode_prefix="try-")
@@ -115,7 +117,8 @@ def show_episodes(cfg: AjetConfig, *, task: str = "0", n: int = 1, split: EvalSp
                                      lambda ids: tokenizer.decode(ids, skip_special_tokens=False)))
     finally:
         rollout.close()
-    return Shown(task=chosen, index=index, split=split.value, views=views, timings=timings)
+    return Shown(task=chosen, index=index, split=split.value, views=views, timings=timings,
+                 engine_dtype=dtype)
 
 
 @contextmanager

@@ -45,7 +45,15 @@ def test_one_episode_shows_its_calls_tokens_samples_reward_and_times(two_calls_c
     assert out.count("tokens |") == 2  # each completion, token by token
     assert "samples: 1 from 2 calls" in out  # the second call extends the first: merged
     assert "sample 1 [default]:" in out and "calls [1, 2]" in out
-    assert "time: start-up" in out and "model load" in out and "episodes" in out
+    assert "time: start-up" in out and "imports" in out and "model load" in out and "episodes" in out
+    assert "; engine " in out  # what it decoded with: --engine-dtype auto, the fastest here
+
+
+def test_engine_dtype_float32_and_config_decode_as_a_float32_run(two_calls_conf: Path) -> None:
+    for args in (("--engine-dtype", "float32"), ("--engine-dtype", "config")):  # the config's: float32
+        run = ajet_episode(two_calls_conf, *args)
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert "; engine float32, --engine-dtype)" in run.stdout
 
 
 def test_a_raising_workflow_shows_its_traceback_and_exits_1(two_calls_conf: Path) -> None:
