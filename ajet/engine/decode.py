@@ -3,12 +3,12 @@
 `DecodeBatch` holds the sequences being decoded by one module (the engine keeps one per
 module it serves, ajet/engine/served_models.py); row i of its KV cache (`BatchKV`,
 ajet/engine/kv.py) is `active[i]`, and runs its request's LoRA adapter. A request's completions join it after their prefill
-(ajet/engine/prefill.py): `start` samples each completion's first token from the prefill
+(ajet/engine/batch_prefill.py): `start` samples each completion's first token from the prefill
 logits, `join` adds the rows. `step` forwards the last token of every active sequence at
 once, samples the next tokens (grammar-constrained rows one by one, the rest batched), and
 drops the sequences that finished, failed or were cancelled. Between two steps, rows whose
 grammar forces a run of tokens leave (`forced_runs`, `take_rows`), forward the run in one go
-(ajet/engine/prefill.py:jump_forced_runs) and come back (`resume`, `join`).
+(ajet/engine/batch_prefill.py:jump_forced_runs) and come back (`resume`, `join`).
 
 A sequence ends on EOS ("stop", the EOS token is kept in `token_ids`), a stop string ("stop";
 `token_ids` keep every sampled token up to and including the one that completed the stop
@@ -20,7 +20,7 @@ into the prefix cache: the next turn of an agent extends exactly it.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -28,20 +28,20 @@ from ajet.engine.base import Completion
 from ajet.engine.fused_decode import LlamaDecodeStep
 from ajet.engine.grammar import GrammarError
 from ajet.engine.kv import BatchKV, RowKV, cache_kwarg
+from ajet.engine.prefill import PrefixReuse
 from ajet.engine.requests import Request, RunningSequence, deliver
 from ajet.engine.sampling import (
     TokenChoice,
     choose_token,
     choose_tokens,
     find_stop,
+    has_penalties,
     logprob_temperature,
     make_generator,
+    penalised,
 )
 from ajet.engine.served_models import row_adapters
 from ajet.engine.weights import ServingWeights
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ajet.engine.prefill import PrefixReuse
 
 log = logging.getLogger(__name__)
 
@@ -88,10 +88,11 @@ class DecodeBatch:
         for index in range(params.n):
             seq = RunningSequence(request, index, make_generator(params.seed, index), prompt_len, budget)
             seq.constraint = request.constraints[index] if request.constraints else None
+            first = penalised(logits, params, [])  # logit_bias (no token generated yet)
             if seq.constraint is not None and seq.constraint.active:
-                self._accept(seq, seq.constraint.choose(logits, params, seq.generator))
+                self._accept(seq, seq.constraint.choose(first, params, seq.generator))
             else:
-                self._accept(seq, choose_token(logits, params, seq.generator))
+                self._accept(seq, choose_token(first, params, seq.generator))
             if not seq.finished:
                 joining.append((seq, row_kv))
         return joining
@@ -151,7 +152,7 @@ class DecodeBatch:
 
     def forced_runs(self) -> dict[int, list[int]]:
         """Rows whose grammar forces the next `JUMP_MIN_TOKENS` or more tokens, each with its
-        run (cut to the sequence's budget): `ajet.engine.prefill.jump_forced_runs` forwards
+        run (cut to the sequence's budget): `ajet.engine.batch_prefill.jump_forced_runs` forwards
         such a run in one go instead of one decode step per token."""
         runs = {}
         for row, seq in enumerate(self.active):
@@ -194,7 +195,7 @@ class DecodeBatch:
                 return False
         self.stats["jumped_tokens"] += len(run)
         seq.position += 1 + len(run)  # the forward wrote the last token's KV and the run's
-        self._accept(seq, seq.constraint.choose(logits[-1], params, seq.generator))
+        self._accept(seq, seq.constraint.choose(penalised(logits[-1], params, seq.token_ids), params, seq.generator))
         return not (seq.finished or seq.request.done)
 
     def fail(self, error: BaseException) -> None:
@@ -206,7 +207,13 @@ class DecodeBatch:
 
     @staticmethod
     def _choose(logits: Any, seqs: list[RunningSequence]) -> list[TokenChoice | Exception]:
-        """The next token of each row: grammar-constrained rows one by one, the rest batched."""
+        """The next token of each row: grammar-constrained rows one by one, the rest batched.
+        Rows whose requests have penalties or a logit_bias sample from their adjusted logits."""
+        adjusted = [row for row, seq in enumerate(seqs) if has_penalties(seq.request.params)]
+        if adjusted:
+            logits = logits.float().clone()
+            for row in adjusted:
+                logits[row] = penalised(logits[row], seqs[row].request.params, seqs[row].token_ids)
         free = [row for row, seq in enumerate(seqs) if seq.constraint is None or not seq.constraint.active]
         out: list[TokenChoice | Exception] = [ValueError("unset")] * len(seqs)
         if free:

@@ -12,7 +12,7 @@ The local engine runs a `Constraint` per constrained sequence:
   in `Completion.forced`, and the tracker makes them context: like the forced start of a
   `tool_choice` call, the model did not choose them, so they carry no policy gradient.
   A run of them (`Constraint.forced_run`) is forwarded in one go, not one decode step per
-  token (`ajet.engine.prefill.jump_forced_runs`).
+  token (`ajet.engine.batch_prefill.jump_forced_runs`).
 - **Choices.** Elsewhere the logits of tokens the grammar forbids are masked out before
   sampling, and the recorded logprob is the token's logprob under the *unmasked* model (as
   `ajet.engine.sampling` defines it), which is exactly what the trainer recomputes. The

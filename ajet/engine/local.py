@@ -7,7 +7,7 @@ batch between two decode steps, and its result is handed back on the caller's ow
 
 This module is the scheduling: the queue, admission while the batch has room, pause/resume
 around weight updates, the engine thread. How a request runs:
-1. Prefill (ajet/engine/prefill.py). With the prefix cache on (`prefix_cache_tokens`,
+1. Prefill (ajet/engine/batch_prefill.py, ajet/engine/prefill.py). With the prefix cache on (`prefix_cache_tokens`,
    ajet/engine/prefix_cache.py), a prompt's longest cached prefix is reused and only the rest
    is forwarded; prefixes that several requests admitted together share, and the cache lacks,
    are forwarded once first. Requests admitted together are prefilled in one forward,
@@ -20,7 +20,7 @@ around weight updates, the engine thread. How a request runs:
    own position ids; the cache is preallocated and written in place.
 3. Decode steps (ajet/engine/decode.py) until EOS, a stop string, `max_tokens` or
    `max_model_len`. Where a grammar forces a run of tokens, the row forwards the run in one
-   go between two steps (`jump_forced_runs`, ajet/engine/prefill.py).
+   go between two steps (`jump_forced_runs`, ajet/engine/batch_prefill.py).
 
 Which model serves a request (`generate(..., model=...)`: the policy, one of its LoRA
 adapters, the frozen initial weights or a local checkpoint) is resolved by `ServedModels`
@@ -49,9 +49,10 @@ from typing import Any
 import torch
 
 from ajet.engine.base import Completion, SamplingParams
+from ajet.engine.batch_prefill import jump_forced_runs, prefill_requests
 from ajet.engine.decode import DecodeBatch
 from ajet.engine.grammar import GrammarRuntime
-from ajet.engine.prefill import PrefixReuse, jump_forced_runs, prefill_requests
+from ajet.engine.prefill import PrefixReuse
 from ajet.engine.requests import (
     POLICY,
     EngineBusyError,
@@ -164,6 +165,7 @@ class LocalEngine:
     supports_streaming = True  # generate() takes on_token
     supports_grammar = True  # SamplingParams.grammar (ajet/engine/grammar.py)
     supports_models = True  # generate() takes model= (ajet/engine/served_models.py)
+    supports_penalties = True  # SamplingParams' penalties and logit_bias (ajet/engine/sampling.py)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, *,
                        on_token: Callable[[int], None] | None = None,
