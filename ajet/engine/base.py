@@ -29,6 +29,13 @@ class SamplingParams:
     # An `ajet.engine.grammar.Grammar` the completion must follow (engines with
     # `supports_grammar`); None = free text.
     grammar: Any = None
+    # OpenAI's penalties and bias (engines with `supports_penalties`; ajet/engine/sampling.py):
+    # each token's logit - frequency_penalty x its count in the completion so far
+    # - presence_penalty (once it occurs) + logit_bias[token]. The recorded logprobs are those
+    # of that adjusted distribution: the one sampled from.
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass

@@ -109,6 +109,11 @@ class ChatFormat:
             normalised = _with_tools_in_system(normalised, tools)
         return self._apply(normalised, None, add_generation_prompt)
 
+    @property
+    def vocab_size(self) -> int:
+        """Token ids run from 0 to this, exclusive (the tokenizer's, added tokens included)."""
+        return len(self.tokenizer)
+
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`; special tokens only where the text spells them."""
         return list(self.tokenizer.encode(text, add_special_tokens=False))

@@ -11,6 +11,12 @@ token under `log_softmax(logits / T_lp)`, where `T_lp` is
 The trainer recomputes new logprobs the same way (`log_softmax(logits / temperature)`), so
 PPO ratios compare like with like. top-k / top-p truncation is *not* folded into the
 logprob: it is a sampling-time filter that the trainer cannot reproduce from logits alone.
+
+Penalties and logit_bias (`penalised`) are applied to the logits before all of that, so the
+recorded logprob is that of the adjusted distribution the token was sampled from. The trainer
+recomputes the policy's own, unadjusted logprob: the update's ratio p_policy / p_sampled is then
+an importance weight from the sampling distribution to the policy (clipped, and with
+`algorithm.tis_cap` truncated), as for any off-policy token.
 """
 
 from __future__ import annotations
@@ -50,6 +56,13 @@ def validate_params(params: SamplingParams) -> None:
     lp_t = params.logprob_temperature
     if lp_t is not None and lp_t <= 0:
         raise ValueError(f"logprob_temperature={lp_t}: must be > 0 (or None)")
+    for name in ("frequency_penalty", "presence_penalty"):
+        value = getattr(params, name)
+        if not -2.0 <= value <= 2.0:
+            raise ValueError(f"{name}={value}: must be in [-2, 2]")
+    for token, bias in params.logit_bias.items():
+        if not isinstance(token, int) or token < 0 or not -100.0 <= bias <= 100.0:
+            raise ValueError(f"logit_bias {{{token!r}: {bias!r}}}: token ids >= 0, biases in [-100, 100]")
     for stop in stop_strings(params):
         if not isinstance(stop, str) or not stop:
             raise ValueError(f"stop={params.stop!r}: stop strings must be non-empty strings")
@@ -68,6 +81,28 @@ def policy_temperature(sampling_temperature: float) -> float:
     temperature, or 1.0 for greedy decoding (temperature 0 has no distribution). The engine,
     the gateway and every trainer use this one rule so their logprobs agree."""
     return float(sampling_temperature) if sampling_temperature > 0 else 1.0
+
+
+def has_penalties(params: SamplingParams) -> bool:
+    return bool(params.frequency_penalty or params.presence_penalty or params.logit_bias)
+
+
+def penalised(logits: torch.Tensor, params: SamplingParams, generated: list[int]) -> torch.Tensor:
+    """One row of logits `[vocab]` with OpenAI's adjustments: `logit_bias[token]` added, and for
+    each token of the completion so far (`generated`), `frequency_penalty` x its count plus
+    `presence_penalty` taken off. The row itself when there is nothing to apply (pure)."""
+    import torch
+
+    if not has_penalties(params):
+        return logits
+    out = logits.float().clone()
+    if params.logit_bias:
+        ids = torch.tensor(list(params.logit_bias), dtype=torch.long)
+        out[ids] += torch.tensor(list(params.logit_bias.values()), dtype=out.dtype)
+    if generated and (params.frequency_penalty or params.presence_penalty):
+        ids, counts = torch.unique(torch.tensor(generated, dtype=torch.long), return_counts=True)
+        out[ids] -= params.frequency_penalty * counts.to(out.dtype) + params.presence_penalty
+    return out
 
 
 def make_generator(seed: int | None, index: int) -> torch.Generator:

@@ -36,12 +36,6 @@ REFUSED = {
 }
 # field -> (the values that are honoured, why others are refused)
 REFUSED_VALUES: dict[str, tuple[Any, str]] = {
-    "frequency_penalty": ((None, 0, 0.0), "penalties are not applied in sampling: the recorded logprobs "
-                          "would not be the distribution sampled from; send 0 or leave it out"),
-    "presence_penalty": ((None, 0, 0.0), "penalties are not applied in sampling: the recorded logprobs "
-                         "would not be the distribution sampled from; send 0 or leave it out"),
-    "logit_bias": ((None, {}), "logit_bias is not applied in sampling: the recorded logprobs would not be "
-                   "the distribution sampled from; leave it out"),
     "top_logprobs": ((None, 0), "only the sampled token's logprob is returned (logprobs=true); send "
                      "top_logprobs=0 or leave it out"),
     "parallel_tool_calls": ((None, True), "ajet cannot stop the model from writing several tool calls in "
@@ -49,7 +43,8 @@ REFUSED_VALUES: dict[str, tuple[Any, str]] = {
 }
 PROTOCOL_FIELDS = frozenset({"model", "messages", "tools", "tool_choice", "response_format", "temperature",
                              "top_p", "top_k", "max_tokens", "max_completion_tokens", "stop", "seed", "n",
-                             "stream", "stream_options", "logprobs", *NO_EFFECT, *REFUSED, *REFUSED_VALUES})
+                             "stream", "stream_options", "logprobs", "frequency_penalty", "presence_penalty",
+                             "logit_bias", *NO_EFFECT, *REFUSED, *REFUSED_VALUES})
 
 
 def refused_field(payload: dict[str, Any]) -> tuple[str, str] | None:
@@ -83,6 +78,11 @@ class ChatCompletionRequest(BaseModel):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     stop: str | list[str] | None = None
     seed: int | None = None
+    # Applied in sampling (ajet/engine/sampling.py `penalised`); the recorded logprobs are the
+    # adjusted distribution's, the one sampled from.
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
     n: int = 1
     stream: bool = False
     stream_options: dict[str, Any] | None = None
@@ -108,6 +108,9 @@ class ChatCompletionRequest(BaseModel):
             "stop": self.stop,
             "seed": self.seed,
             "n": self.n,
+            "frequency_penalty": self.frequency_penalty,
+            "presence_penalty": self.presence_penalty,
+            "logit_bias": self.logit_bias,
         }
 
     @property

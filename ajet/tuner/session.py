@@ -29,7 +29,7 @@ from ajet.engine.base import Completion, InferenceEngine, SamplingParams
 from ajet.engine.chat import chosen_function, tool_choice_prefix
 from ajet.engine.grammar import json_grammar, tool_call_grammar
 from ajet.engine.requests import EngineBusyError
-from ajet.engine.sampling import policy_temperature
+from ajet.engine.sampling import has_penalties, policy_temperature
 from ajet.errors import InfrastructureError
 from ajet.faults import fault_point
 from ajet.tuner.streaming import TextStream, completion_text
@@ -117,7 +117,9 @@ def resolve_sampling(rollout: RolloutConfig, overrides: dict[str, Any]) -> Sampl
     """The rollout defaults with a request's overrides, validated (pure).
 
     Accepted keys: temperature, top_p, top_k, max_tokens (alias max_completion_tokens),
-    stop (str or list), seed, n (only 1). `None` values mean "use the default".
+    stop (str or list), seed, n (only 1), frequency_penalty and presence_penalty ([-2, 2]),
+    logit_bias ({token id (int or its string): bias in [-100, 100]}). `None` values mean "use
+    the default".
     `logprob_temperature` is the rollout temperature (1.0 when greedy), whatever the
     request's temperature, so old logprobs match the trainer's recomputation.
     """
@@ -130,11 +132,12 @@ def resolve_sampling(rollout: RolloutConfig, overrides: dict[str, Any]) -> Sampl
     values = {k: v for k, v in overrides.items() if v is not None}
     if "max_completion_tokens" in values:
         values.setdefault("max_tokens", values.pop("max_completion_tokens"))
-    unknown = set(values) - {"temperature", "top_p", "top_k", "max_tokens", "stop", "seed", "n"}
+    unknown = set(values) - {"temperature", "top_p", "top_k", "max_tokens", "stop", "seed", "n",
+                             "frequency_penalty", "presence_penalty", "logit_bias"}
     if unknown:
         raise InvalidRequestError(
             f"unsupported sampling parameter(s) {sorted(unknown)}; supported: temperature, "
-            "top_p, top_k, max_tokens, stop, seed"
+            "top_p, top_k, max_tokens, stop, seed, frequency_penalty, presence_penalty, logit_bias"
         )
     if "n" in values and values["n"] != 1:
         raise InvalidRequestError(
@@ -156,6 +159,11 @@ def resolve_sampling(rollout: RolloutConfig, overrides: dict[str, Any]) -> Sampl
         params.seed = int(_number("seed", values["seed"], -(2**63), 2**63 - 1, integer=True))
     if "stop" in values:
         params.stop = _stop_list(values["stop"])
+    for name in ("frequency_penalty", "presence_penalty"):
+        if name in values:
+            setattr(params, name, float(_number(name, values[name], -2.0, 2.0)))
+    if "logit_bias" in values:
+        params.logit_bias = _logit_bias(values["logit_bias"])
     # Logprobs are always computed at the rollout temperature, the one the trainer
     # recomputes them at, even when a request samples at its own temperature.
     params.logprob_temperature = policy_temperature(rollout.temperature)
@@ -177,6 +185,19 @@ def _number(name: str, value: Any, low: float, high: float, *, integer: bool = F
     if not low <= value <= high:
         raise InvalidRequestError(f"{name}={value} is out of range [{low}, {high}]")
     return value
+
+
+def _logit_bias(bias: Any) -> dict[int, float]:
+    """OpenAI's `logit_bias`: token ids (JSON keys are strings) to biases in [-100, 100]."""
+    if not isinstance(bias, dict):
+        raise InvalidRequestError(f"logit_bias must be an object of token id -> bias, got {bias!r}"[:200])
+    out: dict[int, float] = {}
+    for key, value in bias.items():
+        token = str(key).strip()
+        if not token.isdigit():
+            raise InvalidRequestError(f"logit_bias: {key!r} is not a token id (a non-negative integer)"[:200])
+        out[int(token)] = float(_number(f"logit_bias[{token}]", value, -100.0, 100.0))
+    return out
 
 
 def _stop_list(stop: Any) -> list[str]:
@@ -328,6 +349,7 @@ class EpisodeSession:
             raise InvalidRequestError(str(err)) from None
         if params.grammar is not None:
             prefix = ""  # the grammar forces the call's markup itself (as context)
+        self._check_penalties(params)
         self._check_prompt_chars(messages)
         # Rendering and tokenising a long prompt takes CPU time: off the loop that runs the
         # episodes (the tracker is thread-safe), so one long prompt stalls only its own call.
@@ -448,6 +470,21 @@ class EpisodeSession:
         if first:
             log.warning("%s (the client got it as an error; this episode's later refused calls are "
                         "counted in tuner/failed_calls, not logged)", refusal)
+
+    def _check_penalties(self, params: SamplingParams) -> None:
+        """Penalties and logit_bias need an engine that applies them (and records the adjusted
+        logprobs); a bias names tokens of the model's vocabulary."""
+        if not has_penalties(params):
+            return
+        if not getattr(self.engine, "supports_penalties", False):
+            field = next(name for name in ("frequency_penalty", "presence_penalty", "logit_bias")
+                         if getattr(params, name))
+            raise InvalidRequestError(f"{field}: this backbone's engine does not apply penalties or logit_bias "
+                                      "(the debug backbone's does); leave it out")
+        vocab = self.chat_format.vocab_size
+        if params.logit_bias and max(params.logit_bias) >= vocab:
+            raise InvalidRequestError(f"logit_bias: token id {max(params.logit_bias)} is not in the model's "
+                                      f"vocabulary of {vocab} tokens")
 
     def _check_prompt_chars(self, messages: list[dict]) -> None:
         """Refuse a prompt that cannot fit the model window, judged by its length in

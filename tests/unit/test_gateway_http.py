@@ -237,9 +237,6 @@ def test_a_full_engine_queue_is_429_engine_busy(gateway: Gateway) -> None:
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("frequency_penalty", 0.5),
-        ("presence_penalty", -1),
-        ("logit_bias", {"42": 5}),
         ("top_logprobs", 2),
         ("parallel_tool_calls", False),
         ("audio", {"voice": "alloy", "format": "wav"}),
@@ -254,6 +251,22 @@ def test_a_field_ajet_cannot_honour_is_a_400_naming_it(gateway: Gateway, field: 
     error = assert_openai_error(post(gateway, {**BODY, field: value}, key), 400, "unsupported_parameter")
     assert error["param"] == field and field in error["message"] and "docs/gateway.md" in error["message"]
     assert engine.seen == []
+    gateway.unregister_session(session)
+
+
+@pytest.mark.parametrize(("field", "value"), [("frequency_penalty", 0.5), ("presence_penalty", -1),
+                                              ("logit_bias", {"42": 5})])
+def test_penalties_reach_the_engine_or_are_refused_by_one_that_cannot_apply_them(
+        gateway: Gateway, field: str, value: object) -> None:
+    session, engine, _, _ = make_session(["a", "b"])
+    key = gateway.register(session, "default")
+    error = assert_openai_error(post(gateway, {**BODY, field: value}, key), 400)
+    assert error["type"] == "invalid_request_error" and field in error["message"] and "does not apply penalties" in error["message"] and engine.seen == []
+    engine.supports_penalties = True  # as the debug backbone's LocalEngine
+    assert post(gateway, {**BODY, field: value}, key).status_code == 200
+    expected = {"logit_bias": {42: 5.0}} if field == "logit_bias" else {field: float(value)}
+    assert {k: getattr(engine.seen[0][1], k) for k in expected} == expected
+    assert post(gateway, {**BODY, "logit_bias": {"99999999": 1}}, key).status_code == 400  # not in the vocab
     gateway.unregister_session(session)
 
 

@@ -38,6 +38,7 @@ class FakeChat:
 
     eos_token_ids = {EOS}
     max_token_chars = max(len(tok) for tok in SPECIALS)
+    vocab_size = 0x110000 + 10  # a character's id is its code point + 10
 
     def __init__(self) -> None:
         self._ids = 0

@@ -61,7 +61,7 @@ def test_sampling_kwargs_pass_through_and_unknown_ones_fail() -> None:
     asyncio.run(ModelTuner(session)(AS_MESSAGES, temperature=0.0, max_tokens=9))
     assert (engine.seen[0][1].temperature, engine.seen[0][1].max_tokens) == (0.0, 9)
     with pytest.raises(ValueError, match="unsupported sampling parameter"):
-        asyncio.run(ModelTuner(session)(AS_MESSAGES, presence_penalty=1.0))
+        asyncio.run(ModelTuner(session)(AS_MESSAGES, repetition_penalty=1.1))
 
 
 def test_invalid_tool_choice_is_rejected() -> None:

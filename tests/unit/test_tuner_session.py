@@ -77,7 +77,9 @@ def test_rollout_defaults_and_overrides_reach_the_engine() -> None:
         {"max_tokens": 0},
         {"top_k": 1.5},
         {"n": 2},
-        {"frequency_penalty": 0.1},
+        {"frequency_penalty": 2.5},
+        {"frequency_penalty": 0.1},  # the fake engine does not apply penalties
+        {"logit_bias": {"x": 1}},
         {"stop": [""]},
         {"temperature": "hot"},
     ],
