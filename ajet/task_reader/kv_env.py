@@ -16,6 +16,7 @@ test) sees the same tasks. Pure Python; the FastAPI app in `env_server.py` wraps
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import re
@@ -105,6 +106,14 @@ def parse_action(action: Any) -> dict:
     return parsed
 
 
+def store_state(store: dict[str, str]) -> str:
+    """The environment's state as a short key: the store's contents (the same for two episodes
+    of a task whose actions left the same keys and values). A workflow can mark its steps with
+    it (`WorkflowOutput.step_states`, docs/credit.md)."""
+    digest = hashlib.sha256(json.dumps(sorted(store.items())).encode()).hexdigest()
+    return digest[:16]
+
+
 class KVStoreEnv:
     """`num_train` + `num_val` + `num_test` tasks (each split's from its own seeds, so no task
     is in two splits); episodes are plain objects the server keeps by id."""
@@ -130,7 +139,8 @@ class KVStoreEnv:
             f"Goal: {task.instruction}\nThe store holds the keys: {', '.join(sorted(episode.store))}.\n"
             f"{ACTIONS_HELP} You have {task.max_steps} steps."
         )
-        return episode, observation, {"max_steps": task.max_steps, "keys": sorted(episode.store)}
+        return episode, observation, {"max_steps": task.max_steps, "keys": sorted(episode.store),
+                                      "state": store_state(episode.store)}
 
     def step(self, episode: KVEpisode, action: Any) -> tuple[str, float, bool, dict]:
         """Apply one action; return (observation, reward, done, info)."""
@@ -142,6 +152,7 @@ class KVStoreEnv:
             observation = self._apply(episode, parse_action(action))
         except ValueError as exc:
             observation, info["error"] = f"error: {exc}. {ACTIONS_HELP}", str(exc)
+        info["state"] = store_state(episode.store)
         if not episode.done and episode.steps >= episode.task.max_steps:
             episode.done = True
             observation += " (out of steps)"

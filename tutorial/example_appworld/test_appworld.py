@@ -88,6 +88,35 @@ def test_demos_reach_the_goal_of_train_tasks_never_val_or_test(example_modules) 
         assert env.evaluate(episode)["is_success"] and replies[-1] == '{"action": "done"}'
 
 
+@pytest.mark.tutorial
+@pytest.mark.integration
+def test_one_step_with_step_credit_marks_the_store_state(one_step, env_server: _EnvServer) -> None:
+    run = one_step(HERE / "appworld_step_credit.yaml", f"task_reader.env_service.base_url={env_server.url}",
+                   "pipeline.stages=[]", "pipeline.overrides.sft=null")
+    metrics = run.assert_completed()
+    assert metrics["rollout/failed"] == 0
+    # Every call is marked with the server's state; the tiny random model's replies are no
+    # actions, so each task's store stays as it was: one state group per task, all its calls.
+    assert metrics["credit/state_marked_share"] == 1.0
+    assert metrics["credit/state_grouped_share"] == 1.0
+    assert metrics["credit/state_group_size"] == 2 * metrics["rollout/calls_per_episode"]  # rollout.n = 2
+
+
+def test_the_server_names_the_store_state() -> None:
+    from ajet.task_reader.kv_env import KVStoreEnv
+
+    env = KVStoreEnv(num_train=1, num_val=0, num_test=0)
+    (task_id,) = env.list_tasks("train")
+    first, _, info = env.create(task_id)
+    again, _, info_again = env.create(task_id)
+    assert info["state"] == info_again["state"]  # the same task starts in the same state
+    key = info["keys"][0]
+    assert env.step(first, '{"action": "get", "key": "%s"}' % key)[3]["state"] == info["state"]  # a read
+    changed = env.step(first, '{"action": "set", "key": "%s", "value": "x1"}' % key)[3]["state"]
+    assert changed != info["state"]
+    assert env.step(again, '{"action": "set", "key": "%s", "value": "x1"}' % key)[3]["state"] == changed
+
+
 def test_the_warmup_config_trains_on_the_demos_and_reports_on_test() -> None:
     from ajet.config import load_config
 
