@@ -5,9 +5,11 @@ One engine thread owns the decode loop. Callers on any thread or event loop subm
 batch between two decode steps, and its result is handed back on the caller's own loop
 (`loop.call_soon_threadsafe`). Every decode step forwards all active sequences together.
 
-This module is the scheduling: the queue, admission while the batch has room, pause/resume
-around weight updates, the engine thread. How a request runs:
-1. Prefill (ajet/engine/batch_prefill.py, ajet/engine/prefill.py). With the prefix cache on (`prefix_cache_tokens`,
+`LocalEngine` is the public face and composes the parts: the scheduler (the queue, admission
+while the batch has room, pause/resume, the engine thread: ajet/engine/scheduler.py), the
+policy version and the weights decoding uses (ajet/engine/policy_version.py, weights.py), the
+models it serves (served_models.py) and the prefix cache (prefill.py). How a request runs:
+1. Prefill (ajet/engine/batch_prefill.py, prefill.py). With the prefix cache on (`prefix_cache_tokens`,
    ajet/engine/prefix_cache.py), a prompt's longest cached prefix is reused and only the rest
    is forwarded; prefixes that several requests admitted together share, and the cache lacks,
    are forwarded once first. Requests admitted together are prefilled in one forward,
@@ -41,28 +43,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import torch
-
 from ajet.engine.base import Completion, SamplingParams
-from ajet.engine.batch_prefill import jump_forced_runs, prefill_requests
 from ajet.engine.decode import DecodeBatch
-from ajet.engine.grammar import GrammarRuntime
+from ajet.engine.grammar import Constraint, GrammarRuntime
+from ajet.engine.policy_version import PolicyVersion
 from ajet.engine.prefill import PrefixReuse
-from ajet.engine.requests import (
-    POLICY,
-    EngineBusyError,
-    EngineClosedError,
-    PromptTooLongError,
-    Request,
-    default_eos,
-    deliver,
-)
+from ajet.engine.requests import PromptTooLongError, Request, default_eos
 from ajet.engine.sampling import stop_strings, validate_params
+from ajet.engine.scheduler import Scheduler
 from ajet.engine.served_models import ServedModels, frozen_namespace
 from ajet.engine.weights import ServingWeights
 
@@ -114,9 +106,6 @@ class LocalEngine:
         self.model = model
         self.model.eval()
         self.tokenizer = tokenizer
-        self.max_batch_size = max_batch_size
-        self.max_waiting = max_waiting
-        self.jump_forward = jump_forward
         config = model.config
         self.max_model_len = int(
             max_model_len or getattr(config, "max_position_embeddings", 0) or 4096
@@ -133,13 +122,14 @@ class LocalEngine:
                 raise ValueError("no EOS token id found; pass eos_token_ids=[...] to LocalEngine")
         else:
             self.eos_token_ids = set(eos_token_ids)  # empty: never stop on EOS (benchmarks)
-        self.policy_version = 0
         self._weights = ServingWeights(model, dtype)  # what prefill and decode forward
+        self._version = PolicyVersion(self._weights, fixed=fixed_weights)
         # A frozen default model's KV survives weight updates (`frozen_namespace`); the policy's does not.
         self._reuse = PrefixReuse(prefix_cache_tokens, keep=frozen_namespace)
         # adapters, frozen default models
         self._served = ServedModels(self._weights, fixed=fixed_weights, initial=initial_model)
         self._grammars: GrammarRuntime | None = None  # built on the first grammar
+        self._grammar_lock = threading.Lock()  # `_constraints` runs in worker threads
         # Counters for metrics; "max_batch" is the most sequences one decode step has served.
         self.stats = {
             "requests": 0,
@@ -152,20 +142,14 @@ class LocalEngine:
         self.fused_decode = fused_decode
         self._batch = DecodeBatch(self._weights, tokenizer, self.eos_token_ids, self.max_model_len,
                                   self._reuse, self.stats, fused_decode)  # the policy's (all its adapters)
-        self._frozen: dict[str, DecodeBatch] = {}  # one per frozen model served (engine thread)
-        self._cv = threading.Condition()
-        self._pending: deque[Request] = deque()
-        self._pause_depth = 0
-        self._is_paused = False
-        self._closed = False
-        self._thread = threading.Thread(target=self._run, name="ajet-engine", daemon=True)
-        self._thread.start()
+        self._scheduler = Scheduler(self._batch, self._frozen_batch, sync_weights=self._version.sync,
+                                    on_resume=self.model.eval, max_batch_size=max_batch_size,
+                                    max_waiting=max_waiting, jump_forward=jump_forward)
 
     # ---------------------------------------------------------------- public API
     supports_streaming = True  # generate() takes on_token
     supports_grammar = True  # SamplingParams.grammar (ajet/engine/grammar.py)
     supports_models = True  # generate() takes model= (ajet/engine/served_models.py)
-    supports_penalties = True  # SamplingParams' penalties and logit_bias (ajet/engine/sampling.py)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, *,
                        on_token: Callable[[int], None] | None = None,
@@ -190,16 +174,10 @@ class LocalEngine:
         request.results = [None] * params.n
         if params.grammar is not None:  # compiled here: a bad grammar fails this call only
             request.constraints = await asyncio.to_thread(self._constraints, params)
-        with self._cv:
-            if self._closed:
-                raise EngineClosedError("the engine is closed; create a new LocalEngine")
-            if self.max_waiting and self.num_pending >= self.max_waiting:
-                raise EngineBusyError(f"{self.num_pending} requests are waiting for the engine "
-                                      f"(rollout.max_waiting_requests={self.max_waiting}); retry later")
-            self._pending.append(request)
-            self._cv.notify_all()
+        self._scheduler.submit(request)
         try:
-            return await request.future
+            results: list[Completion] = await request.future
+            return results
         except asyncio.CancelledError:
             request.cancelled = True  # the engine drops its sequences at the next step
             raise
@@ -227,10 +205,22 @@ class LocalEngine:
         by a grammar. The trainer's tok/s is this count's growth over a step's window."""
         return self.stats["generated_tokens"]  # jumped_tokens are among them
 
+    # ---------------------------------------------------------------- weights (ajet/engine/policy_version.py)
+    @property
+    def policy_version(self) -> int:
+        """The version of the weights the engine serves; `Completion.policy_version` is the one a
+        request was prefilled under."""
+        return self._version.value
+
     @property
     def dtype(self) -> str:
         """The precision of the weights decoding uses ("float32": the shared model's own)."""
         return self._weights.dtype
+
+    @property
+    def decodes_a_copy(self) -> bool:
+        """Whether the engine decodes with its own copy of the weights (engine_dtype != float32)."""
+        return self._weights.is_copy
 
     def bump_version(self) -> int:
         """The shared weights changed in place: increment and return `policy_version`.
@@ -240,29 +230,14 @@ class LocalEngine:
         An in-process trainer updates weights as
         `with engine.paused(): optimizer.step(); engine.bump_version()`.
         """
-        if self._served.fixed:
-            raise RuntimeError("this engine was built with fixed_weights=True (an evaluation): its weights "
-                               "must not change, since 'initial' is served by them")
-        with self._cv:
-            self.policy_version += 1
-            return self.policy_version
+        return self._version.bump()
 
     def publish_weights(self) -> int:
         """The trainer changed the weights while the engine kept decoding on its own copy of the
         previous ones (`rollout.max_staleness`): pause, bump the version and refresh the copy now,
         before the trainer can change the weights again. Returns the new version."""
-        if not self._weights.is_copy:
-            raise RuntimeError("publish_weights needs an engine with its own copy of the weights "
-                               "(engine_dtype float16 or bfloat16); use `with engine.paused(): ... bump_version()`")
         with self.paused():
-            version = self.bump_version()
-            self._weights.refresh(version)
-            return version
-
-    @property
-    def decodes_a_copy(self) -> bool:
-        """Whether the engine decodes with its own copy of the weights (engine_dtype != float32)."""
-        return self._weights.is_copy
+            return self._version.publish()
 
     def drop_prefix_cache(self) -> None:
         """Free the prefix cache's KV now instead of at the next prefill. A trainer calls it as
@@ -272,61 +247,40 @@ class LocalEngine:
         with self.paused():
             self._reuse.clear()
 
-    def load_state_dict(self, state_dict: dict, strict: bool = True) -> int:
+    def load_state_dict(self, state_dict: dict[str, Any], strict: bool = True) -> int:
         """Load weights with no decode step in flight, then bump and return the version."""
         with self.paused():
             self.model.load_state_dict(state_dict, strict=strict)
             return self.bump_version()  # before any request is prefilled with the new weights
 
+    # ---------------------------------------------------------------- scheduling (ajet/engine/scheduler.py)
     def pause(self) -> None:
         """Block until no decode step is in flight; requests wait until `resume()`."""
-        if threading.current_thread() is self._thread:
-            raise RuntimeError("pause() called from the engine thread would deadlock")
-        with self._cv:
-            self._pause_depth += 1
-            self._cv.notify_all()
-            while not self._is_paused and not self._closed and self._thread.is_alive():
-                self._cv.wait(timeout=1.0)
+        self._scheduler.pause()
 
     def resume(self) -> None:
         """Undo one `pause()`. The model is put back in eval mode before decoding restarts."""
-        with self._cv:
-            if self._pause_depth == 0:
-                raise RuntimeError("resume() without a matching pause()")
-            self._pause_depth -= 1
-            if self._pause_depth == 0:
-                self.model.eval()
-                self._cv.notify_all()
+        self._scheduler.resume()
 
     @contextmanager
     def paused(self) -> Iterator[None]:
         """`with engine.paused(): update weights` — no decode step runs inside the block."""
-        self.pause()
-        try:
+        with self._scheduler.paused():
             yield
-        finally:
-            self.resume()
 
     def close(self, timeout: float = 30.0) -> None:
         """Stop the engine thread; waiting requests fail with `EngineClosedError`."""
-        with self._cv:
-            self._closed = True
-            self._cv.notify_all()
-        if threading.current_thread() is not self._thread:
-            self._thread.join(timeout)
-            if self._thread.is_alive():
-                log.warning("engine thread did not stop within %.0f s", timeout)
+        self._scheduler.close(timeout)
 
     @property
     def num_active(self) -> int:
         """Sequences in the running batches."""
-        return sum(len(batch) for batch in self._batches())
+        return self._scheduler.num_active
 
     @property
     def num_pending(self) -> int:
         """Requests waiting to join the batch."""
-        with self._cv:
-            return len(self._pending)
+        return self._scheduler.num_pending
 
     def __enter__(self) -> LocalEngine:
         return self
@@ -334,9 +288,15 @@ class LocalEngine:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    # ---------------------------------------------------------------- checks
-    def _constraints(self, params: SamplingParams) -> list[Any]:
-        with self._cv:
+    # ---------------------------------------------------------------- parts
+    def _frozen_batch(self, unit: str, version: int) -> DecodeBatch:
+        """The decode batch of a frozen model (engine thread, when it is first served)."""
+        return DecodeBatch(self._served.unit(unit, version), self.tokenizer, self.eos_token_ids,
+                           self.max_model_len, self._reuse, self.stats, self.fused_decode)
+
+    def _constraints(self, params: SamplingParams) -> list[Constraint]:
+        assert params.grammar is not None
+        with self._grammar_lock:
             if self._grammars is None:
                 self._grammars = GrammarRuntime(self.tokenizer, self.vocab_size, self.eos_token_ids)
         return [self._grammars.start(params.grammar) for _ in range(params.n)]
@@ -356,105 +316,3 @@ class LocalEngine:
                 "(prompt + completion); shorten the conversation or raise max_model_len"
             )
         return ids
-
-    # ---------------------------------------------------------------- engine thread
-    def _run(self) -> None:
-        with torch.inference_mode():
-            while self._wait_for_work():
-                try:
-                    self._admit()
-                except Exception as exc:  # noqa: BLE001 - a failed step must not kill the engine
-                    log.exception("engine step failed; failing its %d sequences", self.num_active)
-                    for batch in self._batches():
-                        batch.fail(exc)
-                for batch in self._batches():
-                    if not batch.active:
-                        continue
-                    try:
-                        version = self._sync_weights()
-                        if self.jump_forward:
-                            jump_forced_runs(batch, version)
-                        if batch.active:
-                            batch.step(version)
-                    except Exception as exc:  # noqa: BLE001 - a failed step must not kill the engine
-                        log.exception("engine step failed; failing its %d sequences", len(batch))
-                        batch.fail(exc)
-        self._fail_everything(EngineClosedError("the engine was closed"))
-
-    def _batches(self) -> list[DecodeBatch]:
-        """The policy's decode batch, then each frozen model's."""
-        return [self._batch, *self._frozen.values()]
-
-    def _batch_of(self, unit: str, version: int) -> DecodeBatch:
-        """The decode batch of a unit; a frozen model's is made when it is first served."""
-        if unit == POLICY:
-            return self._batch
-        batch = self._frozen.get(unit)
-        if batch is None:
-            batch = self._frozen[unit] = DecodeBatch(self._served.unit(unit, version), self.tokenizer,
-                                                     self.eos_token_ids, self.max_model_len, self._reuse,
-                                                     self.stats, self.fused_decode)
-        return batch
-
-    def _wait_for_work(self) -> bool:
-        with self._cv:
-            while True:
-                if self._closed:
-                    return False
-                if self._pause_depth > 0:
-                    if not self._is_paused:
-                        self._is_paused = True
-                        self._cv.notify_all()
-                    self._cv.wait()
-                    continue
-                self._is_paused = False
-                if self._pending or any(batch.active for batch in self._batches()):
-                    return True
-                self._cv.wait()
-
-    def _admit(self) -> None:
-        """Take waiting requests while the batch has room; prefill them into the batch."""
-        taken: list[Request] = []
-        with self._cv:
-            active = self.num_active
-            room = self.max_batch_size - active
-            while self._pending:
-                request = self._pending[0]
-                if request.params.n > room and (active or taken):
-                    break
-                self._pending.popleft()
-                if not request.cancelled:
-                    taken.append(request)
-                    room -= request.params.n
-        if not taken:
-            return
-        version = self._sync_weights()
-        by_unit: dict[str, list[Request]] = {}
-        for request in taken:
-            by_unit.setdefault(request.target.unit, []).append(request)
-        for unit, requests in by_unit.items():
-            try:
-                batch = self._batch_of(unit, version)
-            except Exception as exc:  # noqa: BLE001 - e.g. the initial copy failed: these requests only
-                log.warning("model %r cannot be served: %s", unit, exc)
-                for request in requests:
-                    deliver(request, error=exc)
-                continue
-            prefill_requests(batch, requests, version)
-
-    def _sync_weights(self) -> int:
-        """Refresh the engine's copy of the weights if the trainer bumped the version (engine
-        thread, no forward in flight): a request is never served by stale weights. Returns the
-        version the next forward runs under."""
-        version = self.policy_version
-        if self._weights.refresh(version):
-            log.debug("engine %s weights refreshed for policy version %d", self._weights.dtype, version)
-        return version
-
-    def _fail_everything(self, error: BaseException) -> None:
-        for batch in self._batches():
-            batch.fail(error)
-        with self._cv:
-            pending, self._pending = list(self._pending), deque()
-        for request in pending:
-            deliver(request, error=error)

@@ -74,7 +74,7 @@ def test_rl_setup_failure_after_the_gateway_started_closes_gateway_and_engine(
         train(cfg)
     (rollout,) = built
     assert not rollout.gateway.running
-    assert not rollout.engine._thread.is_alive()
+    assert not rollout.engine._scheduler.thread.is_alive()
     assert rollout.loop.is_closed()
 
 
