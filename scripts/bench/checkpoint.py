@@ -2,7 +2,7 @@
 default): the seconds `save_checkpoint` takes and the bytes it writes, for the bundled model
 trained in full (fp32 weights and AdamW state) and with LoRA, after one optimizer step.
 
-    .venv/bin/python scripts/bench_checkpoint.py [--repeats 3] [--model smollm2-135m-instruct]
+    .venv/bin/python -m scripts.bench.checkpoint [--repeats 3] [--model smollm2-135m-instruct]
 
 Prints a table; the checkpoints go to a temp dir that is removed at the end.
 """
@@ -16,6 +16,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from scripts.bench.common import markdown_table
 
 
 def one_step(model, optimizer) -> None:  # noqa: ANN001 - torch objects
@@ -58,12 +60,14 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--model", default="smollm2-135m-instruct")
     args = parser.parse_args()
-    print("| training | checkpoint size | seconds (median, min-max) | share of 10 minutes |\n|---|---:|---:|---:|")
+    rows = []
     for lora in (False, True):
         seconds, size = measure(args.model, lora, args.repeats)
         median = statistics.median(seconds)
-        print(f"| {'LoRA r=8' if lora else 'full fp32'} | {size / 1e6:.0f} MB | {median:.2f} "
-              f"({min(seconds):.2f}-{max(seconds):.2f}) | {median / 600:.2%} |")
+        rows.append(["LoRA r=8" if lora else "full fp32", f"{size / 1e6:.0f} MB",
+                     f"{median:.2f} ({min(seconds):.2f}-{max(seconds):.2f})", f"{median / 600:.2%}"])
+    print(*markdown_table(["training", "checkpoint size", "seconds (median, min-max)", "share of 10 minutes"],
+                          rows, right={1, 2, 3}), sep="\n")
     return 0
 
 

@@ -18,7 +18,7 @@ least 0.85x the token ratio. The packed sequence is one forward whose attention 
 into segments (`ajet.forward.cascade`); `--mask` also times it under one 4-D tree mask.
 CPU time is the figure to compare on a shared machine; `--threads 1` steadies it further.
 
-    python scripts/bench_context.py [--json FILE] [--repeats N] [--no-time] [--only NAME ...]
+    python -m scripts.bench.context [--json FILE] [--repeats N] [--no-time] [--only NAME ...]
                                     [--padded] [--mask] [--threads N]
 """
 
@@ -45,6 +45,7 @@ from ajet.context.tracker import ContextTracker
 from ajet.context.types import LLMCall, Sample
 from ajet.forward.packed import forward_packed, forward_plan
 from ajet.forward.tree_attention import tree_layout
+from scripts.bench.common import print_table
 
 WORDS = (
     "the model calls a tool to read the file and then checks each value before it writes "
@@ -358,10 +359,6 @@ def run(
 
 
 def show(rows: list[dict]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title="ajet context: tokens forwarded and fwd+bwd time (bundled model)")
     cols = [
         ("workload", "workload"),
         ("calls", "calls"),
@@ -387,22 +384,21 @@ def show(rows: list[dict]) -> None:
             ("fwd+bwd 1/call padded s", "fwd_bwd_s_per_call_padded"),
             ("speedup vs padded", "speedup_vs_padded"),
         ]
-    for title, _ in cols:
-        table.add_column(title, justify="left" if title == "workload" else "right")
+    cells = []
     for row in rows:
-        cells = []
+        line = []
         for _, key in cols:
             if key is None:
-                cells.append(f"{row['samples_per_call']}→{row['samples_merged']}")
+                line.append(f"{row['samples_per_call']}→{row['samples_merged']}")
             elif isinstance(key, tuple) and key[0] not in row:
-                cells.append("-")
+                line.append("-")
             elif isinstance(key, tuple):
-                cells.append(" ".join(_cell(row, k) if n == 0 else f"({_cell(row, k)})"
-                                      for n, k in enumerate(key)))
+                line.append(" ".join(_cell(row, k) if n == 0 else f"({_cell(row, k)})" for n, k in enumerate(key)))
             else:
-                cells.append(_cell(row, key))
-        table.add_row(*cells)
-    Console(width=max(Console().width, 200)).print(table)
+                line.append(_cell(row, key))
+        cells.append(line)
+    print_table("ajet context: tokens forwarded and fwd+bwd time (bundled model)", [title for title, _ in cols],
+                cells, min_width=200, right=True)
 
 
 def _cell(row: dict, key: str) -> str:

@@ -1,9 +1,9 @@
 """Signals from a teacher, compared on the math agent (issue 29 §2): held-out (test) success of
 the base model trained three ways, against training minutes on the same CPU.
 
-    .venv/bin/python scripts/bench_distill.py --teacher experiments/math_agent/stages/03_grpo/final_model
-    .venv/bin/python scripts/bench_distill.py --teacher T --seeds 0 --methods distill   # one run
-    .venv/bin/python scripts/bench_distill.py --reread                                  # tables again
+    .venv/bin/python -m scripts.bench.distill --teacher experiments/math_agent/stages/03_grpo/final_model
+    .venv/bin/python -m scripts.bench.distill --teacher T --seeds 0 --methods distill   # one run
+    .venv/bin/python -m scripts.bench.distill --reread                                  # tables again
 
 The teacher is the math agent `make demo` trained; the student is the base model. Methods:
 
@@ -26,7 +26,7 @@ method nothing. The base model's test success (minute 0) is `ajet eval --split t
 method's own sampling settings (not timed).
 
 Writes OUT/bench_distill.json, OUT/bench_distill.md (the table) and OUT/bench_distill.png;
-prints the table; `scripts/docs_results.py` then regenerates docs/results/learning.md from every
+prints the table; `scripts/tools/docs_results.py` then regenerates docs/results/learning.md from every
 committed bench_distill.json. The machine may be shared: minutes are what the runs
 took here (its CPU flags are recorded beside them).
 """
@@ -41,9 +41,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_learning import machine
+from scripts.bench.common import (
+    AJET,
+    REPO,
+    eval_metric,
+    fmt,
+    machine,
+    markdown_table,
+    pyplot,
+    read_jsonl,
+    save_figure,
+)
 
-REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "tutorial" / "example_math_agent"
 TEST = EXAMPLE / "test.jsonl"
 OUT = REPO / "docs" / "learning"
@@ -78,7 +87,7 @@ def ajet(*args: str) -> float:
     """Run the CLI (`ajet --conf ...` quietly); return its wall seconds (raises on failure)."""
     start = time.monotonic()
     quiet = ["--quiet"] if args[0] == "--conf" else []
-    subprocess.run([sys.executable, "-m", "ajet.cli.main", *args[:2], *quiet, *args[2:]], check=True, cwd=REPO)
+    subprocess.run([*AJET, *args[:2], *quiet, *args[2:]], check=True, cwd=REPO)
     return time.monotonic() - start
 
 
@@ -118,7 +127,7 @@ def base_eval(method: str, exp: Path) -> float:
     if not report.is_file():
         ajet("eval", "--conf", str(CONF[method]), "--split", "test", "--name", name, f"project.exp_dir={exp}",
              "project.name=base")
-    return float(json.loads(report.read_text())["metrics"]["success/rate"])
+    return eval_metric(report)
 
 
 def curve(method: str, seed: int, exp: Path) -> list[dict[str, float]]:
@@ -126,13 +135,11 @@ def curve(method: str, seed: int, exp: Path) -> list[dict[str, float]]:
     run = run_dir(exp, method, seed)
     info = json.loads((run / "bench.json").read_text())
     if method == "sft":
-        report = json.loads((run / "eval" / "eval_trained_test.json").read_text())
         minutes = (info["dialogs_s"] + info["train_s"]) / 60
-        return [{"minutes": minutes, "success": float(report["metrics"]["success/rate"])}]
+        return [{"minutes": minutes, "success": eval_metric(run / "eval" / "eval_trained_test.json")}]
     stage = next((run / "stages").iterdir())
-    rows = [json.loads(line) for line in (stage / "metrics.jsonl").read_text().splitlines() if line.strip()]
     out, spent, last_train = [], 0.0, info["launch"]
-    for row in rows:
+    for row in read_jsonl(stage / "metrics.jsonl"):
         if row.get("split") == "train":
             last_train = row["time"]
         elif row.get("split") == "val" and "val/success/rate" in row:
@@ -161,32 +168,24 @@ def summarize(methods: list[str], seeds: list[int], exp: Path, teacher_success: 
     return {"teacher_success": teacher_success, "machine": machine(), "methods": results}
 
 
-def fmt(value: float | None, digits: int = 3) -> str:
-    return "—" if value is None else f"{value:.{digits}f}"
-
-
 def markdown(data: dict[str, Any]) -> str:
     teacher = data["teacher_success"]
     lines = [f"Teacher (make demo's model) on test: {fmt(teacher)}. Machine: {data['machine']['cpu']}, "
-             f"{data['machine']['cores']} cores, flags {' '.join(data['machine']['avx'])}.", "",
-             "| method | seed | base (test) | test success at training minutes | best | minutes to best | "
-             "minutes to teacher - 0.05 |", "|---|---|---|---|---|---|---|"]
+             f"{data['machine']['cores']} cores, flags {' '.join(data['machine']['avx'])}.", ""]
+    rows = []
     for method, r in data["methods"].items():
         for index, (seed, pts) in enumerate(r["runs"].items()):
             points = ", ".join(f"{p['success']:.2f} @ {p['minutes']:.1f}" for p in pts)
             best = r["best"][index]
-            lines.append(f"| {method} | {seed} | {fmt(r['base'])} | {points} | {fmt(best and best['success'])} | "
-                         f"{fmt(best and best['minutes'], 1)} | {fmt(r['to_teacher'][index], 1)} |")
+            rows.append([method, str(seed), fmt(r["base"]), points, fmt(best and best["success"]),
+                         fmt(best and best["minutes"], 1), fmt(r["to_teacher"][index], 1)])
+    lines += markdown_table(["method", "seed", "base (test)", "test success at training minutes", "best",
+                             "minutes to best", "minutes to teacher - 0.05"], rows)
     return "\n".join(lines) + "\n"
 
 
 def plot(data: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    fig, ax = pyplot().subplots(figsize=(6.5, 3.8))
     colors = {"distill": "tab:green", "grpo": "tab:blue", "sft": "tab:orange", "grpo_overlap": "tab:purple"}
     for method, r in data["methods"].items():
         for index, (seed, pts) in enumerate(r["runs"].items()):
@@ -200,10 +199,7 @@ def plot(data: dict[str, Any], path: Path) -> None:
     ax.set_ylabel("test success")
     ax.set_ylim(-0.02, 1.02)
     ax.legend(fontsize=7, loc="upper left")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: list[str]) -> int:
@@ -227,8 +223,7 @@ def main(argv: list[str]) -> int:
             base_eval(method, exp)
             for seed in seeds:
                 train(method, seed, teacher, exp)
-    teacher_success = (float(json.loads(teacher_report.read_text())["metrics"]["success/rate"])
-                       if teacher_report.is_file() else None)
+    teacher_success = eval_metric(teacher_report) if teacher_report.is_file() else None
     data = summarize(methods, seeds, exp, teacher_success)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench_distill.json").write_text(json.dumps(data, indent=1) + "\n")

@@ -20,7 +20,7 @@ Decode (`--workloads decode`): for each concurrency c, c chat requests each gene
 - hf_sequential: `model.generate` once per request, one request after the other
 - hf_batched:    one `model.generate` call over a static, left-padded batch of c
 - llama_cpp:     llama.cpp's batched decoding of the c prompts in one context, on the GGUF the
-                 model ships in (Q4_1: 4-bit weights; scripts/bench_llamacpp.py), the reference
+                 model ships in (Q4_1: 4-bit weights; scripts/bench/llamacpp.py), the reference
                  for CPU inference; left out (with a note) when llama-cpp-python is not installed
 
 Adapters (`--workloads adapters`, not run by default: it wraps a copy of the model in peft):
@@ -39,7 +39,7 @@ Run with jump-forward on (the default: a forced run of tokens is forwarded in on
 (one decode step per forced token), alternated --repeats times; answers/s and decode steps.
 
 Usage:
-    .venv/bin/python scripts/bench_engine.py [--json FILE] [--workloads agent,decode,adapters,choices]
+    .venv/bin/python -m scripts.bench.engine [--json FILE] [--workloads agent,decode,adapters,choices]
         [--new-tokens 128] [--concurrency 1,4,16] [--episodes 16] [--turns 8]
         [--engine-dtypes float32,float16,bfloat16] [--repeats 2] [--adapters 4]
         [--cpu-isa native|avx512_bf16|avx512|avx2]
@@ -65,26 +65,8 @@ import sys
 import time
 from pathlib import Path
 
-import bench_llamacpp
-
-QUESTIONS = [
-    "What is 2+3?",
-    "Name the capital of France.",
-    "Write a haiku about rain.",
-    "Explain photosynthesis in one paragraph.",
-    "List three prime numbers greater than 10.",
-    "What is the boiling point of water at sea level?",
-    "Summarise the plot of Romeo and Juliet.",
-    "How many legs does a spider have?",
-    "Translate 'good morning' into Spanish.",
-    "Why is the sky blue?",
-    "Give me a tip for learning Python.",
-    "What is 12 times 12?",
-    "Describe a cat to someone who has never seen one.",
-    "What does CPU stand for?",
-    "Suggest a name for a bakery.",
-    "What year did the first moon landing happen?",
-]
+from scripts.bench import llamacpp
+from scripts.bench.common import CPU_ISA, chat_prompts
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -258,17 +240,6 @@ def run_agent(model, tokenizer, args) -> dict[str, dict[str, float]]:
     return results | {"runs": runs}
 
 
-def chat_prompts(tokenizer, count: int) -> list[list[int]]:
-    from ajet.engine.chat import ChatFormat
-
-    chat = ChatFormat(tokenizer)
-    questions = [
-        QUESTIONS[i % len(QUESTIONS)] + (f" (#{i})" if i >= len(QUESTIONS) else "")
-        for i in range(count)
-    ]
-    return [chat.encode(chat.render([{"role": "user", "content": q}])) for q in questions]
-
-
 def bench_ours(engine, prompts: list[list[int]], new_tokens: int, models: list | None = None) -> float:
     """Aggregate tokens/s of the prompts generated concurrently (`models[i]`: the engine's
     `model=` of request i; None: the policy)."""
@@ -325,15 +296,6 @@ OURS = {"float32": "ours", "float16": "ours_fp16", "bfloat16": "ours_bf16", "bfl
 HF_STEP = "_hf_step"  # the same engine, its decode steps through the HF forward
 
 
-# Per instruction-set cap: the environment variables that make ATen's dispatch, oneDNN, MKL and
-# FBGEMM pick no wider kernels. Each library reads its variable once, at load or first use.
-CPU_ISA = {
-    "native": {},
-    "avx512_bf16": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"},  # AVX-512 and avx512_bf16, no AMX
-    "avx512": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"},
-    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
-             "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2"},
-}
 ISA_MARK = "AJET_BENCH_CPU_ISA"  # set in the re-run process, so that it does not re-run again
 
 
@@ -343,7 +305,7 @@ def cap_cpu_isa(isa: str, argv: list[str]) -> None:
         return
     env = os.environ | CPU_ISA[isa] | {ISA_MARK: isa}
     print(f"cpu-isa {isa}: re-running with " + " ".join(f"{k}={v}" for k, v in CPU_ISA[isa].items()), flush=True)
-    os.execve(sys.executable, [sys.executable, __file__, *argv], env)
+    os.execve(sys.executable, [sys.executable, "-m", __spec__.name, *argv], env)  # this module, as -m runs it
 
 
 def torch_threads() -> int:
@@ -375,7 +337,7 @@ def decode_methods(args) -> list[str]:
             if args.cpu_isa != "native":
                 print(f"llama_cpp: built for this CPU, it ignores --cpu-isa {args.cpu_isa}; its column is left out",
                       flush=True)
-            elif bench_llamacpp.available():
+            elif llamacpp.available():
                 methods.append(method)
             else:
                 print("llama_cpp: llama-cpp-python is not installed, its column is left out "
@@ -407,7 +369,7 @@ def run_decode(model, tokenizer, args) -> dict[str, dict[str, float]]:
     if "llama_cpp" in methods:
         # In a process of its own (bench_isolated says why); a crash there leaves its column out.
         threads = args.threads or torch_threads()
-        measured, why = bench_llamacpp.bench_isolated(prompts, args.new_tokens, levels, args.repeats, threads)
+        measured, why = llamacpp.bench_isolated(prompts, args.new_tokens, levels, args.repeats, threads)
         if measured is None:
             print(f"llama_cpp: {why}; its column is left out", flush=True)
             methods.remove("llama_cpp")

@@ -12,9 +12,9 @@ Only rollout is measured (no weight update between rounds). One warm-up round ea
 start-up, first prefill) is not timed. Completion lengths vary with sampling, so generated
 tokens/s is printed too. Numbers on a busy shared machine are noisy: re-run on a quiet one.
 
-    python scripts/bench_episode_api.py [--model PATH] [--clients python|node|both] [--concurrency 8]
+    python -m scripts.bench.episode_api [--model PATH] [--clients python|node|both] [--concurrency 8]
         [--groups 4] [--n 4] [--rounds 3] [--max-tokens 48] [--max-staleness 1] [--json FILE]
-    python scripts/bench_episode_api.py --model tiny     # a random 2-layer model: the API's own cost
+    python -m scripts.bench.episode_api --model tiny     # a random 2-layer model: the API's own cost
 """
 
 from __future__ import annotations
@@ -22,35 +22,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+from scripts.bench.common import REPO, child_env, tiny_model
+
 EXAMPLE = REPO / "tutorial" / "example_remote_agent"
-
-
-def tiny_model(out: Path) -> Path:
-    """A 2-layer random Llama with the bundled tokenizer (as tests/conftest.py): the engine is
-    then fast, so the numbers show what the API itself costs."""
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    from ajet.models.resolve import bundled_checkpoint
-
-    if not (out / "config.json").is_file():
-        tokenizer = AutoTokenizer.from_pretrained(bundled_checkpoint())
-        config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                             bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                             pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True)
-        torch.manual_seed(0)
-        LlamaForCausalLM(config).save_pretrained(out)
-        tokenizer.save_pretrained(out)
-    return out
 
 
 def build(args: argparse.Namespace) -> dict[str, Any]:
@@ -73,10 +53,8 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def agent_workflow() -> Any:
-    sys.path.insert(0, str(EXAMPLE))
-    from agent import SYSTEM_PROMPT
-
     from ajet import Workflow, WorkflowOutput
+    from tutorial.example_remote_agent.agent import SYSTEM_PROMPT
 
     class InProcessAgent(Workflow):
         """agent.py as a workflow: one call, the answer for the judge."""
@@ -125,7 +103,7 @@ def through_api(parts: dict[str, Any], args: argparse.Namespace, client: str) ->
                            total_steps=args.rounds + 1, policy_version=lambda: engine.policy_version,
                            max_staleness=args.max_staleness)
     token = attach_episode_api(gateway, broker)
-    env = {**os.environ, "AJET_URL": gateway.base_url, "AJET_TOKEN": token, "PYTHONPATH": str(REPO)}
+    env = child_env({"AJET_URL": gateway.base_url, "AJET_TOKEN": token})
     command = {"python": [sys.executable, str(EXAMPLE / "agent.py")], "node": ["node", str(EXAMPLE / "agent.mjs")]}
     procs = [subprocess.Popen(command[client], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
              for _ in range(args.concurrency)]

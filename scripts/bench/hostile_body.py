@@ -3,7 +3,7 @@ time to the answer, for a chunked body sent without the client token and one sen
 (over the body cap). A server process runs the gateway with the episode API on a stub source;
 its peak RSS (VmHWM) is read before and after each request.
 
-    python scripts/bench_hostile_body.py [--mib 2048]
+    python -m scripts.bench.hostile_body [--mib 2048]
 
 Before issue 53 the episode API read a whole chunked body before its token check answered 401.
 """

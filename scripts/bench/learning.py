@@ -2,10 +2,10 @@
 CPU cores and is scored on its held-out **test** split, base -> trained, against a regression
 threshold: a change can be checked before it lands.
 
-    .venv/bin/python scripts/bench_learning.py --list            # examples, budgets, thresholds
-    .venv/bin/python scripts/bench_learning.py --only adder      # the quick one: a few minutes
-    .venv/bin/python scripts/bench_learning.py                   # every example
-    .venv/bin/python scripts/bench_learning.py --only adder --seed 1   # a second seed: adder_seed1
+    .venv/bin/python -m scripts.bench.learning --list            # examples, budgets, thresholds
+    .venv/bin/python -m scripts.bench.learning --only adder      # the quick one: a few minutes
+    .venv/bin/python -m scripts.bench.learning                   # every example
+    .venv/bin/python -m scripts.bench.learning --only adder --seed 1   # a second seed: adder_seed1
     make bench-learning BENCH_ARGS='--only adder'
 
 One run of an example is one `ajet --conf YAML --backbone=debug` pipeline,
@@ -22,14 +22,14 @@ Recorded per example: the test metric base -> trained, the minutes from launch t
 the updates trained on, prompts included, summed over the training stages:
 `context/tokens_merged`, `sft/tokens`; `tokens_forwarded` is what the packed prefix trees
 actually forwarded, `context/tokens_packed`, `sft/tokens_packed`) and every point of the curve
-(`scripts/learning_curve.py`'s points: the test evaluations and the val validations, minutes
+(`scripts/bench/learning_curve.py`'s points: the test evaluations and the val validations, minutes
 since launch). `--reread` rebuilds the results from the run dirs of an earlier run (no
 training), e.g. after a change to what is recorded.
 
 Writes OUT/bench_learning.json (merged: examples not run keep their last result),
 OUT/bench_learning_<name>.png (the metric against minutes) and OUT/bench_learning.md (the
 table as markdown); prints the table. After a run into docs/learning/,
-`scripts/docs_results.py` regenerates docs/results/learning.md from the JSON (a unit test fails
+`scripts/tools/docs_results.py` regenerates docs/results/learning.md from the JSON (a unit test fails
 until it has). Exits 1 when a run failed or missed its threshold. Minutes over the budget are shown, not failed: the machine may be
 shared, and a benchmark measures time, it does not assert it.
 
@@ -54,9 +54,20 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from learning_curve import points
+from scripts.bench.common import (
+    AJET,
+    REPO,
+    child_env,
+    fmt,
+    machine,
+    markdown_table,
+    print_table,
+    pyplot,
+    read_jsonl,
+    save_figure,
+)
+from scripts.bench.learning_curve import points
 
-REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "docs" / "learning"
 # (GRPO train row, SFT train row): the trained samples' tokens, and what packing forwarded
 TRAINED_KEYS = ("context/tokens_merged", "sft/tokens")
@@ -138,7 +149,7 @@ REGISTRY: tuple[Example, ...] = (
         overrides=("workflow.target=" + str(REPO / "tutorial/example_function_workflow/adder.py") + ":adder",
                    "trainer.total_steps=16", "trainer.val_every=4", "trainer.save_every=0", "eval.n=4"),
         budget_min=6, threshold=0.5, quick=True,
-        why="scripts/learning_curve.sh's 16 steps (4.2 min quiet); val success was 0.94 at step 8 "
+        why="scripts/bench/learning_curve.sh's 16 steps (4.2 min quiet); val success was 0.94 at step 8 "
             "and 0.98 at 16 (docs/log/2026-11-22_adder_learning_curve.md). Test holds the pairs with a 0, a kind train "
             "never shows: the threshold asks for about half of val's level.",
     ),
@@ -391,7 +402,7 @@ def command(example: Example, exp_dir: Path, cached_base: bool, port: int | None
     if example.warmup and cached_base:
         raise ValueError(f"{example.name}: its base is its warm-up's score, measured in every run; run without --cached-base")
     stages = [*example.warmup, *([] if cached_base else ["eval"]), *example.stages, "eval"]
-    return [sys.executable, "-m", "ajet.cli.main", "--conf", str(REPO / example.conf), "--backbone=debug",
+    return [*AJET, "--conf", str(REPO / example.conf), "--backbone=debug",
             f"project.name={example.name}", f"project.exp_dir={exp_dir}", f"project.seed={example.seed}",
             "logging.quiet=true", "eval.split=test", f"pipeline.stages=[{','.join(stages)}]",
             *(o.replace("{port}", str(port)) for o in example.overrides)]
@@ -414,8 +425,7 @@ def service(example: Example, log: Path, timeout_s: float = 60.0) -> Iterator[in
     argv = [sys.executable, *(a.replace("{port}", str(port)) for a in example.service)]
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
-                                env={**os.environ, "PYTHONPATH": str(REPO)})
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=child_env())
     try:
         deadline = time.monotonic() + timeout_s
         while True:
@@ -429,9 +439,15 @@ def service(example: Example, log: Path, timeout_s: float = 60.0) -> Iterator[in
             time.sleep(0.2)
         yield port
     finally:
+        stop(proc, timeout_s=10)
+
+
+def stop(proc: subprocess.Popen, timeout_s: float) -> None:
+    """Terminate `proc` if it still runs, and kill it if it has not ended within `timeout_s`."""
+    if proc.poll() is None:
         proc.terminate()
         try:
-            proc.wait(timeout=10)
+            proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             proc.kill()
 
@@ -441,17 +457,16 @@ def served_commands(example: Example, exp_dir: Path, port: int, token: str) -> d
     RUN/eval/eval_base.json and eval_trained.json), "serve" (on `port`, clients use `token`)."""
     assert example.served is not None
     s, run = example.served, exp_dir / example.name
-    ajet = [sys.executable, "-m", "ajet.cli.main"]
     common = [f"project.name={example.name}", f"project.exp_dir={exp_dir}", f"project.seed={example.seed}",
               "logging.quiet=true", *example.overrides]
 
     def evaluate(name: str, model: Path | None) -> list[str]:
-        return [*ajet, "eval", "--conf", str(REPO / example.conf), "--split", "test", "--n", str(s.eval_n),
+        return [*AJET, "eval", "--conf", str(REPO / example.conf), "--split", "test", "--n", str(s.eval_n),
                 "--name", name, *(["--model", str(model)] if model else []), *common,
                 f"workflow.target={REPO / s.eval_workflow}"]
 
     return {"base": evaluate("base", None),
-            "serve": [*ajet, "serve", "--conf", str(REPO / example.conf), "--port", str(port), *common,
+            "serve": [*AJET, "serve", "--conf", str(REPO / example.conf), "--port", str(port), *common,
                       f"serve.client_token={token}"],
             "trained": evaluate("trained", run / "final_model")}
 
@@ -462,7 +477,7 @@ def run_served(example: Example, exp_dir: Path, cached_base: bool, timeout_s: fl
     that `collect` reads it as one: (status, the serve command)."""
     assert example.served is not None
     run, deadline = exp_dir / example.name, time.monotonic() + timeout_s
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = child_env()
     port, token = free_port(), f"bench-{os.getpid()}"
     cmds = served_commands(example, exp_dir, port, token)
     left = lambda: max(1.0, deadline - time.monotonic())  # noqa: E731
@@ -480,25 +495,20 @@ def run_served(example: Example, exp_dir: Path, cached_base: bool, timeout_s: fl
             if serve.poll() is not None:
                 return f"error: ajet serve exited {serve.returncode}", cmds["serve"]
             time.sleep(0.5)
-        client_env = {**env, "AJET_URL": f"http://127.0.0.1:{port}", "AJET_TOKEN": token}
+        client_env = child_env({"AJET_URL": f"http://127.0.0.1:{port}", "AJET_TOKEN": token})
         clients = [subprocess.Popen([sys.executable, *example.served.client], env=client_env, cwd=REPO,
                                     stdout=subprocess.DEVNULL) for _ in range(example.served.clients)]
         if serve.wait(timeout=left()) != 0:
             return f"error: ajet serve exited {serve.returncode}", cmds["serve"]
     finally:
         for proc in (serve, *clients):
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            stop(proc, timeout_s=30)
     stages.append({"stage": "serve", "run_dir": str(run)})
     print("$", " ".join(cmds["trained"]), flush=True)
     if subprocess.run(cmds["trained"], env=env, timeout=left()).returncode != 0:
         return "error: the trained model's evaluation failed", cmds["serve"]
     stages.append({"stage": "eval", "eval": str(run / "eval" / "eval_trained.json")})
-    (run / "pipeline.json").write_text(json.dumps({"stages": stages, "written_by": "scripts/bench_learning.py"}))
+    (run / "pipeline.json").write_text(json.dumps({"stages": stages, "written_by": "scripts/bench/learning.py"}))
     return "ok", cmds["serve"]
 
 
@@ -532,7 +542,7 @@ def run_pipeline(example: Example, exp_dir: Path, cached_base: bool, timeout_s: 
     with service(example, exp_dir / example.name / "service.log") as port:
         cmd = command(example, exp_dir, cached_base, port)
         print("$", " ".join(cmd), flush=True)
-        proc = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=timeout_s)
+        proc = subprocess.run(cmd, env=child_env(), timeout=timeout_s)
     return ("ok" if proc.returncode == 0 else f"error: ajet exited {proc.returncode}"), cmd
 
 
@@ -615,18 +625,12 @@ def token_sum(run_dir: Path, keys: tuple[str, ...]) -> int:
     for stage in json.loads(pipeline.read_text()).get("stages", []):
         metrics = Path(stage.get("run_dir", "")) / "metrics.jsonl"
         if stage.get("run_dir") and metrics.is_file():
-            for line in metrics.read_text().splitlines():
-                row = json.loads(line) if line.strip() else {}
-                if row.get("split") == "train":
-                    total += sum(float(row.get(k, 0.0)) for k in keys)
+            total += sum(float(row.get(k, 0.0)) for row in read_jsonl(metrics) if row.get("split") == "train"
+                         for k in keys)
     return int(total)
 
 
 # ---------------------------------------------------------------------- reporting
-
-
-def fmt(value: float | None) -> str:
-    return "—" if value is None else f"{value:.3f}"
 
 
 def table_rows(results: list[Result]) -> list[list[str]]:
@@ -644,27 +648,12 @@ def table_rows(results: list[Result]) -> list[list[str]]:
 HEADERS = ["example", "metric", "base -> trained", "minutes / budget", "tokens trained", "threshold", "result"]
 
 
-def print_table(results: list[Result]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title="bench_learning: trained within a wall budget, scored on the test split")
-    for header in HEADERS:
-        table.add_column(header)
-    for row in table_rows(results):
-        table.add_row(*row)
-    Console(width=max(Console().width, 150)).print(table)  # one line a row, in a log file too
-
-
 def markdown(results: list[Result], images: dict[str, str]) -> str:
-    lines = ["| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
-    lines += ["| " + " | ".join(row) + " |" for row in table_rows(results)]
-    also = [r for r in results if r.also]
+    lines = markdown_table(HEADERS, table_rows(results))
+    also = [[r.name, key, f"{fmt(base)} -> {fmt(trained)}"] for r in results for key, (base, trained) in r.also.items()]
     if also:
         lines += ["", "More test metrics of the same runs (base -> trained):", "",
-                  "| example | metric | base -> trained |", "|---|---|---|"]
-        lines += [f"| {r.name} | {key} | {fmt(base)} -> {fmt(trained)} |"
-                  for r in also for key, (base, trained) in r.also.items()]
+                  *markdown_table(["example", "metric", "base -> trained"], also)]
     lines += ["", *(f"![{name}]({path})" for name, path in images.items())]
     return "\n".join(lines) + "\n"
 
@@ -672,12 +661,7 @@ def markdown(results: list[Result], images: dict[str, str]) -> str:
 def plot(result: Result, path: Path) -> None:
     """The metric against minutes since launch: test evaluations as points, val validations
     as a dashed line, the threshold as a dotted line."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.6))
+    fig, ax = pyplot().subplots(figsize=(6, 3.6))
     for split, style in (("val", dict(ls="--", marker="x", color="tab:gray")),
                          ("test", dict(ls="none", marker="o", markersize=8, color="tab:blue"))):
         pts = [p for p in result.points if p["split"] == split]
@@ -693,25 +677,7 @@ def plot(result: Result, path: Path) -> None:
     ax.set_ylim(-0.02, 1.02)
     ax.set_title(f"{result.name}: {fmt(result.base)} -> {fmt(result.trained)} on test ({result.status})")
     ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-def machine() -> dict[str, Any]:
-    """What the minutes were measured on: the CPU, its cores, its AVX and AMX flags (key "avx")."""
-    flags: set[str] = set()
-    model = ""
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("flags") and not flags:
-                flags = {f for f in line.split(":", 1)[1].split() if re.match(r"avx|amx", f)}
-            elif line.startswith("model name") and not model:
-                model = line.split(":", 1)[1].strip()
-    load = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
-    return {"cpu": model, "cores": os.cpu_count(), "avx": sorted(flags), "load_average": load}
+    save_figure(fig, path)
 
 
 def write_outputs(results: list[Result], out: Path) -> Path:
@@ -731,19 +697,14 @@ def write_outputs(results: list[Result], out: Path) -> Path:
 
 
 def print_list() -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title="bench_learning examples (scripts/bench_learning.py --only NAME)")
-    for header in ("example", "config + pinned overrides", "stages", "budget (min)", "metric", "threshold",
-                   "cached base", "why"):
-        table.add_column(header, overflow="fold")
+    rows = []
     for e in REGISTRY:
         conf = " ".join([e.conf, *(o.replace(str(REPO) + "/", "") for o in e.overrides)])
-        name = e.name + (" (quick)" if e.quick else "")
-        table.add_row(name, conf, ", ".join([*e.warmup, "eval", *e.stages, "eval"]), f"{e.budget_min:g}",
-                      f"test {e.metric}", e.threshold_text(), fmt(e.base), e.why)
-    Console(width=200).print(table)
+        rows.append([e.name + (" (quick)" if e.quick else ""), conf, ", ".join([*e.warmup, "eval", *e.stages, "eval"]),
+                     f"{e.budget_min:g}", f"test {e.metric}", e.threshold_text(), fmt(e.base), e.why])
+    print_table("bench_learning examples (python -m scripts.bench.learning --only NAME)",
+                ["example", "config + pinned overrides", "stages", "budget (min)", "metric", "threshold", "cached base",
+                 "why"], rows, min_width=200, fold=True)
 
 
 def main(argv: list[str], runner: Runner = run_example) -> int:
@@ -772,7 +733,8 @@ def main(argv: list[str], runner: Runner = run_example) -> int:
             if not args.keep_checkpoints:
                 drop_checkpoints(args.exp_dir / e.name)
     path = write_outputs(results, args.out)
-    print_table(results)
+    print_table("bench_learning: trained within a wall budget, scored on the test split", HEADERS,
+                table_rows(results))
     print(f"wrote {path} and the PNGs and bench_learning.md beside it")
     return 0 if all(r.passed for r in results) else 1
 

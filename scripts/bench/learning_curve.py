@@ -1,8 +1,8 @@
 """The math agent's learning curve: success, tool-call rate and LLM calls per episode against
 wall-clock minutes, one table per seed (the tables of docs/log/2026-11-23_math_agent_demo_and_grpo_alone.md).
 
-    .venv/bin/python scripts/learning_curve.py --seeds 0,1            # train, then print the tables
-    .venv/bin/python scripts/learning_curve.py --table RUN_DIR ...     # tables of finished runs
+    .venv/bin/python -m scripts.bench.learning_curve --seeds 0,1          # train, then print the tables
+    .venv/bin/python -m scripts.bench.learning_curve --table RUN_DIR ...  # tables of finished runs
 
 Each seed runs `ajet --conf CONF --backbone=debug project.seed=S project.name=NAME_seedS`
 (plus any KEY=VALUE given after `--`) and records its launch time in RUN/launch.json, so
@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from scripts.bench.common import AJET, REPO, child_env, fmt, markdown_table, read_jsonl
+
 CONF = REPO / "tutorial" / "example_math_agent" / "math_agent.yaml"
 COLUMNS = (  # (header, key in an eval report / a val row without "val/")
     ("success", "success/rate"),
@@ -52,11 +52,11 @@ def train(conf: Path, seed: int, name: str, exp_dir: str, overrides: list[str]) 
     run_dir.mkdir(parents=True, exist_ok=True)
     launch = time.time()
     (run_dir / "launch.json").write_text(json.dumps({"time": launch, "seed": seed, "overrides": overrides}))
-    cmd = [sys.executable, "-m", "ajet.cli.main", "--conf", str(conf), "--backbone=debug",
+    cmd = [*AJET, "--conf", str(conf), "--backbone=debug",
            f"project.seed={seed}", f"project.name={name}_seed{seed}", f"project.exp_dir={exp_dir}",
            "logging.quiet=true", *overrides]
     print("$", " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    subprocess.run(cmd, check=True, env=child_env())
     print(f"seed {seed}: {time.time() - launch:.0f} s wall", flush=True)
     return run_dir
 
@@ -85,26 +85,18 @@ def points(run_dir: Path) -> list[dict]:
 
 
 def _val_points(stage_dir: Path, stage: str) -> list[dict]:
-    rows = [json.loads(line) for line in (stage_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     return [
         {"time": r["time"], "label": f"{stage} step {r['step']} (val)", "split": "val",
          "metrics": {k[4:]: v for k, v in r.items() if k.startswith("val/")}}
-        for r in rows if r.get("split") == "val" and "val/success/rate" in r
+        for r in read_jsonl(stage_dir / "metrics.jsonl") if r.get("split") == "val" and "val/success/rate" in r
     ]
 
 
 def table(run_dir: Path) -> str:
-    lines = [f"**{run_dir.name}**", "",
-             "| minutes | point | " + " | ".join(h for h, _ in COLUMNS) + " |",
-             "|---|---|" + "---|" * len(COLUMNS)]
-    for p in points(run_dir):
-        cells = [_fmt(p["metrics"].get(key)) for _, key in COLUMNS]
-        lines.append(f"| {p['minutes']:.1f} | {p['label']} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def _fmt(value: object) -> str:
-    return f"{value:.3f}" if isinstance(value, (int, float)) else "—"
+    rows = [[f"{p['minutes']:.1f}", p["label"], *(fmt(p["metrics"].get(key)) for _, key in COLUMNS)]
+            for p in points(run_dir)]
+    headers = ["minutes", "point", *(h for h, _ in COLUMNS)]
+    return "\n".join([f"**{run_dir.name}**", "", *markdown_table(headers, rows)]) + "\n"
 
 
 def main(argv: list[str]) -> int:

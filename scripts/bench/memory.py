@@ -7,7 +7,7 @@ Two modes:
   process, samples its RSS every --interval seconds, and prints the peak, the peak of each
   phase the log names (pipeline stages, evaluations, training steps), and the sizes that
   follow from the model: weights, gradients and AdamW state in fp32, the engine's KV per token.
-  With `--marks` the child runs under `scripts/memory_marks.py`, which marks RSS where each
+  With `--marks` the child runs under `scripts/bench/memory_marks.py`, which marks RSS where each
   part of the run starts and ends (rollouts, forward, backward, optimizer step, ...), and the
   peak of each part is printed per phase: what holds the memory, not only how much.
 - **--update**: in this process, one policy update (`PolicyUpdater.update`) on a synthetic
@@ -19,9 +19,9 @@ Two modes:
   `trainer.malloc_mmap_threshold_kb=0`, ...) measure one lever at a time in minutes.
 
 Usage:
-    .venv/bin/python scripts/bench_memory.py [--conf tutorial/example_math_agent/math_agent.yaml]
+    .venv/bin/python -m scripts.bench.memory [--conf tutorial/example_math_agent/math_agent.yaml]
         [--marks] [--log run.log] [trainer.total_steps=2 trainer.val_every=0 ...]
-    .venv/bin/python scripts/bench_memory.py --update [--steps 2] [trainer.logits_chunk_tokens=0 ...]
+    .venv/bin/python -m scripts.bench.memory --update [--steps 2] [trainer.logits_chunk_tokens=0 ...]
 
 A benchmark measures; it asserts nothing. Other processes on the machine do not change RSS,
 but they slow the run down. MALLOC_ARENA_MAX and other malloc settings in the environment
@@ -43,7 +43,8 @@ import threading
 import time
 from pathlib import Path
 
-from memory_marks import parse_mark
+from scripts.bench.common import child_env
+from scripts.bench.memory_marks import parse_mark
 
 # Log lines that start a phase of the run, and the phase's name.
 _PHASES = [
@@ -62,7 +63,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="run mode: the run's experiment root [default: a new temporary directory, so an "
                              "earlier `make demo` in experiments/ does not stop the run]")
     parser.add_argument("--marks", action="store_true",
-                        help="run mode: RSS marks inside the run (scripts/memory_marks.py): the peak of each part")
+                        help="run mode: RSS marks inside the run (scripts/bench/memory_marks.py): the peak of each part")
     parser.add_argument("--update", action="store_true", help="measure policy updates in this process")
     parser.add_argument("--steps", type=int, default=2, help="--update: updates to run")
     parser.add_argument("overrides", nargs="*", help="config overrides passed to ajet (key=value)")
@@ -132,13 +133,13 @@ class Sampler:
 
 
 def run_mode(args: argparse.Namespace) -> int:
-    entry = [str(Path(__file__).with_name("memory_marks.py"))] if args.marks else ["-m", "ajet.cli.main"]
+    entry = ["-m", "scripts.bench.memory_marks" if args.marks else "ajet.cli.main"]
     exp_dir = args.exp_dir or Path(tempfile.mkdtemp(prefix="ajet_bench_memory_"))
     cmd = [sys.executable, *entry, "--conf", args.conf, "--backbone=debug", "--exp-dir", str(exp_dir),
            *args.overrides]
     print("running:", " ".join(cmd), flush=True)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=os.environ | {"PYTHONUNBUFFERED": "1"})
+                            env=child_env({"PYTHONUNBUFFERED": "1"}))
     sampler = Sampler(proc.pid, args.interval)
     phases: list[tuple[float, str]] = [(0.0, "start-up")]
     steps: list[tuple[float, float, str]] = []

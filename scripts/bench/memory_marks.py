@@ -1,7 +1,7 @@
-"""RSS marks inside a running `ajet` (`scripts/bench_memory.py --marks`): what each part of a
-run holds, not just the peak of the whole.
+"""RSS marks inside a running `ajet` (`python -m scripts.bench.memory --marks`): what each part
+of a run holds, not just the peak of the whole.
 
-Run as the child of `bench_memory.py --marks`: wraps the functions that start and end the
+Run as the child of `scripts.bench.memory --marks`: wraps the functions that start and end the
 parts of a run (model loads, evaluation and GRPO rollouts, updates, forward, backward, the
 optimizer step, gradient clipping, release_memory, checkpoints), then runs the `ajet` CLI.
 At each mark it prints one line

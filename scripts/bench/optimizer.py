@@ -4,14 +4,13 @@ torch's fused AdamW) against torch's default per-parameter loop and its `foreach
 Every update of every recipe ends in this step (8 SFT and 4 GRPO updates in `make demo`).
 The gradients are random; the weights are the bundled SmolLM2-135M's, fp32.
 
-    python scripts/bench_optimizer.py [--repeats 5] [--json FILE]
+    python -m scripts.bench.optimizer [--repeats 5] [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 
 import torch
@@ -19,15 +18,7 @@ import torch
 from ajet.config.schema import TrainerConfig
 from ajet.models.resolve import resolve_model_path
 from ajet.training.optim import build_optimizer
-
-
-def cpu_flags() -> str:
-    """The CPU's vector extensions (what the figures depend on)."""
-    try:
-        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
-    except (OSError, StopIteration):
-        return platform.processor()
-    return " ".join(f for f in flags if f.startswith(("avx", "amx")))
+from scripts.bench.common import markdown_table, vector_flags
 
 
 def time_steps(optimizer: torch.optim.Optimizer, repeats: int) -> float:
@@ -61,14 +52,14 @@ def main() -> None:
     }
     results = {name: time_steps(opt, args.repeats) for name, opt in rows.items()}
     base = results["torch AdamW, default"]
-    print(f"AdamW step over {count / 1e6:.1f}M parameters, {torch.get_num_threads()} threads; CPU flags: {cpu_flags()}")
-    print(f"| optimizer | step, s (best of {args.repeats}) | vs torch default |")
-    print("|---|---:|---:|")
-    for name, seconds in results.items():
-        print(f"| {name} | {seconds:.3f} | {base / seconds:.1f}x |")
+    flags = " ".join(vector_flags())
+    print(f"AdamW step over {count / 1e6:.1f}M parameters, {torch.get_num_threads()} threads; CPU flags: {flags}")
+    print(*markdown_table(["optimizer", f"step, s (best of {args.repeats})", "vs torch default"],
+                          [[name, f"{seconds:.3f}", f"{base / seconds:.1f}x"] for name, seconds in results.items()],
+                          right={1, 2}), sep="\n")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"parameters": count, "cpu_flags": cpu_flags(), "seconds": results}, f, indent=1)
+            json.dump({"parameters": count, "cpu_flags": flags, "seconds": results}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 A cold start, a call on a warm sandbox (Python code, a shell command, a fresh interpreter for
 comparison), an episode on a warm pool, and the calls per second K threads sustain on a pool of K.
 
-    .venv/bin/python scripts/bench_sandbox.py [--quick] [--seconds 5] [--pause 0.1]
+    .venv/bin/python -m scripts.bench.sandbox [--quick] [--seconds 5] [--pause 0.1]
 
 Rows (p50/p95 in ms, with the number of samples):
 - cold start: `Sandbox(limits).start()` until the server inside says ready;
@@ -30,10 +30,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from ajet.sandbox.box import Limits, RunResult, Sandbox
 from ajet.sandbox.pool import SandboxPool
+from scripts.bench.common import cpu_flags, cpu_model, print_table
 
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile")
 TASK = "print(sum(range(10**5)))"
@@ -53,17 +53,10 @@ class Row:
 
 
 def machine() -> str:
-    """The CPU model, the core count and which of FLAGS /proc/cpuinfo lists."""
-    model, flags = "?", set()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name") and model == "?":
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and not flags:
-                flags = set(line.split(":", 1)[1].split())
+    """The CPU model, the core count and which of FLAGS the CPU has."""
+    flags = cpu_flags()
     marks = ", ".join(f"{flag} {'yes' if flag in flags else 'no'}" for flag in FLAGS)
-    return f"cpu: {model}, {os.cpu_count()} cores; {marks}"
+    return f"cpu: {cpu_model() or '?'}, {os.cpu_count()} cores; {marks}"
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -173,23 +166,19 @@ def throughput(threads: int, seconds: float) -> Row:
 
 
 def show(rows: list[Row]) -> None:
-    from rich.console import Console
     from rich.markup import escape
-    from rich.table import Table
 
-    table = Table(title="ajet sandbox: latency (ms) and throughput")
-    for title in ("case", "samples", "p50 ms", "p95 ms", "calls/s", "episodes/s", "cold starts", "not ok"):
-        table.add_column(title, justify="left" if title == "case" else "right")
-    for row in rows:
-        def ms(q: float, row: Row = row) -> str:
-            return f"{1000 * percentile(row.times_s, q):.2f}" if row.times_s else "-"
+    def ms(row: Row, q: float) -> str:
+        return f"{1000 * percentile(row.times_s, q):.2f}" if row.times_s else "-"
 
-        def rate(value: float | None) -> str:
-            return "-" if value is None else f"{value:.1f}"
+    def rate(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f}"
 
-        table.add_row(escape(row.case), str(row.samples), ms(50), ms(95), rate(row.calls_per_s), rate(row.episodes_per_s),
-                      "-" if row.cold_starts is None else str(row.cold_starts), str(row.not_ok))
-    Console(width=max(Console().width, 160)).print(table)  # one line a row, in a log file too
+    print_table("ajet sandbox: latency (ms) and throughput",
+                ["case", "samples", "p50 ms", "p95 ms", "calls/s", "episodes/s", "cold starts", "not ok"],
+                [[escape(row.case), str(row.samples), ms(row, 50), ms(row, 95), rate(row.calls_per_s),
+                  rate(row.episodes_per_s), "-" if row.cold_starts is None else str(row.cold_starts), str(row.not_ok)]
+                 for row in rows], min_width=160, right=True)
 
 
 def main() -> None:

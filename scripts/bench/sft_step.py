@@ -6,7 +6,7 @@ gradient checkpointing), then times its first steps in this process: the whole o
 attention plan of the tree-packed forward (`ajet.forward.cascade`) in fp32 and under bf16
 autocast. With --profile, the op table of one more step (torch profiler).
 
-    python scripts/bench_sft_step.py [--conf tutorial/example_math_agent/math_agent.yaml] [--steps 4] [--profile]
+    python -m scripts.bench.sft_step [--conf tutorial/example_math_agent/math_agent.yaml] [--steps 4] [--profile]
 
 Run it on a quiet machine: two torch processes on 2 cores slow each other by several times.
 """

@@ -2,10 +2,10 @@
 `make test-main` runs it, or `make test-fast`'s unit tests), its CPU time, and the slowest
 tests and files, from pytest's JUnit report.
 
-    .venv/bin/python scripts/bench_suite.py [--suite main|fast] [--workers 3] [--cpu-isa avx2]
+    .venv/bin/python -m scripts.bench.suite [--suite main|fast] [--workers 3] [--cpu-isa avx2]
                                             [--top 20] [--junit FILE]
 
---cpu-isa caps the instruction sets as scripts/bench_engine.py does (ATen's dispatch, oneDNN,
+--cpu-isa caps the instruction sets as scripts/bench/engine.py does (ATen's dispatch, oneDNN,
 MKL, FBGEMM), to estimate on an AVX-512 or AMX machine what the AVX2-only type takes; the
 tests that need avx512_bf16 or AMX then skip, as they do there. --workers 0 runs serially.
 --junit FILE only prints the tables of an earlier run's report. Name the CPU (`lscpu`) beside
@@ -25,9 +25,8 @@ import xml.etree.ElementTree as ET
 from collections import defaultdict
 from pathlib import Path
 
-from bench_engine import CPU_ISA
+from scripts.bench.common import CPU_ISA, REPO, markdown_table
 
-ROOT = Path(__file__).resolve().parents[1]
 # What the Makefile's test-main and test-fast run (keep in step with its XDIST and targets).
 SUITES = {"main": ["--ignore=tests/backbones"],
           "fast": ["--ignore=tests/backbones", "-m", "not integration and not tutorial"]}
@@ -43,7 +42,7 @@ def run(command: list[str], env: dict[str, str]) -> tuple[int, float, float, str
     """(exit code, wall seconds, CPU seconds of the run and its children, the last lines)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
     wall = time.monotonic() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -70,12 +69,10 @@ def print_tables(junit: Path, top: int) -> None:
     for seconds, name in tests:
         by_file[name.split("::")[0]] += seconds
     print(f"\n{len(tests)} tests, {sum(s for s, _ in tests):.0f} s in all (summed over workers)")
-    print(f"\n| seconds | slowest {top} tests |\n|---:|---|")
-    for seconds, name in tests[:top]:
-        print(f"| {seconds:.1f} | {name} |")
-    print(f"\n| seconds | slowest {top} files |\n|---:|---|")
-    for name, seconds in sorted(by_file.items(), key=lambda kv: -kv[1])[:top]:
-        print(f"| {seconds:.1f} | {name} |")
+    slowest_files = sorted(by_file.items(), key=lambda kv: -kv[1])[:top]
+    for what, rows in ((f"slowest {top} tests", [(f"{s:.1f}", name) for s, name in tests[:top]]),
+                       (f"slowest {top} files", [(f"{s:.1f}", name) for name, s in slowest_files])):
+        print("", *markdown_table(["seconds", what], rows, right={0}), sep="\n")
 
 
 def main() -> int:
@@ -92,8 +89,9 @@ def main() -> int:
     junit = Path(tempfile.mkdtemp(prefix="ajet-bench-suite-")) / "junit.xml"
     env = os.environ | CPU_ISA[args.cpu_isa] | {"CI": "true"}  # CI=true: the skip guard as in CI
     rc, wall, cpu, tail = run(pytest_command(args.suite, args.workers, junit), env)
-    print(f"| suite | workers | cpu-isa | exit | wall | CPU (user+sys) |\n|---|---:|---|---:|---:|---:|\n"
-          f"| {args.suite} | {args.workers} | {args.cpu_isa} | {rc} | {wall / 60:.1f} min | {cpu / 60:.1f} min |")
+    print(*markdown_table(["suite", "workers", "cpu-isa", "exit", "wall", "CPU (user+sys)"],
+                          [[args.suite, str(args.workers), args.cpu_isa, str(rc), f"{wall / 60:.1f} min",
+                            f"{cpu / 60:.1f} min"]], right={1, 3, 4, 5}), sep="\n")
     print(tail)
     if junit.is_file():
         print_tables(junit, args.top)

@@ -6,7 +6,7 @@
 - `main`: one forward ran in the main thread (its pool stays for the process's life);
 - `engine`: a second engine decoded once (its pool stays while it is open).
 
-    .venv/bin/python scripts/bench_thread_pools.py [--modes none,thread,main,engine] [--repeats 3]
+    .venv/bin/python -m scripts.bench.thread_pools [--modes none,thread,main,engine] [--repeats 3]
 
 Each mode runs in a fresh interpreter.
 """
@@ -17,15 +17,16 @@ import argparse
 import subprocess
 import sys
 
+from scripts.bench.common import child_env
+
 _ONE = """
 import asyncio, sys, threading, time
-sys.path.insert(0, "scripts")
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from ajet.engine.base import SamplingParams
 from ajet.engine.local import LocalEngine
 from ajet.models.resolve import resolve_model_path
-from bench_engine import chat_prompts
+from scripts.bench.common import chat_prompts
 mode, repeats = sys.argv[1], int(sys.argv[2])
 path = resolve_model_path("smollm2-135m-instruct")
 model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
@@ -63,7 +64,7 @@ def main(argv: list[str]) -> int:
     print(f"{'mode':<8} fp16 engine, 16 concurrent, tok/s per repeat")
     for mode in (m for m in args.modes.split(",") if m):
         out = subprocess.run([sys.executable, "-c", _ONE, mode, str(args.repeats)], capture_output=True,
-                             text=True, check=True)
+                             text=True, check=True, env=child_env())
         rates = [float(line) for line in out.stdout.split()]
         print(f"{mode:<8} " + "  ".join(f"{r:6.1f}" for r in rates), flush=True)
     return 0

@@ -11,7 +11,7 @@ tool's JSON schema, ajet/engine/grammar.py), `forced` (`tool_call_grammar=off`: 
 call's start is forced, `tool_choice_prefix`) and `unforced` (neither), how ajet behaved first.
 
 Usage:
-    .venv/bin/python scripts/bench_tool_choice.py [--episodes 32] [--max-tokens 48] [--json FILE]
+    .venv/bin/python -m scripts.bench.tool_choice [--episodes 32] [--max-tokens 48] [--json FILE]
 
 A benchmark measures; it asserts nothing.
 """

@@ -6,7 +6,7 @@ input is the one-sample-per-call view of the episodes; ajet merges each episode'
 tree-packs the group's shared prompt. tokens/s counts the *logical* tokens of the workload
 (sum over calls of prompt + completion length) so both columns measure the same work.
 
-    python scripts/bench_train.py [--workloads grpo-n8-shared-prompt,react-8-turns] [--repeats 2] [--json FILE]
+    python -m scripts.bench.train [--workloads grpo-n8-shared-prompt,react-8-turns] [--repeats 2] [--json FILE]
 
 Needs TRL for the comparison (`pip install 'ajet[bench]'`; `make bench` does it).
 """
@@ -21,10 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+import torch
 
-import torch  # noqa: E402
-from bench_context import WORKLOADS, Renderer, samples_of  # noqa: E402
+from scripts.bench.context import WORKLOADS, Renderer, samples_of
 
 
 def ours_update(model, samples, micro_batch_tokens: int) -> float:

@@ -3,12 +3,13 @@ task (issue 28 §1). Both train the bundled model from the same start for the sa
 the same CPU, one after the other; both are scored by the same evaluation at the same minutes.
 
     .venv/bin/pip install trl                                   # or: pip install -e '.[bench]'
-    .venv/bin/python scripts/bench_vs_trl_learning.py           # ajet, trl, trl_helped: 15 min each + evaluations
-    .venv/bin/python scripts/bench_vs_trl_learning.py --budget-min 1 --marks 0.5 --methods trl  # a smoke run
+    .venv/bin/python -m scripts.bench.vs_trl           # ajet, trl, trl_helped: 15 min each + evaluations
+    .venv/bin/python -m scripts.bench.vs_trl --budget-min 1 --marks 0.5 --methods trl  # a smoke run
 
 What is equal:
 - the model (the bundled SmolLM2-135M-Instruct, fp32, full fine-tuning), the train tasks
-  (tutorial/example_math_agent/train.jsonl), the system prompt and the `calculate` tool, the reward
+  (tutorial/example_math_agent/train.jsonl), the system prompt and the `calculate` tool (its
+  arithmetic and its errors: tutorial/example_math_agent/calculator_tool.py), the reward
   (ajet's `math` judge on the final answer: 1 when its \\boxed{} number is the task's answer);
 - GRPO settings: 2 tasks x 8 completions a step, lr 1e-5, temperature 0.7 (math_agent_rl.yaml's);
 - the wall budget: `--budget-min` of the step loop (model loading excluded), with the model written
@@ -43,7 +44,7 @@ model made no tool call in any step of the runs in docs/log/2026-11-26_learning_
   TRL could not parse. ajet's reward pays for the answer alone, so this favours TRL.
 
 Writes OUT/bench_vs_trl.json and OUT/bench_vs_trl.md (test success against training minutes, per
-method) and prints the table; `scripts/docs_results.py` then regenerates docs/results/learning.md
+method) and prints the table; `scripts/tools/docs_results.py` then regenerates docs/results/learning.md
 from every committed bench_vs_trl.json. The goal (issue 28): ajet reaches TRL's success at the budget in
 at most a third of the budget (with the default marks: ajet at 5 min >= TRL at 15 min).
 """
@@ -51,17 +52,24 @@ at most a third of the budget (with the default marks: ajet at 5 min >= TRL at 1
 from __future__ import annotations
 
 import argparse
-import ast
 import json
-import os
-import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+from scripts.bench.common import (
+    AJET,
+    REPO,
+    child_env,
+    eval_metric,
+    fmt,
+    markdown_table,
+    read_jsonl,
+    vector_flags,
+)
+
 EXAMPLE = REPO / "tutorial" / "example_math_agent"
 CONF = EXAMPLE / "math_agent_rl.yaml"
 TRLS = ("trl", "trl_helped")
@@ -101,7 +109,7 @@ def train_ajet(args: argparse.Namespace, marks: list[float]) -> dict[float, Path
     """math_agent_rl.yaml's GRPO stage for the budget; {minutes: model dir}."""
     name = f"ajet_seed{args.seed}"
     run_dir = args.exp_dir / name / "stages" / "01_grpo"
-    cmd = [sys.executable, "-m", "ajet.cli.main", "--conf", str(CONF), "--backbone=debug",
+    cmd = [*AJET, "--conf", str(CONF), "--backbone=debug",
            f"project.name={name}", f"project.exp_dir={args.exp_dir}", f"project.seed={args.seed}",
            "logging.quiet=true", "pipeline.stages=[grpo]", "trainer.total_steps=100000", "trainer.val_every=0",
            f"trainer.max_minutes={args.budget_min:g}",
@@ -117,7 +125,7 @@ def train_trl(args: argparse.Namespace, marks: list[float], method: str = "trl")
     """TRL's GRPOTrainer in a child process (its own OpenMP pool and memory); {minutes: model dir}."""
     out = args.exp_dir / f"{method}_seed{args.seed}"
     if not args.eval_only:
-        run([sys.executable, __file__, "--trl-child", "--budget-min", f"{args.budget_min:g}",
+        run([sys.executable, "-m", __spec__.name, "--trl-child", "--budget-min", f"{args.budget_min:g}",
              "--marks", ",".join(f"{m:g}" for m in marks), "--seed", str(args.seed), "--exp-dir", str(out),
              *(["--trl-helped"] if method == "trl_helped" else [])])
     models = {m: mark_dir(out, m) for m in marks}
@@ -127,7 +135,7 @@ def train_trl(args: argparse.Namespace, marks: list[float], method: str = "trl")
 
 def run(cmd: list[str]) -> None:
     print("$", " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    subprocess.run(cmd, check=True, env=child_env())
 
 
 def trl_child(args: argparse.Namespace) -> None:
@@ -137,23 +145,18 @@ def trl_child(args: argparse.Namespace) -> None:
     from trl import GRPOConfig, GRPOTrainer
     from trl.chat_template_utils import qwen2_5_chat_template
 
-    sys.path.insert(0, str(EXAMPLE))
-    from math_agent import SYSTEM_PROMPT, _evaluate
-
     from ajet.judge.math_judge import MathJudge
     from ajet.models.resolve import resolve_model_path
     from ajet.workflow import WorkflowOutput, WorkflowTask
+    from tutorial.example_math_agent.calculator_tool import SYSTEM_PROMPT, arithmetic
 
-    def calculate(expression: str) -> str:
+    def calculate(expression: str) -> str:  # TRL builds the tool's schema from the signature and docstring
         """Evaluate an arithmetic expression such as "12 * (3 + 4)".
 
         Args:
             expression: The arithmetic expression to evaluate.
         """
-        try:
-            return f"{_evaluate(ast.parse(expression, mode='eval').body):g}"
-        except (SyntaxError, ValueError, ZeroDivisionError, TypeError) as exc:
-            return f"{TOOL_ERROR} {exc}"
+        return arithmetic(expression)
 
     judge = MathJudge()
 
@@ -166,7 +169,7 @@ def trl_child(args: argparse.Namespace) -> None:
             rewards.append(judge.compute_reward(task, WorkflowOutput(metadata={"final_answer": final}))[0])
         return rewards
 
-    rows = [json.loads(line) for line in (EXAMPLE / "train.jsonl").read_text().splitlines() if line.strip()]
+    rows = read_jsonl(EXAMPLE / "train.jsonl")
     if args.trl_helped:
         rows = [r for r in rows if r.get("difficulty") == 1]  # the curriculum's start (module docstring)
     print(f"trl: {len(rows)} train tasks{', helped' if args.trl_helped else ''}", flush=True)
@@ -221,7 +224,7 @@ def trl_child(args: argparse.Namespace) -> None:
     save(out / "final_model")
 
 
-TOOL_ERROR = "error:"  # how the TRL side's calculate() starts a failure; TRL's own failures are {'error': ...}
+TOOL_ERROR = "error:"  # how the calculator's answer starts on a failure; TRL's own failures are {'error': ...}
 
 
 def tool_shaping_reward(completions: list[list[dict[str, Any]]], **_: Any) -> list[float]:
@@ -251,10 +254,10 @@ def evaluate(args: argparse.Namespace, method: str, minutes: float, model: Path 
         print(f"{method} at {minutes:g} min: {model} was not written (the run ended before it)", flush=True)
         return None
     if not report.is_file():
-        cmd = [sys.executable, "-m", "ajet.cli.main", "eval", "--conf", str(CONF), "--split", "test",
+        cmd = [*AJET, "eval", "--conf", str(CONF), "--split", "test",
                "--name", name, f"project.exp_dir={args.exp_dir}", "project.name=eval", f"project.seed={args.seed}"]
         run([*cmd, *(["--model", str(model)] if model is not None else [])])
-    return float(json.loads(report.read_text())["metrics"]["success/rate"])
+    return eval_metric(report)
 
 
 def goal_text(curves: dict[str, dict[float, float | None]], budget: float) -> str:
@@ -277,27 +280,18 @@ def goal_text(curves: dict[str, dict[float, float | None]], budget: float) -> st
 
 def write(args: argparse.Namespace, curves: dict[str, dict[float, float | None]]) -> str:
     minutes = sorted({m for c in curves.values() for m in c})
-    lines = ["| method | " + " | ".join(f"{m:g} min" for m in minutes) + " |", "|---|" + "---:|" * len(minutes)]
-    for method, curve in curves.items():
-        cells = ["—" if curve.get(m) is None else f"{curve[m]:.3f}" for m in minutes]
-        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    lines = markdown_table(["method", *(f"{m:g} min" for m in minutes)],
+                           [[method, *(fmt(curve.get(m)) for m in minutes)] for method, curve in curves.items()],
+                           right=range(1, len(minutes) + 1))
     goal = goal_text(curves, args.budget_min)
     text = "\n".join(lines) + f"\n\nGoal (ajet reaches TRL's success at the budget in <= 1/3 of it): {goal}\n"
     args.out.mkdir(parents=True, exist_ok=True)
     data = {"date": time.strftime("%Y-%m-%d %H:%M"), "budget_min": args.budget_min, "seed": args.seed,
-            "cpu_flags": cpu_flags(), "curves": {k: {f"{m:g}": v for m, v in c.items()} for k, c in curves.items()},
+            "cpu_flags": vector_flags(), "curves": {k: {f"{m:g}": v for m, v in c.items()} for k, c in curves.items()},
             "goal": goal}
     (args.out / "bench_vs_trl.json").write_text(json.dumps(data, indent=1) + "\n")
     (args.out / "bench_vs_trl.md").write_text(text)
     return text
-
-
-def cpu_flags() -> list[str]:
-    info = Path("/proc/cpuinfo")
-    if not info.is_file():
-        return []
-    line = next((x for x in info.read_text().splitlines() if x.startswith("flags")), "")
-    return sorted(f for f in line.split(":", 1)[-1].split() if re.match(r"avx|amx", f))
 
 
 def main(argv: list[str]) -> int:

@@ -14,7 +14,7 @@ attention. The constants are printed in tokens (the model's unit) for the cascad
 module. CPU time of this process is used (not wall time), with one thread by default, so
 that other jobs on the machine disturb the numbers less; they are noisy all the same.
 
-    python scripts/calibrate_cascade.py [--tokens 768] [--threads 1] [--repeats 1]
+    python -m scripts.tools.calibrate_cascade [--tokens 768] [--threads 1] [--repeats 1]
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """Chaos run: a tiny training in which episodes raise, hang, return NaN and call the model
 after their end, killed with SIGKILL in the middle and resumed with --resume.
 
-    python scripts/chaos.py [--steps 6] [--kill-after 3] [--n 2] [--work-dir DIR] [--keep]
+    python -m scripts.tools.chaos [--steps 6] [--kill-after 3] [--n 2] [--work-dir DIR] [--keep]
 
 Ten tasks, all in every step (trainer.batch_size=10), each with a fate: 3 raise (30 % of the
 episodes), 1 hangs in a thread that never returns (10 %), 1 returns reward=NaN (10 %), 1
 calls the model again after its episode ended (10 %; the episode itself is ok), 4 are ok.
-The model is a 2-layer random Llama with the bundled tokenizer (as in tests/conftest.py).
+The model is a 2-layer random Llama with the bundled tokenizer (scripts.bench.common.tiny_model).
 
 Asserts: the resumed run completes (exit 0); every step is in metrics.jsonl exactly once;
 every step's failure counts are what was injected; every late call was refused; the final
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -28,7 +27,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from scripts.bench.common import AJET, child_env, read_jsonl, tiny_model
+
 TASKS = ["raise"] * 3 + ["hang", "nan", "late"] + ["ok"] * 4
 
 WORKFLOW = '''
@@ -67,25 +67,6 @@ async def call_later(tuner, messages):
 '''
 
 
-def tiny_model(out: Path) -> Path:
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    from ajet.models.resolve import bundled_checkpoint
-
-    tokenizer = AutoTokenizer.from_pretrained(bundled_checkpoint())
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
-
-
 def write_run(work: Path, steps: int, n: int, timeout_s: float) -> Path:
     model = tiny_model(work / "model")
     (work / "chaos_agent.py").write_text(WORKFLOW)
@@ -106,18 +87,16 @@ def write_run(work: Path, steps: int, n: int, timeout_s: float) -> Path:
 
 
 def ajet(conf: Path, *extra: str, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     with log.open("w") as out:
-        return subprocess.Popen([sys.executable, "-m", "ajet.cli.main", "--conf", str(conf), *extra],
-                                stdout=out, stderr=subprocess.STDOUT, env=env, cwd=conf.parent)
+        return subprocess.Popen([*AJET, "--conf", str(conf), *extra], stdout=out, stderr=subprocess.STDOUT,
+                                env=child_env(), cwd=conf.parent)
 
 
 def train_rows(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r for r in rows if r.get("split", "train") == "train"]
+    return [r for r in read_jsonl(path) if r.get("split", "train") == "train"]
 
 
 def kill_after(conf: Path, run_dir: Path, step: int, log: Path, limit_s: float) -> float:

@@ -1,24 +1,53 @@
-"""Fail when two of ajet's modules import each other, directly or in a circle (`make lint`).
+"""Fail when two modules import each other, directly or in a circle (`make lint`): in ajet, in
+scripts/, and among the modules of one tutorial example.
 
-import-linter's layer contracts keep imports pointing down between packages; inside one
-package two modules could still import each other. This builds the import graph with grimp
-(import-linter's own graph library; imports inside functions count too) and prints every
-circle of modules it finds. Imports only for type checking (`if TYPE_CHECKING:`) do not count, as
-for import-linter.
+import-linter's layer contracts keep imports pointing down between ajet's packages; inside one
+package two modules could still import each other. This builds the import graph of ajet and of
+scripts with grimp (import-linter's own graph library; imports inside functions count too) and
+prints every circle of modules it finds. Imports only for type checking (`if TYPE_CHECKING:`) do
+not count, as for import-linter. A tutorial example is a folder of modules that import each other
+by their plain names (the folder is on sys.path), which grimp cannot follow: their imports are
+read from the source (with `ast`, wherever in a module they stand).
+
+    .venv/bin/python -m scripts.tools.check_import_cycles
 """
 
 from __future__ import annotations
 
+import ast
 import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import grimp
 
+REPO = Path(__file__).resolve().parents[2]
+PACKAGES = ("ajet", "scripts")
 
-def import_cycles(package: str = "ajet") -> list[list[str]]:
+
+def package_imports(packages: Sequence[str] = PACKAGES) -> dict[str, list[str]]:
+    """module -> the modules it imports, within `packages`."""
+    graph = grimp.build_graph(*packages, exclude_type_checking_imports=True)  # as import-linter (pyproject)
+    return {m: sorted(graph.find_modules_directly_imported_by(m)) for m in sorted(graph.modules)}
+
+
+def example_imports(example: Path) -> dict[str, list[str]]:
+    """module -> the sibling modules it imports, for the modules of one tutorial example folder."""
+    modules = {p.stem: p for p in example.glob("*.py")}
+    edges: dict[str, list[str]] = {}
+    for name, path in sorted(modules.items()):
+        named: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                named.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                named.add(node.module.split(".")[0])
+        edges[name] = sorted(named & set(modules) - {name})
+    return edges
+
+
+def import_cycles(edges: Mapping[str, Sequence[str]]) -> list[list[str]]:
     """The strongly connected components of more than one module (Tarjan's algorithm)."""
-    graph = grimp.build_graph(package, exclude_type_checking_imports=True)  # as import-linter (pyproject)
-    modules = sorted(graph.modules)
-    edges = {m: sorted(graph.find_modules_directly_imported_by(m)) for m in modules}
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -60,20 +89,24 @@ def import_cycles(package: str = "ajet") -> list[list[str]]:
                 if len(component) > 1:
                     cycles.append(sorted(component))
 
-    for module in modules:
+    for module in sorted(edges):
         if module not in index:
             visit(module)
     return cycles
 
 
 def main() -> int:
-    cycles = import_cycles()
-    for cycle in cycles:
-        print("import circle: " + " <-> ".join(cycle))
-    if cycles:
-        print(f"{len(cycles)} import circle(s) in ajet: move what both sides need into a module both can import.")
+    graphs = {", ".join(PACKAGES): package_imports()}
+    graphs |= {str(p.relative_to(REPO)): example_imports(p) for p in sorted((REPO / "tutorial").glob("example_*"))}
+    found = 0
+    for where, edges in graphs.items():
+        for cycle in import_cycles(edges):
+            print(f"import circle in {where}: " + " <-> ".join(cycle))
+            found += 1
+    if found:
+        print(f"{found} import circle(s): move what both sides need into a module both can import.")
         return 1
-    print("no import circles in ajet")
+    print(f"no import circles in {', '.join(PACKAGES)} or the tutorial examples")
     return 0
 
 

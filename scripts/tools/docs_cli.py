@@ -1,8 +1,8 @@
 """The command tables of docs/cli.md, generated from the CLI itself: each command's summary, its
 usage line and every option and argument with the help text `ajet COMMAND --help` prints.
 
-    .venv/bin/python scripts/docs_cli.py           # rewrite the generated block
-    .venv/bin/python scripts/docs_cli.py --check   # exit 1 when the page is stale
+    .venv/bin/python -m scripts.tools.docs_cli           # rewrite the generated block
+    .venv/bin/python -m scripts.tools.docs_cli --check   # exit 1 when the page is stale
 
 It imports each command's module as `ajet COMMAND` does (ajet.cli.main.COMMANDS), which
 imports no torch.
@@ -15,11 +15,12 @@ import sys
 from pathlib import Path
 
 import typer
-from docs_blocks import run
 
-REPO = Path(__file__).resolve().parent.parent
+from scripts.tools.docs_blocks import run
+
+REPO = Path(__file__).resolve().parents[2]
 PAGE = REPO / "docs" / "cli.md"
-SCRIPT = "docs_cli.py"
+MODULE = "scripts.tools.docs_cli"
 
 
 def cell(text: str, code: bool = False) -> str:
@@ -58,4 +59,4 @@ def blocks() -> dict[Path, dict[str, str]]:
 
 
 if __name__ == "__main__":
-    sys.exit(run(blocks(), SCRIPT, sys.argv[1:], REPO))
+    sys.exit(run(blocks(), MODULE, sys.argv[1:], REPO))

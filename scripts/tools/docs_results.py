@@ -1,21 +1,21 @@
 """The tables of docs/results/learning.md, generated from the benchmark JSON that the learning
 benches commit under docs/learning/, so that a figure on the page cannot drift from its run.
 
-    .venv/bin/python scripts/docs_results.py           # rewrite the generated blocks
-    .venv/bin/python scripts/docs_results.py --check   # exit 1 when the page is stale
+    .venv/bin/python -m scripts.tools.docs_results           # rewrite the generated blocks
+    .venv/bin/python -m scripts.tools.docs_results --check   # exit 1 when the page is stale
 
 Sources (every committed copy: docs/learning/ and its subfolders, one run or seed each):
-- bench_learning.json (scripts/bench_learning.py): one row a run: the test metric base ->
+- bench_learning.json (scripts/bench/learning.py): one row a run: the test metric base ->
   trained, minutes, the threshold, the date, the CPU, and the ajet argv it ran;
-- bench_vs_trl.json (scripts/bench_vs_trl_learning.py): test success at each minute mark, per
+- bench_vs_trl.json (scripts/bench/vs_trl.py): test success at each minute mark, per
   method, with the date and the CPU flags;
-- bench_distill.json (scripts/bench_distill.py): test success against training minutes, per
+- bench_distill.json (scripts/bench/distill.py): test success against training minutes, per
   method and seed, with the CPU; it records no date (the measurement log's is shown, marked).
 
 A row's command is the bench command that reruns it, rebuilt from what its JSON recorded (the
 example's name, the seed, the output folder); the exact argv of a bench_learning run is in its
 JSON. The speed benchmarks commit no JSON: docs/results/speed.md is written by hand.
-Standard library only (and bench_learning's registry, which is).
+Standard library only (and the learning bench's registry and scripts.bench.common, which are).
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench_learning import REGISTRY
-from docs_blocks import run
+from scripts.bench.common import REPO, fmt, markdown_table
+from scripts.bench.learning import REGISTRY
+from scripts.tools.docs_blocks import run
 
-REPO = Path(__file__).resolve().parent.parent
 LEARNING = REPO / "docs" / "learning"
 PAGE = REPO / "docs" / "results" / "learning.md"
-SCRIPT = "docs_results.py"
+MODULE = "scripts.tools.docs_results"
 
 # bench_distill.json has no date; the measurement log's, for each committed copy.
 DISTILL_DATES = {
@@ -58,10 +58,6 @@ def out_option(path: Path) -> str:
     return "" if path.parent == LEARNING else f" --out {path.parent.relative_to(REPO)}"
 
 
-def fmt(value: float | None, digits: int = 3) -> str:
-    return "—" if value is None else f"{value:.{digits}f}"
-
-
 def cpu(model: str, flags: list[str]) -> str:
     """`Intel Xeon, AMX`, `AMD EPYC, AVX-512 + avx512_bf16`, `AMD EPYC, AVX2 only`: the CPU model
     and the widest instruction set its recorded flags show."""
@@ -78,11 +74,6 @@ def cpu(model: str, flags: list[str]) -> str:
     else:
         isa = "flags not recorded"
     return f"{name}, {isa}"
-
-
-def table(headers: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers),
-            *("| " + " | ".join(row) + " |" for row in rows)]
 
 
 # ---------------------------------------------------------------------- bench_learning
@@ -106,7 +97,7 @@ def what_ran(argv: list[str]) -> str:
 
 def learning_row(r: dict[str, Any], path: Path) -> list[str]:
     seed = int(option(r["command"], "project.seed") or 0)
-    command = (f"`.venv/bin/python scripts/bench_learning.py --only {base_name(r['name'])}"
+    command = (f"`.venv/bin/python -m scripts.bench.learning --only {base_name(r['name'])}"
                + (f" --seed {seed}" if seed else "") + (" --cached-base" if r["base_cached"] else "")
                + out_option(path) + "`")
     result = f"{base_name(r['name'])}" + (f" (seed {seed})" if seed else "")
@@ -136,8 +127,9 @@ def bench_learning_block() -> str:
                 latest[key] = (r, path)
     order = sorted(latest.values(), key=lambda rp: (registry.index(base_name(rp[0]["name"])), rp[0]["name"],
                                                     rp[0]["date"]))
-    lines = table(["run", "what ran (YAML: stages)", "metric", "base -> trained", "minutes (budget)",
-                   "result (threshold)", "CPU", "date", "command"], [learning_row(r, p) for r, p in order])
+    headers = ["run", "what ran (YAML: stages)", "metric", "base -> trained", "minutes (budget)", "result (threshold)",
+               "CPU", "date", "command"]
+    lines = markdown_table(headers, [learning_row(r, p) for r, p in order])
     cores = {(r.get("machine") or {}).get("cores") for r, _ in order}
     ran = {base_name(r["name"]) for r, _ in order}
     never = [name for name in registry if name not in ran]
@@ -161,7 +153,7 @@ def bench_vs_trl_block() -> str:
     rows = []
     for data, path in runs:
         methods = list(data["curves"])
-        command = (f"`.venv/bin/python scripts/bench_vs_trl_learning.py --methods {','.join(methods)}"
+        command = (f"`.venv/bin/python -m scripts.bench.vs_trl --methods {','.join(methods)}"
                    + (f" --seed {data['seed']}" if data["seed"] else "") + out_option(path) + "`")
         for method, curve in data["curves"].items():
             values = {float(m): v for m, v in curve.items()}
@@ -169,8 +161,8 @@ def bench_vs_trl_block() -> str:
                          *(fmt(values.get(m)) for m in marks),
                          cpu("", data.get("cpu_flags", [])).replace("CPU model not recorded, ", ""),
                          data["date"][:10], command])
-    return "\n".join(table(["method", "seed", *(f"{m:g} min" for m in marks), "CPU (flags; model not recorded)",
-                            "date", "command"], rows))
+    headers = ["method", "seed", *(f"{m:g} min" for m in marks), "CPU (flags; model not recorded)", "date", "command"]
+    return "\n".join(markdown_table(headers, rows))
 
 
 # ---------------------------------------------------------------------- bench_distill
@@ -185,7 +177,7 @@ def bench_distill_block() -> str:
         if log:
             dated.add(log)
         seeds = sorted({s for r in data["methods"].values() for s in r["runs"]}, key=int)
-        command = (f"`.venv/bin/python scripts/bench_distill.py --teacher {TEACHER} --seeds {','.join(seeds)} "
+        command = (f"`.venv/bin/python -m scripts.bench.distill --teacher {TEACHER} --seeds {','.join(seeds)} "
                    f"--methods {','.join(data['methods'])}{out_option(path)}`")
         machine = data.get("machine") or {}
         for method, r in data["methods"].items():
@@ -197,8 +189,9 @@ def bench_distill_block() -> str:
                              f"{fmt(best and best['success'])} at {fmt(best and best['minutes'], 1)}",
                              fmt(data["teacher_success"]), cpu(machine.get("cpu", ""), machine.get("avx", [])),
                              f"{date} (log)" if log else date, command])
-    lines = table(["method", "seed", "base (test)", "end: test success at training minutes", "best at minutes",
-                   "teacher (test)", "CPU", "date", "command"], rows)
+    headers = ["method", "seed", "base (test)", "end: test success at training minutes", "best at minutes",
+               "teacher (test)", "CPU", "date", "command"]
+    lines = markdown_table(headers, rows)
     if dated:
         lines += ["", "bench_distill.json records no date: the dates marked (log) are the measurement log's "
                   f"({', '.join(f'docs/log/{name}' for name in sorted(dated))})."]
@@ -212,4 +205,4 @@ def blocks() -> dict[Path, dict[str, str]]:
 
 
 if __name__ == "__main__":
-    sys.exit(run(blocks(), SCRIPT, sys.argv[1:], REPO))
+    sys.exit(run(blocks(), MODULE, sys.argv[1:], REPO))

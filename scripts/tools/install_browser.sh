@@ -4,7 +4,7 @@
 # Nothing is downloaded by Selenium itself: the test points it at /usr/bin/chromedriver.
 set -euo pipefail
 
-PYTHON="${PYTHON:-$(dirname "$0")/../.venv/bin/python}"
+PYTHON="${PYTHON:-$(dirname "$0")/../../.venv/bin/python}"
 
 if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
     SUDO=""

@@ -1,4 +1,4 @@
-"""scripts/bench_learning.py's served row for real, on the tiny model: `ajet eval` of the base
+"""scripts/bench/learning.py's served row for real, on the tiny model: `ajet eval` of the base
 model on test, `ajet serve` with agent.py clients for one step, `ajet eval` of its final model,
 read back like a pipeline run (base -> trained, the serve stage's tokens, the curve)."""
 
@@ -13,7 +13,7 @@ import pytest
 
 @pytest.fixture
 def bench(script: Any) -> Any:
-    return script("bench_learning")
+    return script("bench.learning")
 
 
 def test_the_remote_agent_row_evaluates_serves_to_clients_and_evaluates_again(

@@ -1,6 +1,6 @@
 """The viewer in a real headless Chromium: token classes are styled, the search box filters.
 
-Needs Debian's `chromium` + `chromium-driver` and `selenium` (scripts/install_browser.sh);
+Needs Debian's `chromium` + `chromium-driver` and `selenium` (scripts/tools/install_browser.sh);
 skipped with the reason when they are missing. Runs on a small fake run and on a real 2-step run of the tiny model; set
 AJET_VIEWER_RUN_DIR to a real run directory to check the viewer of that run instead.
 Set AJET_VIEWER_SCREENSHOT=FILE.png to keep a screenshot of the opened episode.
@@ -69,7 +69,7 @@ def run_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
         return Path(os.environ["AJET_VIEWER_RUN_DIR"])
     if request.param == "real":
         if not (CHROMIUM and CHROMEDRIVER):
-            pytest.skip("chromium/chromedriver missing: run scripts/install_browser.sh")
+            pytest.skip("chromium/chromedriver missing: run scripts/tools/install_browser.sh")
         return real_tiny_run(tmp_path, request.getfixturevalue("tiny_model_dir"))
     return fake_run(tmp_path)
 
@@ -77,8 +77,8 @@ def run_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
 @pytest.fixture
 def driver(tmp_path: Path):
     if not CHROMIUM or not CHROMEDRIVER:
-        pytest.skip("needs Debian's chromium and chromium-driver: run scripts/install_browser.sh")
-    webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium: run scripts/install_browser.sh")
+        pytest.skip("needs Debian's chromium and chromium-driver: run scripts/tools/install_browser.sh")
+    webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium: run scripts/tools/install_browser.sh")
     from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()

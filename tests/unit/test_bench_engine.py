@@ -1,4 +1,4 @@
-"""bench_engine.py's --cpu-isa: the script re-runs itself once with the caps in its environment,
+"""scripts/bench/engine.py's --cpu-isa: the bench re-runs itself once with the caps in its environment,
 and the caps reach torch's kernels (and `engine_dtype: auto`'s choice)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def bench_engine(script: Any) -> Any:
-    return script("bench_engine")
+    return script("bench.engine")
 
 
 def test_cpu_isa_re_runs_the_script_with_the_caps_once(bench_engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -26,7 +26,7 @@ def test_cpu_isa_re_runs_the_script_with_the_caps_once(bench_engine: Any, monkey
     assert not calls
     bench_engine.cap_cpu_isa("avx512_bf16", ["--cpu-isa", "avx512_bf16"])
     (argv, env), = calls
-    assert argv[1:] == [bench_engine.__file__, "--cpu-isa", "avx512_bf16"]
+    assert argv[1:] == ["-m", "scripts.bench.engine", "--cpu-isa", "avx512_bf16"]
     assert env["ONEDNN_MAX_CPU_ISA"] == "AVX512_CORE_BF16" and env[bench_engine.ISA_MARK] == "avx512_bf16"
     monkeypatch.setenv(bench_engine.ISA_MARK, "avx512_bf16")  # the re-run itself goes on
     bench_engine.cap_cpu_isa("avx512_bf16", ["--cpu-isa", "avx512_bf16"])

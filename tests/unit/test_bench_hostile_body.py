@@ -1,4 +1,4 @@
-"""scripts/bench_hostile_body.py against the real gateway (issue 53): a 256 MiB chunked body
+"""scripts/bench/hostile_body.py against the real gateway (issue 53): a 256 MiB chunked body
 without the client token is answered 401 and costs the server under 10 MiB of peak RSS (before:
 the body was read whole first, +513 MiB); with the token it is cut off at the cap with a 413."""
 
@@ -11,7 +11,7 @@ import pytest
 
 @pytest.fixture
 def bench(script: Any) -> Any:
-    return script("bench_hostile_body")
+    return script("bench.hostile_body")
 
 
 def test_a_hostile_body_is_refused_before_the_server_reads_it(bench: Any) -> None:

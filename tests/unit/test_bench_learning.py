@@ -1,4 +1,4 @@
-"""scripts/bench_learning.py without training: its registry loads as configs with a test
+"""scripts/bench/learning.py without training: its registry loads as configs with a test
 split, a finished run dir is read into base -> trained, minutes, tokens and pass/fail, and
 the table, JSON, PNGs and markdown are written (a fake runner stands in for the runs)."""
 
@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def bench(script: Any) -> Any:
-    return script("bench_learning")
+    return script("bench.learning")
 
 
 def test_registry_pins_loadable_configs_with_a_test_split(bench: Any, tmp_path: Path) -> None:

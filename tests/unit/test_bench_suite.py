@@ -1,4 +1,4 @@
-"""scripts/bench_suite.py: the command it times is the Makefile's, and its tables read a JUnit
+"""scripts/bench/suite.py: the command it times is the Makefile's, and its tables read a JUnit
 report (the slowest tests and files, named as pytest names them)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="py
 
 
 def test_it_times_what_make_runs(script) -> None:
-    bench = script("bench_suite")
+    bench = script("bench.suite")
     makefile = (REPO / "Makefile").read_text()
     xdist = re.search(r"^XDIST = .*,(-n \$\(TEST_WORKERS\)[^)]*)\)$", makefile, re.M).group(1)
     command = " ".join(bench.pytest_command("main", 2, Path("j.xml")))
@@ -28,7 +28,7 @@ def test_it_times_what_make_runs(script) -> None:
 
 
 def test_tables_name_tests_and_files_as_pytest_does(script, tmp_path: Path, capsys) -> None:
-    bench = script("bench_suite")
+    bench = script("bench.suite")
     junit = tmp_path / "junit.xml"
     junit.write_text(JUNIT)
     bench.print_tables(junit, top=2)

@@ -1,5 +1,5 @@
-"""bench_vs_trl_learning.py: trl_helped's shaping reward, and the goal judged against each TRL
-variant that ran (without TRL installed: the script imports TRL only in its child process)."""
+"""scripts/bench/vs_trl.py: trl_helped's shaping reward, and the goal judged against each TRL
+variant that ran (without TRL installed: the bench imports TRL only in its child process)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 @pytest.fixture
 def bench(script: Any) -> Any:
-    return script("bench_vs_trl_learning")
+    return script("bench.vs_trl")
 
 
 def test_shaping_pays_a_call_that_ran_more_than_markup_trl_could_not_parse(bench: Any) -> None:

@@ -1,4 +1,4 @@
-"""docs/cli.md's command tables are what scripts/docs_cli.py builds from the CLI's own help now:
+"""docs/cli.md's command tables are what scripts/tools/docs_cli.py builds from the CLI's own help now:
 every command, every option, with the text `ajet COMMAND --help` prints."""
 
 from __future__ import annotations
@@ -10,15 +10,15 @@ import pytest
 
 @pytest.fixture
 def gen(script: Any) -> Any:
-    return script("docs_cli")
+    return script("tools.docs_cli")
 
 
 def test_the_committed_page_holds_the_help_of_every_command(gen: Any, script: Any) -> None:
-    blocks = script("docs_blocks")
+    blocks = script("tools.docs_blocks")
     for page, generated in gen.blocks().items():
         text = page.read_text()
-        assert blocks.fill(text, gen.SCRIPT, generated) == text, (
-            f"{page.name} is stale: run .venv/bin/python scripts/docs_cli.py")
+        assert blocks.fill(text, gen.MODULE, generated) == text, (
+            f"{page.name} is stale: run .venv/bin/python -m scripts.tools.docs_cli")
 
 
 def test_each_command_has_its_section_and_options(gen: Any) -> None:
