@@ -52,6 +52,9 @@ def run(cfg: AjetConfig, runner: Any, *, backbone: str, with_ray: bool = False, 
     if cfg.sandbox.enabled:  # before anything runs model code: a sandbox, or the error with the fix
         from ajet.sandbox.shared import configure
 
+        if cfg.sandbox.backend.value == "ray" and not with_ray:
+            raise UserError("sandbox.backend=ray runs the sandboxes in Ray actors: run with --with-ray "
+                            "(or --with-ray-cluster ADDRESS), or set sandbox.backend=bwrap")
         log.info(configure(cfg.sandbox))
     if cfg.pipeline.stages and getattr(runner, "RUNS_STAGES", False):
         if with_ray:

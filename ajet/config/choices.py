@@ -142,3 +142,4 @@ class SandboxBackend(str, Enum):
 
     bwrap = "bwrap"  # bubblewrap on this machine
     service = "service"  # the sandbox service at sandbox.service_url (other machines)
+    ray = "ray"  # sandbox.ray_hosts Ray actors on the cluster's nodes (--with-ray)

@@ -34,6 +34,9 @@ class SandboxConfig:
     # backend=service: the sandbox service (python -m ajet.sandbox.service) and its token.
     service_url: str = ""
     service_token: str = ""
+    # backend=ray (with --with-ray): Ray actors holding pool_size sandboxes each, on the nodes Ray
+    # places them on, shared by every process of the run (ajet/sandbox/ray_pool.py).
+    ray_hosts: int = bounded(1, Ge(1))
     # Caps on each call; disk_mb caps the work dir (and /tmp) of a sandbox.
     wall_s: float = bounded(10.0, Gt(0))
     cpu_s: float = bounded(10.0, Gt(0))

@@ -51,9 +51,18 @@ def check(cfg: SandboxConfig) -> str:
             raise SandboxUnavailableError(f"the sandbox service at {cfg.service_url} could not run a trivial "
                                           f"call: {result.as_tool_text()}")
         return f"sandbox: the service at {cfg.service_url} runs code"
+    if cfg.backend == SandboxBackend.ray:
+        try:
+            import ray  # noqa: F401 - sandbox.backend=ray only
+        except ImportError as exc:
+            from ajet.errors import SandboxUnavailableError
+
+            raise SandboxUnavailableError(f"sandbox.backend=ray needs Ray ({exc}): pip install 'ajet[ray]'") from exc
     isolation = probe(limits_of(cfg), cfg.python)
     caps = "cgroup v1 pids+memory and rlimits" if isolation.cgroups else "rlimits and the server's process count"
-    return (f"sandbox: bubblewrap ({isolation.bwrap}), no network, read-only system, {caps}; "
+    where = (f" in {cfg.ray_hosts} Ray actor(s) (checked on this node; every node needs bubblewrap)"
+             if cfg.backend == SandboxBackend.ray else "")
+    return (f"sandbox: bubblewrap ({isolation.bwrap}){where}, no network, read-only system, {caps}; "
             f"python {isolation.python}")
 
 
@@ -99,14 +108,18 @@ class ServicePool(Sessions):
 
 
 def shared_pool() -> Any:
-    """This process's pool (a `SandboxPool`, or a `ServicePool` for sandbox.backend=service),
-    built on first use from the run's settings."""
+    """This process's pool (a `SandboxPool`; a `ServicePool` for sandbox.backend=service; a
+    `RayPool` for sandbox.backend=ray), built on first use from the run's settings."""
     global _pool
     with _lock:
         if _pool is None:
             cfg = _settings()
             if cfg.backend == SandboxBackend.service:
                 _pool = ServicePool(cfg.service_url, cfg.service_token)
+            elif cfg.backend == SandboxBackend.ray:
+                from ajet.sandbox.ray_pool import RayPool
+
+                _pool = RayPool(cfg.ray_hosts, cfg.pool_size, limits_of(cfg), python=cfg.python)
             else:
                 _pool = SandboxPool(size=cfg.pool_size, limits=limits_of(cfg), python=cfg.python)
         return _pool

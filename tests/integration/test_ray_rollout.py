@@ -37,9 +37,11 @@ class TwoTurns(Workflow):
         reward = sum(ch in "aeiou" for ch in text) / max(1, len(text))
         from ajet.sandbox import shared_pool  # the run's sandbox, in the actor's own pool
 
-        async with shared_pool().session() as box:
+        pool = shared_pool()
+        async with pool.session() as box:
             ran = (await box.arun_python("print(6 * 7)")).stdout.strip() == "42"
-        return WorkflowOutput(reward=reward, log_metrics={"in_ray_actor": float(in_actor), "sandbox_ran": float(ran)})
+        return WorkflowOutput(reward=reward, log_metrics={"in_ray_actor": float(in_actor), "sandbox_ran": float(ran),
+                                                          "sandbox_hosts": float(len(getattr(pool, "hosts", [])))})
 '''
 
 
@@ -79,7 +81,7 @@ def test_two_steps_with_ray_train_like_in_process(tmp_path: Path, tiny_model_dir
     # every successful episode ran inside a Ray actor, not in the driver
     assert all(r["workflow/in_ray_actor"] == 1.0 for r in train)
     # ... and ran model code in the run's sandbox there (sandbox.enabled reaches the actors)
-    assert all(r["workflow/sandbox_ran"] == 1.0 for r in train)
+    assert all(r["workflow/sandbox_ran"] == 1.0 and r["workflow/sandbox_hosts"] == 0.0 for r in train)  # bwrap here
     # the 8 tasks are all seen in 2 steps of 4: t3's two episodes fail, by the workflow's own error type
     assert sum(r.get("rollout/failed/workflow_error:ValueError", 0.0) for r in train) == 2.0
     assert sum(r["rollout/ok"] for r in train) == 14.0
@@ -95,19 +97,23 @@ def test_two_steps_with_ray_train_like_in_process(tmp_path: Path, tiny_model_dir
 
 
 @pytest.mark.integration
-def test_with_ray_the_next_step_rolls_out_during_the_update(tmp_path: Path, tiny_model_dir: Path) -> None:
+def test_with_ray_the_next_step_rolls_out_during_the_update_and_sandboxes_are_actors(
+        tmp_path: Path, tiny_model_dir: Path) -> None:
     """rollout.max_staleness with Ray workers: the prefetched rollout runs in the actors while the
-    driver updates the weights."""
+    driver updates the weights. With sandbox.backend=ray the workers' code runs in the run's
+    sandbox host actors (ajet/sandbox/ray_pool.py), which both workers find by name."""
     conf = make_run(tmp_path, tiny_model_dir)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CI": "true", "RAY_USAGE_STATS_ENABLED": "0"}
     result = subprocess.run([sys.executable, "-m", "ajet.cli.main", "--conf", str(conf), "--with-ray",
-                             "rollout.max_staleness=1", "rollout.engine_dtype=float16", "algorithm.tis_cap=2"],
+                             "rollout.max_staleness=1", "rollout.engine_dtype=float16", "algorithm.tis_cap=2",
+                             "sandbox.backend=ray", "sandbox.ray_hosts=2"],
                             capture_output=True, text=True, timeout=600, env=env)
     assert result.returncode == 0, result.stderr[-4000:]
     rows = [json.loads(line) for line in (tmp_path / "exp" / "ray" / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if r["split"] == "train"]
     assert [r["rollout/prefetched"] for r in train] == [0.0, 1.0]
     assert all(r["workflow/in_ray_actor"] == 1.0 and r["rollout/staleness_max"] <= 1 for r in train)
+    assert all(r["workflow/sandbox_ran"] == 1.0 and r["workflow/sandbox_hosts"] == 2.0 for r in train)
 
 
 # ---------------------------------------------------------------------- fast pieces
