@@ -298,7 +298,7 @@ REGISTRY: tuple[Example, ...] = (
         overrides=(), budget_min=20, threshold=0.12, gain=True,
         served=Served(client=("tutorial/example_remote_agent/agent.py",), clients=16,
                       eval_workflow="tutorial/example_remote_agent/in_process.py:RemoteAgentInProcess"),
-        why="the math task solved by agent.py (the OpenAI SDK, its own calculator tool) in 16 client "
+        why="the math task solved by agent.py (the OpenAI SDK, the math agent's calculator tool) in 16 client "
             "processes (a client runs one episode at a time) through `ajet serve`, remote_agent.yaml's "
             "24 steps with math_agent_rl.yaml's settings applied by the server (forced first call, "
             "curriculum, dynamic sampling); scored on the math agent's test split with agent.py's own "

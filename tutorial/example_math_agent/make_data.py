@@ -38,10 +38,11 @@ from __future__ import annotations
 
 import ast
 import json
-import operator
 import random
 from collections.abc import Callable
 from pathlib import Path
+
+from calculator_tool import node_value
 
 NAMES = ["Tom", "Ana", "Li", "Sara", "Omar", "Mia", "Ken", "Zoe"]
 ITEMS = ["apples", "pens", "books", "coins", "cards", "stamps", "shells", "marbles"]
@@ -233,21 +234,10 @@ CODE_TEST_KINDS: dict[str, Callable[[random.Random, str, str], CodeProblem]] = {
 CODE_SPLITS = (("train", 128, 10, CODE_TRAIN_KINDS), ("val", 16, 11, CODE_TRAIN_KINDS),
                ("test", 16, 12, CODE_TEST_KINDS))
 
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
-
-
 def evaluate(expression: str) -> int:
-    """The value of one of the templates' expressions (integers, + - * / and parentheses);
-    every template is built so that it is a whole number."""
-
-    def value(node: ast.AST) -> float:
-        if isinstance(node, ast.Constant):
-            return node.value
-        if isinstance(node, ast.BinOp):
-            return _OPS[type(node.op)](value(node.left), value(node.right))
-        raise ValueError(f"unexpected {ast.dump(node)} in {expression!r}")
-
-    result = value(ast.parse(expression, mode="eval").body)
+    """The value of one of the templates' expressions (integers, + - * / and parentheses), as
+    the calculator computes it; every template is built so that it is a whole number."""
+    result = node_value(ast.parse(expression, mode="eval").body)
     if result != int(result) or result <= 0:
         raise ValueError(f"{expression!r} = {result}: the templates make positive whole numbers")
     return int(result)

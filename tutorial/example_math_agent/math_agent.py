@@ -2,58 +2,20 @@
 
 # No `from __future__ import annotations`: AgentScope builds the tool's JSON schema from the
 # live annotation of `calculate` (its pattern included).
-import ast
-import operator
 from typing import Annotated
 
+from calculator_tool import EXPRESSION_PATTERN, SYSTEM_PROMPT, arithmetic
 from pydantic import Field
 
 from ajet import Workflow, WorkflowOutput, WorkflowTask
 
-SYSTEM_PROMPT = (
-    "You solve arithmetic word problems with the `calculate` tool. First call `calculate` with "
-    "the expression made of the problem's numbers: for \"Tom buys 12 boxes with 34 pens in each "
-    "box\", the expression is \"12 * 34\". Then answer with the tool's result in \\boxed{}, "
-    "e.g. \\boxed{408}."
-)
-
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
-
-
-MAX_EXPRESSION_CHARS = 200
-# What a model-written expression can raise beyond a syntax error: a result too large for a
-# float (OverflowError), nesting too deep for the parser or the evaluation (RecursionError,
-# MemoryError). Each is a result the model reads, never a crashed episode.
-CALCULATOR_ERRORS = (SyntaxError, ValueError, ZeroDivisionError, TypeError, OverflowError, RecursionError,
-                     MemoryError)
-
-
-def arithmetic(expression: str) -> str:
-    """The calculator: the value of `expression` (numbers, + - * / and parentheses; no `eval`),
-    or "error: ..." for anything else."""
-    if len(expression) > MAX_EXPRESSION_CHARS:
-        return f"error: the expression is longer than {MAX_EXPRESSION_CHARS} characters"
-    try:
-        return f"{_evaluate(ast.parse(expression, mode='eval').body):g}"
-    except CALCULATOR_ERRORS as exc:
-        return f"error: {type(exc).__name__}: {exc}" if str(exc) else f"error: {type(exc).__name__}"
-
-
-def _evaluate(node: ast.AST) -> float:
-    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
-        return node.value
-    if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
-        return _OPS[type(node.op)](_evaluate(node.left), _evaluate(node.right))
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        return -_evaluate(node.operand)
-    raise ValueError("only numbers and + - * / are allowed")
-
-
 # The tool's JSON schema says what an expression is; a forced call is decoded under it
 # (rollout.tool_call_grammar), so the model cannot write prose there.
-Expression = Annotated[str, Field(pattern=r"^[0-9+\-*/(). ]{1,60}$")]
+Expression = Annotated[str, Field(pattern=EXPRESSION_PATTERN)]
 
 
+# AgentScope builds the tool's spec from this signature and docstring: it is calculator_tool's
+# CALCULATE_TOOL_WITH_PATTERN (test_math_agent.py checks it).
 async def calculate(expression: Expression):  # noqa: ANN201 - AgentScope reads the docstring
     """Evaluate an arithmetic expression such as "12 * (3 + 4)".
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from calculator_tool import CALCULATE_TOOL, run_tool_call
-from math_agent import SYSTEM_PROMPT
+from calculator_tool import CALCULATE_TOOL, SYSTEM_PROMPT, run_tool_call
 
 from ajet import Workflow, WorkflowOutput, WorkflowTask
 

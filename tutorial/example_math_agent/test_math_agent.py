@@ -70,6 +70,21 @@ def test_calculator_tool_call(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "unknown tool" in run_tool_call(call("search", "{}"))
 
 
+def test_the_agentscope_tool_is_the_calculators_spec(example_modules) -> None:
+    """math_agent.calculate's signature and docstring, as AgentScope turns them into the tool's
+    spec, are calculator_tool's spec with the expression's pattern (the one copy: the remote agent
+    offers that one)."""
+    from agentscope.tool import Toolkit
+
+    example_modules(HERE, "math_agent", "calculator_tool")
+    import calculator_tool
+    import math_agent
+
+    toolkit = Toolkit()
+    toolkit.register_tool_function(math_agent.calculate)
+    assert toolkit.get_json_schemas() == [calculator_tool.CALCULATE_TOOL_WITH_PATTERN]
+
+
 def _load(name: str) -> Any:
     """This tutorial's `name.py` under a module name of its own (other tutorials have a make_data.py too)."""
     spec = importlib.util.spec_from_file_location(f"example_math_agent_{name}", HERE / f"{name}.py")

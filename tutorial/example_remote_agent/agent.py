@@ -3,74 +3,38 @@
     AJET_URL=http://127.0.0.1:8765 AJET_TOKEN=secret python tutorial/example_remote_agent/agent.py
 
 It may run in any process or on any machine that reaches the server: it imports nothing of ajet
-but the small httpx client. Optional: AJET_MAX_EPISODES, AJET_LOG (one JSON line per reply).
+but the small httpx client, and takes the math agent's prompt and calculator from their one copy
+(tutorial/example_math_agent/calculator_tool.py, beside this folder). Optional:
+AJET_MAX_EPISODES, AJET_LOG (one JSON line per reply).
 """
 
 from __future__ import annotations
 
-import ast
+import importlib.util
 import json
-import operator
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import openai
 
 from ajet.serve.client import EpisodeClient
 
-SYSTEM_PROMPT = (
-    "You solve arithmetic word problems with the `calculate` tool. First call `calculate` with "
-    "the expression made of the problem's numbers: for \"Tom buys 12 boxes with 34 pens in each "
-    "box\", the expression is \"12 * 34\". Then answer with the tool's result in \\boxed{}, "
-    "e.g. \\boxed{408}."
-)
-CALCULATE_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "calculate",
-        "description": 'Evaluate an arithmetic expression such as "12 * (3 + 4)".',
-        "parameters": {
-            "type": "object",
-            # The pattern is part of the contract: a call the server forces is decoded under it.
-            "properties": {"expression": {"type": "string", "pattern": "^[0-9+\\-*/(). ]{1,60}$"}},
-            "required": ["expression"],
-        },
-    },
-}
+# The math agent's prompt and calculator (the arithmetic, the `calculate` tool's spec, the runner
+# of a call), from their one copy: tutorial/example_math_agent/calculator_tool.py, standard
+# library only, loaded from its file (this client runs from any directory, on any sys.path).
+_SPEC = importlib.util.spec_from_file_location(
+    "remote_agent_calculator", Path(__file__).resolve().parents[1] / "example_math_agent" / "calculator_tool.py")
+assert _SPEC is not None and _SPEC.loader is not None
+calculator = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(calculator)
+
+SYSTEM_PROMPT = calculator.SYSTEM_PROMPT
+# With the expression's pattern: the server forces the first call (remote_agent.yaml) and decodes
+# it under this schema, so the model cannot write prose there.
+CALCULATE_TOOL = calculator.CALCULATE_TOOL_WITH_PATTERN
 MAX_TURNS = 3  # model calls an episode: the tool call, the answer, one spare
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
-
-
-def calculate(expression: str) -> str:
-    """The tool: numbers, + - * / and parentheses only (no `eval`); errors are results the model reads."""
-
-    def value(node: ast.AST) -> float:
-        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-            return node.value
-        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
-            return _OPS[type(node.op)](value(node.left), value(node.right))
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-            return -value(node.operand)
-        raise ValueError("only numbers and + - * / are allowed")
-
-    if len(expression) > 200:
-        return "error: the expression is longer than 200 characters"
-    try:
-        return f"{value(ast.parse(expression, mode='eval').body):g}"
-    # a result too large for a float, nesting too deep: results the model reads, not a crash
-    except (SyntaxError, ValueError, ZeroDivisionError, TypeError, OverflowError, RecursionError,
-            MemoryError) as exc:
-        return f"error: {type(exc).__name__}: {exc}"
-
-
-def tool_result(call: Any) -> str:
-    if call.function.name != "calculate":
-        return f"error: unknown tool {call.function.name!r}; the only tool is `calculate`"
-    try:
-        return calculate(str(json.loads(call.function.arguments or "{}")["expression"]))
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
-        return f"error: bad arguments ({type(exc).__name__}: {exc}); call calculate(expression=...)"
 
 
 def solve(episode) -> str:  # noqa: ANN001 - an ajet.serve.client.RemoteEpisode
@@ -90,7 +54,8 @@ def solve(episode) -> str:  # noqa: ANN001 - an ajet.serve.client.RemoteEpisode
             if not message.tool_calls:
                 break
             for call in message.tool_calls:
-                messages.append({"role": "tool", "tool_call_id": call.id, "content": tool_result(call)})
+                result = calculator.run_tool_call(call.model_dump())
+                messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
     return answer
 
 

@@ -13,6 +13,7 @@ stay unseen, so `ajet eval` on them measures generalisation):
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import random
 from pathlib import Path
@@ -27,18 +28,16 @@ MATH_SYSTEM = (
     "You solve arithmetic word problems. You may call the `calculate` tool with an arithmetic "
     "expression. Give the final answer as a number in \\boxed{}, e.g. \\boxed{42}."
 )
-CALCULATE = {
-    "type": "function",
-    "function": {
-        "name": "calculate",
-        "description": 'Evaluate an arithmetic expression such as "12 * (3 + 4)".',
-        "parameters": {
-            "type": "object",
-            "properties": {"expression": {"type": "string", "description": "The arithmetic expression to evaluate."}},
-            "required": ["expression"],
-        },
-    },
-}
+
+
+def math_tool() -> dict:
+    """The math agent's `calculate` tool spec, from its one copy (example_math_agent/calculator_tool.py,
+    loaded from its file: this script runs from any directory)."""
+    spec = importlib.util.spec_from_file_location("sft_warmup_calculator", MATH / "calculator_tool.py")
+    assert spec is not None and spec.loader is not None
+    calculator = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(calculator)
+    return calculator.CALCULATE_TOOL
 
 
 def read(path: Path) -> list[dict]:
@@ -79,7 +78,7 @@ def multi_turn_dialogs(tasks: list[dict], count: int, rng: random.Random) -> lis
 
 
 def math_tool_dialogs(tasks: list[dict], count: int) -> list[dict]:
-    out = []
+    tool, out = math_tool(), []
     for t in tasks[:count]:
         expression = t["expression"]  # the math tutorial's tasks carry the expression that solves them
         call = {"id": f"call_{t['task_id']}", "type": "function",
@@ -88,7 +87,7 @@ def math_tool_dialogs(tasks: list[dict], count: int) -> list[dict]:
             "id": f"math_tool-{t['task_id']}",
             "task_type": "math_tool",
             "target_tools": ["calculate"],
-            "tools": [CALCULATE],
+            "tools": [tool],
             "messages": [
                 {"role": "system", "content": MATH_SYSTEM},
                 {"role": "user", "content": t["question"]},
