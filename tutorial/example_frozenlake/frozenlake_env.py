@@ -6,7 +6,9 @@
     H F F G      in place; so does a reply with no move in it (counted as invalid).
 
 Maps come from `generate_map(size, seed)`: the same seed gives the same map, and every map
-has a safe path from S to G. Not slippery: moves are deterministic.
+has a safe path from S to G. Not slippery: moves are deterministic. A task is one map as a row
+of a split (`map_task`), sized by its place in the split (`map_size`): make_data.py's splits and
+make_demos.py's own maps are drawn the same way.
 """
 
 from __future__ import annotations
@@ -61,6 +63,20 @@ def generate_map(size: int, seed: int, hole_prob: float = 0.2) -> list[str]:
         rows = ["".join(row) for row in cells]
         if has_path(rows):
             return rows
+
+
+QUERY = "Reach the goal G from the start S."
+
+
+def map_size(i: int) -> int:
+    """The size of a split's i-th map: mostly 4x4, every 4th map 5x5."""
+    return 4 if i % 4 else 5
+
+
+def map_task(task_id: str, grid: list[str]) -> dict:
+    """The task row of a map."""
+    # max_steps: enough for the shortest path (2 * (size - 1) moves) plus a few mistakes.
+    return {"task_id": task_id, "question": QUERY, "map": grid, "max_steps": 2 * (len(grid) - 1) + 2}
 
 
 def parse_move(text: str) -> str | None:

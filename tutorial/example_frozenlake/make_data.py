@@ -16,19 +16,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from frozenlake_env import generate_map
-
-QUERY = "Reach the goal G from the start S."
-
-
-def map_size(i: int) -> int:
-    """The size of a split's i-th map: mostly 4x4, every 4th map 5x5."""
-    return 4 if i % 4 else 5
-
-
-def map_task(task_id: str, grid: list[str]) -> dict:
-    # max_steps: enough for the shortest path (2 * (size - 1) moves) plus a few mistakes.
-    return {"task_id": task_id, "question": QUERY, "map": grid, "max_steps": 2 * (len(grid) - 1) + 2}
+import make_demos  # the SFT warm-up's demonstrations come from these train maps
+from frozenlake_env import generate_map, map_size, map_task
 
 
 def main() -> None:
@@ -47,8 +36,6 @@ def main() -> None:
             taken.add(key)
             rows.append(map_task(f"{split}-{i}", grid))
         (here / f"{split}.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    import make_demos  # the SFT warm-up's demonstrations come from these train maps
-
     make_demos.main(here)
 
 

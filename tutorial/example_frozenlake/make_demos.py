@@ -19,8 +19,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from frozenlake_env import generate_map, shortest_moves
-from make_data import map_size, map_task
+from frozenlake_env import generate_map, map_size, map_task, shortest_moves
 
 HERE = Path(__file__).parent
 DEMO_SEEDS = 30_000  # the extra demo maps' seed range (train 0.., val 10_000.., test 20_000..)
@@ -69,7 +68,7 @@ async def demo(task: dict, safe_moves: bool = False) -> dict:
 
 
 def demo_tasks(count: int) -> list[dict]:
-    """The train maps, then maps from DEMO_SEEDS on (sized and bounded as make_data's),
+    """The train maps, then maps from DEMO_SEEDS on (sized and made into tasks as make_data's),
     none of them a val or test map, up to `count`."""
     read = [json.loads(line) for line in (HERE / "train.jsonl").read_text().splitlines() if line.strip()]
     held_out = {"/".join(json.loads(line)["map"]) for split in ("val", "test")
@@ -94,9 +93,6 @@ DEMO_FILES = {False: "demos.jsonl", True: "demos_safe_moves.jsonl"}
 def main(out_dir: Path = HERE, count: int = 256) -> list[Path]:
     """Both demo files: the grid-only agent's (demos.jsonl) and the safe-moves agent's
     (demos_safe_moves.jsonl), on the same maps."""
-    import sys
-
-    sys.path.insert(0, str(HERE))
     tasks = demo_tasks(count)
     written = []
     for safe_moves, name in DEMO_FILES.items():

@@ -22,7 +22,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from patient import NOT_SURE
+from patient import NOT_SURE, patient_task
 
 HERE = Path(__file__).parent
 DEMO_SEED = 3  # the extra demo patients' seed (make_data: train 0, val 1, test 2)
@@ -89,8 +89,6 @@ def demo_tasks(count: int) -> list[dict]:
     """The train patients, then patients drawn as make_data draws them from DEMO_SEED, up to
     `count` (a profile may repeat one of val's or test's: it is 4 of 6 topics with 2-3 answers
     each, and the demos never see a val or test task's id or opening)."""
-    from make_data import patient_task
-
     tasks = [json.loads(line) for line in (HERE / "train.jsonl").read_text().splitlines() if line.strip()]
     rng = random.Random(DEMO_SEED)
     while len(tasks) < count:
@@ -99,9 +97,6 @@ def demo_tasks(count: int) -> list[dict]:
 
 
 def main(out_dir: Path = HERE, count: int = 256) -> Path:
-    import sys
-
-    sys.path.insert(0, str(HERE))
     rows = [asyncio.run(demo(task, i)) for i, task in enumerate(demo_tasks(count))]
     out = out_dir / "demos.jsonl"
     out.write_text("".join(json.dumps(r) + "\n" for r in rows))

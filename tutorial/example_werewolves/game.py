@@ -19,6 +19,9 @@ A game alternates nights and days, night first.
 
 A player's answer names its choice; one that names no valid player becomes a random valid
 choice (a witch's: no potion), and is counted, so a game always ends.
+
+A task is a seating: names in seating order with a variant's roles (`draw_players`), as a row
+of a split (`seating_row`): make_data.py's splits and make_demos.py's own seatings.
 """
 
 from __future__ import annotations
@@ -45,6 +48,22 @@ VARIANTS = {
     "4": Variant(("werewolf", "seer", "villager", "villager"), max_days=1),
     "9": Variant(("werewolf",) * 3 + ("villager",) * 3 + ("seer", "witch", "hunter"), max_days=5),
 }
+NAMES = ["Alice", "Bob", "Carol", "Dave", "Erin", "Frank", "Grace", "Heidi", "Ivan", "Judy"]
+
+
+def draw_players(rng: random.Random, roles: tuple[str, ...]) -> dict[str, str]:
+    """A seating: names drawn from NAMES, in seating order, with the variant's roles shuffled."""
+    return dict(zip(rng.sample(NAMES, len(roles)), rng.sample(roles, len(roles)), strict=True))
+
+
+def seating_row(task_id: str, players: dict[str, str], variant: str) -> dict:
+    """One task row of a seating."""
+    return {
+        "task_id": task_id,
+        "question": f"A game of werewolves with {', '.join(players)}.",
+        "variant": variant,
+        "players": players,
+    }
 
 
 @dataclass(frozen=True)

@@ -15,25 +15,10 @@ import json
 import random
 from pathlib import Path
 
-from game import VARIANTS
+import make_demos  # the warm-up's seatings: the train ones first
+from game import VARIANTS, draw_players, seating_row
 
-NAMES = ["Alice", "Bob", "Carol", "Dave", "Erin", "Frank", "Grace", "Heidi", "Ivan", "Judy"]
 SPLITS = (("train", 64), ("val", 16), ("test", 16))
-
-
-def draw_players(rng: random.Random, roles: tuple[str, ...]) -> dict[str, str]:
-    """A seating: names drawn from NAMES, in seating order, with the variant's roles shuffled."""
-    return dict(zip(rng.sample(NAMES, len(roles)), rng.sample(roles, len(roles)), strict=True))
-
-
-def seating_row(task_id: str, players: dict[str, str], variant: str) -> dict:
-    """One task row of a seating."""
-    return {
-        "task_id": task_id,
-        "question": f"A game of werewolves with {', '.join(players)}.",
-        "variant": variant,
-        "players": players,
-    }
 
 
 def seatings(variant: str, seed: int) -> dict[str, list[dict]]:
@@ -59,8 +44,6 @@ def main() -> None:
     for variant, seed in (("4", 0), ("9", 10)):
         for name, rows in seatings(variant, seed).items():
             (here / f"{name}.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    import make_demos  # the warm-up's seatings: the train ones first
-
     make_demos.main(here / "demos.jsonl")
 
 

@@ -147,8 +147,7 @@ async def demo(task: dict, rng: random.Random) -> list[dict]:
 def demo_tasks(count: int) -> list[dict]:
     """The train seatings, then seatings drawn from DEMO_SEED (as make_data draws them), none
     of them a val or test seating, up to `count`."""
-    from game import VARIANTS
-    from make_data import draw_players, seating_row
+    from game import VARIANTS, draw_players, seating_row
 
     def read(split: str) -> list[dict]:
         return [json.loads(line) for line in (HERE / f"{split}.jsonl").read_text().splitlines() if line.strip()]
@@ -169,9 +168,6 @@ def demo_tasks(count: int) -> list[dict]:
 
 def main(out: Path = HERE / "demos.jsonl", count: int = 128) -> Path:
     """Two dialogs (the kill and the vote) for each of `count` seatings."""
-    import sys
-
-    sys.path.insert(0, str(HERE))
     rng = random.Random(0)
     rows = [row for task in demo_tasks(count) for row in asyncio.run(demo(task, rng))]
     out.write_text("".join(json.dumps(r) + "\n" for r in rows))
