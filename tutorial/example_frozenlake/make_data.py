@@ -8,7 +8,7 @@ demonstrations, from train maps and maps of their own).
 
 Each split's maps come from its own range of seeds; a test map that is already in train,
 val or test is redrawn. Val is the split to tune settings on and to validate on during
-training; test is only reported on (`eval.split: test`, `scripts/bench_learning.py`).
+training; test is only reported on (`eval.split: test`, `scripts/bench/learning.py`).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
 Train and val split the 81 pairs of 1-9 (val: 24 held-out pairs, the split to tune settings
 on and to validate on during training). Test holds the 19 pairs with a 0 (0 + 7, 4 + 0,
 0 + 0), which neither train nor val has: a held-out kind of pair, only reported on
-(`eval.split: test`, `scripts/bench_learning.py`).
+(`eval.split: test`, `scripts/bench/learning.py`).
 """
 
 from __future__ import annotations
