@@ -21,7 +21,8 @@ from pathlib import Path
 
 import grimp
 
-REPO = Path(__file__).resolve().parents[2]
+from scripts.bench.common import REPO
+
 PACKAGES = ("ajet", "scripts")
 
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import typer
 
+from scripts.bench.common import REPO
 from scripts.tools.docs_blocks import run
 
-REPO = Path(__file__).resolve().parents[2]
 PAGE = REPO / "docs" / "cli.md"
 MODULE = "scripts.tools.docs_cli"
 
