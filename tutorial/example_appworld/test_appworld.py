@@ -111,10 +111,11 @@ def test_the_server_names_the_store_state() -> None:
     again, _, info_again = env.create(task_id)
     assert info["state"] == info_again["state"]  # the same task starts in the same state
     key = info["keys"][0]
-    assert env.step(first, '{"action": "get", "key": "%s"}' % key)[3]["state"] == info["state"]  # a read
-    changed = env.step(first, '{"action": "set", "key": "%s", "value": "x1"}' % key)[3]["state"]
+    get, put = json.dumps({"action": "get", "key": key}), json.dumps({"action": "set", "key": key, "value": "x1"})
+    assert env.step(first, get)[3]["state"] == info["state"]  # a read leaves the store as it was
+    changed = env.step(first, put)[3]["state"]
     assert changed != info["state"]
-    assert env.step(again, '{"action": "set", "key": "%s", "value": "x1"}' % key)[3]["state"] == changed
+    assert env.step(again, put)[3]["state"] == changed
 
 
 def test_the_warmup_config_trains_on_the_demos_and_reports_on_test() -> None:
