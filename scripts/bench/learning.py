@@ -166,7 +166,10 @@ REGISTRY: tuple[Example, ...] = (
         also=("workflow/code/valid_rate", "agent/tool_call_rate", "sandbox/calls", "sandbox/timeouts",
               "sandbox/refused", "sandbox/call_ms"),
         why="issue 54's target (+0.30 on test within 20 minutes); the settings are math_agent.yaml's, "
-            "unchanged (nothing tuned on test): its programs run in the sandbox (docs/sandbox.md).",
+            "unchanged (nothing tuned on test), but max_tokens 96 for the longest demo call (69 tokens): "
+            "its programs run in the sandbox (docs/sandbox.md). Since 2026-12-03 its splits add "
+            "problems where code helps (code_*.jsonl: loops, many steps, big integers): test is the 32 "
+            "math tasks plus 16 of templates train never shows.",
     ),
     MATH_AGENT_RL,
     # Issue 27 asks what each of math_agent_rl's levers brings: the same run without one of them.
@@ -292,6 +295,28 @@ REGISTRY: tuple[Example, ...] = (
             "Metric: the fraction of keys in their goal state (success, all keys, stays rare). On val "
             "(2026-11-27): 0.531 base, 0.566 after SFT, 0.628 after 6 GRPO steps (16 episodes): the "
             "threshold asks for half of that gain.",
+    ),
+    # Issue 55 §2: a second multi-turn example with repeated states, with and without step credit.
+    # The base of these two rows is the warmed-up model's test reward (evaluated after the SFT stage).
+    Example(
+        name="appworld_grpo_after_warmup", conf="tutorial/example_appworld/appworld_warmup.yaml",
+        warmup=("sft",), stages=("grpo",), overrides=("task_reader.env_service.base_url=http://127.0.0.1:{port}",),
+        service=("-m", "ajet.task_reader.env_server", "--port", "{port}"),
+        budget_min=25, threshold=0.0, gain=True, metric="reward/mean",
+        also=("success/rate", "workflow/action_errors", "workflow/turns"),
+        why="issue 55 §2's second example, the arm without step credit: appworld_warmup.yaml's warm-up, "
+            "its test reward as the base, then its 6 GRPO steps (episode advantage only). No target of "
+            "its own (>= the warm-up).",
+    ),
+    Example(
+        name="appworld_step_credit", conf="tutorial/example_appworld/appworld_step_credit.yaml",
+        warmup=("sft",), stages=("grpo",), overrides=("task_reader.env_service.base_url=http://127.0.0.1:{port}",),
+        service=("-m", "ajet.task_reader.env_server", "--port", "{port}"),
+        budget_min=25, threshold=0.0, gain=True, metric="reward/mean",
+        also=("success/rate", "workflow/action_errors", "workflow/turns"),
+        why="issue 55 §2's second example with step credit: the same warm-up and GRPO steps, each call "
+            "marked with the reference server's state (the store's contents) and step_credit: gigpo. "
+            "Issue 55 asks what it does there: no target of its own (>= the warm-up).",
     ),
     Example(
         name="remote_agent", conf="tutorial/example_remote_agent/remote_agent.yaml", stages=("serve",),
