@@ -13,7 +13,7 @@ import copy
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ajet.config.schema import ReferenceModel
 
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 REFERENCE_KINDS = tuple(kind.value for kind in ReferenceModel)
+T = TypeVar("T")
 
 
 class ReferencePolicy:
@@ -63,7 +64,7 @@ class ReferencePolicy:
         finally:
             self._model.train(was_training)
 
-    def ref_logprobs(self, forward_fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def ref_logprobs(self, forward_fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """`forward_fn(reference_model, *args, **kwargs)` without gradients."""
         import torch
 

@@ -249,7 +249,7 @@ class ContextTracker:
             tip = parent is not None and self._chains[self._nodes[parent].timeline][-1] == parent
             if parent is not None and not tip:
                 cause = cause if cause == "retry" else "branch"
-            if tip:
+            if tip and parent is not None:
                 timeline = self._nodes[parent].timeline
                 self._chains[timeline].append(call.call_index)
                 cause = ""

@@ -53,7 +53,9 @@ class Completion:
 class InferenceEngine(Protocol):
     """Many concurrent callers; the engine batches them at every decode step."""
 
-    policy_version: int
+    @property
+    def policy_version(self) -> int:
+        """The version of the weights the engine serves now."""
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> list[Completion]:
         """Return `params.n` completions of `prompt_ids`.

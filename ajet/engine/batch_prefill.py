@@ -78,14 +78,14 @@ def _prefill(batch: DecodeBatch, requests: list[Request], version: int) -> list[
     rows = [PrefillRow(r.prompt_ids, r.cached.length, r.cached.segments, r.target) if r.cached
             else PrefillRow(r.prompt_ids, target=r.target) for r in requests]
     group = PrefillGroup(batch.weights.model, rows)
-    group.run()
+    logits = group.run()
     batch.reuse.prefilled(group)
     joining = []
     for index, (request, row) in enumerate(zip(requests, rows, strict=True)):
         batch.stats["requests"] += 1
         batch.stats["prefill_tokens"] += len(row.ids) - row.past_len
         try:
-            joining.extend(batch.start(request, group.logits[index], group.row_kv(index), version))
+            joining.extend(batch.start(request, logits[index], group.row_kv(index), version))
         except Exception as exc:  # noqa: BLE001 - fail this request only
             _fail(request, exc)
     return joining
@@ -107,7 +107,7 @@ def jump_forced_runs(batch: DecodeBatch, version: int) -> None:
             for (seq, kv), run in zip(taken, runs.values(), strict=True)]
     group = PrefillGroup(batch.weights.model, rows, all_logits=True)
     try:
-        group.run()
+        logits = group.run()
     except Exception as exc:  # noqa: BLE001 - fail these requests only
         for seq, _ in taken:
             _fail(seq.request, exc, "in a jump over forced tokens")
@@ -115,7 +115,7 @@ def jump_forced_runs(batch: DecodeBatch, version: int) -> None:
     joining: list[Joining] = []
     for i, ((seq, _), run) in enumerate(zip(taken, runs.values(), strict=True)):
         try:
-            if batch.resume(seq, run, group.logits[i, -(len(run) + 1):]):
+            if batch.resume(seq, run, logits[i, -(len(run) + 1):]):
                 joining.append((seq, group.row_kv(i)))
         except Exception as exc:  # noqa: BLE001 - as a failed decode step, this request only
             _fail(seq.request, exc, "in a jump over forced tokens")

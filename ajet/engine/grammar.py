@@ -67,7 +67,7 @@ def tool_call_grammar(tools: list[dict[str, Any]], name: str | None = None, *, t
     model writes `<tool_call>`, then one call (tool_choice "auto")."""
     specs = {_function(t).get("name"): _function(t) for t in tools}
     if name is not None and name not in specs:
-        raise GrammarError(f"tool {name!r} is not among the offered tools {sorted(specs)}")
+        raise GrammarError(f"tool {name!r} is not among the offered tools {sorted(specs, key=str)}")
     chosen = [specs[name]] if name is not None else list(specs.values())
     rules = []
     for i, fn in enumerate(chosen):
@@ -77,7 +77,7 @@ def tool_call_grammar(tools: list[dict[str, Any]], name: str | None = None, *, t
     opening, closing = _literal('<tool_call>\n{"name": '[len(trigger):]), _literal("}\n</tool_call>")
     alternatives = " | ".join(f"call_{i}" for i in range(len(chosen)))
     lark = "\n".join([f"start: {opening} call {closing}", f"call: {alternatives}", *rules])
-    what = f"a call of {name}" if name is not None else f"a call of one of {sorted(specs)}"
+    what = f"a call of {name}" if name is not None else f"a call of one of {sorted(specs, key=str)}"
     return Grammar(lark + "\n", what, trigger)
 
 
@@ -129,7 +129,7 @@ class GrammarRuntime:
         self._tokenizer = tokenizer
         self.vocab_size = vocab_size
         eos = getattr(tokenizer, "eos_token_id", None)
-        self.eos = eos if eos in eos_token_ids or not eos_token_ids else min(eos_token_ids)
+        self.eos: int | None = eos if eos in eos_token_ids or not eos_token_ids else min(eos_token_ids)
         self._ll: Any = None
         self._lock = threading.Lock()
 
@@ -160,7 +160,8 @@ class GrammarRuntime:
 class Constraint:
     """The grammar state of one completion: picks each next token, then `accept`s it."""
 
-    def __init__(self, matcher: Any, grammar: Grammar, vocab_size: int, eos: int, tokenizer: Any = None) -> None:
+    def __init__(self, matcher: Any, grammar: Grammar, vocab_size: int, eos: int | None,
+                 tokenizer: Any = None) -> None:
         self._matcher = matcher
         self._grammar = grammar
         self._vocab_size = vocab_size

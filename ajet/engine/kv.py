@@ -13,7 +13,6 @@ full, when a longer prompt joins, or to drop leading pad columns no row uses any
 
 from __future__ import annotations
 
-import functools
 import inspect
 from typing import TYPE_CHECKING, Any
 
@@ -29,14 +28,15 @@ RowKV = list[tuple["torch.Tensor", "torch.Tensor"]]
 def cache_kwarg(model: Any) -> str:
     """The name the model's forward takes its KV cache under: `cache` from transformers 5.24
     on (where `past_key_values` warns, and is to go in 5.40), `past_key_values` before."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft
-    return _cache_kwarg(type(base))
+    base: torch.nn.Module = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft
+    model_class = type(base)
+    if model_class not in _CACHE_KWARGS:  # read once per class: it is asked at every forward
+        params = inspect.signature(model_class.forward).parameters
+        _CACHE_KWARGS[model_class] = "cache" if "cache" in params else "past_key_values"
+    return _CACHE_KWARGS[model_class]
 
 
-@functools.cache
-def _cache_kwarg(model_class: type) -> str:
-    params = inspect.signature(model_class.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
+_CACHE_KWARGS: dict[type[torch.nn.Module], str] = {}
 
 
 _MIN_SPARE_COLS = 64
@@ -52,7 +52,8 @@ class _SlotLayer(DynamicLayer):
         self.layer = layer
         self.is_initialized = True
 
-    def update(self, key_states, value_states, *args, **kwargs):
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object,
+               **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
         kv = self.owner
         col, n, rows = kv.length, key_states.shape[-2], kv.rows
         keys, values = kv.keys[self.layer], kv.values[self.layer]

@@ -20,6 +20,7 @@ ajet/engine/batch_prefill.py: this module knows nothing of the batch.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable, Hashable
@@ -55,8 +56,10 @@ class _GroupLayer(DynamicLayer):
         self.layer = layer
         self.is_initialized = True
 
-    def update(self, key_states, value_states, *args, **kwargs):
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object,
+               **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
         o = self.owner
+        assert o.buf is not None  # made by `run` before the forward
         keys, values = o.buf[self.layer, 0], o.buf[self.layer, 1]
         keys[o.dst_rows, :, o.dst_cols] = key_states[o.dst_rows, :, o.src_cols]
         values[o.dst_rows, :, o.dst_cols] = value_states[o.dst_rows, :, o.src_cols]
@@ -85,12 +88,17 @@ class PrefillGroup:
         self.buf: torch.Tensor | None = None
         self.logits: torch.Tensor | None = None
 
-    def run(self) -> None:
+    def run(self) -> torch.Tensor:
+        """The forward; returns (and keeps) `logits`."""
         model, rows, T, W = self.model, self.rows, self.width, self.inputs
         device = model.get_input_embeddings().weight.device
         dtype = model.get_input_embeddings().weight.dtype
         self.buf = self._buffer(device, dtype)
-        ids, positions, dst_rows, dst_cols, src_cols = [], [], [], [], []
+        ids: list[list[int]] = []
+        positions: list[list[int]] = []
+        dst_rows: list[int] = []
+        dst_cols: list[int] = []
+        src_cols: list[int] = []
         limits = torch.empty(len(rows), W, dtype=torch.long)
         for i, (row, new) in enumerate(zip(rows, self.news, strict=True)):
             pad = W - new
@@ -127,7 +135,8 @@ class PrefillGroup:
                 use_cache=True,
                 logits_to_keep=W if self.all_logits else 1,
             )
-        self.logits = out.logits if self.all_logits else out.logits[:, -1, :]
+        self.logits = logits = out.logits if self.all_logits else out.logits[:, -1, :]
+        return logits
 
     def _buffer(self, device: Any, dtype: Any) -> torch.Tensor:
         config = self.model.config
@@ -171,8 +180,7 @@ def warm_shared_prefixes(model: Any, cache: Any, prompts: list[list[int]], min_t
                 prefill.run()
                 for row_index, i in enumerate(group):
                     row = rows[i]
-                    cache.insert(row.ids, lambda a, b, r=row_index, g=prefill: g.kv_range(r, a, b),
-                                 target.namespace)
+                    cache.insert(row.ids, functools.partial(prefill.kv_range, row_index), target.namespace)
                     forwarded += len(row.ids) - row.past_len
         finally:
             for m in matches:
@@ -224,7 +232,7 @@ class PrefixReuse:
         for i, row in enumerate(group.rows):
             self.count(prompt=len(row.ids), prefilled=len(row.ids) - row.past_len, cached=row.past_len)
             if self.cache is not None:
-                self.cache.insert(row.ids, lambda a, b, i=i: group.kv_range(i, a, b), row.target.namespace)
+                self.cache.insert(row.ids, functools.partial(group.kv_range, i), row.target.namespace)
 
     def finished(self, ids: list[int], kv_range: Any, version: int, target: Target = Target()) -> None:
         """Cache a finished sequence's KV (`ids` = prompt + completion but its last token) in

@@ -44,6 +44,12 @@ class _Node:
     locks: int = 0  # running requests whose matched path goes through this node
     last_used: int = 0
 
+    @property
+    def edge_kv(self) -> torch.Tensor:
+        """KV of `tokens` (a node below the root)."""
+        assert self.kv is not None, "the root has no KV"
+        return self.kv
+
 
 @dataclass(eq=False)
 class Match:
@@ -96,7 +102,8 @@ class PrefixCache:
         """Lock and return the longest cached prefix of `ids[:max_length]` in `namespace`."""
         limit = len(ids) if max_length is None else min(len(ids), max_length)
         node, at = self._root(namespace), 0
-        segments, nodes = [], []
+        segments: list[torch.Tensor] = []
+        nodes: list[_Node] = []
         now = next(self._clock)
         while at < limit:
             child = node.children.get(ids[at])
@@ -106,7 +113,7 @@ class PrefixCache:
             child.locks += 1
             child.last_used = now
             nodes.append(child)
-            segments.append(child.kv if common == len(child.tokens) else child.kv[:, :, :, :common])
+            segments.append(child.edge_kv if common == len(child.tokens) else child.edge_kv[:, :, :, :common])
             at += common
             if common < len(child.tokens):
                 break
@@ -141,8 +148,8 @@ class PrefixCache:
         assert parent is not None and 0 < at < len(child.tokens)
         # Copies, so that evicting either half frees its own memory.
         # No lock of its own: while `child` is locked, `upper` has a child and is no leaf.
-        upper = _Node(child.tokens[:at], child.kv[:, :, :, :at].clone(), parent, last_used=child.last_used)
-        child.kv = child.kv[:, :, :, at:].clone()
+        upper = _Node(child.tokens[:at], child.edge_kv[:, :, :, :at].clone(), parent, last_used=child.last_used)
+        child.kv = child.edge_kv[:, :, :, at:].clone()
         child.tokens = child.tokens[at:]
         child.parent = upper
         upper.children[child.tokens[0]] = child
@@ -184,7 +191,7 @@ def _common_length(edge: tuple[int, ...], ids: list[int], at: int, limit: int) -
     return i
 
 
-def shared_prefixes(prompts: list[list[int]], min_tokens: int) -> list[list[int]]:
+def shared_prefixes(prompts: list[list[int]], min_tokens: int) -> list[list[list[int]]]:
     """Prefixes worth prefilling once before the prompts: layers of distinct prefixes, shortest
     layer first, where each is the longest prefix a prompt shares with another prompt (at
     least `min_tokens`, and short of the prompt's last token, which the request prefills

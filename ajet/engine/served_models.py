@@ -282,7 +282,7 @@ def install_row_adapters(model: Any) -> None:
         if hasattr(module, "_mixed_batch_forward"):  # a peft LoRA layer
             module.register_forward_pre_hook(_inject_adapter_names, with_kwargs=True)
             if isinstance(module, LoraLinear):  # its rows' LoRA terms batched (see below)
-                module._mixed_batch_forward = types.MethodType(_stacked_mixed_forward, module)
+                module._mixed_batch_forward = types.MethodType(_stacked_mixed_forward, module)  # type: ignore[method-assign]
     model._ajet_row_adapters = True
 
 
@@ -314,14 +314,14 @@ def _stacked_mixed_forward(self: Any, x: Any, *args: Any, adapter_names: list[st
     # The mask depends on the rows' adapters only: made once per forward (`row_adapters`), not
     # in each of the forward's LoRA layers.
     masks = getattr(_ROWS, "masks", None)
-    key = (tuple(present), rank, a.dtype)
-    keep = masks.get(key) if masks is not None else None
+    mask_key = (tuple(present), rank, a.dtype)
+    keep = masks.get(mask_key) if masks is not None else None
     if keep is None:
         block = {name: i for i, name in enumerate(present)}
         which = torch.tensor([block.get(name, -1) for name in adapter_names])
         keep = (which[:, None] == torch.arange(len(present))[None, :]).to(a.dtype).repeat_interleave(rank, dim=1)
         if masks is not None:
-            masks[key] = keep
+            masks[mask_key] = keep
     flat = x.to(a.dtype).reshape(x.shape[0], -1, x.shape[-1])  # (rows, tokens, in)
     lora = ((flat @ a.T) * keep[:, None, :]) @ b.T
     return result + lora.reshape(result.shape).to(result.dtype)

@@ -15,29 +15,32 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from ajet.algorithms.distill import distill_advantages
 from ajet.config.schema import RL_ALGORITHMS, AjetConfig, Algorithm
 from ajet.context.pack import pack_samples, pack_stats
+from ajet.context.types import Sample
 from ajet.engine.sampling import policy_temperature
 from ajet.errors import ConfigError, UserError
 from ajet.faults import fault_point
 from ajet.outputs.records import write_step_records
 from ajet.own_thread import in_own_thread
-from ajet.rl.samples import build_step_batch
+from ajet.rl.samples import StepBatch, build_step_batch
 from ajet.rl.update import PolicyUpdater
+from ajet.rollout.episode import Episode
 from ajet.rollout.failed_steps import FailedSteps
+from ajet.rollout.manager import RolloutManager, RolloutResult
 from ajet.rollout.overlap import OverlappedEpisodes
 from ajet.rollout.ray_rollout import build_ray_manager, workflow_spec
 from ajet.rollout.source import EpisodeSource, managed_episodes
-from ajet.rollout.workflow_loader import trainable_targets_of
+from ajet.rollout.workflow_loader import WorkflowArg, trainable_targets_of
 from ajet.signals import defer_stop
 from ajet.training.recipe import Closers, run_recipe
 from ajet.training.rollout_run import RolloutRun
 from ajet.training.step import overlapped_update, updating_weights
 from ajet.training.teacher import Teacher, build_teacher
 from ajet.training.validation import validate_on_rollout
+from ajet.workflow import WorkflowTask
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +48,7 @@ log = logging.getLogger(__name__)
 SourceFactory = Callable[["RLRecipe"], EpisodeSource]
 
 
-def train(cfg: AjetConfig, *, with_ray: bool = False, resume: bool = False, workflow: Any = None,
+def train(cfg: AjetConfig, *, with_ray: bool = False, resume: bool = False, workflow: WorkflowArg | None = None,
           episode_source: SourceFactory | None = None) -> Path:
     """Train on the debug backbone; return the run directory. `episode_source(recipe)` (`ajet
     serve`) builds where each step's episodes come from instead of the reader and the rollout
@@ -55,7 +58,7 @@ def train(cfg: AjetConfig, *, with_ray: bool = False, resume: bool = False, work
 
 
 class RLRecipe:
-    def __init__(self, cfg: AjetConfig, *, workflow: Any = None, with_ray: bool = False,
+    def __init__(self, cfg: AjetConfig, *, workflow: WorkflowArg | None = None, with_ray: bool = False,
                  resume: bool = False, episode_source: SourceFactory | None = None) -> None:
         self.cfg = cfg
         self.workflow_arg = workflow
@@ -110,7 +113,7 @@ class RLRecipe:
         return OverlappedEpisodes(source, max_staleness=self.cfg.rollout.max_staleness,
                              version=lambda: engine.policy_version)
 
-    def _ray_manager(self, closers: Closers) -> Any:
+    def _ray_manager(self, closers: Closers) -> RolloutManager:
         """Episodes run in Ray actors; the engine, tracker and trainer stay in this process."""
         cfg = self.cfg
         spec = workflow_spec(self.workflow, None if self.workflow_arg is not None else cfg.workflow.target)
@@ -153,13 +156,13 @@ class RLRecipe:
                 failed.observe(step, result.episodes)
         return self.run_dir
 
-    def roll_out(self, step: int) -> tuple[Any, dict[str, float]]:
+    def roll_out(self, step: int) -> tuple[RolloutResult, dict[str, float]]:
         """Step `step`'s episodes (from the episode source) and the rollout's metrics."""
         cfg = self.cfg
         start = time.monotonic()
         engine = self.rollout.engine
-        overlapped = self.source.overlaps_update and self._batch_arrived is not None
-        if not overlapped:
+        previous = self._batch_arrived if self.source.overlaps_update else None  # None: the window starts now
+        if previous is None:
             self._decoded_then = engine.decoded_tokens()
         self.loop.phase(f"step {step}: waiting for {cfg.trainer.batch_size} groups of episodes")
         result = self.rollout.loop.run_until_complete(self.source.next_batch(step))
@@ -169,7 +172,7 @@ class RLRecipe:
         # since the previous batch arrived, not only while the step waited for this one: tok/s is
         # what the engine decoded in that window (every model it serves, dropped groups and
         # validation included), over it.
-        generation_s = arrived - self._batch_arrived if overlapped else rollout_s
+        generation_s = arrived - previous if previous is not None else rollout_s
         decoded = engine.decoded_tokens()
         window_tokens, self._decoded_then = decoded - self._decoded_then, decoded
         self._batch_arrived = arrived
@@ -181,7 +184,7 @@ class RLRecipe:
         metrics.update(context_metrics(result.episodes))
         return result, metrics
 
-    def distill(self, samples: list[Any]) -> dict[str, float]:
+    def distill(self, samples: list[Sample]) -> dict[str, float]:
         """The teacher scores the step's samples (engine paused: an adapter teacher forwards the
         engine's module); their advantages become teacher - student (+ reward_coef x reward's)."""
         assert self.teacher is not None
@@ -200,7 +203,7 @@ class RLRecipe:
         """One LoRA adapter per trainable role: samples are packed and trained per role."""
         return self.cfg.model.lora.enabled and self.cfg.model.lora.per_role
 
-    def _update_step(self, batch: Any, step: int) -> dict[str, float]:
+    def _update_step(self, batch: StepBatch, step: int) -> dict[str, float]:
         """The step's update; with the overlap (`OverlappedEpisodes`) and a step after this one, the
         next step's rollout starts first and runs on the event loop while the update runs in a
         worker thread on the trainer's weights (the engine decodes its own copy meanwhile)."""
@@ -240,7 +243,7 @@ class RLRecipe:
                 return done[0]
             raise
 
-    def update(self, batch: Any, *, step: int | None = None, overlap: bool = False) -> dict[str, float]:
+    def update(self, batch: StepBatch, *, step: int | None = None, overlap: bool = False) -> dict[str, float]:
         """Pack (per role, with per-role adapters), one optimizer step, bump the policy version
         (`updating_weights`; with `overlap`, the engine keeps decoding its copy and the new weights
         are published at the end: `overlapped_update`)."""
@@ -262,11 +265,11 @@ class RLRecipe:
         self.rollout.engine.take_metrics()  # validation's prefills do not count towards the next step
         return metrics
 
-    def _rollout(self, tasks: list[Any], n: int, *, episode_prefix: str) -> Any:
+    def _rollout(self, tasks: list[WorkflowTask], n: int, *, episode_prefix: str) -> RolloutResult:
         """One rollout on the manager (in-process, or Ray workers with --with-ray)."""
         return self.rollout.loop.run_until_complete(self.manager.rollout(tasks, n, episode_prefix=episode_prefix))
 
-    def _write_records(self, step: int, samples: list[Any], episodes: list[Any]) -> None:
+    def _write_records(self, step: int, samples: list[Sample], episodes: list[Episode]) -> None:
         info = {
             ep.episode_id: {"task_id": ep.task.task_id, "is_success": ep.is_success, "query": ep.task.main_query}
             for ep in episodes
@@ -275,18 +278,18 @@ class RLRecipe:
 
         def decode(token: int) -> str:
             if token not in cache:
-                cache[token] = self.tokenizer.decode([token])
+                cache[token] = str(self.tokenizer.decode([token]))
             return cache[token]
 
         write_step_records(self.run_dir, step, samples, decode_token=decode, episode_info=info)
 
 
-def has_learning_signal(samples: list[Any]) -> bool:
+def has_learning_signal(samples: list[Sample]) -> bool:
     """Whether any trained token has a non-zero advantage (else the update would do nothing)."""
     return any(m and a != 0 for s in samples for m, a in zip(s.loss_mask, s.advantage, strict=False))
 
 
-def context_metrics(episodes: list[Any]) -> dict[str, float]:
+def context_metrics(episodes: list[Episode]) -> dict[str, float]:
     totals: dict[str, float] = {}
     for ep in episodes:
         for key, value in (ep.tracker_stats or {}).items():

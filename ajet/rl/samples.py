@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypeVar
 
 from ajet.algorithms.advantages import (
     assign_token_advantages,
@@ -15,7 +15,12 @@ from ajet.config.schema import AlgorithmConfig, ContextConfig, StepCredit
 from ajet.context.pack import loss_weights
 from ajet.context.samples import episode_samples
 from ajet.context.types import Sample
+from ajet.rollout.episode import Episode
 from ajet.rollout.roles import rewards_per_role
+
+T = TypeVar("T")
+# episode_id -> its advantage: a float, per-step values, or {role: advantage} (per-role rewards).
+EpisodeAdvantages = dict[str, float] | dict[str, list[float]] | dict[str, dict[str, float]]
 
 
 @dataclass
@@ -25,26 +30,26 @@ class StepBatch:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-def per_call(episode: Any, values: list | None, fill: Any) -> list:
+def per_call(episode: Episode, values: list[T] | None, fill: T) -> list[T]:
     """`values` (the workflow's, in call order) to one per LLM call of `episode`: `fill` for the
     calls past the list, the values past the calls dropped."""
     calls = max(1, episode.num_calls)
     return (list(values or []) + [fill] * calls)[:calls]
 
 
-def step_states(episode: Any) -> list[str | None]:
+def step_states(episode: Episode) -> list[str | None]:
     """The episode's state key per LLM call (`WorkflowOutput.step_states`); None: unmarked."""
     return per_call(episode, episode.output.step_states if episode.output is not None else None, None)
 
 
-def padded_step_rewards(episode: Any) -> list[float] | None:
+def padded_step_rewards(episode: Episode) -> list[float] | None:
     """`WorkflowOutput.step_rewards` to one per call (0 for calls past the list), or None."""
     given = episode.output.step_rewards if episode.output is not None else None
     return per_call(episode, given, 0.0) if given else None
 
 
-def episode_advantages(episodes: list[Any], algorithm: AlgorithmConfig,
-                       samples: list[Sample] | None = None, metrics: dict[str, float] | None = None) -> dict[str, Any]:
+def episode_advantages(episodes: list[Episode], algorithm: AlgorithmConfig, samples: list[Sample] | None = None,
+                       metrics: dict[str, float] | None = None) -> EpisodeAdvantages:
     """episode_id -> advantage (a float, or per-step values for REINFORCE++ and step credit), or,
     when an episode has per-role rewards, {role: advantage} from groups per (task, role)
     (`compute_role_advantages`; an episode with a single reward counts it for each role of its
@@ -80,7 +85,7 @@ def episode_advantages(episodes: list[Any], algorithm: AlgorithmConfig,
     )
 
 
-def build_step_batch(episodes: list[Any], context: ContextConfig, algorithm: AlgorithmConfig,
+def build_step_batch(episodes: list[Episode], context: ContextConfig, algorithm: AlgorithmConfig,
                      *, model_max_len: int) -> StepBatch:
     """Each episode's samples (`episode_samples`: merged, within budgets), their advantages, the loss weights."""
     samples: list[Sample] = []

@@ -6,14 +6,15 @@ micro-batch losses gives exactly the full-batch gradient (accumulation is exact)
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from typing import Any
 
 import torch
 
 from ajet.algorithms.losses import kl_penalty, policy_loss, tis_weights
 from ajet.algorithms.reference import build_reference
 from ajet.config.schema import AlgorithmConfig, TrainerConfig
+from ajet.context.pack import PackedSequence
 from ajet.forward.packed import forward_packed
 from ajet.training.adapters import reference_adapter
 from ajet.training.step import OptimizerStep
@@ -39,7 +40,7 @@ class PolicyUpdater:
         # Built before the first update: a frozen copy of the initial weights, or the base with LoRA off.
         self.reference = build_reference(model, algorithm)
 
-    def update(self, packed: list[Any], *, step: int | None = None) -> dict[str, float]:
+    def update(self, packed: list[PackedSequence], *, step: int | None = None) -> dict[str, float]:
         """One optimizer step (per PPO epoch) over all packed sequences of the step."""
         device = next(self.model.parameters()).device
         totals: dict[str, float] = {}
@@ -50,7 +51,7 @@ class PolicyUpdater:
         cap = self.algorithm.tis_cap
         index_of = {id(seq): index for index, seq in enumerate(packed)}
 
-        def seq_loss(seq: Any) -> tuple[torch.Tensor, dict[str, float]]:
+        def seq_loss(seq: PackedSequence) -> tuple[torch.Tensor, dict[str, float]]:
             index = index_of[id(seq)]
             old = torch.tensor(seq.entry_old_logprob, dtype=torch.float32, device=device)
             adv = torch.tensor(seq.entry_advantage, dtype=torch.float32, device=device)
@@ -94,17 +95,19 @@ class PolicyUpdater:
         out = {k: (v / epochs if k != "actor/grad_norm" else v) for k, v in totals.items()}
         return out | mismatch.metrics() | self.step.metrics()
 
-    def _reference_logprobs(self, seq: Any) -> torch.Tensor:
-        assert self.reference is not None
+    def _reference_logprobs(self, seq: PackedSequence) -> torch.Tensor:
+        reference = self.reference
+        assert reference is not None
 
-        def forward(model: Any, *args: Any, **kwargs: Any) -> Any:
-            if self.step.per_role_adapters and self.reference.kind == "frozen":
-                with reference_adapter(model, seq.role):  # the role's own initial policy
-                    return forward_packed(model, *args, **kwargs)
-            return forward_packed(model, *args, **kwargs)
+        def forward(model: torch.nn.Module, packed: PackedSequence, *, with_entropy: bool, temperature: float,
+                    logits_chunk: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+            own_role = self.step.per_role_adapters and reference.kind == "frozen"  # the role's own initial policy
+            with reference_adapter(model, packed.role) if own_role else contextlib.nullcontext():
+                return forward_packed(model, packed, with_entropy=with_entropy, temperature=temperature,
+                                      logits_chunk=logits_chunk)
 
-        ref, _ = self.reference.ref_logprobs(forward, seq, with_entropy=False, temperature=self.temperature,
-                                             logits_chunk=self.trainer.logits_chunk_tokens)
+        ref, _ = reference.ref_logprobs(forward, seq, with_entropy=False, temperature=self.temperature,
+                                        logits_chunk=self.trainer.logits_chunk_tokens)
         return ref.float()
 
 

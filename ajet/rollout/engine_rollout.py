@@ -14,31 +14,42 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from ajet.config.schema import AjetConfig, RolloutConfig
 from ajet.context.tracker import ContextTracker
+from ajet.context.types import LLMCall, Timeline
+from ajet.engine.base import InferenceEngine
 from ajet.engine.chat import ChatFormat
 from ajet.engine.local import LocalEngine
-from ajet.judge import build_judge
+from ajet.judge import Judge, build_judge
 from ajet.models.resolve import resolve_model_path
 from ajet.rollout.manager import RolloutManager, RolloutResult
 from ajet.rollout.runner import TaskRunner
 from ajet.rollout.workflow_loader import trainable_targets_of
 from ajet.tuner import EpisodeSession, Gateway, ModelTuner
-from ajet.workflow import WorkflowTask
+from ajet.workflow import Workflow, WorkflowTask
+
+if TYPE_CHECKING:
+    import openai
+    import torch
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
+
+# The engine a rollout runs on: a `LocalEngine` (`EngineRollout.local`), or the backbone's servers.
+E = TypeVar("E", bound=InferenceEngine)
 
 
 @dataclass
 class EpisodeHandle:
     """One episode attempt's tuner, tracker and session (`ajet.rollout.runner.EpisodeHandle`)."""
 
-    tuner: Any
-    tracker: Any
-    session: Any
+    tuner: ModelTuner
+    tracker: ContextTracker
+    session: EpisodeSession
 
     def close(self) -> None:
         close_tuner = getattr(self.tuner, "close", None)
@@ -47,23 +58,23 @@ class EpisodeHandle:
         self.session.close()
 
 
-class EngineRollout:
-    def __init__(self, cfg: AjetConfig, engine: Any, tokenizer: Any, workflow: Any, *, model_max_len: int,
-                 rollout: RolloutConfig | None = None, judge: Any = None, record: bool = False,
-                 owns_engine: bool = False) -> None:
+class EngineRollout(Generic[E]):
+    def __init__(self, cfg: AjetConfig, engine: E, tokenizer: PreTrainedTokenizerBase, workflow: Workflow, *,
+                 model_max_len: int, rollout: RolloutConfig | None = None, judge: Judge | None = None,
+                 record: bool = False, close_engine: Callable[[], object] | None = None) -> None:
         """`judge`: a judge built beforehand (None: built from `cfg.judge`, with LLM judges on
         the policy model through the gateway). `record`: keep each episode's tracker (`calls`).
-        `owns_engine`: `close()` closes the engine too."""
+        `close_engine`: what `close()` calls to close the engine too (one this rollout owns)."""
         self.rollout_config = rollout = rollout or cfg.rollout
-        self.engine, self.owns_engine = engine, owns_engine
+        self.engine, self._close_engine = engine, close_engine
         self.context = cfg.context
         self.model_max_len = model_max_len
         self.trainable_targets = trainable_targets_of(cfg.workflow.trainable_targets, workflow)
-        self.trackers: dict[str, Any] | None = {} if record else None
+        self.trackers: dict[str, ContextTracker] | None = {} if record else None
         self.chat = ChatFormat(tokenizer)
         log_template_check(self.chat)
         self.gateway = Gateway().start()
-        self.runner: Any = None
+        self.runner: TaskRunner | None = None
         self.loop = asyncio.new_event_loop()  # what `rollout()` and the RL recipe run the manager on
         try:
             self.judge = judge if judge is not None else build_judge(cfg.judge, llm_client_factory=self.llm_client)
@@ -74,9 +85,9 @@ class EngineRollout:
             raise
 
     @classmethod
-    def local(cls, cfg: AjetConfig, model: Any, tokenizer: Any, workflow: Any, *, model_max_len: int,
-              rollout: RolloutConfig | None = None, judge: Any = None, record: bool = False,
-              fixed_weights: bool = False) -> EngineRollout:
+    def local(cls, cfg: AjetConfig, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, workflow: Workflow,
+              *, model_max_len: int, rollout: RolloutConfig | None = None, judge: Judge | None = None,
+              record: bool = False, fixed_weights: bool = False) -> EngineRollout[LocalEngine]:
         """On a `LocalEngine` of `model`, which it owns. `fixed_weights`: nothing will update
         the model (an evaluation)."""
         r = rollout or cfg.rollout
@@ -85,8 +96,8 @@ class EngineRollout:
                              prefix_cache_tokens=r.prefix_cache_tokens, dtype=r.engine_dtype.value,
                              fixed_weights=fixed_weights, initial_model=initial_model_dir(cfg))
         try:
-            return cls(cfg, engine, tokenizer, workflow, model_max_len=model_max_len, rollout=r, judge=judge,
-                       record=record, owns_engine=True)
+            return EngineRollout(cfg, engine, tokenizer, workflow, model_max_len=model_max_len, rollout=r,
+                                 judge=judge, record=record, close_engine=engine.close)
         except BaseException:
             engine.close()
             raise
@@ -105,16 +116,16 @@ class EngineRollout:
             self.trackers[episode_id] = tracker  # the last attempt's
         return EpisodeHandle(tuner=tuner, tracker=tracker, session=session)
 
-    def calls(self, episode_id: str) -> list[Any]:
+    def calls(self, episode_id: str) -> list[LLMCall]:
         """The recorded calls of an episode's last attempt (`record=True`)."""
         tracker = (self.trackers or {}).get(episode_id)
         return list(tracker.calls) if tracker is not None else []
 
-    def rollout(self, tasks: list[Any], n: int, *, episode_prefix: str) -> RolloutResult:
+    def rollout(self, tasks: list[WorkflowTask], n: int, *, episode_prefix: str) -> RolloutResult:
         """`RolloutManager.rollout`, run to completion on this rollout's own event loop."""
         return self.loop.run_until_complete(self.manager.rollout(tasks, n, episode_prefix=episode_prefix))
 
-    def llm_client(self) -> Any:
+    def llm_client(self) -> openai.AsyncOpenAI:
         """An OpenAI client on the gateway for in-run services (LLM judges) on the policy model:
         its calls are never recorded or trained."""
         import openai
@@ -129,8 +140,8 @@ class EngineRollout:
 
     def close(self) -> None:
         closers = [getattr(self.runner, "close", None), self.gateway.stop]
-        if self.owns_engine:
-            closers.append(self.engine.close)
+        if self._close_engine is not None:
+            closers.append(self._close_engine)
         for close in closers:
             if close is None:
                 continue
@@ -144,26 +155,25 @@ class EngineRollout:
 class StatelessTracker:
     """Tracker for service calls (e.g. an LLM judge on the local model): nothing is kept or trained."""
 
-    def __init__(self, chat: Any) -> None:
+    def __init__(self, chat: ChatFormat) -> None:
         self.chat = chat
-        self.calls: list[Any] = []
+        self.calls: list[LLMCall] = []
 
-    def build_prompt(
-        self, role: str, messages: list[dict], tools: list[dict] | None, reply_prefix: str = ""
-    ) -> list[int]:
+    def build_prompt(self, role: str, messages: list[dict[str, object]], tools: list[dict[str, object]] | None,
+                     reply_prefix: str = "") -> list[int]:
         return self.chat.encode(self.chat.render(messages, tools, add_generation_prompt=True) + reply_prefix)
 
-    def record(self, call: Any) -> None:
+    def record(self, call: LLMCall) -> None:
         """Service calls are not training data: dropped."""
 
-    def timelines(self) -> list[Any]:
+    def timelines(self) -> list[Timeline]:
         return []
 
     def stats(self) -> dict[str, float]:
         return {}
 
 
-def log_template_check(chat: Any) -> None:
+def log_template_check(chat: ChatFormat) -> None:
     """The chat-template check (`ajet.context.diagnostics.report_template`), logged once per
     tokenizer: INFO when every message shape keeps its tokens, else a WARNING naming the shapes
     and what ajet does. A tracker's first prompt runs the same check, logged once between them."""

@@ -7,18 +7,19 @@ backbone turns the timelines of the `ok` ones into training samples.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
+from ajet.context.types import Timeline
 from ajet.workflow import WorkflowOutput, WorkflowTask
 
 EpisodeStatus = Literal["ok", "failed", "timeout", "pending"]
 
-OK = "ok"
-FAILED = "failed"
-TIMEOUT = "timeout"
+OK: Final = "ok"
+FAILED: Final = "failed"
+TIMEOUT: Final = "timeout"
 # Ended, waiting for its group's judge (judge.type=group_rank; `ajet.rollout.group_judging`):
 # never trained on unless that judge scores it, which makes it "ok".
-PENDING = "pending"
+PENDING: Final = "pending"
 
 
 @dataclass
@@ -50,7 +51,7 @@ class Episode:
     # Per-role rewards ({role: reward}) when the workflow or judge gave a dict; {} otherwise.
     # Advantages are then computed per (task, role) group (`ajet.rl.samples`).
     role_rewards: dict[str, float] = field(default_factory=dict)
-    timelines: list[Any] = field(default_factory=list)  # ajet.context.types.Timeline
+    timelines: list[Timeline] = field(default_factory=list)
     tracker_stats: dict[str, Any] = field(default_factory=dict)
     num_calls: int = 0
     # Calls and completion tokens per role (`role/<name>/calls`, `role/<name>/tokens`).

@@ -11,7 +11,7 @@ import logging
 import math
 import statistics
 from collections import Counter, defaultdict
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 
 from ajet.config.schema import RolloutConfig
@@ -228,7 +228,7 @@ class RolloutManager:
         )
 
 
-async def _run_groups(jobs: list[tuple[str, Awaitable[Episode]]], judging: GroupJudging | None) -> list[Episode]:
+async def _run_groups(jobs: Sequence[tuple[str, Awaitable[Episode]]], judging: GroupJudging | None) -> list[Episode]:
     """Run (group id, episode) jobs; the episodes in job order. With `judging`, each group is
     scored as soon as its own episodes have ended, while the others still run."""
     futures = [asyncio.ensure_future(job) for _, job in jobs]  # started in job order either way
@@ -246,7 +246,7 @@ async def _run_groups(jobs: list[tuple[str, Awaitable[Episode]]], judging: Group
 
 def _episode_ids(tasks: list[WorkflowTask], n: int, prefix: str) -> list[tuple[WorkflowTask, str]]:
     seen: Counter[str] = Counter()
-    pairs = []
+    pairs: list[tuple[WorkflowTask, str]] = []
     for task in tasks:
         start = seen[task.task_id]
         seen[task.task_id] += n

@@ -27,6 +27,7 @@ import logging
 import os
 import pickle
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import PrivateAttr
@@ -253,7 +254,7 @@ def worker_options(max_concurrency: int) -> dict[str, Any]:
 def start_workers(spec: Any, count: int, max_concurrency: int) -> list:
     import ray  # --with-ray only
 
-    remote_cls = ray.remote(**worker_options(max_concurrency))(EpisodeWorker)
+    remote_cls: Any = ray.remote(**worker_options(max_concurrency))(EpisodeWorker)  # ray's actor class
     workers = [remote_cls.remote(spec) for _ in range(max(1, count))]
     try:
         ray.get([w.ready.remote() for w in workers])
@@ -263,7 +264,8 @@ def start_workers(spec: Any, count: int, max_concurrency: int) -> list:
 
 
 def build_ray_manager(ray_cfg: RayConfig, rollout: RolloutConfig, spec: Any, *,
-                      trainable_targets: list[str] | None, judge: Any, sessions: Any) -> tuple[Any, Any]:
+                      trainable_targets: list[str] | None, judge: Any,
+                      sessions: Any) -> tuple[RolloutManager, Callable[[], None]]:
     """A `RolloutManager` whose episodes run in Ray actors (the engine, the sessions and the
     tracker stay in this process); returns it with the closer that stops the workers."""
     import ray  # --with-ray only

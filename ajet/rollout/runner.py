@@ -225,7 +225,7 @@ def _is_infrastructure(exc: BaseException) -> bool:
     """True for engine/gateway failures, also when user code wrapped them in its own error."""
     infra = _infrastructure_types()
     seen: set[int] = set()
-    stack = [exc]
+    stack: list[BaseException | None] = [exc]
     while stack:
         current = stack.pop()
         if current is None or id(current) in seen:

@@ -237,7 +237,7 @@ def collect_tracker(episode: Episode, tracker: Any) -> None:
                                           if getattr(c, "policy_version", None) is not None})
         stats = tracker.stats()
         episode.tracker_stats = (
-            dataclasses.asdict(stats) if dataclasses.is_dataclass(stats) else dict(stats)
+            dataclasses.asdict(stats) if dataclasses.is_dataclass(stats) and not isinstance(stats, type) else dict(stats)
         )
         if episode.status in (OK, PENDING):
             episode.timelines = list(tracker.timelines())

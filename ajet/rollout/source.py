@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from ajet.config.schema import RolloutConfig
 from ajet.rollout.dynamic import sample_with_signal
-from ajet.rollout.manager import RolloutResult
+from ajet.rollout.manager import RolloutManager, RolloutResult
+from ajet.task_reader import TaskReader
+from ajet.workflow import WorkflowTask
 
 Phase = Callable[[str], object]  # shows what the step is doing (the progress line)
 
@@ -45,7 +47,7 @@ class ManagedEpisodes:
 
     overlaps_update = False
 
-    def __init__(self, manager: Any, reader: Any, rollout: RolloutConfig, *, batch_size: int,
+    def __init__(self, manager: RolloutManager, reader: TaskReader, rollout: RolloutConfig, *, batch_size: int,
                  phase: Phase = lambda text: None) -> None:
         self.manager, self.reader, self.rollout = manager, reader, rollout
         self.batch_size, self.phase = batch_size, phase
@@ -71,7 +73,7 @@ class RefilledEpisodes(ManagedEpisodes):
     async def next_batch(self, step: int) -> RolloutResult:
         n = self.rollout.n
 
-        async def one_round(tasks: list[Any], index: int) -> Any:
+        async def one_round(tasks: list[WorkflowTask], index: int) -> RolloutResult:
             self.phase(f"step {step}: rollout round {index + 1} of {len(tasks)} tasks × {n}")
             prefix = f"s{step}-" if index == 0 else f"s{step}r{index}-"
             return await self.manager.rollout(tasks, n, episode_prefix=prefix)
@@ -84,14 +86,14 @@ class RefilledEpisodes(ManagedEpisodes):
         return result
 
 
-def managed_episodes(manager: Any, reader: Any, rollout: RolloutConfig, *, batch_size: int,
+def managed_episodes(manager: RolloutManager, reader: TaskReader, rollout: RolloutConfig, *, batch_size: int,
                      phase: Phase = lambda text: None) -> ManagedEpisodes:
     """The reader-and-manager source the config asks for (with or without dynamic sampling)."""
     cls = RefilledEpisodes if rollout.dynamic_sampling.enabled else ManagedEpisodes
     return cls(manager, reader, rollout, batch_size=batch_size, phase=phase)
 
 
-def curriculum_metrics(reader: Any, step: int, result: RolloutResult) -> None:
+def curriculum_metrics(reader: TaskReader, step: int, result: RolloutResult) -> None:
     """`data/curriculum_pool` of step `step` into `result`, when the reader has a curriculum."""
     if reader.curriculum is not None:
         result.extra_metrics["data/curriculum_pool"] = reader.curriculum.pool_fraction(step)

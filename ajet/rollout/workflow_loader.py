@@ -37,6 +37,9 @@ logger = logging.getLogger(__name__)
 
 EXPECTED_TARGET = "'package.module:ClassName' or 'path/to/file.py:ClassName'"
 EXPECTED_SIGNATURE = "async def fn(task: dict, model) -> float:"
+# What a caller may hand over as the workflow (`ajet.tune(workflow=...)`): a Workflow subclass or
+# instance, or a function of EXPECTED_SIGNATURE; `as_workflow` checks it and says what is wrong.
+WorkflowArg = Workflow | type[Workflow] | Callable[..., object]
 _SECOND_PARAM_NAMES = ("model", "tuner")
 _TASK_ANNOTATIONS = {
     "dict",
@@ -58,7 +61,7 @@ def validate_workflow_function(fn: Callable[..., Any]) -> None:
 
     Raises `WorkflowSignatureError` listing every problem found.
     """
-    name = getattr(fn, "__qualname__", None) or getattr(type(fn), "__qualname__", repr(fn))
+    name = str(getattr(fn, "__qualname__", None) or getattr(type(fn), "__qualname__", repr(fn)))
     target = fn
     if isinstance(target, functools.partial):
         target = target.func
@@ -310,7 +313,7 @@ def trainable_targets_of(configured: list[str], workflow: Any) -> list[str] | No
     return list(configured) or list(getattr(workflow, "trainable_targets", None) or []) or None
 
 
-def load_or_wrap_workflow(obj: Any, target: str) -> Workflow:
+def load_or_wrap_workflow(obj: WorkflowArg | None, target: str) -> Workflow:
     """The workflow a recipe runs: `obj` when given (from `ajet.tune(workflow=...)`), else the
     config's `workflow.target` loaded."""
     if obj is not None:

@@ -42,7 +42,7 @@ class BF16StateAdamW(torch.optim.Optimizer):
         self._generator: torch.Generator | None = None
 
     @torch.no_grad()
-    def step(self, closure=None):  # noqa: ANN001, ANN201 - torch's signature
+    def step(self, closure=None):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN201 - torch's overloaded signature
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -54,7 +54,9 @@ class BF16StateAdamW(torch.optim.Optimizer):
         return loss
 
     def _update(self, p: torch.Tensor, group: dict) -> None:
-        if p.grad.is_sparse:
+        grad = p.grad
+        assert grad is not None  # `step` updates only parameters with a gradient
+        if grad.is_sparse:
             raise RuntimeError("BF16StateAdamW does not support sparse gradients")
         state = self.state[p]
         if not state:
@@ -67,7 +69,7 @@ class BF16StateAdamW(torch.optim.Optimizer):
         lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
         step_size = lr / (1 - beta1 ** step)
         bias_correction2_sqrt = math.sqrt(1 - beta2 ** step)
-        flat_p, flat_g = _flat(p), _flat(p.grad)
+        flat_p, flat_g = _flat(p), _flat(grad)
         flat_m, flat_v = state["exp_avg"].view(-1), state["exp_avg_sq"].view(-1)
         for start in range(0, flat_p.numel(), _SLICE):
             part = slice(start, start + _SLICE)

@@ -34,10 +34,10 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ajet.config import to_yaml
 from ajet.config.schema import AjetConfig
@@ -54,7 +54,14 @@ from ajet.training.memory import limit_heap_retention, release_memory
 from ajet.training.model import save_final_model
 from ajet.training.recipe import Closers
 
+if TYPE_CHECKING:
+    import torch
+    from torch.optim.lr_scheduler import LRScheduler
+    from transformers import PreTrainedTokenizerBase
+
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class TrainingLoop:
@@ -76,12 +83,12 @@ class TrainingLoop:
         closers.push(self.metrics.close, "metrics")
         # Signs that the run is not learning, warned once each; a resumed run keeps its earlier steps.
         self.signs = LearningSignsMonitor(read_metrics(self.metrics.path) if resume_step is not None else ())
-        self.progress: Any = None
-        self._model: Any = None
-        self._tokenizer: Any = None
-        self.optimizer: Any = None
-        self.scheduler: Any = None
-        self._state: Callable[[int], dict[str, Any]] = lambda step: {}
+        self.progress: TrainingProgress | None = None
+        self._model: torch.nn.Module | None = None
+        self._tokenizer: PreTrainedTokenizerBase | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler: LRScheduler | None = None
+        self._state: Callable[[int], dict[str, object]] = lambda step: {}
         # Optimizer steps begun so far, and how many of them the last finished step had: more
         # means the weights are (partly) the next step's.
         self._updates_begun = 0
@@ -90,10 +97,11 @@ class TrainingLoop:
         self._lr = 0.0  # the running step's learning rate (the schedule's, as the step began)
         self._out_of_time = False  # trainer.max_minutes ended the step loop
         self._saved_at = time.monotonic()  # trainer.save_every_minutes counts from here
-        self._kept: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {}  # see `keep`
+        self._kept: dict[str, tuple[Callable[[], object], Callable[[Any], None]]] = {}  # see `keep`
 
-    def attach(self, model: Any, tokenizer: Any, optimizer: Any, scheduler: Any,
-               state: Callable[[int], dict[str, Any]] | None = None) -> None:
+    def attach(self, model: torch.nn.Module | None, tokenizer: PreTrainedTokenizerBase | None,
+               optimizer: torch.optim.Optimizer | None, scheduler: LRScheduler,
+               state: Callable[[int], dict[str, object]] | None = None) -> None:
         """What the loop checkpoints; `state(step)` adds the recipe's own resumable state as of
         the end of `step`."""
         self._model, self._tokenizer = model, tokenizer
@@ -103,12 +111,12 @@ class TrainingLoop:
         if optimizer is not None:  # None: a loop that never updates (tests of the loop alone)
             optimizer.register_step_pre_hook(self._update_begins)
 
-    def keep(self, name: str, state: Callable[[], Any], load: Callable[[Any], None]) -> None:
+    def keep(self, name: str, state: Callable[[], T], load: Callable[[T], None]) -> None:
         """Also checkpoint `state()` under `name`, and hand it to `load` when the run resumes
         (call before `restore`)."""
         self._kept[name] = (state, load)
 
-    def _update_begins(self, *_: Any) -> None:
+    def _update_begins(self, *_: object) -> None:
         self._updates_begun += 1
         fault_point("update")
 
@@ -128,7 +136,8 @@ class TrainingLoop:
         if ckpt is None:
             log.warning("--resume: no checkpoint under %s; starting from step 0", self.run_dir / "checkpoints")
             return None
-        state = load_checkpoint(ckpt, model=self._model, optimizer=self.optimizer, scheduler=self.scheduler)
+        state = load_checkpoint(ckpt, model=_attached(self._model, "model"), optimizer=self.optimizer,
+                                scheduler=self.scheduler)
         self.step = int(state["step"])
         self._updates_at_step_end = self._updates_begun
         for name, (_, load) in self._kept.items():
@@ -157,8 +166,8 @@ class TrainingLoop:
         t = self.cfg.trainer
         if validate_at is None:
             validate_at = lambda step: bool(t.val_every) and step % t.val_every == 0  # noqa: E731
-        self.progress = TrainingProgress(self.total_steps, self.step, quiet=self.cfg.logging.quiet,
-                                         max_minutes=t.max_minutes)
+        self.progress = progress = TrainingProgress(self.total_steps, self.step, quiet=self.cfg.logging.quiet,
+                                                    max_minutes=t.max_minutes)
         take_requested_stop()  # none is pending when a loop begins
         self._saved_at = time.monotonic()
         steps = self._steps(validate, validate_at)
@@ -178,9 +187,10 @@ class TrainingLoop:
             self.save_on_stop(exc)
             raise
         finally:
-            self.progress.close()
+            progress.close()
 
-    def _steps(self, validate: Callable[[], object] | None, validate_at: Callable[[int], bool]) -> Iterator[int]:
+    def _steps(self, validate: Callable[[], object] | None,
+               validate_at: Callable[[int], bool]) -> Generator[int, None, None]:
         t = self.cfg.trainer
         clock = WallClock(t.max_minutes, t.export_at_minutes)
         self._out_of_time = False
@@ -190,7 +200,7 @@ class TrainingLoop:
             # A stop before the step changes anything abandons it; once its update has begun
             # (or it is being committed) the step runs to its end, then the run stops.
             self._finishing = False
-            self._lr = self.scheduler.get_last_lr()[0]
+            self._lr = float(_attached(self.scheduler, "scheduler").get_last_lr()[0])
             step = self.step + 1
             at_step(step)
             with stop_at_step_end(self._step_has_begun_to_commit):
@@ -228,13 +238,14 @@ class TrainingLoop:
             # The schedule advances once per training step by design (ajet.training.optim),
             # also after a step without a learning signal, which skips optimizer.step().
             warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
-            self.scheduler.step()
+            _attached(self.scheduler, "scheduler").step()
         metrics["actor/lr"] = self._lr
         self.step += 1
         self._updates_at_step_end = self._updates_begun
         self.log(metrics)
         self.signs.observe(self.step, metrics)
-        self.progress.step_done(self.step, metrics, signs=self.signs.active)
+        if self.progress is not None:
+            self.progress.step_done(self.step, metrics, signs=self.signs.active)
 
     def save_on_stop(self, exc: BaseException) -> None:
         """The checkpoint of the last finished step, if it is whole and not yet on disk."""
@@ -267,7 +278,8 @@ class TrainingLoop:
 
     def save_checkpoint(self) -> None:
         self._saved_at = time.monotonic()
-        save_checkpoint(self.run_dir / "checkpoints", self.step, model=self._model, optimizer=self.optimizer,
+        save_checkpoint(self.run_dir / "checkpoints", self.step, model=_attached(self._model, "model"),
+                        optimizer=self.optimizer,
                         scheduler=self.scheduler,
                         extra={**self._state(self.step), **{n: state() for n, (state, _) in self._kept.items()}},
                         keep_last=self.cfg.trainer.keep_checkpoints)
@@ -300,3 +312,11 @@ class WallClock:
 
     def out_of_time(self) -> bool:
         return bool(self.max_minutes) and self.minutes() >= self.max_minutes
+
+
+def _attached(value: T | None, what: str) -> T:
+    """What `attach` handed over; a clear error when it was not."""
+    if value is None:
+        raise RuntimeError(f"the training loop has no {what}: call loop.attach(model, tokenizer, optimizer, "
+                           "scheduler) first")
+    return value

@@ -43,6 +43,7 @@ def build_optimizer(model: Any, cfg: TrainerConfig, *, seed: int = 0) -> tuple[A
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise RuntimeError("the model has no trainable parameters (LoRA target_modules matched nothing?)")
+    optimizer: torch.optim.Optimizer
     if cfg.optimizer_state_dtype == OptimizerStateDType.bfloat16:
         optimizer = BF16StateAdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, seed=seed)
     else:

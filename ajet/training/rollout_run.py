@@ -11,41 +11,48 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ajet.config.schema import AjetConfig
-from ajet.judge import build_judge
+from ajet.engine.local import LocalEngine
+from ajet.judge import Judge, build_judge
 from ajet.rollout.engine_rollout import EngineRollout
-from ajet.rollout.workflow_loader import load_or_wrap_workflow, trainable_targets_of
-from ajet.task_reader import build_reader
+from ajet.rollout.workflow_loader import WorkflowArg, load_or_wrap_workflow, trainable_targets_of
+from ajet.task_reader import TaskReader, build_reader
 from ajet.training.loop import TrainingLoop
 from ajet.training.model import load_trainable_model, model_window
 from ajet.training.optim import build_optimizer
 from ajet.training.recipe import Closers
 from ajet.training.run_dir import prepare_run_dir
+from ajet.workflow import Workflow
+
+if TYPE_CHECKING:
+    import torch
+    from torch.optim.lr_scheduler import LRScheduler
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass
 class RolloutRun:
     run_dir: Path
-    workflow: Any
-    reader: Any
-    judge: Any
+    workflow: Workflow
+    reader: TaskReader
+    judge: Judge | None  # None: `judge.type: none` (the workflow's reward)
     loop: TrainingLoop
-    model: Any
-    tokenizer: Any
+    model: torch.nn.Module
+    tokenizer: PreTrainedTokenizerBase
     window: int  # the model's context window for this run (tokens)
-    rollout: EngineRollout
-    optimizer: Any
-    scheduler: Any
+    rollout: EngineRollout[LocalEngine]
+    optimizer: torch.optim.Optimizer
+    scheduler: LRScheduler
 
     @classmethod
-    def start(cls, cfg: AjetConfig, closers: Closers, *, resume: bool, workflow: Any = None) -> RolloutRun:
+    def start(cls, cfg: AjetConfig, closers: Closers, *, resume: bool, workflow: WorkflowArg | None = None) -> RolloutRun:
         """Build everything in order; each thing that must be closed is pushed as it starts."""
         run_dir = prepare_run_dir(cfg, resume=resume)
         workflow = load_or_wrap_workflow(workflow, cfg.workflow.target)
         reader = build_reader(cfg.task_reader, seed=cfg.project.seed)
-        rollout: list[EngineRollout] = []  # LLM judges call the policy through the rollout's gateway
+        rollout: list[EngineRollout[LocalEngine]] = []  # LLM judges call the policy through the rollout's gateway
         judge = build_judge(cfg.judge, llm_client_factory=lambda: rollout[0].llm_client())
         loop = TrainingLoop(cfg, run_dir, closers, total_steps=cfg.trainer.total_steps, resume=resume)
         model, tokenizer = load_trainable_model(

@@ -24,22 +24,27 @@ import logging
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from ajet.config.schema import TrainerConfig
+from ajet.context.pack import PackedSequence
 from ajet.errors import DivergedError
 from ajet.training.adapters import active_adapter
 from ajet.training.memory import release_memory
 
+if TYPE_CHECKING:
+    from ajet.engine.local import LocalEngine
+    from ajet.training.loop import TrainingLoop
+
 log = logging.getLogger(__name__)
 
 # The loss of one packed sequence, and its named terms to check for NaN/inf (e.g. {"kl": ...}).
-SeqLoss = Callable[[Any], "tuple[torch.Tensor, dict[str, float]]"]
+SeqLoss = Callable[[PackedSequence], tuple[torch.Tensor, dict[str, float]]]
 
 
-def autocast(model: torch.nn.Module, bf16: bool) -> contextlib.AbstractContextManager:
+def autocast(model: torch.nn.Module, bf16: bool) -> contextlib.AbstractContextManager[object]:
     """bf16 autocast on the model's device when `trainer.bf16`, else nothing."""
     if not bf16:
         return contextlib.nullcontext()
@@ -57,7 +62,7 @@ class StepResult:
 class OptimizerStep:
     """Accumulate gradients over packed sequences, clip, step; skip non-finite steps."""
 
-    def __init__(self, model: torch.nn.Module, optimizer: Any, trainer: TrainerConfig, *,
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer: TrainerConfig, *,
                  per_role_adapters: bool = False) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -68,7 +73,7 @@ class OptimizerStep:
         self.nonfinite_in_a_row = 0
         self.nonfinite_total = 0
 
-    def run(self, packed: list[Any], seq_loss: SeqLoss, *, step: int | None = None) -> StepResult:
+    def run(self, packed: list[PackedSequence], seq_loss: SeqLoss, *, step: int | None = None) -> StepResult:
         """One optimizer step over `packed` (sequences without trained entries are skipped)."""
         result = StepResult()
         bad: set[str] = set()
@@ -104,7 +109,7 @@ class OptimizerStep:
         self._account(result, step)
         return result
 
-    def _adapter(self, seq: Any) -> contextlib.AbstractContextManager:
+    def _adapter(self, seq: PackedSequence) -> contextlib.AbstractContextManager[None]:
         """The sequence's role adapter active for its forward (per-role adapters), else nothing.
         The backward may run outside: it follows the graph the forward built."""
         if not self.per_role_adapters:
@@ -143,13 +148,13 @@ class OptimizerStep:
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.nonfinite_in_a_row, self.nonfinite_total = int(state["in_a_row"]), int(state["total"])
 
-    def keep_in(self, loop: Any) -> None:
+    def keep_in(self, loop: TrainingLoop) -> None:
         """Checkpoint the counters with `loop`'s checkpoints."""
         loop.keep("nonfinite_steps", self.state_dict, self.load_state_dict)
 
 
 @contextlib.contextmanager
-def updating_weights(engine: Any) -> Iterator[None]:
+def updating_weights(engine: LocalEngine) -> Iterator[None]:
     """The engine paused around a weight update; on success its policy version is bumped (inside
     the pause, so no request is prefilled between the update and the bump)."""
     with engine.paused():
@@ -162,7 +167,7 @@ def updating_weights(engine: Any) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def overlapped_update(engine: Any) -> Iterator[None]:
+def overlapped_update(engine: LocalEngine) -> Iterator[None]:
     """A weight update while the engine keeps decoding on its own copy of the previous weights
     (`rollout.max_staleness`); on success the new weights are published (`publish_weights`:
     version bumped, the copy refreshed inside a short pause)."""
