@@ -118,6 +118,7 @@ lint: install
 	$(VENV)/bin/ruff check ajet tests scripts tutorial
 	$(VENV)/bin/lint-imports
 	$(PY) -m scripts.tools.check_import_cycles
+	$(VENV)/bin/mypy
 
 # GPU backbones: each in its own environment (trinity-rft 0.6 and verl 0.9 pin clashing
 # transformers ranges). By default the environment gets the CPU torch of these machines and no
