@@ -6,7 +6,7 @@ pool stops spinning between parallel regions and sleeps on a futex instead (libg
 "throttled" spin, which no environment variable lifts). A decode step is hundreds of small
 parallel ops, each of which then pays a wake-up: on 2 cores, after one update in the main
 thread, the engine thread decoded 20-30 % slower for the rest of the run (fp16 engine, 16
-concurrent requests: ~270 -> ~215 tok/s; scripts/bench_thread_pools.py measures it).
+concurrent requests: ~270 -> ~215 tok/s; scripts/bench/thread_pools.py measures it).
 
 So the trainer's heavy torch work (an update, an SFT step, a teacher's scoring) runs in a
 thread made for it: when the thread ends, its pool is given back, and while the engine decodes

@@ -478,7 +478,7 @@ class TrainerConfig:
     save_every: int = bounded(0, Ge(0))  # a checkpoint every N steps; 0 = by time only (below)
     # A checkpoint after the first step that ends this many minutes after the last one (0 = off):
     # what a crash can lose. One costs 7.2 s and 1.6 GB for the bundled model trained in full on
-    # 2 cores (1.2 % of 10 minutes; scripts/bench_checkpoint.py); keep_checkpoints bounds the disk.
+    # 2 cores (1.2 % of 10 minutes; scripts/bench/checkpoint.py); keep_checkpoints bounds the disk.
     save_every_minutes: float = bounded(10.0, Ge(0))
     # Complete checkpoints kept on disk (older ones are deleted); 0 = keep all.
     keep_checkpoints: int = bounded(2, Ge(0))

@@ -97,7 +97,7 @@ def jump_forced_runs(batch: DecodeBatch, version: int) -> None:
     last token and its run over its own KV (one prefill forward for all of them), takes the
     run as forced tokens, chooses its next token from the last logits, and rejoins. Decoded
     one step per token, a structured answer of a few chosen tokens costs ~30 steps of the
-    whole batch (scripts/bench_engine.py, workload "choices"). A row whose jump fails fails
+    whole batch (scripts/bench/engine.py, workload "choices"). A row whose jump fails fails
     its request; the others go on."""
     runs = batch.forced_runs()
     if not runs:

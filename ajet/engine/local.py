@@ -31,7 +31,7 @@ forward); a frozen model has its own decode batch, stepped after the policy's.
 
 Failures stay local: a request whose prefill or sampling raises gets the exception, the
 others go on; a decode step that raises fails the sequences of that step; the engine thread
-keeps serving. Throughput: scripts/bench_engine.py.
+keeps serving. Throughput: scripts/bench/engine.py.
 
 Logprobs follow the convention in `ajet.engine.sampling`. `Completion.policy_version` is the
 version of the weights when the request was prefilled (the oldest weights that contributed,

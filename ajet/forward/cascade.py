@@ -19,7 +19,7 @@ A chain runs SDPA's causal kernel, which skips the upper triangle (half the pair
 ancestors it does so with the ancestors' queries recomputed and dropped, where that is
 cheaper than a mask over its own queries (`causal_is_cheaper`). Every token is forwarded once whatever the plan, so tokens do
 not enter the choice. The constants are measured on the bundled model's fwd+bwd on CPU
-(`scripts/bench_context.py --calibrate`, docs/log/2026-11-23_engine_memory_context.md); they only decide speed,
+(`scripts/tools/calibrate_cascade.py`, docs/log/2026-11-23_engine_memory_context.md); they only decide speed,
 never the result: every plan computes the same logits.
 """
 
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 __all__ = ["Piece", "plan_pieces", "attention_pairs", "causal_is_cheaper", "ATTENTION_PAIR", "SEGMENT"]
 
-# Measured by scripts/calibrate_cascade.py (bundled model, fp32, fwd+bwd, 1 thread, CPU time;
+# Measured by scripts/tools/calibrate_cascade.py (bundled model, fp32, fwd+bwd, 1 thread, CPU time;
 # 2026-11-23, load average ~8, so +-20%): a token 13.5 ms through the linear layers, an
 # attention pair 2.9 us (all 30 layers), a segment 26 ms. In tokens:
 # a (query, key) pair of attention,

@@ -5,7 +5,7 @@ AdamW over the trainable parameters: `torch.optim.AdamW`, or with
 (`ajet.training.adamw`, half the optimizer memory). torch's AdamW runs with `fused=True`
 where it can (floating-point parameters on one CPU or CUDA device): one kernel per parameter,
 no parameter-sized temporaries, and on 2 CPU cores 0.04 s for the bundled model's 128M
-parameters against 0.61 s for the default per-parameter loop (scripts/bench_optimizer.py),
+parameters against 0.61 s for the default per-parameter loop (scripts/bench/optimizer.py),
 the same update within float rounding. The schedule is a factor of `trainer.lr` per training
 step: linear warmup over `warmup_steps`, then constant, linear decay to 0 or cosine decay to 0
 at `total_steps`. **It advances once per training step** (`scheduler.step()` after the step,
