@@ -66,7 +66,7 @@ from ajet.rollout.scoring import (
 )
 from ajet.rollout.source import curriculum_metrics
 from ajet.rollout.staleness import drop_stale, staleness_metrics
-from ajet.serve.http import (
+from ajet.serve.protocol import (
     EpisodeEndedError,
     EpisodeKeyError,
     EpisodeNotFoundError,

@@ -20,7 +20,7 @@ import httpx
 
 class EpisodeAPIError(RuntimeError):
     """The episode API answered an error: `status` (HTTP) and `code` (e.g. "episode_ended").
-    (The server raises `ajet.serve.http.EpisodeRequestError` for it.)"""
+    (The server raises `ajet.serve.protocol.EpisodeRequestError` for it.)"""
 
     def __init__(self, status: int, code: str, message: str) -> None:
         super().__init__(f"{status} {code}: {message}")

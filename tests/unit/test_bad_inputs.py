@@ -628,7 +628,7 @@ def test_a_forced_call_closed_for_the_model_counts_as_repaired(caplog) -> None:
 def test_the_episode_api_refuses_a_non_finite_or_string_reward() -> None:
     from pydantic import ValidationError
 
-    from ajet.serve.http import FinishRequest
+    from ajet.serve.protocol import FinishRequest
 
     assert FinishRequest.model_validate_json('{"reward": 1}').reward == 1.0
     for body in ('{"reward": NaN}', '{"reward": Infinity}', '{"reward": "0.7"}'):
