@@ -143,6 +143,18 @@ WEREWOLVES_VS_INITIAL = Example(
 )
 
 
+# Issue 55 §2: a second multi-turn example with repeated states, with and without step credit.
+# The base of these rows is the warmed-up model's test reward (evaluated after the SFT stage).
+APPWORLD_AFTER_WARMUP = Example(
+    name="appworld_grpo_after_warmup", conf="tutorial/example_appworld/appworld_warmup.yaml",
+    warmup=("sft",), stages=("grpo",), overrides=("task_reader.env_service.base_url=http://127.0.0.1:{port}",),
+    service=("-m", "ajet.task_reader.env_server", "--port", "{port}"),
+    budget_min=25, threshold=0.0, gain=True, metric="reward/mean",
+    also=("success/rate", "workflow/action_errors", "workflow/turns"),
+    why="issue 55 §2's second example, the arm without step credit: appworld_warmup.yaml's warm-up, "
+        "its test reward as the base, then its 6 GRPO steps (episode advantage only). No target of "
+        "its own (>= the warm-up).",
+)
 REGISTRY: tuple[Example, ...] = (
     Example(
         name="adder", conf="tutorial/example_function_workflow/adder.yaml", stages=("grpo",),
@@ -303,24 +315,9 @@ REGISTRY: tuple[Example, ...] = (
             "(2026-11-27): 0.531 base, 0.566 after SFT, 0.628 after 6 GRPO steps (16 episodes): the "
             "threshold asks for half of that gain.",
     ),
-    # Issue 55 §2: a second multi-turn example with repeated states, with and without step credit.
-    # The base of these two rows is the warmed-up model's test reward (evaluated after the SFT stage).
-    Example(
-        name="appworld_grpo_after_warmup", conf="tutorial/example_appworld/appworld_warmup.yaml",
-        warmup=("sft",), stages=("grpo",), overrides=("task_reader.env_service.base_url=http://127.0.0.1:{port}",),
-        service=("-m", "ajet.task_reader.env_server", "--port", "{port}"),
-        budget_min=25, threshold=0.0, gain=True, metric="reward/mean",
-        also=("success/rate", "workflow/action_errors", "workflow/turns"),
-        why="issue 55 §2's second example, the arm without step credit: appworld_warmup.yaml's warm-up, "
-            "its test reward as the base, then its 6 GRPO steps (episode advantage only). No target of "
-            "its own (>= the warm-up).",
-    ),
-    Example(
-        name="appworld_step_credit", conf="tutorial/example_appworld/appworld_step_credit.yaml",
-        warmup=("sft",), stages=("grpo",), overrides=("task_reader.env_service.base_url=http://127.0.0.1:{port}",),
-        service=("-m", "ajet.task_reader.env_server", "--port", "{port}"),
-        budget_min=25, threshold=0.0, gain=True, metric="reward/mean",
-        also=("success/rate", "workflow/action_errors", "workflow/turns"),
+    APPWORLD_AFTER_WARMUP,
+    replace(
+        APPWORLD_AFTER_WARMUP, name="appworld_step_credit", conf="tutorial/example_appworld/appworld_step_credit.yaml",
         why="issue 55 §2's second example with step credit: the same warm-up and GRPO steps, each call "
             "marked with the reference server's state (the store's contents) and step_credit: gigpo. "
             "Issue 55 asks what it does there: no target of its own (>= the warm-up).",
