@@ -17,6 +17,7 @@ from typing import Any
 from ajet.config import load_config
 from ajet.config.schema import AjetConfig, Algorithm, ReaderType, TrinityConfig, VerlConfig
 from ajet.context.samples import episode_samples
+from ajet.engine.base import SamplingParams
 from ajet.errors import SetupError, UserError
 from ajet.launcher import visible_gpus
 from ajet.models.resolve import ModelNotFoundError, resolve_model_path
@@ -137,6 +138,22 @@ def common_refusals(cfg: AjetConfig, backbone: str) -> list[tuple[str, str]]:
                                        "runs each episode on its own (its worker sees no group); use "
                                        "--backbone=debug, or a per-episode judge (e.g. judge.type=llm)"))
     return problems
+
+
+def vllm_sampling(params: SamplingParams) -> dict[str, Any]:
+    """ajet's sampling params as vLLM's (pure): what both backbones' engines send, the rest of
+    each request being its server's own."""
+    out: dict[str, Any] = {
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "top_k": params.top_k if params.top_k > 0 else -1,
+        "max_tokens": params.max_tokens,
+    }
+    if params.stop:
+        out["stop"] = list(params.stop)
+    if params.seed is not None:
+        out["seed"] = params.seed
+    return out
 
 
 def lora_target_regex(modules: list[str]) -> str:

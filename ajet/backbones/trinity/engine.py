@@ -15,6 +15,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from ajet.backbones.gpu_shared import vllm_sampling
 from ajet.engine.base import Completion, SamplingParams
 from ajet.errors import InfrastructureError
 
@@ -25,25 +26,17 @@ TOKEN_ID_PREFIX = "token_id:"
 
 def completion_request(prompt_ids: list[int], params: SamplingParams, *, model: str) -> dict[str, Any]:
     """The JSON body of `POST /v1/completions` for one sampled completion (pure)."""
-    body: dict[str, Any] = {
+    return {
         "model": model,
         "prompt": list(prompt_ids),
-        "max_tokens": params.max_tokens,
-        "temperature": params.temperature,
-        "top_p": params.top_p,
         "n": 1,
         "logprobs": 1,
+        **vllm_sampling(params),  # top_k among them: a vLLM extension
         # vLLM extensions
-        "top_k": params.top_k if params.top_k > 0 else -1,
         "return_token_ids": True,
         "return_tokens_as_token_ids": True,
         "skip_special_tokens": False,
     }
-    if params.stop:
-        body["stop"] = list(params.stop)
-    if params.seed is not None:
-        body["seed"] = params.seed
-    return body
 
 
 def parse_choice(choice: dict[str, Any], *, policy_version: int) -> Completion:

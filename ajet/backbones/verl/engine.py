@@ -11,24 +11,14 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from ajet.backbones.gpu_shared import vllm_sampling
 from ajet.engine.base import Completion, SamplingParams
 from ajet.errors import InfrastructureError
 
 
 def verl_sampling_params(params: SamplingParams) -> dict[str, Any]:
     """ajet sampling params -> the dict verl's vLLM server takes (pure)."""
-    out: dict[str, Any] = {
-        "temperature": params.temperature,
-        "top_p": params.top_p,
-        "top_k": params.top_k if params.top_k > 0 else -1,
-        "max_tokens": params.max_tokens,
-        "logprobs": True,
-    }
-    if params.stop:
-        out["stop"] = list(params.stop)
-    if params.seed is not None:
-        out["seed"] = params.seed
-    return out
+    return {**vllm_sampling(params), "logprobs": True}
 
 
 def token_output_to_completion(token_ids: list[int], log_probs: list[float] | None, stop_reason: str | None,
