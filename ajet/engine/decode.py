@@ -64,7 +64,7 @@ class DecodeBatch:
     def __init__(self, weights: ServingWeights, tokenizer: Any, eos_token_ids: set[int],
                  max_model_len: int, reuse: PrefixReuse, stats: dict[str, int], fused: bool = True) -> None:
         self.weights = weights
-        merged = weights.merged if isinstance(weights, ServingWeights) else None  # not a frozen model
+        merged = weights.merged_groups if isinstance(weights, ServingWeights) else None  # not a frozen model
         self.fused = LlamaDecodeStep.build(weights.model, merged) if fused else None
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids

@@ -15,7 +15,7 @@ It reads every weight from the modules at each call, so it never holds a copy an
 stale: fp32 `nn.Linear`s (the trainer's own weights), `Fp16Linear`s and `Bf16Linear`s
 (engine_dtype float16 / bfloat16_linear, repacked in place by `ServingWeights.refresh`) and a
 bf16 copy all work unchanged. Under float16 and bfloat16_linear it runs a layer's q/k/v as one
-GEMM (gate/up too under float16), packed by `ServingWeights.merged` and refreshed with the copy;
+GEMM (gate/up too under float16), packed by `ServingWeights.merged_groups` and refreshed with the copy;
 a bfloat16_linear copy's MLP is a `Bf16SwiGLU` (SiLU and product inside the GEMMs). The KV goes
 straight into `BatchKV`'s buffers; the mask is `BatchKV.prepare_step`'s.
 
@@ -30,7 +30,7 @@ forward's (tests/unit/test_fused_decode.py).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch  # this module is imported only where the engine runs (like kv.py, prefill.py)
@@ -43,7 +43,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
-Merge = Callable[..., Any]  # `ServingWeights.merged`: modules -> one packed module, or None
+# `ServingWeights.merged_groups`: groups of modules -> one packed module (or None) per group
+Merge = Callable[[Sequence[Sequence[Any]]], list[Any]]
 
 # Model classes whose decode step is the one written out here, with their config's model_type.
 # Qwen2 is Llama with biases on q/k/v (`_linear` adds them) and optional sliding-window layers
@@ -94,17 +95,19 @@ class LlamaDecodeStep:
         # Per layer, q/k/v as one GEMM where `merged` packs them (float16 and bfloat16_linear
         # copies), else None: the step then runs the modules one by one. A bfloat16_linear
         # copy's MLP is a `Bf16SwiGLU` (three fused oneDNN calls); other MLPs run gate and up
-        # as one GEMM where `merged` packs them.
-        merge = merged or (lambda *modules: None)
-        self.qkv = [merge(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj)
-                    for layer in self.layers]
-        self.gate_up = [None if type(layer.mlp) is Bf16SwiGLU else merge(layer.mlp.gate_proj, layer.mlp.up_proj)
-                        for layer in self.layers]
+        # as one GEMM where `merged` packs them. All are packed in one call (on every core).
+        merge = merged or (lambda groups: [None] * len(groups))
+        qkv = [(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj) for layer in self.layers]
+        gate_up = [(layer.mlp.gate_proj, layer.mlp.up_proj) for layer in self.layers
+                   if type(layer.mlp) is not Bf16SwiGLU]
+        packed = iter(merge(qkv + gate_up))
+        self.qkv = [next(packed) for _ in qkv]
+        self.gate_up = [None if type(layer.mlp) is Bf16SwiGLU else next(packed) for layer in self.layers]
 
     @classmethod
     def build(cls, model: Any, merged: Merge | None = None) -> LlamaDecodeStep | None:
         """The step for `model`, or None (with the reason at debug level) where it would not
-        compute what the HF forward computes. `merged` (`ServingWeights.merged`) packs layers
+        compute what the HF forward computes. `merged` (`ServingWeights.merged_groups`) packs layers
         that read the same input into one."""
         reason = cls._unsupported(model)
         if reason:

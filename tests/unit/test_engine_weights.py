@@ -115,6 +115,35 @@ def test_merged_layers_give_their_outputs_side_by_side_and_are_refreshed_with_th
     assert weights.merged(attn.q_proj, plain.k_proj) is None
 
 
+def test_layers_packed_on_several_threads_equal_layers_packed_one_by_one(peaky):
+    """`pack_all` packs `Fp16Linear`s on torch's threads at once: the same packed weights, and
+    `merged_groups` packs every new group in one call, each made once."""
+    from ajet.engine.weights import Fp16Linear, ServingWeights, pack_all
+
+    layers = [torch.nn.Linear(64, 32 * (i + 1)) for i in range(6)]
+    one_by_one = [Fp16Linear(layer) for layer in layers]
+    together = [Fp16Linear(layer, pack=False) for layer in layers]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        pack_all(together)
+    finally:
+        torch.set_num_threads(threads)
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        for a, b in zip(one_by_one, together, strict=True):
+            assert torch.equal(a(x), b(x))
+
+    model, _ = peaky
+    weights = ServingWeights(model, "float16")
+    attns = [layer.self_attn for layer in weights.model.model.layers]
+    groups = [(a.q_proj, a.k_proj, a.v_proj) for a in attns]
+    merged = weights.merged_groups(groups + groups[:1])
+    assert len(merged) == len(groups) + 1 and merged[-1] is merged[0]
+    assert all(m is not None for m in merged) and len({id(m) for m in merged}) == len(groups)
+    assert weights.merged(*groups[1]) is merged[1]
+
+
 @needs_bf16_gemm
 def test_a_bf16_copys_mlp_rounds_once_and_no_worse_than_its_layers(peaky):
     """`Bf16SwiGLU` (the SiLU and the product inside oneDNN's GEMMs) against the fp32 MLP: as
