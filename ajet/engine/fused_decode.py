@@ -97,9 +97,10 @@ class LlamaDecodeStep:
         # copy's MLP is a `Bf16SwiGLU` (three fused oneDNN calls); other MLPs run gate and up
         # as one GEMM where `merged` packs them. All are packed in one call (on every core).
         merge = merged or (lambda groups: [None] * len(groups))
-        qkv = [(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj) for layer in self.layers]
-        gate_up = [(layer.mlp.gate_proj, layer.mlp.up_proj) for layer in self.layers
-                   if type(layer.mlp) is not Bf16SwiGLU]
+        qkv: list[tuple[Any, ...]] = [(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj)
+                                      for layer in self.layers]
+        gate_up: list[tuple[Any, ...]] = [(layer.mlp.gate_proj, layer.mlp.up_proj) for layer in self.layers
+                                          if type(layer.mlp) is not Bf16SwiGLU]
         packed = iter(merge(qkv + gate_up))
         self.qkv = [next(packed) for _ in qkv]
         self.gate_up = [None if type(layer.mlp) is Bf16SwiGLU else next(packed) for layer in self.layers]
