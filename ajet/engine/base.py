@@ -36,6 +36,9 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     logit_bias: dict[int, float] = field(default_factory=dict)
+    # OpenAI's top_logprobs: per completion token, this many most likely tokens of the
+    # distribution its logprob is recorded in (engines with `supports_top_logprobs`); 0 = none.
+    top_logprobs: int = 0
 
 
 @dataclass
@@ -48,6 +51,9 @@ class Completion:
     # Per token: True where a grammar allowed only that token (context, not trained);
     # empty when no token was forced.
     forced: list[bool] = field(default_factory=list)
+    # Per token, with `SamplingParams.top_logprobs`: the most likely tokens of the distribution
+    # its logprob is recorded in, as (token id, logprob), most likely first; else empty.
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
 
 
 class InferenceEngine(Protocol):

@@ -39,6 +39,7 @@ from ajet.engine.sampling import (
     logprob_temperature,
     make_generator,
     penalised,
+    with_alternatives,
 )
 from ajet.engine.served_models import row_adapters
 from ajet.engine.weights import ServingWeights
@@ -90,9 +91,10 @@ class DecodeBatch:
             seq.constraint = request.constraints[index] if request.constraints else None
             first = penalised(logits, params, [])  # logit_bias (no token generated yet)
             if seq.constraint is not None and seq.constraint.active:
-                self._accept(seq, seq.constraint.choose(first, params, seq.generator))
+                choice = seq.constraint.choose(first, params, seq.generator)
             else:
-                self._accept(seq, choose_token(first, params, seq.generator))
+                choice = choose_token(first, params, seq.generator)
+            self._accept(seq, with_alternatives(choice, first, params))
             if not seq.finished:
                 joining.append((seq, row_kv))
         return joining
@@ -190,12 +192,14 @@ class DecodeBatch:
         if not torch.isfinite(logprobs).all():  # as `Constraint.choose` refuses them token by token
             raise FloatingPointError("non-finite logits (the model produced NaN/inf)")
         for j, token in enumerate(run):
-            self._accept(seq, TokenChoice(token, float(logprobs[j, token]), forced=True))
+            self._accept(seq, with_alternatives(TokenChoice(token, float(logprobs[j, token]), forced=True),
+                                                logits[j], params))
             if seq.finished or seq.request.done:
                 return False
         self.stats["jumped_tokens"] += len(run)
         seq.position += 1 + len(run)  # the forward wrote the last token's KV and the run's
-        self._accept(seq, seq.constraint.choose(penalised(logits[-1], params, seq.token_ids), params, seq.generator))
+        last = penalised(logits[-1], params, seq.token_ids)
+        self._accept(seq, with_alternatives(seq.constraint.choose(last, params, seq.generator), last, params))
         return not (seq.finished or seq.request.done)
 
     def fail(self, error: BaseException) -> None:
@@ -227,6 +231,10 @@ class DecodeBatch:
                     out[row] = seq.constraint.choose(logits[row], seq.request.params, seq.generator)
                 except (FloatingPointError, ValueError, RuntimeError) as exc:  # as choose_tokens; GrammarError is a ValueError
                     out[row] = exc
+        for row, seq in enumerate(seqs):
+            choice = out[row]
+            if isinstance(choice, TokenChoice):
+                with_alternatives(choice, logits[row], seq.request.params)
         return out
 
     def _accept(self, seq: RunningSequence, choice: TokenChoice) -> None:
@@ -234,6 +242,8 @@ class DecodeBatch:
         seq.token_ids.append(choice.token_id)
         seq.logprobs.append(choice.logprob)
         seq.forced.append(choice.forced)
+        if choice.top is not None:
+            seq.top_logprobs.append(choice.top)
         self.stats["generated_tokens"] += 1
         request = seq.request
         if seq.constraint is not None and not seq.constraint.active:
@@ -272,6 +282,7 @@ class DecodeBatch:
             policy_version=request.policy_version,
             text=text,
             forced=list(seq.forced) if any(seq.forced) else [],
+            top_logprobs=list(seq.top_logprobs),
         )
         if all(result is not None for result in request.results):
             deliver(request, result=list(request.results))

@@ -150,6 +150,8 @@ class LocalEngine:
     supports_streaming = True  # generate() takes on_token
     supports_grammar = True  # SamplingParams.grammar (ajet/engine/grammar.py)
     supports_models = True  # generate() takes model= (ajet/engine/served_models.py)
+    supports_penalties = True  # SamplingParams' penalties and logit_bias (ajet/engine/sampling.py)
+    supports_top_logprobs = True  # SamplingParams.top_logprobs: Completion.top_logprobs
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, *,
                        on_token: Callable[[int], None] | None = None,

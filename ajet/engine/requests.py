@@ -69,6 +69,7 @@ class RunningSequence:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     forced: list[bool] = field(default_factory=list)  # per token: the grammar's only choice
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)  # per token, when asked
     constraint: Any = None  # grammar.Constraint, when the request has a grammar
     finished: bool = False
 

@@ -31,6 +31,9 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit
+
+
 def stop_strings(params: SamplingParams) -> list[str]:
     """The request's stop strings as a list (a bare string is accepted as one stop)."""
     stop = params.stop
@@ -63,6 +66,8 @@ def validate_params(params: SamplingParams) -> None:
     for token, bias in params.logit_bias.items():
         if not isinstance(token, int) or token < 0 or not -100.0 <= bias <= 100.0:
             raise ValueError(f"logit_bias {{{token!r}: {bias!r}}}: token ids >= 0, biases in [-100, 100]")
+    if not 0 <= params.top_logprobs <= MAX_TOP_LOGPROBS:
+        raise ValueError(f"top_logprobs={params.top_logprobs}: must be in [0, {MAX_TOP_LOGPROBS}]")
     for stop in stop_strings(params):
         if not isinstance(stop, str) or not stop:
             raise ValueError(f"stop={params.stop!r}: stop strings must be non-empty strings")
@@ -126,6 +131,27 @@ class TokenChoice:
     token_id: int
     logprob: float
     forced: bool = False  # the grammar allowed only this token (ajet/engine/grammar.py)
+    top: list[tuple[int, float]] | None = None  # `top_alternatives`, where the request asks
+
+
+def top_alternatives(logits: torch.Tensor, params: SamplingParams) -> list[tuple[int, float]]:
+    """The `params.top_logprobs` most likely tokens of one row of logits `[vocab]` (already
+    penalised), as (token id, logprob), most likely first: in the distribution the sampled
+    token's logprob is recorded in (`log_softmax(logits / T_lp)`, the grammar's mask not
+    applied), so the sampled token's entry, when it is among them, equals its logprob."""
+    import torch
+
+    logprobs = torch.log_softmax(logits.float() / logprob_temperature(params), dim=-1)
+    values, ids = torch.topk(logprobs, min(params.top_logprobs, logprobs.numel()))
+    return list(zip(ids.tolist(), values.tolist(), strict=True))
+
+
+def with_alternatives(choice: TokenChoice, logits: torch.Tensor, params: SamplingParams) -> TokenChoice:
+    """`choice` with its `top_alternatives` from `logits` (the row it was chosen from), where
+    the request asks for them (`params.top_logprobs`); else `choice` as it is."""
+    if params.top_logprobs:
+        choice.top = top_alternatives(logits, params)
+    return choice
 
 
 def choose_token(

@@ -276,6 +276,9 @@ class Gateway:
                 "unsupported_parameter",
                 "n",
             )
+        if req.top_logprobs and not req.logprobs:
+            raise _RequestError(400, "top_logprobs needs logprobs=true (as OpenAI and vLLM)", "invalid_request_error",
+                                "invalid_value", "top_logprobs")
         if req.logprobs and req.stream:
             raise _RequestError(400, "logprobs with stream=true is not supported; stream without logprobs, "
                                 "or ask for them without streaming", "invalid_request_error",
@@ -330,7 +333,9 @@ class Gateway:
             logprobs = None
             if req.logprobs:
                 ids = result.call.completion_ids
-                logprobs = wire.logprobs_content(session.token_texts(ids), result.call.completion_logprobs)
+                logprobs = wire.logprobs_content(session.token_texts(ids), result.call.completion_logprobs,
+                                                 [[(session.token_texts([i])[0], lp) for i, lp in top]
+                                                  for top in result.top_logprobs])
             return JSONResponse(
                 wire.completion_response(
                     result.message,

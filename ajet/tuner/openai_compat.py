@@ -36,15 +36,13 @@ REFUSED = {
 }
 # field -> (the values that are honoured, why others are refused)
 REFUSED_VALUES: dict[str, tuple[Any, str]] = {
-    "top_logprobs": ((None, 0), "only the sampled token's logprob is returned (logprobs=true); send "
-                     "top_logprobs=0 or leave it out"),
     "parallel_tool_calls": ((None, True), "ajet cannot stop the model from writing several tool calls in "
                             "one reply (all are returned and trained); leave it out or send true"),
 }
 PROTOCOL_FIELDS = frozenset({"model", "messages", "tools", "tool_choice", "response_format", "temperature",
                              "top_p", "top_k", "max_tokens", "max_completion_tokens", "stop", "seed", "n",
                              "stream", "stream_options", "logprobs", "frequency_penalty", "presence_penalty",
-                             "logit_bias", *NO_EFFECT, *REFUSED, *REFUSED_VALUES})
+                             "logit_bias", "top_logprobs", *NO_EFFECT, *REFUSED, *REFUSED_VALUES})
 
 
 def refused_field(payload: dict[str, Any]) -> tuple[str, str] | None:
@@ -62,7 +60,8 @@ class ChatCompletionRequest(BaseModel):
     """The fields ajet reads. `refused_field` decides on the others first (REFUSED, REFUSED_VALUES);
     fields outside the protocol are kept as extras, unread. `response_format` json_schema /
     json_object constrains the reply (ajet/engine/grammar.py). `logprobs=true` returns each
-    completion token's recorded logprob (the policy at rollout.temperature: what the trainer uses)."""
+    completion token's recorded logprob (the policy at rollout.temperature: what the trainer uses),
+    with `top_logprobs` the most likely tokens of that same distribution."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -87,6 +86,7 @@ class ChatCompletionRequest(BaseModel):
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
 
     @field_validator("messages")
     @classmethod
@@ -111,6 +111,7 @@ class ChatCompletionRequest(BaseModel):
             "frequency_penalty": self.frequency_penalty,
             "presence_penalty": self.presence_penalty,
             "logit_bias": self.logit_bias,
+            "top_logprobs": self.top_logprobs if self.logprobs else None,
         }
 
     @property
@@ -128,10 +129,17 @@ def new_completion_id() -> str:
     return f"chatcmpl-{uuid.uuid4().hex}"
 
 
-def logprobs_content(tokens: list[str], logprobs: list[float]) -> dict[str, Any]:
-    """The `choices[0].logprobs` object: one entry per completion token, no alternatives."""
-    return {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode("utf-8")), "top_logprobs": []}
-                        for t, lp in zip(tokens, logprobs, strict=True)]}
+def logprobs_content(tokens: list[str], logprobs: list[float],
+                     alternatives: list[list[tuple[str, float]]] | None = None) -> dict[str, Any]:
+    """The `choices[0].logprobs` object: one entry per completion token, each with its
+    `alternatives` (top_logprobs: (token text, logprob), most likely first) where asked."""
+    alternatives = alternatives or [[] for _ in tokens]
+
+    def entry(token: str, logprob: float) -> dict[str, Any]:
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+
+    return {"content": [{**entry(t, lp), "top_logprobs": [entry(a, alp) for a, alp in top]}
+                        for t, lp, top in zip(tokens, logprobs, alternatives, strict=True)]}
 
 
 def completion_response(

@@ -29,7 +29,7 @@ from ajet.engine.base import Completion, InferenceEngine, SamplingParams
 from ajet.engine.chat import chosen_function, tool_choice_prefix
 from ajet.engine.grammar import json_grammar, tool_call_grammar
 from ajet.engine.requests import EngineBusyError
-from ajet.engine.sampling import has_penalties, policy_temperature
+from ajet.engine.sampling import MAX_TOP_LOGPROBS, has_penalties, policy_temperature
 from ajet.errors import InfrastructureError
 from ajet.faults import fault_point
 from ajet.tuner.streaming import TextStream, completion_text
@@ -99,6 +99,8 @@ class ChatResult:
     text: str  # the decoded completion as generated (tool-call markup included)
     malformed_tool_call: bool = False
     capped: bool = False  # max_tokens was lowered to fit the budget
+    # Per completion token, with top_logprobs: the most likely tokens as (id, logprob) (not recorded)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
 
 
 @dataclass
@@ -118,8 +120,8 @@ def resolve_sampling(rollout: RolloutConfig, overrides: dict[str, Any]) -> Sampl
 
     Accepted keys: temperature, top_p, top_k, max_tokens (alias max_completion_tokens),
     stop (str or list), seed, n (only 1), frequency_penalty and presence_penalty ([-2, 2]),
-    logit_bias ({token id (int or its string): bias in [-100, 100]}). `None` values mean "use
-    the default".
+    logit_bias ({token id (int or its string): bias in [-100, 100]}), top_logprobs ([0, 20]).
+    `None` values mean "use the default".
     `logprob_temperature` is the rollout temperature (1.0 when greedy), whatever the
     request's temperature, so old logprobs match the trainer's recomputation.
     """
@@ -133,11 +135,12 @@ def resolve_sampling(rollout: RolloutConfig, overrides: dict[str, Any]) -> Sampl
     if "max_completion_tokens" in values:
         values.setdefault("max_tokens", values.pop("max_completion_tokens"))
     unknown = set(values) - {"temperature", "top_p", "top_k", "max_tokens", "stop", "seed", "n",
-                             "frequency_penalty", "presence_penalty", "logit_bias"}
+                             "frequency_penalty", "presence_penalty", "logit_bias", "top_logprobs"}
     if unknown:
         raise InvalidRequestError(
             f"unsupported sampling parameter(s) {sorted(unknown)}; supported: temperature, "
-            "top_p, top_k, max_tokens, stop, seed, frequency_penalty, presence_penalty, logit_bias"
+            "top_p, top_k, max_tokens, stop, seed, frequency_penalty, presence_penalty, logit_bias, "
+            "top_logprobs"
         )
     if "n" in values and values["n"] != 1:
         raise InvalidRequestError(
@@ -164,6 +167,8 @@ def resolve_sampling(rollout: RolloutConfig, overrides: dict[str, Any]) -> Sampl
             setattr(params, name, float(_number(name, values[name], -2.0, 2.0)))
     if "logit_bias" in values:
         params.logit_bias = _logit_bias(values["logit_bias"])
+    if "top_logprobs" in values:
+        params.top_logprobs = int(_number("top_logprobs", values["top_logprobs"], 0, MAX_TOP_LOGPROBS, integer=True))
     # Logprobs are always computed at the rollout temperature, the one the trainer
     # recomputes them at, even when a request samples at its own temperature.
     params.logprob_temperature = policy_temperature(rollout.temperature)
@@ -473,7 +478,11 @@ class EpisodeSession:
 
     def _check_penalties(self, params: SamplingParams) -> None:
         """Penalties and logit_bias need an engine that applies them (and records the adjusted
-        logprobs); a bias names tokens of the model's vocabulary."""
+        logprobs), top_logprobs one that returns alternatives; a bias names tokens of the
+        model's vocabulary."""
+        if params.top_logprobs and not getattr(self.engine, "supports_top_logprobs", False):
+            raise InvalidRequestError("top_logprobs: this backbone's engine returns only the sampled token's "
+                                      "logprob (the debug backbone's returns alternatives); send 0 or leave it out")
         if not has_penalties(params):
             return
         if not getattr(self.engine, "supports_penalties", False):
@@ -592,7 +601,7 @@ class EpisodeSession:
             "completion_tokens": len(completion.token_ids),
             "total_tokens": len(prompt_ids) + len(completion.token_ids),
         }
-        return ChatResult(message, finish_reason, usage, call, text, malformed, capped)
+        return ChatResult(message, finish_reason, usage, call, text, malformed, capped, completion.top_logprobs)
 
 
 def cut_tool_call(text: str) -> dict[str, Any]:

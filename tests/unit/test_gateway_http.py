@@ -237,7 +237,6 @@ def test_a_full_engine_queue_is_429_engine_busy(gateway: Gateway) -> None:
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("top_logprobs", 2),
         ("parallel_tool_calls", False),
         ("audio", {"voice": "alloy", "format": "wav"}),
         ("modalities", ["text", "audio"]),
@@ -283,6 +282,21 @@ def test_fields_with_no_effect_and_the_honoured_values_are_served(gateway: Gatew
         assert post(gateway, {**BODY, "my_framework_hint": 2}, key).status_code == 200
     notes = [r.getMessage() for r in caplog.records if "my_framework_hint" in r.getMessage()]
     assert len(notes) == 1 and "not part of the chat-completions protocol" in notes[0]
+    gateway.unregister_session(session)
+
+
+def test_top_logprobs_need_logprobs_and_an_engine_that_returns_them(gateway: Gateway) -> None:
+    session, engine, _, _ = make_session(["a", "b"])
+    key = gateway.register(session, "default")
+    error = assert_openai_error(post(gateway, {**BODY, "top_logprobs": 2}, key), 400, "invalid_value")
+    assert error["param"] == "top_logprobs" and "logprobs=true" in error["message"]
+    assert_openai_error(post(gateway, {**BODY, "logprobs": True, "top_logprobs": 21}, key), 400)
+    error = assert_openai_error(post(gateway, {**BODY, "logprobs": True, "top_logprobs": 2}, key), 400)
+    assert error["message"].startswith("top_logprobs: this backbone's engine returns only")  # as vLLM's engines here
+    assert engine.seen == []
+    engine.supports_top_logprobs = True  # as the debug backbone's LocalEngine
+    assert post(gateway, {**BODY, "logprobs": True, "top_logprobs": 2}, key).status_code == 200
+    assert engine.seen[0][1].top_logprobs == 2
     gateway.unregister_session(session)
 
 
