@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from ajet.config.schema import AjetConfig, EvalSplit
-from ajet.errors import EvalError
 from ajet.eval.dialogs import episode_dialogs, write_dialogs
 from ajet.eval.metrics import EpisodeResult, episode_result, summarize, write_report
 from ajet.models.load import (
@@ -33,11 +32,10 @@ from ajet.rollout.engine_rollout import EngineRollout
 from ajet.rollout.manager import mean_log_metrics
 from ajet.rollout.roles import role_metrics
 from ajet.rollout.workflow_loader import as_workflow, load_workflow
-from ajet.task_reader import TaskReader, build_reader
+from ajet.task_reader import build_reader, split_tasks
 from ajet.training.memory import limit_heap_retention
 from ajet.training.model import model_window
 from ajet.training.run_dir import run_dir_of
-from ajet.workflow import WorkflowTask
 
 log = logging.getLogger(__name__)
 
@@ -55,17 +53,6 @@ def default_name(model_path: str) -> str:
     """A file-name-safe label of a model path: `.../stages/01_sft/final_model` -> `01_sft-final_model`."""
     parts = [p for p in Path(model_path).parts if p not in ("/", "")][-2:]
     return re.sub(r"[^A-Za-z0-9_.+-]+", "-", "-".join(parts)) or "model"
-
-
-def split_tasks(reader: TaskReader, split: EvalSplit) -> list[WorkflowTask]:
-    """The tasks of `split`; an `EvalError` saying which key to set when it has none."""
-    tasks = {EvalSplit.train: reader.train_tasks, EvalSplit.val: reader.val_tasks,
-             EvalSplit.test: reader.test_tasks}[split]()
-    if not tasks:
-        where = {EvalSplit.val: "task_reader.jsonl.val_path (or task_reader.val_fraction)",
-                 EvalSplit.test: "task_reader.jsonl.test_path"}.get(split, "task_reader.jsonl.train_path")
-        raise EvalError(f"the {split.value} split has no tasks; set {where}, or evaluate another --split")
-    return tasks
 
 
 def evaluate(cfg: AjetConfig, *, workflow: Any = None, name: str | None = None,

@@ -25,7 +25,7 @@ from ajet.engine.base import InferenceEngine
 from ajet.engine.chat import ChatFormat
 from ajet.engine.local import LocalEngine
 from ajet.judge import Judge, build_judge
-from ajet.models.resolve import resolve_model_path
+from ajet.rollout.local_engine import local_engine
 from ajet.rollout.manager import RolloutManager, RolloutResult
 from ajet.rollout.runner import TaskRunner
 from ajet.rollout.workflow_loader import trainable_targets_of
@@ -91,10 +91,8 @@ class EngineRollout(Generic[E]):
         """On a `LocalEngine` of `model`, which it owns. `fixed_weights`: nothing will update
         the model (an evaluation)."""
         r = rollout or cfg.rollout
-        engine = LocalEngine(model, tokenizer, max_batch_size=max(1, r.max_concurrency),
-                             max_waiting=r.max_waiting_requests, max_model_len=model_max_len,
-                             prefix_cache_tokens=r.prefix_cache_tokens, dtype=r.engine_dtype.value,
-                             fixed_weights=fixed_weights, initial_model=initial_model_dir(cfg))
+        engine = local_engine(cfg, model, tokenizer, model_max_len=model_max_len, rollout=r,
+                              fixed_weights=fixed_weights)
         try:
             return EngineRollout(cfg, engine, tokenizer, workflow, model_max_len=model_max_len, rollout=r,
                                  judge=judge, record=record, close_engine=engine.close)
@@ -181,9 +179,3 @@ def log_template_check(chat: ChatFormat) -> None:
 
     report_template(chat)
 
-
-def initial_model_dir(cfg: AjetConfig) -> str | None:
-    """The checkpoint directory default_model="initial" names (`model.initial_path`), or None
-    for the weights the run starts from."""
-    path = cfg.model.initial_path
-    return str(resolve_model_path(path, cfg.model.cache_dir, key="model.initial_path")) if path else None

@@ -2,7 +2,7 @@
 LLM writing them from documents). `build_reader(cfg.task_reader, seed=...)` is the entry point.
 """
 
-from ajet.task_reader.base import TaskReader, TaskReaderError, holdout_split
+from ajet.task_reader.base import TaskReader, TaskReaderError, holdout_split, split_tasks
 from ajet.task_reader.build import abuild_reader, build_reader
 from ajet.task_reader.env_client import AsyncEnvServiceClient, EnvServiceClient, EnvServiceError
 
@@ -15,4 +15,5 @@ __all__ = [
     "abuild_reader",
     "build_reader",
     "holdout_split",
+    "split_tasks",
 ]

@@ -20,7 +20,8 @@ import logging
 import random
 from collections.abc import Sequence
 
-from ajet.errors import TaskReaderError
+from ajet.config.schema import EvalSplit
+from ajet.errors import EvalError, TaskReaderError
 from ajet.faults import fault_point
 from ajet.task_reader.curriculum import Curriculum
 from ajet.workflow import WorkflowTask
@@ -205,3 +206,14 @@ class TaskReader:
             # A string seed hashes deterministically (sha512), unlike hash() of a tuple.
             random.Random(f"ajet-{self.seed}-{epoch}").shuffle(order)
         return order
+
+
+def split_tasks(reader: TaskReader, split: EvalSplit) -> list[WorkflowTask]:
+    """The tasks of `split`; an `EvalError` saying which key to set when it has none."""
+    tasks = {EvalSplit.train: reader.train_tasks, EvalSplit.val: reader.val_tasks,
+             EvalSplit.test: reader.test_tasks}[split]()
+    if not tasks:
+        where = {EvalSplit.val: "task_reader.jsonl.val_path (or task_reader.val_fraction)",
+                 EvalSplit.test: "task_reader.jsonl.test_path"}.get(split, "task_reader.jsonl.train_path")
+        raise EvalError(f"the {split.value} split has no tasks; set {where}, or evaluate another --split")
+    return tasks

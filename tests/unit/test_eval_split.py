@@ -14,8 +14,7 @@ from ajet.config import load_config
 from ajet.config.schema import EvalSplit, JsonlReaderConfig, TaskReaderConfig
 from ajet.errors import EvalError
 from ajet.eval import runner as eval_runner
-from ajet.eval.runner import split_tasks
-from ajet.task_reader import build_reader
+from ajet.task_reader import build_reader, split_tasks
 from tests.integration.cli import ajet as fork_ajet
 
 runner = CliRunner()
