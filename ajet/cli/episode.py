@@ -4,6 +4,9 @@ one episode of the workflow, shown as training would see it (`ajet.eval.episode`
 from __future__ import annotations
 
 import json
+import logging
+import os
+import sys
 import time
 from typing import Annotated, Any
 
@@ -11,7 +14,19 @@ import typer
 
 from ajet.cli.common import Conf, Overrides, user_errors
 
-START = time.monotonic()  # the command's start (this module is imported as it begins)
+
+def _process_age() -> float:
+    """Seconds since this process started (Linux: /proc), else 0: the interpreter's own
+    start-up and the CLI's imports belong to the time a user waits."""
+    try:
+        with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
+            started = int(stat.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+            return max(0.0, float(uptime.read().split()[0]) - started)
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+START = time.monotonic() - _process_age()  # the process's start
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)
 
@@ -46,6 +61,10 @@ def episode(
         "4-8x float32's decode), float32, float16, bfloat16, bfloat16_linear, or 'config' for the "
         "config's rollout.engine_dtype. Nothing is trained, so the run's own precision is not needed "
         "(its tokens may differ in the last digits)."))] = "auto",
+    watch: Annotated[bool, typer.Option("--watch", "-w", help=(
+        "After the episode, wait for a change to the workflow's Python files (the ones beside it), "
+        "import them again and run the episode again: the model and the engine stay loaded, so a "
+        "change shows in the seconds of one episode. Ctrl-C ends it."))] = False,
 ) -> None:
     with user_errors():
         from ajet.config import load_config
@@ -62,17 +81,55 @@ def episode(
         configure_logging(cfg.logging.level, quiet=True)
         timings["start-up"] = time.monotonic() - START
         imported = time.monotonic()
-        from ajet.eval.episode import for_debugger, show_episodes  # torch, transformers, agentscope
+        from ajet.eval.episode import for_debugger, show_episodes  # the rest as each part needs it
 
         timings["imports"] = time.monotonic() - imported
 
         if pdb:
             cfg = for_debugger(cfg)
-        shown = show_episodes(cfg, task=task, n=n, split=EvalSplit(split),
-                              on_workflow_error=_post_mortem if pdb else None, timings=timings)
+        hook = _post_mortem if pdb else None
+        if watch:
+            _watch(cfg, task=task, n=n, split=EvalSplit(split), hook=hook, timings=timings, tokens=tokens, full=full)
+            return
+        shown = show_episodes(cfg, task=task, n=n, split=EvalSplit(split), on_workflow_error=hook, timings=timings)
     print_shown(shown, tokens=tokens, full=full)
-    if not all(view.episode.ok for view in shown.views):
-        raise typer.Exit(1)
+    _exit(0 if all(view.episode.ok for view in shown.views) else 1)
+
+
+def _watch(cfg: Any, *, task: str, n: int, split: Any, hook: Any, timings: dict[str, float], tokens: bool,
+           full: bool) -> None:
+    """`--watch`: show the episode, then again after each change to the workflow's files."""
+    from ajet.errors import WorkflowLoadError
+    from ajet.eval.episode import Tryout, wait_for_change, watched_files
+
+    files = watched_files(cfg)
+    since = START
+    with Tryout.open(cfg, split=split, check_task=task, timings=timings) as tryout:
+        while True:
+            shown = tryout.show(task, n, on_workflow_error=hook, timings=timings)
+            print_shown(shown, tokens=tokens, full=full, since=since)
+            typer.echo(f"\nwatching {len(files)} file(s) beside {cfg.workflow.target.rpartition(':')[0]} "
+                       "(Ctrl-C to stop)")
+            while True:
+                changed = wait_for_change(files)
+                typer.echo(f"\n{changed.name} changed: importing the workflow again")
+                since, timings = time.monotonic(), {}
+                try:
+                    tryout.reload()
+                    timings["workflow import"] = time.monotonic() - since
+                    break
+                except WorkflowLoadError as exc:  # the last good workflow stays until the next change
+                    typer.echo(f"error: {exc}", err=True)
+
+
+def _exit(code: int) -> None:
+    """Leave at once: everything is printed and closed (the engine, the gateway, the sandboxes),
+    and the interpreter's teardown of torch, transformers and the agent framework's modules
+    would add ~2 s (AVX2-only machine) to a command meant to take seconds."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _post_mortem(exc: BaseException) -> None:
@@ -97,7 +154,8 @@ def _content(message: dict) -> str:
     return content or ""
 
 
-def print_shown(shown: Any, *, tokens: bool = False, full: bool = False) -> None:
+def print_shown(shown: Any, *, tokens: bool = False, full: bool = False, since: float = START) -> None:
+    """Print `shown` (`ajet.eval.episode.Shown`); the total is the seconds since `since`."""
     echo = typer.echo
     echo(f"task {shown.task.task_id} ({shown.split} #{shown.index}): {_clip(shown.task.main_query, full)}")
     for view in shown.views:
@@ -153,4 +211,4 @@ def print_shown(shown: Any, *, tokens: bool = False, full: bool = False) -> None
 
             echo(f"  answer {_clip(answer_text(output), full)!r}, expected {_clip(truth, full)!r}")
     parts = "  ".join(f"{name} {seconds:.2f} s" for name, seconds in shown.timings.items())
-    echo(f"\ntime: {parts}  (total {time.monotonic() - START:.1f} s; engine {shown.engine_dtype}, --engine-dtype)")
+    echo(f"\ntime: {parts}  (total {time.monotonic() - since:.1f} s; engine {shown.engine_dtype}, --engine-dtype)")

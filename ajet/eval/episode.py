@@ -12,19 +12,26 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sys
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ajet.config.schema import AjetConfig, EvalSplit
 from ajet.context.samples import episode_samples
 from ajet.context.types import LLMCall, Sample
 from ajet.errors import EvalError
-from ajet.eval.runner import split_tasks
 from ajet.rollout.episode import Episode
-from ajet.task_reader import build_reader
-from ajet.workflow import WorkflowTask
+from ajet.task_reader import build_reader, split_tasks
+from ajet.workflow import Workflow, WorkflowTask
+
+if TYPE_CHECKING:
+    from ajet.engine.local import LocalEngine
+    from ajet.rollout.engine_rollout import EngineRollout
 
 log = logging.getLogger(__name__)
 
@@ -88,37 +95,148 @@ def show_episodes(cfg: AjetConfig, *, task: str = "0", n: int = 1, split: EvalSp
     episode is recorded as failed (`--pdb`: the debugger, with the workflow's frames alive).
     `timings` collects the seconds of each part (the CLI adds its own start-up)."""
     timings = {} if timings is None else timings
-    with _timed(timings, "tasks"):
-        tasks = split_tasks(build_reader(cfg.task_reader, seed=cfg.project.seed), split)
-        index, chosen = pick_task(tasks, task, split.value)
-    with _timed(timings, "workflow import"):
-        from ajet.rollout.workflow_loader import load_workflow
+    with Tryout.open(cfg, split=split, check_task=task, timings=timings) as tryout:
+        return tryout.show(task, n, on_workflow_error=on_workflow_error, timings=timings)
 
-        workflow = load_workflow(cfg.workflow.target)
-    with _timed(timings, "model load"):
-        from ajet.models.load import load_model_and_tokenizer
 
-        model, tokenizer = load_model_and_tokenizer(cfg.model)
-    with _timed(timings, "engine start"):
+class Tryout:
+    """What `ajet episode` runs episodes on: the split's tasks, the model, its engine and a
+    rollout of the workflow. `Tryout.open` builds it once; `show` runs and shows episodes;
+    `reload` imports the workflow again and keeps the rest (`ajet episode --watch`)."""
+
+    def __init__(self, cfg: AjetConfig, split: EvalSplit, tasks: list[WorkflowTask], tokenizer: Any,
+                 window: int, engine: LocalEngine, workflow: Workflow) -> None:
+        self.cfg, self.split, self.tasks = cfg, split, tasks
+        self.tokenizer, self.window, self.engine = tokenizer, window, engine
+        self.rollout = self._rollout(workflow)
+
+    @classmethod
+    @contextmanager
+    def open(cls, cfg: AjetConfig, *, split: EvalSplit = EvalSplit.train, check_task: str | None = None,
+             timings: dict[str, float] | None = None) -> Iterator[Tryout]:
+        """Build it, closed at the end; `check_task`: a task that must be in the split (checked
+        first, before the seconds of loading). The heavy modules are imported here, as each part needs
+        them: torch and transformers for the model, then the workflow with its agent framework
+        and the gateway while the engine packs its weights in a thread (imports hold the GIL;
+        FBGEMM's packing does not), so the two overlap on a CPU's cores. "engine start" is what
+        is left of the packing after the imports."""
+        timings = {} if timings is None else timings
+        with _timed(timings, "tasks"):
+            tasks = split_tasks(build_reader(cfg.task_reader, seed=cfg.project.seed), split)
+            if check_task is not None:
+                pick_task(tasks, check_task, split.value)
+        with _timed(timings, "model load"):
+            from ajet.models.load import load_model_and_tokenizer  # torch, transformers
+            from ajet.rollout.local_engine import local_engine
+            from ajet.training.model import model_window
+
+            model, tokenizer = load_model_and_tokenizer(cfg.model)
+            window = model_window(model, cfg.context.max_model_len)
+        with ThreadPoolExecutor(1, thread_name_prefix="ajet-engine-start") as starting:
+            started = starting.submit(local_engine, cfg, model, tokenizer, model_max_len=window, fixed_weights=True)
+            try:
+                with _timed(timings, "workflow import"):
+                    workflow = _import_workflow(cfg.workflow.target)
+            except BaseException:
+                _close_when_started(started)
+                raise
+            with _timed(timings, "engine start"):
+                engine = started.result()
+        try:
+            tryout = cls(cfg, split, tasks, tokenizer, window, engine, workflow)
+        except BaseException:
+            engine.close()
+            raise
+        try:
+            yield tryout
+        finally:
+            tryout.rollout.close()
+            engine.close()
+
+    def _rollout(self, workflow: Workflow) -> EngineRollout[LocalEngine]:
         from ajet.rollout.engine_rollout import EngineRollout
-        from ajet.training.model import model_window
 
-        window = model_window(model, cfg.context.max_model_len)
-        rollout = EngineRollout.local(cfg, model, tokenizer, workflow, model_max_len=window, record=True,
-                                    fixed_weights=True)
-    dtype = rollout.engine.dtype
-    try:
+        return EngineRollout(self.cfg, self.engine, self.tokenizer, workflow, model_max_len=self.window, record=True)
+
+    def reload(self) -> None:
+        """Import the workflow's module again (and the modules beside it that it imports), and
+        run the next episodes with it; the model and the engine stay. A module that fails to
+        import raises `WorkflowLoadError` and leaves the previous workflow in place."""
+        folder = _workflow_folder(self.cfg.workflow.target)
+        if folder is not None:
+            for name, module in list(sys.modules.items()):
+                path = getattr(module, "__file__", None)
+                if path and Path(path).resolve().is_relative_to(folder):
+                    del sys.modules[name]
+        workflow = _import_workflow(self.cfg.workflow.target)
+        self.rollout.close()
+        self.rollout = self._rollout(workflow)
+
+    def show(self, task: str = "0", n: int = 1, *, on_workflow_error: Callable[[BaseException], None] | None = None,
+             timings: dict[str, float] | None = None) -> Shown:
+        """Run `n` episodes of the task `task` (an index or an id) and return them as shown."""
+        timings = {} if timings is None else timings
+        index, chosen = pick_task(self.tasks, task, self.split.value)
         with _timed(timings, "episodes"), _workflow_errors(on_workflow_error):
-            result = rollout.rollout([chosen], n, episode_prefix="try-")
+            result = self.rollout.rollout([chosen], n, episode_prefix="try-")
         views = []
         for ep in sorted(result.episodes, key=lambda e: e.episode_id):
-            samples = episode_samples(ep, cfg.context, window)[0] if ep.ok else []
-            views.append(EpisodeView(ep, rollout.calls(ep.episode_id), samples,
-                                     lambda ids: tokenizer.decode(ids, skip_special_tokens=False)))
-    finally:
-        rollout.close()
-    return Shown(task=chosen, index=index, split=split.value, views=views, timings=timings,
-                 engine_dtype=dtype)
+            samples = episode_samples(ep, self.cfg.context, self.window)[0] if ep.ok else []
+            views.append(EpisodeView(ep, self.rollout.calls(ep.episode_id), samples,
+                                     lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False)))
+        return Shown(task=chosen, index=index, split=self.split.value, views=views, timings=timings,
+                     engine_dtype=self.engine.dtype)
+
+
+def _import_workflow(target: str) -> Workflow:
+    # The tuner that engine_rollout imports brings AgentScope, the gateway FastAPI.
+    from ajet.rollout.engine_rollout import EngineRollout  # noqa: F401 - imported here, beside the packing
+    from ajet.rollout.workflow_loader import load_workflow
+
+    return load_workflow(target)
+
+
+def _workflow_folder(target: str) -> Path | None:
+    """The folder of a `path/to/file.py:Name` target (what --watch watches and reloads), or
+    None for a `package.module:Name` target."""
+    module_part = target.rpartition(":")[0]
+    return Path(module_part).expanduser().resolve().parent if module_part.endswith(".py") else None
+
+
+def watched_files(cfg: AjetConfig) -> list[Path]:
+    """The files `ajet episode --watch` watches: the Python files beside a file workflow (its
+    siblings: what it imports), or the module's own file."""
+    folder = _workflow_folder(cfg.workflow.target)
+    if folder is not None:
+        return sorted(folder.rglob("*.py"))
+    import importlib.util
+
+    spec = importlib.util.find_spec(cfg.workflow.target.rpartition(":")[0])
+    return [Path(spec.origin)] if spec is not None and spec.origin else []
+
+
+def wait_for_change(files: list[Path], *, interval_s: float = 0.5) -> Path:
+    """Block until one of `files` is written (its mtime changes) and return it."""
+    def stamps() -> dict[Path, float]:
+        return {f: f.stat().st_mtime if f.exists() else 0.0 for f in files}
+
+    before = stamps()
+    while True:
+        time.sleep(interval_s)
+        now = stamps()
+        changed = [f for f in files if now[f] != before[f]]
+        if changed:
+            return changed[0]
+
+
+def _close_when_started(started: Future[LocalEngine]) -> None:
+    """Close the engine `started` builds, once it is built (the caller is leaving on an error)."""
+    try:
+        engine = started.result()
+    except Exception:  # noqa: BLE001 - the caller's error is the one to report
+        log.debug("the engine did not start either", exc_info=True)
+        return
+    engine.close()
 
 
 @contextmanager

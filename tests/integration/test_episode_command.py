@@ -77,3 +77,60 @@ def test_a_task_that_is_not_there_is_named(two_calls_conf: Path) -> None:
     assert run.returncode != 0 and "--task 7: the train split has 3 tasks (0..2)" in run.stderr
     run = ajet_episode(two_calls_conf, "--task", "nope")
     assert run.returncode != 0 and "no task of the train split has that id (its first ids: t0, t1, t2)" in run.stderr
+
+
+def test_a_workflow_that_does_not_import_is_named_and_the_engine_it_overlapped_is_closed(
+        two_calls_conf: Path) -> None:
+    """The engine starts (packing its weights) while the workflow is imported: when the import
+    fails, the error names the workflow and the engine started beside it is closed."""
+    import threading
+
+    from ajet.config import load_config
+    from ajet.errors import AjetError
+    from ajet.eval.episode import show_episodes
+
+    (two_calls_conf.parent / "broken.py").write_text("def oops(:\n")
+    cfg = load_config(two_calls_conf, [f"workflow.target={two_calls_conf.parent}/broken.py:Broken",
+                                       "rollout.engine_dtype=float16"])
+    with pytest.raises(AjetError, match="broken.py"):
+        show_episodes(cfg)
+    assert not [t for t in threading.enumerate() if t.name.startswith(("ajet-engine", "ajet-pack"))]
+
+
+@pytest.mark.timeout(300)
+def test_watch_runs_the_episode_again_after_each_change_and_keeps_the_last_good_workflow(
+        two_calls_conf: Path) -> None:
+    """`--watch`: the episode, then again with the changed workflow (the model stays loaded); a
+    change that does not import is named and the last good workflow stays; Ctrl-C ends it."""
+    import signal
+    import time
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CI": "true", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "ajet.cli.main", "episode", "--conf", str(two_calls_conf),
+                             "--watch"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            cwd=two_calls_conf.parent)
+    assert proc.stdout is not None
+    agent = two_calls_conf.parent / "agent.py"
+    seen: list[str] = []
+
+    def until(text: str) -> None:
+        for line in proc.stdout:  # the test's timeout (pytest-timeout) ends a wait that never ends
+            seen.append(line)
+            if text in line:
+                return
+        raise AssertionError(f"exited before {text!r}:\n" + "".join(seen[-30:]))
+
+    try:
+        until("episode try-t0-e0: ok, reward 0.250, 2 calls")
+        until("watching")
+        time.sleep(1.1)  # a new mtime
+        agent.write_text(agent.read_text() + "\ndef broken(:\n")
+        until("importing the workflow again")
+        until("SyntaxError")
+        agent.write_text(agent.read_text().replace("\ndef broken(:\n", "").replace("reward=0.25", "reward=0.75"))
+        until("episode try-t0-e0: ok, reward 0.750, 2 calls")
+        until("watching")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) != 0
+    finally:
+        proc.kill()
