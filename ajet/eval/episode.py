@@ -164,9 +164,10 @@ class Tryout:
         import raises `WorkflowLoadError` and leaves the previous workflow in place."""
         folder = _workflow_folder(self.cfg.workflow.target)
         if folder is not None:
+            ours = set(_python_files(folder))
             for name, module in list(sys.modules.items()):
                 path = getattr(module, "__file__", None)
-                if path and Path(path).resolve().is_relative_to(folder):
+                if path and Path(path).resolve() in ours:
                     del sys.modules[name]
         workflow = _import_workflow(self.cfg.workflow.target)
         self.rollout.close()
@@ -203,12 +204,23 @@ def _workflow_folder(target: str) -> Path | None:
     return Path(module_part).expanduser().resolve().parent if module_part.endswith(".py") else None
 
 
+def _python_files(folder: Path) -> list[Path]:
+    """The Python files a workflow in `folder` may import from beside it: the folder's own and
+    those of its packages (subfolders with an `__init__.py`), not a virtual env, a hidden
+    folder or any other subfolder (a workflow at a project's root must not take its `.venv`)."""
+    files = sorted(p.resolve() for p in folder.glob("*.py"))
+    for sub in sorted(folder.iterdir()):
+        if sub.is_dir() and not sub.name.startswith(".") and (sub / "__init__.py").is_file():
+            files += _python_files(sub)
+    return files
+
+
 def watched_files(cfg: AjetConfig) -> list[Path]:
     """The files `ajet episode --watch` watches: the Python files beside a file workflow (its
-    siblings: what it imports), or the module's own file."""
+    siblings and their packages: what it imports), or the module's own file."""
     folder = _workflow_folder(cfg.workflow.target)
     if folder is not None:
-        return sorted(folder.rglob("*.py"))
+        return _python_files(folder)
     import importlib.util
 
     spec = importlib.util.find_spec(cfg.workflow.target.rpartition(":")[0])
