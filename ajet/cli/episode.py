@@ -100,10 +100,10 @@ def _watch(cfg: Any, *, task: str, n: int, split: Any, hook: Any, timings: dict[
            full: bool) -> None:
     """`--watch`: show the episode, then again after each change to the workflow's files."""
     from ajet.errors import WorkflowLoadError
-    from ajet.eval.episode import Tryout, wait_for_change, watched_files
+    from ajet.eval.episode import Tryout, file_stamps, wait_for_change, watched_files
 
     files = watched_files(cfg)
-    since = START
+    since, stamps = START, file_stamps(files)  # a save from here on counts, during the episode too
     with Tryout.open(cfg, split=split, check_task=task, timings=timings) as tryout:
         while True:
             shown = tryout.show(task, n, on_workflow_error=hook, timings=timings)
@@ -111,7 +111,7 @@ def _watch(cfg: Any, *, task: str, n: int, split: Any, hook: Any, timings: dict[
             typer.echo(f"\nwatching {len(files)} file(s) beside {cfg.workflow.target.rpartition(':')[0]} "
                        "(Ctrl-C to stop)")
             while True:
-                changed = wait_for_change(files)
+                changed, stamps = wait_for_change(files, stamps)
                 typer.echo(f"\n{changed.name} changed: importing the workflow again")
                 since, timings = time.monotonic(), {}
                 try:

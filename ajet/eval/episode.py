@@ -227,18 +227,23 @@ def watched_files(cfg: AjetConfig) -> list[Path]:
     return [Path(spec.origin)] if spec is not None and spec.origin else []
 
 
-def wait_for_change(files: list[Path], *, interval_s: float = 0.5) -> Path:
-    """Block until one of `files` is written (its mtime changes) and return it."""
-    def stamps() -> dict[Path, float]:
-        return {f: f.stat().st_mtime if f.exists() else 0.0 for f in files}
+def file_stamps(files: list[Path]) -> dict[Path, float]:
+    """Each file's modification time (0 for a file that is not there)."""
+    return {f: f.stat().st_mtime if f.exists() else 0.0 for f in files}
 
-    before = stamps()
+
+def wait_for_change(files: list[Path], before: dict[Path, float] | None = None, *,
+                    interval_s: float = 0.5) -> tuple[Path, dict[Path, float]]:
+    """Block until one of `files` differs from `before` (their `file_stamps` when the workflow
+    was imported, so that a save during the episode counts; default: now) and return it with
+    the stamps it was found at."""
+    before = file_stamps(files) if before is None else before
     while True:
-        time.sleep(interval_s)
-        now = stamps()
-        changed = [f for f in files if now[f] != before[f]]
+        now = file_stamps(files)
+        changed = [f for f in files if now[f] != before.get(f, 0.0)]
         if changed:
-            return changed[0]
+            return changed[0], now
+        time.sleep(interval_s)
 
 
 def _close_when_started(started: Future[LocalEngine]) -> None:

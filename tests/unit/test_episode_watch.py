@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from ajet.eval import episode as episode_module
-from ajet.eval.episode import Tryout, wait_for_change, watched_files
+from ajet.eval.episode import Tryout, file_stamps, wait_for_change, watched_files
 
 
 @pytest.fixture
@@ -56,7 +56,12 @@ def test_wait_for_change_returns_the_file_written(project: Path) -> None:
     import os
     import threading
 
-    target = project / "helper.py"
+    target, files = project / "helper.py", [project / "wf.py", project / "helper.py"]
     stat = target.stat()
     threading.Timer(0.1, lambda: os.utime(target, (stat.st_atime, stat.st_mtime + 5))).start()
-    assert wait_for_change([project / "wf.py", target], interval_s=0.05) == target
+    changed, now = wait_for_change(files, interval_s=0.05)
+    assert changed == target and now == file_stamps(files)
+    # a save made before the wait (during the episode) counts against the stamps taken before it
+    before = file_stamps(files)
+    os.utime(files[0], (stat.st_atime, stat.st_mtime + 9))
+    assert wait_for_change(files, before, interval_s=0.05)[0] == files[0]
