@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ajet.config.schema import AjetConfig, EvalSplit
+from ajet.errors import EvalError  # noqa: F401 - still importable here, where users caught it
 from ajet.eval.dialogs import episode_dialogs, write_dialogs
 from ajet.eval.metrics import EpisodeResult, episode_result, summarize, write_report
 from ajet.models.load import (
