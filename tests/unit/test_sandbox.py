@@ -74,7 +74,11 @@ def test_the_models_own_error_is_an_error_not_a_refusal(box: Sandbox) -> None:
                                   str(Path(__file__).resolve())])
 def test_reading_host_files_is_refused(box: Sandbox, path: str) -> None:
     result = fresh(box).run_python(f"print(open({path!r}).read())")
-    assert result.status == "refused", result
+    if path.startswith("/tmp/"):  # a checkout under /tmp: the sandbox's own empty /tmp hides it,
+        # and a missing file there is the program's own error, as for any path under /tmp
+        assert result.status == "error" and "FileNotFoundError" in result.stderr, result
+    else:
+        assert result.status == "refused", result
     assert result.stdout == ""
     still_serves(box)
 
