@@ -333,9 +333,10 @@ class Gateway:
             logprobs = None
             if req.logprobs:
                 ids = result.call.completion_ids
+                alternatives = [list(zip(session.token_texts([i for i, _ in top]), [lp for _, lp in top], strict=True))
+                                for top in result.top_logprobs]
                 logprobs = wire.logprobs_content(session.token_texts(ids), result.call.completion_logprobs,
-                                                 [[(session.token_texts([i])[0], lp) for i, lp in top]
-                                                  for top in result.top_logprobs])
+                                                 alternatives)
             return JSONResponse(
                 wire.completion_response(
                     result.message,
