@@ -12,7 +12,7 @@ import torch
 from tiny_models import load_peaky
 
 from ajet.engine.base import SamplingParams
-from ajet.engine.sampling import penalised, validate_params
+from ajet.engine.sampling import logprob_temperature, penalised, validate_params
 
 CALC = {"type": "function", "function": {"name": "calculate", "parameters": {
     "type": "object", "properties": {"expression": {"type": "string", "maxLength": 8}}, "required": ["expression"]}}}
@@ -37,7 +37,7 @@ def reference_rows(model, prompt: list[int], completion: list[int], params: Samp
     """Each completion token's logprobs over the vocabulary, as the engine records them."""
     with torch.inference_mode():
         logits = model(torch.tensor([prompt + completion])).logits[0].float()
-    t = params.logprob_temperature or (params.temperature or 1.0)
+    t = logprob_temperature(params)
     return [torch.log_softmax(penalised(logits[len(prompt) - 1 + i], params, completion[:i]) / t, dim=-1)
             for i in range(len(completion))]
 
