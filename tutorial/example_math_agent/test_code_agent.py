@@ -106,6 +106,22 @@ def test_the_demos_are_the_workflows_own_dialogs() -> None:
         assert demo["messages"][-1]["content"] == f"\\boxed{{{task['answer']}}}"
 
 
+def test_the_heldout_templates_validation_never_trains_on_what_it_validates(example_modules, tmp_path) -> None:
+    example_modules(HERE, "heldout_kinds")
+    from heldout_kinds import main
+
+    paths = main(tmp_path)
+    train, demos, val = (read(paths[name]) for name in ("train", "demos", "val"))
+    held = {t["kind"] for t in val}
+    assert len(held) == 5 and len(val) == 96
+    assert sum("program" in t for t in val) and sum("program" not in t for t in val)  # both kinds of problem
+    assert not held & {t["kind"] for t in train}
+    assert [d["id"] for d in demos] == [f"code_agent-{t['task_id']}" for t in train]  # a demo for each, no more
+    test_questions = {t["question"] for t in read("code_test.jsonl")}
+    assert not test_questions & {t["question"] for t in val}
+    assert main(tmp_path / "again")["val"].read_text() == paths["val"].read_text()  # deterministic
+
+
 @pytest.mark.tutorial
 @pytest.mark.integration
 def test_one_step(one_step) -> None:
