@@ -2,14 +2,18 @@
 gateway, and nothing else.
 
     with ModelBridge(base_url) as bridge:                      # the gateway, e.g. http://127.0.0.1:8000/v1
-        box = Sandbox(limits, binds=bridge.binds).start()
+        box = Sandbox(limits, ro_paths=bridge.ro_paths).start()
         box.run(bridge.shell(["opencode", "run", "fix the bug"], env={"HOME": "/sandbox/home"}))
         # inside, the harness calls bridge.inside_url (http://127.0.0.1:18080/v1)
 
 The sandbox keeps its own network namespace (no route anywhere). The bridge listens on a Unix
-socket in a private directory that is bound into the sandbox; the relay (`relay.py`) started
-inside listens on the sandbox's loopback and forwards there; the bridge forwards to the gateway.
-The gateway still checks the episode's API key on every call.
+socket in a private directory that is bound into the sandbox READ-ONLY, at the same path: a
+connect() works through a read-only mount, but an unlink, a rename or a bind() of a socket in
+its place fails (EROFS), so code in one sandbox cannot take the socket over and listen in the
+bridge's place for the model calls (and episode keys) of another sandbox on the same bridge.
+The relay (`relay.py`) started inside listens on the sandbox's loopback and forwards to the
+socket; the bridge forwards to the gateway. The gateway still checks the episode's API key on
+every call.
 """
 
 from __future__ import annotations
@@ -26,13 +30,13 @@ from urllib.parse import urlsplit
 from ajet.net import is_loopback
 from ajet.sandbox.box import RELAY_AT
 
-SOCKET_DIR_AT = "/run/ajet"
 INSIDE_PORT = 18080
 
 
 class ModelBridge:
-    """A Unix socket (bound into sandboxes at /run/ajet/model.sock) forwarded to `base_url`'s
-    host and port. One bridge serves any number of sandboxes; close it when they are done."""
+    """A Unix socket (its directory shown read-only in sandboxes, at the same path) forwarded to
+    `base_url`'s host and port. One bridge serves any number of sandboxes; close it when they
+    are done."""
 
     def __init__(self, base_url: str, inside_port: int = INSIDE_PORT) -> None:
         url = urlsplit(base_url)
@@ -51,9 +55,11 @@ class ModelBridge:
         self._thread: threading.Thread | None = None
 
     @property
-    def binds(self) -> dict[str, str]:
-        """What `Sandbox(binds=...)` needs: the socket's directory, at /run/ajet."""
-        return {str(self.dir): SOCKET_DIR_AT}
+    def ro_paths(self) -> list[str]:
+        """What `Sandbox(ro_paths=...)` needs: the socket's directory, read-only at the same path.
+        Never bind it writable (`Sandbox(binds=...)`): code inside could then unlink the socket
+        and listen in its place."""
+        return [str(self.dir)]
 
     @property
     def inside_url(self) -> str:
@@ -96,7 +102,7 @@ class ModelBridge:
         `python`: the sandbox's interpreter (`Sandbox.python`), which runs the relay."""
         ready = "/tmp/.ajet-relay-ready"
         relay = (f"AJET_RELAY_READY={ready} {shlex.quote(python)} -I {RELAY_AT} tcp:127.0.0.1:{self.inside_port} "
-                 f"unix:{SOCKET_DIR_AT}/{self.socket.name} &")
+                 f"{shlex.quote('unix:' + str(self.socket))} &")
         wait = f"i=0; while [ ! -e {ready} ] && [ $i -lt 500 ]; do sleep 0.01; i=$((i+1)); done"
         exports = " ".join(f"{key}={shlex.quote(value)}" for key, value in (env or {}).items())
         move = f"cd {shlex.quote(cwd)} && " if cwd else ""

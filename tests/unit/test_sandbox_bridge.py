@@ -1,6 +1,7 @@
 """The bridge is a sandbox's one way out: a program inside reaches the gateway the bridge names
-(through the relay on the sandbox's loopback and a bound Unix socket), and nothing else of the
-host's network, not even another server on the host's loopback."""
+(through the relay on the sandbox's loopback and a Unix socket bound read-only), and nothing
+else of the host's network, not even another server on the host's loopback. Code in one
+sandbox cannot take over the socket of a bridge that other sandboxes share."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ def fetch(url: str) -> str:
 def test_inside_reaches_the_gateway_and_nothing_else(servers) -> None:
     gateway, other = servers
     with ModelBridge(f"http://127.0.0.1:{gateway}/v1") as bridge, \
-            Sandbox(Limits(wall_s=10, processes=16), binds=bridge.binds) as box:
+            Sandbox(Limits(wall_s=10, processes=16), ro_paths=bridge.ro_paths) as box:
         assert bridge.inside_url == "http://127.0.0.1:18080/v1"
         script = fetch(bridge.inside_url + "/models") + "\n" + fetch(f"http://127.0.0.1:{other}/") + "\n" + \
             fetch(f"http://127.0.0.1:{gateway}/")
@@ -62,6 +63,42 @@ def test_inside_reaches_the_gateway_and_nothing_else(servers) -> None:
         again = box.run_python(fetch(bridge.inside_url + "/models"))
         assert again.stdout.startswith("failed:")
     assert not bridge.dir.exists()
+
+
+TAKE_OVER = """import os, socket
+path = {path!r}
+for name, attempt in [("unlink", lambda: os.unlink(path)), ("rename", lambda: os.rename(path, path + ".old")),
+                      ("plant", lambda: open(os.path.join(os.path.dirname(path), "x.sock"), "w"))]:
+    try:
+        attempt()
+        print(name, "done")
+    except OSError as exc:
+        print(name, "failed", exc.errno)
+listener = socket.socket(socket.AF_UNIX)
+try:
+    listener.bind(path)
+    print("listen done")
+except OSError as exc:
+    print("listen failed", exc.errno)
+"""
+
+
+def test_a_sandbox_cannot_take_over_the_socket_another_sandbox_uses(servers) -> None:
+    """The audit's attack: sandbox A unlinked the shared socket and listened in its place, so
+    sandbox B's model calls (and its episode key) reached A. The socket's directory is
+    read-only inside now: every step of the takeover fails, and B still reaches the gateway."""
+    gateway, _ = servers
+    limits = Limits(wall_s=10, processes=16)
+    with ModelBridge(f"http://127.0.0.1:{gateway}/v1") as bridge, \
+            Sandbox(limits, ro_paths=bridge.ro_paths) as attacker, Sandbox(limits, ro_paths=bridge.ro_paths) as victim:
+        took = attacker.run_python(TAKE_OVER.format(path=str(bridge.socket)))
+        lines = took.stdout.splitlines()
+        assert len(lines) == 4 and all(" failed " in line for line in lines), took.as_tool_text()
+        assert bridge.socket.is_socket()  # still the bridge's own socket
+        victim.write_files({"probe.py": fetch(bridge.inside_url + "/models")})
+        result = victim.run(bridge.shell([victim.python, "probe.py"], python=victim.python))
+        assert result.stdout.strip() == f"hello from {gateway} at /v1/models", result.as_tool_text()
+        assert bridge.connections == 1
 
 
 def test_the_bridge_forwards_to_this_machine_only() -> None:

@@ -98,7 +98,7 @@ class OpencodeAgent(Workflow):
         binary = opencode_binary()
         base_url, api_key = tuner.base_url_and_key()
         with ModelBridge(base_url) as bridge, \
-                Sandbox(limits_for(tuner.session.rollout.episode_timeout_s), ro_paths=[str(binary.parent)], binds=bridge.binds) as box:
+                Sandbox(limits_for(tuner.session.rollout.episode_timeout_s), ro_paths=[str(binary.parent), *bridge.ro_paths]) as box:
             config = opencode_config(bridge.inside_url, api_key, self.max_tokens)
             box.write_files(repo_files(task.metadata["files"], {"home/opencode.json": json.dumps(config)}))
             run = box.run(bridge.shell([str(binary), "run", "--agent", "fix", task.main_query],
