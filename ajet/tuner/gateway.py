@@ -27,8 +27,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ajet.http_server import ServerLimits, uvicorn_config, uvicorn_server
 from ajet.tuner import openai_compat as wire
-from ajet.tuner.http_guard import BodyGuard
+from ajet.tuner.http_guard import BodyGuard, KeyCheck
 from ajet.tuner.session import CallLimitError, ContextBudgetError, EngineBusy, SessionClosedError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -64,10 +65,12 @@ class Gateway:
         port: int = 0,
         *,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        limits: ServerLimits | None = None,
     ) -> None:
         self.host = host
         self.port = port
         self.max_body_bytes = max_body_bytes
+        self.limits = limits or ServerLimits()
         self._keys: dict[str, tuple[EpisodeSession, str]] = {}
         self._keys_lock = threading.Lock()
         self._server: Any = None
@@ -77,8 +80,9 @@ class Gateway:
         self._noted_fields: set[str] = set()  # fields outside the protocol, logged once each
         self._client_token: str | None = None  # set by `require_client_token` (the episode API)
         self.app = self._build_app()
-        # What uvicorn serves: the app behind its front door (auth before body, capped bodies).
-        self.asgi = BodyGuard(self.app, max_body_bytes=max_body_bytes, client_token=self._token_for)
+        # What uvicorn serves: the app behind its front door (a key before the body, capped bodies).
+        self.asgi = BodyGuard(self.app, max_body_bytes=max_body_bytes, client_token=self._token_for,
+                              body_timeout_s=self.limits.body_timeout_s)
 
     # -- lifecycle -------------------------------------------------------------
     @property
@@ -93,8 +97,6 @@ class Gateway:
 
     def start(self, timeout_s: float = 30.0) -> Gateway:
         """Start serving; returns once the server accepts connections."""
-        import uvicorn
-
         if self._thread is not None:
             return self
         # proto=IPPROTO_TCP matters: asyncio sets TCP_NODELAY on accepted sockets only for
@@ -110,10 +112,9 @@ class Gateway:
                 f"cannot bind the gateway to {self.host}:{self.port}: {err}"
             ) from err
         self.port = sock.getsockname()[1]
-        config = uvicorn.Config(
-            self.asgi, log_level="warning", lifespan="off", loop="asyncio", access_log=False
-        )
-        self._server = uvicorn.Server(config)
+        # header and idle deadlines, connection caps, the fd limit raised (ajet.http_server)
+        config = uvicorn_config(self.asgi, self.limits, lifespan="off", loop="asyncio")
+        self._server = uvicorn_server(config)
         self._socket = sock
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [sock]}, name="ajet-gateway", daemon=True
@@ -135,9 +136,18 @@ class Gateway:
         `token` (checked before the body is read: `ajet.tuner.http_guard`)."""
         self._client_token = token
 
-    def _token_for(self, path: str) -> str | None:
+    def _token_for(self, path: str) -> str | KeyCheck | None:
+        """What the route at `path` needs before its body is read: the client token (the episode
+        API), a live episode key (the model routes), or nothing."""
+        if path in ("/v1/chat/completions", "/v1/models"):
+            return self._key_is_live
         guarded = path in ("/docs", "/openapi.json", "/v1/status") or path.startswith("/v1/episodes")
         return self._client_token if guarded else None
+
+    def _key_is_live(self, key: str) -> bool:
+        with self._keys_lock:
+            entry = self._keys.get(key)
+        return entry is not None and not entry[0].closed
 
     def stop(self, timeout_s: float = 10.0) -> None:
         if self._server is not None:
