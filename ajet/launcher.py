@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ajet.config.redact import redact_argv
 from ajet.errors import ConfigError, LaunchError
 from ajet.net import is_loopback
 
@@ -208,7 +209,7 @@ class Launcher:
             return None
         argv = service_argv(spec.command)
         proc = self._spawn(name, argv, cwd=spec.cwd or None, env=spec.env)
-        log.info("service %s: started (pid %d): %s", name, proc.pid, shlex.join(argv))
+        log.info("service %s: started (pid %d): %s", name, proc.pid, shlex.join(redact_argv(argv)))  # e.g. --api-key
         wait_healthy(name, proc, spec.health_url, spec.startup_timeout_s, log_path=self.children[-1].log_path)
         return proc
 

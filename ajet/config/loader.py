@@ -22,6 +22,7 @@ from omegaconf.errors import (
     ValidationError,
 )
 
+from ajet.config.redact import redact_config
 from ajet.config.schema import AjetConfig
 from ajet.config.validate import validate
 from ajet.errors import ConfigError
@@ -106,9 +107,6 @@ def _read_secret_file(path: str) -> str:
 
 OmegaConf.register_new_resolver("file", _read_secret_file, replace=True)
 
-# Settings that are secrets themselves: written as REDACTED wherever a config is shown or saved.
-SECRET_KEYS = ("serve.client_token", "sandbox.service_token")
-REDACTED = "<redacted>"
 # What ${oc.env:...} and ${file:...} interpolations resolved to (value -> the interpolation), so
 # that a saved or uploaded config shows `${oc.env:API_TOKEN}`, never the token (`to_yaml`).
 _env_values: dict[str, str] = {}
@@ -132,24 +130,20 @@ def _remember_env_values(cfg: DictConfig) -> None:
 
 
 def to_yaml(config: AjetConfig) -> str:
-    """The config as YAML, as it is shown and saved (RUN/config.yaml, --dry-run, the metrics
-    sinks' copy): the values of `SECRET_KEYS` redacted, and each value that came from an
-    environment variable written as its `${oc.env:...}` interpolation (resolved again where the
-    config is loaded)."""
+    """The config as YAML, as it is shown, saved and uploaded (RUN/config.yaml, --dry-run, `ajet
+    config`, the metrics sinks' copy): each value that came from an environment variable or a
+    file written as its `${oc.env:...}` / `${file:...}` interpolation (resolved again where the
+    config is loaded), and every other secret redacted (`ajet.config.redact`)."""
     tree = OmegaConf.to_container(OmegaConf.structured(config), resolve=True)
 
-    def redact(node: Any, prefix: str) -> Any:
+    def unresolve(node: Any) -> Any:
         if isinstance(node, dict):
-            return {k: redact(v, f"{prefix}{k}.") for k, v in node.items()}
+            return {k: unresolve(v) for k, v in node.items()}
         if isinstance(node, list):
-            return [redact(v, prefix) for v in node]
-        if isinstance(node, str) and node:
-            if prefix[:-1] in SECRET_KEYS:
-                return REDACTED
-            return _env_values.get(node, node)
-        return node
+            return [unresolve(v) for v in node]
+        return _env_values.get(node, node) if isinstance(node, str) and node else node
 
-    return OmegaConf.to_yaml(OmegaConf.create(redact(tree, "")))
+    return OmegaConf.to_yaml(OmegaConf.create(redact_config(unresolve(tree))))
 
 
 def defaults_yaml() -> str:

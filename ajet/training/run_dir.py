@@ -9,8 +9,9 @@ refuses a run directory that does not exist. `config.yaml` records the resolved 
 
 A run holds `RUN/.lock` (`fcntl.flock`) from `prepare_run_dir` until its process ends: two
 runs in one directory would interleave metrics.jsonl and prune each other's checkpoints, so
-the second is refused with the holder's pid and command. The kernel frees the lock with the
-process, SIGKILL included: no stale lock is ever left behind.
+the second is refused with the holder's pid and command (its secrets redacted: the lock file
+is readable). The kernel frees the lock with the process, SIGKILL included: no stale lock is
+ever left behind.
 
 `--resume` refuses a config whose model, data files (their sha256) or batch shape differ from
 the ones the run started with (`RUN/resume_keys.json`), naming each: resuming would continue
@@ -28,6 +29,7 @@ import time
 from pathlib import Path
 
 from ajet.config import to_yaml
+from ajet.config.redact import redact_argv
 from ajet.config.schema import AjetConfig
 from ajet.errors import UserError
 from ajet.files import write_text_atomic
@@ -55,14 +57,16 @@ def lock_run_dir(run_dir: Path) -> None:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip() or "a process"
+        # Redacted again: a lock written before argv was redacted may hold a token.
+        holder = " ".join(redact_argv(os.pread(fd, 4096, 0).decode("utf-8", "replace").split())) or "a process"
         os.close(fd)
         raise UserError(
             f"{run_dir} is in use by another run ({holder}): two runs in one directory would mix their "
             "metrics and checkpoints. Wait for it to end or stop it, or choose another project.name / "
             "--exp-dir.") from None
     os.ftruncate(fd, 0)
-    os.pwrite(fd, f"pid {os.getpid()}: {' '.join(sys.argv)}\n".encode(), 0)
+    # The command without its secrets (`serve.client_token=...`, `--api-key X`): others may read it.
+    os.pwrite(fd, f"pid {os.getpid()}: {' '.join(redact_argv(sys.argv))}\n".encode(), 0)
     _HELD[key] = fd
 
 
