@@ -7,6 +7,7 @@ import asyncio
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -21,6 +22,7 @@ from ajet.sandbox import shared
 from ajet.sandbox.box import Limits
 from ajet.sandbox.pool import SandboxPool
 from ajet.sandbox.service import RemoteSandbox, create_app
+from ajet.sandbox.service import main as service_main
 from ajet.task_reader.env_server import serve_in_thread
 
 LIMITS = Limits(wall_s=3.0, cpu_s=2.0, memory_mb=256, processes=16, output_bytes=4096, disk_mb=8)
@@ -147,3 +149,82 @@ def test_the_service_token_is_never_written(tmp_path: Path, monkeypatch) -> None
     result = CliRunner().invoke(train_cmd.app, ["--conf", str(conf), "--dry-run"])
     assert result.exit_code == 0, result.output
     assert "hunter2" not in result.output and "service_token: <redacted>" in result.output
+
+
+# ------------------------------------------------------------------ live sessions: cap and idle TTL
+class CountingPool(SandboxPool):
+    """A pool that remembers the sandboxes the service gave back."""
+
+    def __init__(self) -> None:
+        super().__init__(size=1, limits=LIMITS)
+        self.released: list = []
+
+    def release(self, box) -> None:  # noqa: ANN001 - a Sandbox
+        self.released.append(box)
+        super().release(box)
+
+
+@pytest.fixture
+def served():
+    """(pool, app, url) for a service built with the test's create_app options."""
+    opened = []
+
+    def serve(**options):
+        pool = CountingPool()
+        app = create_app(pool, TOKEN, **options)
+        server = serve_in_thread(app)
+        opened.append((pool, app, server))
+        return pool, app, server.__enter__()
+
+    yield serve
+    for pool, app, server in opened:
+        server.__exit__(None, None, None)
+        app.state.sessions.close()
+        pool.close()
+
+
+def test_live_sessions_are_capped_with_a_message_naming_the_setting(served) -> None:
+    _, app, url = served(max_sessions=2)
+    first, second = RemoteSandbox(url, TOKEN).start(), RemoteSandbox(url, TOKEN).start()
+    with pytest.raises(SandboxUnavailableError, match=r"503.*--max-sessions 2"):
+        RemoteSandbox(url, TOKEN).start()
+    assert len(app.state.sessions) == 2
+    first.close()  # a released session makes room
+    third = RemoteSandbox(url, TOKEN).start()
+    assert third.run_python("print(1)").stdout == "1\n"
+    for box in (second, third):
+        box.close()
+    assert len(app.state.sessions) == 0
+
+
+def test_an_idle_session_is_released_after_its_ttl(served) -> None:
+    pool, app, url = served(idle_ttl_s=0.3)
+    box = RemoteSandbox(url, TOKEN).start()
+    assert box.run_python("print(1)").stdout == "1\n"
+    held = next(iter(app.state.sessions._held.values())).box
+    deadline = time.monotonic() + 10
+    while len(app.state.sessions) and time.monotonic() < deadline:  # the reaper runs on its own
+        time.sleep(0.05)
+    assert len(app.state.sessions) == 0 and pool.released == [held] and not held.alive
+    with pytest.raises(SandboxUnavailableError, match=r"404.*without a call.*--idle-ttl-s"):
+        box.run_python("print(1)")
+    box.close()
+
+
+def test_a_session_in_a_call_longer_than_the_ttl_is_not_released(served) -> None:
+    pool, app, url = served(idle_ttl_s=0.3)
+    box = RemoteSandbox(url, TOKEN).start()
+    try:
+        result = box.run_python("import time\ntime.sleep(1.2)\nprint('done')")
+        assert (result.status, result.stdout) == ("ok", "done\n")
+        assert box.run_python("print(2)").stdout == "2\n"  # the same session, still there
+        assert pool.released == []
+    finally:
+        box.close()
+
+
+@pytest.mark.parametrize("option", [["--max-sessions", "0"], ["--idle-ttl-s", "0"]])
+def test_the_service_refuses_a_cap_or_ttl_that_cannot_hold(option, capsys) -> None:
+    with pytest.raises(SystemExit) as exited:
+        service_main(option)
+    assert exited.value.code == 2 and option[0] in capsys.readouterr().err
