@@ -8,15 +8,21 @@
 
 What is isolated (bubblewrap, `--unshare-all`; docs/sandbox.md):
 - no network: a network namespace of its own with only loopback;
-- a throwaway filesystem: /sandbox (the work dir) and /tmp are size-capped tmpfs that die with the sandbox; /usr
-  and the interpreter's prefix are read-only, the root is read-only, and nothing else of the
-  host (/etc, /home, /root, the repository) is there;
-- an unprivileged user (uid 65534, no capabilities), its own PID namespace and session;
+- a throwaway filesystem: /sandbox (the work dir), /tmp and /dev/shm are size-capped tmpfs that
+  die with the sandbox; /usr and the interpreter's prefix are read-only, the root and /dev are
+  read-only, and nothing else of the host (/etc, /home, /root, the repository) is there;
+- no secret of the host: bubblewrap itself starts with an environment of PATH and LANG only
+  (its pid 1 inside keeps the environment it was started with, `/proc/1/environ`);
+- an unprivileged user (uid 65534, no capabilities), its own PID namespace and session, no
+  further user namespaces (`--disable-userns` where bubblewrap has it) and a seccomp filter
+  (`seccomp.py`: no ptrace, no new namespaces, no mounts, no memfds or SysV shared memory);
+- a server the code cannot reach: it is not dumpable (no /proc/<pid>/fd, mem or ptrace for the
+  code), and every answer must echo its request's random nonce, else the sandbox is dropped;
 - per call: CPU seconds, address space, file size and open files as rlimits, the wall clock,
   the output size and the number of processes enforced by the server, and every process of
-  the namespace killed when the call ends. Where this process may create cgroup-v1 groups
-  (root on a host or a privileged container), the sandbox also gets `pids.max` and a memory
-  limit over all its processes (`Isolation.cgroups`).
+  the namespace killed when the call ends. Where this process may create cgroups (v1, or a
+  delegated v2 subtree: `cgroups.py`), the sandbox also gets `pids.max` and a memory limit over
+  all its processes (`Isolation.cgroups`).
 
 Nothing here falls back to running code without the sandbox: where bubblewrap cannot start, the
 error names the cause and the fix (or run the sandbox on another machine: `ajet.sandbox.service`).
@@ -30,18 +36,19 @@ import itertools
 import json
 import os
 import re
+import secrets
 import shutil
 import struct
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ajet.errors import SandboxUnavailableError
+from ajet.sandbox import cgroups, seccomp
 
 INSIDE = Path(__file__).with_name("inside.py")
 INSIDE_AT = "/opt/ajet/inside.py"
@@ -147,7 +154,7 @@ class Isolation:
 
     bwrap: str
     python: str
-    cgroups: bool
+    cgroups: str  # "v1", "v2" or "" (none writable here: the caps are the rlimits'; docs/sandbox.md)
     notes: list[str] = field(default_factory=list)
 
 
@@ -170,67 +177,22 @@ def bwrap_path() -> str:
     return found
 
 
-class _CgroupV1:
-    """pids.max and memory.limit_in_bytes for one sandbox, where cgroup v1 is writable."""
-
-    def __init__(self, name: str, limits: Limits) -> None:
-        self.dirs: list[Path] = []
-        for controller, settings in (("pids", {"pids.max": str(limits.processes + 4)}),
-                                     ("memory", {"memory.limit_in_bytes": str(limits.memory_mb * 2 << 20),
-                                                 "memory.swappiness": "0"})):
-            root = Path("/sys/fs/cgroup") / controller
-            parent = root / _own_cgroup(controller).lstrip("/")
-            group = parent / name
-            group.mkdir()
-            self.dirs.append(group)
-            for key, value in settings.items():
-                try:
-                    (group / key).write_text(value)
-                except OSError:
-                    if key != "memory.swappiness":  # absent where swap accounting is off
-                        raise
-
-    def wrap(self, argv: list[str]) -> list[str]:
-        """`argv` run by a shell that first moves itself into the groups, so that bubblewrap and
-        everything it starts are born inside them (adding bubblewrap's pid after the start
-        raced with its first fork: the sandbox's processes stayed outside)."""
-        moves = " && ".join(f'echo $$ > "{group / "cgroup.procs"}"' for group in self.dirs)
-        return ["/bin/sh", "-c", f'{moves} && exec "$@"', "sh", *argv]
-
-    def oom_kills(self) -> int:
-        for group in self.dirs:
-            failcnt = group / "memory.failcnt"
-            if failcnt.exists():
-                return int(failcnt.read_text() or 0)
-        return 0
-
-    def remove(self) -> None:
-        for group in self.dirs:
-            for _ in range(50):
-                try:
-                    group.rmdir()
-                    break
-                except OSError:
-                    time.sleep(0.02)
-
-
-def _own_cgroup(controller: str) -> str:
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if controller in controllers.split(","):
-            return path
-    raise OSError(f"no {controller} cgroup")
+def cgroups_usable() -> str:
+    """"v1" or "v2" where this process may give each sandbox a pids and memory cgroup, else ""."""
+    return cgroups.usable()
 
 
 @functools.cache
-def cgroups_usable() -> bool:
-    """Whether this process may create cgroup-v1 pids and memory groups (asked once)."""
-    try:
-        group = _CgroupV1(f"ajet-probe-{os.getpid()}", Limits())
-    except OSError:
-        return False
-    group.remove()
-    return True
+def bwrap_options() -> frozenset[str]:
+    """The options this bubblewrap knows (`--disable-userns` came in 0.8)."""
+    text = subprocess.run([bwrap_path(), "--help"], capture_output=True, text=True, timeout=10,
+                          env=BWRAP_ENV).stdout
+    return frozenset(re.findall(r"^\s+(--[\w-]+)", text, re.MULTILINE))
+
+
+# bubblewrap's own environment, which its pid 1 inside keeps (`/proc/1/environ`): nothing of
+# the trainer's (API keys, tokens). What the code sees is set by --clearenv/--setenv below.
+BWRAP_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 
 
 class Sandbox:
@@ -246,16 +208,24 @@ class Sandbox:
         self.python = sandbox_python(python)
         self.ro_paths = list(ro_paths)
         self.binds = dict(binds or {})
-        self.use_cgroups = cgroups_usable() if use_cgroups is None else use_cgroups
+        # "v1", "v2" or "": None asks the host; True insists (start fails without cgroups)
+        self.cgroup_kind = cgroups_usable() if use_cgroups is None else (
+            (cgroups_usable() or "v1") if use_cgroups else "")
+        self.use_cgroups = bool(self.cgroup_kind)
         self.proc: subprocess.Popen | None = None
-        self._cgroup: _CgroupV1 | None = None
+        self._cgroup: cgroups.Cgroup | None = None
         self._lock = threading.Lock()
         self.name = f"ajet-sb-{os.getpid()}-{next(_ids)}"
 
     # ------------------------------------------------------------------ lifecycle
-    def argv(self) -> list[str]:
-        argv = [bwrap_path(), "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-                "--uid", "65534", "--gid", "65534", "--hostname", "sandbox"]
+    def argv(self, seccomp_fd: int | None = None) -> list[str]:
+        """bubblewrap's command line; `seccomp_fd`: a file descriptor it reads the filter from."""
+        argv = [bwrap_path(), "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session",
+                "--cap-drop", "ALL", "--uid", "65534", "--gid", "65534", "--hostname", "sandbox"]
+        if "--disable-userns" in bwrap_options():  # bubblewrap >= 0.8; else the seccomp filter's
+            argv.append("--disable-userns")        # refusal of CLONE_NEWUSER alone stops them
+        if seccomp_fd is not None:
+            argv += ["--seccomp", str(seccomp_fd)]
         argv += ["--ro-bind", "/usr", "/usr"]
         for top in ("/bin", "/lib", "/lib32", "/lib64", "/sbin"):
             path = Path(top)
@@ -268,11 +238,11 @@ class Sandbox:
             argv += ["--ro-bind", prefix, prefix]
         disk = str(self.limits.disk_mb << 20)
         argv += ["--ro-bind", str(INSIDE), INSIDE_AT, "--ro-bind", str(RELAY), RELAY_AT,
-                 "--proc", "/proc", "--dev", "/dev",
+                 "--proc", "/proc", "--dev", "/dev", "--size", disk, "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
                  "--size", disk, "--tmpfs", "/sandbox", "--size", disk, "--tmpfs", "/tmp"]
-        for path in self.ro_paths:  # after the tmpfs mounts: a path under /tmp stays visible
-            if not path.startswith("/usr/"):
-                argv += ["--ro-bind", path, path]
+        for shown in self.ro_paths:  # after the tmpfs mounts: a path under /tmp stays visible
+            if not shown.startswith("/usr/"):
+                argv += ["--ro-bind", shown, shown]
         for host, at in self.binds.items():
             argv += ["--bind", host, at]
         argv += ["--remount-ro", "/", "--chdir", "/sandbox", "--clearenv",
@@ -283,16 +253,28 @@ class Sandbox:
         return argv
 
     def start(self, timeout_s: float = 20.0) -> Sandbox:
-        argv = self.argv()
-        if self.use_cgroups:
-            self._cgroup = _CgroupV1(self.name, self.limits)
-            argv = self._cgroup.wrap(argv)
         try:
+            program = seccomp.filter_program()
+        except ValueError as exc:
+            raise SandboxUnavailableError(f"the sandbox cannot start: {exc}") from exc
+        if self.cgroup_kind:
+            self._cgroup = cgroups.create(self.cgroup_kind, self.name, self.limits.memory_mb * 2 << 20,
+                                          self.limits.processes + 4)
+        filter_r, filter_w = os.pipe()  # a few hundred bytes: the pipe's buffer holds them
+        try:
+            with open(filter_w, "wb") as fh:
+                fh.write(program)
+            argv = self.argv(seccomp_fd=filter_r)
+            if self._cgroup is not None:
+                argv = self._cgroup.wrap(argv)
             self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=subprocess.PIPE, start_new_session=True)
+                                         stderr=subprocess.PIPE, start_new_session=True, env=BWRAP_ENV,
+                                         pass_fds=(filter_r,))
         except OSError as exc:
             self._drop_cgroup()
-            raise SandboxUnavailableError(f"cannot start bubblewrap ({argv[0]}): {exc}") from exc
+            raise SandboxUnavailableError(f"cannot start bubblewrap ({bwrap_path()}): {exc}") from exc
+        finally:
+            os.close(filter_r)
         hello = self._read_frame(timeout_s)
         if hello is None or not hello.get("ready"):
             err = self._stderr_tail()
@@ -364,16 +346,25 @@ class Sandbox:
         return result
 
     def _request(self, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        """Send one request and read its answer, which must echo the request's fresh nonce: an
+        answer without it was not written by the server for this request (the code forged or
+        replayed one), so the sandbox is killed and the call is `SandboxCrashed`, never read
+        off by one."""
+        nonce = secrets.token_hex(16)
         with self._lock:
             if not self.alive:
                 raise SandboxCrashed("the sandbox is not running")
-            data = json.dumps(request).encode()
+            data = json.dumps({**request, "nonce": nonce}).encode()
             try:
                 self.proc.stdin.write(struct.pack(">I", len(data)) + data)  # type: ignore[union-attr]
                 self.proc.stdin.flush()  # type: ignore[union-attr]
             except (BrokenPipeError, OSError) as exc:
                 raise SandboxCrashed(f"the sandbox closed its input: {exc}") from exc
             answer = self._read_frame(timeout_s)
+            if answer is not None and answer.get("nonce") != nonce:
+                self._kill()
+                raise SandboxCrashed("an answer without this request's nonce (forged from inside the sandbox); "
+                                     "the sandbox was killed")
         if answer is None:
             raise SandboxCrashed("the sandbox stopped answering" + (f": {tail}" if (tail := self._stderr_tail())
                                                                      else ""))
@@ -400,12 +391,18 @@ class Sandbox:
         reader.start()
         reader.join(timeout_s)
         if reader.is_alive():
+            self._kill()
+            reader.join(5)
+        return box[0] if box and isinstance(box[0], dict) else None
+
+    def _kill(self) -> None:
+        """SIGKILL bubblewrap and everything in the sandbox (`close` also reaps and cleans up)."""
+        if self.proc is not None:
             try:
                 os.killpg(self.proc.pid, 9)
             except ProcessLookupError:
                 pass
-            reader.join(5)
-        return box[0] if box else None
+            self.proc.wait(timeout=10)
 
     def _stderr_tail(self) -> str:
         proc = self.proc
@@ -447,7 +444,8 @@ def probe(limits: Limits | None = None, python: str = "") -> Isolation:
         result = box.run_python("print(6 * 7)")
     if result.stdout.strip() != "42":
         raise SandboxUnavailableError(f"the sandbox started but a trivial call failed: {result.as_tool_text()}")
-    notes = [] if box.use_cgroups else [
-        "no writable cgroup v1: the process and memory caps are per process (rlimits) and the "
-        "server's process count, not a cgroup's"]
-    return Isolation(bwrap=bwrap, python=box.python, cgroups=box.use_cgroups, notes=notes)
+    notes = [] if box.cgroup_kind else [
+        "no writable cgroup (v1, or a delegated v2 subtree): the memory cap is per process (rlimits, "
+        "the seccomp filter's refusal of memfds and SysV shared memory, the capped tmpfs mounts) and "
+        "the process cap is the server's count, not a cgroup's"]
+    return Isolation(bwrap=bwrap, python=box.python, cgroups=box.cgroup_kind, notes=notes)

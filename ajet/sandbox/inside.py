@@ -10,6 +10,15 @@ stdout. A warm server makes a call cost a fork, not an interpreter start:
     {"op": "write", "files": {"path": "<base64>"}}                 into /sandbox
     {"op": "read", "path": "...", "max_bytes": N}
 
+Every request carries a fresh random "nonce" that its answer echoes: the host drops a sandbox
+whose answer lacks it. The server makes itself non-dumpable first, so the code it runs (same
+uid) can neither open /proc/<server>/fd/* (the pipe to the host) or /proc/<server>/mem, nor
+ptrace it. The nonce is taken out of the request before a call's child is forked.
+
+`write` and `read` touch regular files under /sandbox only: no component may be a symbolic
+link (each is opened with O_NOFOLLOW, relative to its parent), and a FIFO, socket or device
+is refused without being waited on (O_NONBLOCK, then fstat).
+
 Each call's child gets its own session and rlimits (CPU seconds, address space, file size,
 open files). While it runs the server enforces the wall clock, the output cap and the process
 cap (it counts the processes in the sandbox's PID namespace). When the call ends, every process
@@ -18,18 +27,29 @@ outlives it.
 """
 
 import base64
+import ctypes
+import errno
 import io
 import json
 import os
 import resource
 import select
 import signal
+import stat
 import struct
 import sys
 import time
 import traceback
 
 WORK = "/sandbox"
+PR_SET_DUMPABLE = 4
+
+
+def not_dumpable():
+    """prctl(PR_SET_DUMPABLE, 0): /proc/<pid>/fd, mem, environ and ptrace refused to the code."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
 
 
 def send(fd, obj):
@@ -112,7 +132,7 @@ def child(req, out_w, err_w, in_r):
         os.dup2(in_r, 0)
         os.dup2(out_w, 1)
         os.dup2(err_w, 2)
-        os.closerange(3, 4096)
+        os.closerange(3, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
         os.chdir(WORK)
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
         set_limits(req["limits"])
@@ -247,29 +267,68 @@ def run(req, me):
 
 
 def inside(path):
+    """`path` (relative to /sandbox) as its components, or ValueError if it leaves /sandbox."""
     full = os.path.normpath(os.path.join(WORK, path))
     if full != WORK and not full.startswith(WORK + "/"):
         raise ValueError(f"path outside /sandbox: {path!r}")
-    return full
+    parts = full[len(WORK):].strip("/").split("/")
+    if parts == [""]:
+        raise ValueError(f"not a file: {path!r}")
+    return parts
+
+
+def open_regular(path, flags, create_dirs=False):
+    """A descriptor of the regular file `path` under /sandbox, each component opened without
+    following a link; a link, FIFO, socket or device is refused (ValueError) without blocking."""
+    parts = inside(path)
+    nofollow = os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(WORK, os.O_RDONLY | os.O_DIRECTORY | nofollow)
+    try:
+        for part in parts[:-1]:
+            if create_dirs:
+                try:
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                except FileExistsError:
+                    pass
+            try:
+                sub = os.open(part, os.O_RDONLY | os.O_DIRECTORY | nofollow, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise ValueError(f"refused: {path!r}: {part!r} is a link or not a directory") from None
+                raise
+            os.close(fd)
+            fd = sub
+        try:
+            target = os.open(parts[-1], flags | nofollow | os.O_NONBLOCK, 0o644, dir_fd=fd)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+                raise ValueError(f"refused: {path!r} is a link or not a regular file") from None
+            raise
+    finally:
+        os.close(fd)
+    if not stat.S_ISREG(os.fstat(target).st_mode):
+        os.close(target)
+        raise ValueError(f"refused: {path!r} is not a regular file")
+    return target
 
 
 def write(req):
     for path, data in req["files"].items():
-        full = inside(path)
-        os.makedirs(os.path.dirname(full), exist_ok=True)
-        with open(full, "wb") as fh:
+        fd = open_regular(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, create_dirs=True)
+        with open(fd, "wb") as fh:
             fh.write(base64.b64decode(data))
     return {"written": len(req["files"])}
 
 
 def read(req):
     limit = int(req.get("max_bytes", 1 << 20))
-    with open(inside(req["path"]), "rb") as fh:
+    with open(open_regular(req["path"], os.O_RDONLY), "rb") as fh:
         data = fh.read(limit + 1)
     return {"data": base64.b64encode(data[:limit]).decode(), "truncated": len(data) > limit}
 
 
 def main():
+    not_dumpable()
     cin, cout = os.dup(0), os.dup(1)
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
@@ -280,6 +339,7 @@ def main():
         req = recv(cin)
         if req is None:
             return
+        nonce = req.pop("nonce", None)
         try:
             if req["op"] == "run":
                 answer = run(req, me)
@@ -291,6 +351,7 @@ def main():
                 answer = {"error": "unknown op {!r}".format(req["op"])}
         except Exception as exc:  # noqa: BLE001 - answered, the server lives on
             answer = {"error": f"{type(exc).__name__}: {exc}"}
+        answer["nonce"] = nonce
         send(cout, answer)
 
 
