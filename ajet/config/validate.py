@@ -51,6 +51,8 @@ def validate(cfg: AjetConfig, *, require_workflow: bool = True) -> list[tuple[st
              "> 0 with trainer.deterministic: the overlap makes what a step trains on depend on timing; set it to 0")
     if (problem := project_name_problem(cfg.project.name)) is not None:
         problems.append(("project.name", problem))
+    if cfg.eval.name and (problem := eval_name_problem(cfg.eval.name)) is not None:  # "" = from the model
+        problems.append(("eval.name", problem))
     need(cfg.trainer.save_final_model or cfg.trainer.save_last_checkpoint, "trainer.save_last_checkpoint",
          "false with trainer.save_final_model=false: the trained model would not be saved; set either to true")
     marks = cfg.trainer.export_at_minutes
@@ -231,17 +233,27 @@ def single_stage_config(cfg: AjetConfig, stage: str, *, where: str = "") -> Ajet
 
 
 def project_name_problem(name: str) -> str | None:
-    """Why `project.name` cannot name a run directory under `project.exp_dir`, or None. A name is
-    relative, with no empty, `.` or `..` part: `/etc/x` would write outside the experiments root,
-    `../../x` would climb out of it, and `.` would make the root itself the run directory (which
-    `--fresh` renames aside whole)."""
+    """Why `project.name` cannot name a run directory under `project.exp_dir`, or None."""
+    return name_problem(name, key="project.name", under="project.exp_dir", example="math_agent")
+
+
+def eval_name_problem(name: str) -> str | None:
+    """Why `eval.name` (`ajet eval --name`) cannot name a report RUN/eval/eval_<name>.json, or None."""
+    return name_problem(name, key="eval.name", under="RUN/eval", example="sft_step_40")
+
+
+def name_problem(name: str, *, key: str, under: str, example: str) -> str | None:
+    """Why `name` (the setting `key`) cannot name a path under `under`, or None. A name is
+    relative, with no empty, `.` or `..` part: `/etc/x` would write outside `under`, `../../x`
+    would climb out of it, and `.` would make `under` itself the path (for a run directory:
+    the experiments root, which `--fresh` renames aside whole)."""
     parts = name.replace("\\", "/").split("/")
     if not name.strip():
-        return "is empty; name the run, e.g. project.name=math_agent"
+        return f"is empty; give a name, e.g. {key}={example}"
     if name.startswith(("/", "~")) or (len(name) > 1 and name[1] == ":"):
-        return f"'{name}' is an absolute path; it must be a name under project.exp_dir (set project.exp_dir for the place)"
+        return f"'{name}' is an absolute path; it must be a name under {under}"
     if any(part in ("", ".", "..") for part in parts):
-        return (f"'{name}' has an empty, '.' or '..' part; it must name a directory under project.exp_dir "
+        return (f"'{name}' has an empty, '.' or '..' part; it must name a path under {under} "
                 "(letters, digits, '-', '_', and '/' between parts)")
     if any(ord(c) < 32 for c in name):
         return f"{name!r} has a control character"

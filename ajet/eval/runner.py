@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from ajet.config.schema import AjetConfig, EvalSplit
-from ajet.errors import EvalError  # noqa: F401 - still importable here, where users caught it
+from ajet.config.validate import eval_name_problem
+from ajet.errors import ConfigError, EvalError  # noqa: F401 - still importable here, where users caught it
 from ajet.eval.dialogs import episode_dialogs, write_dialogs
 from ajet.eval.metrics import EpisodeResult, episode_result, summarize, write_report
 from ajet.models.load import (
@@ -62,6 +63,8 @@ def evaluate(cfg: AjetConfig, *, workflow: Any = None, name: str | None = None,
     `dialogs`: also write each episode as an SFT dialog there (`ajet.eval.dialogs`; with
     `successful_only`, the successful episodes only)."""
     e = cfg.eval
+    if (name or e.name) and (problem := eval_name_problem(name or e.name)):  # before the model loads
+        raise ConfigError(f"eval.name (--name): {problem}")
     wf = as_workflow(workflow) if workflow is not None else load_workflow(cfg.workflow.target)
     tasks = split_tasks(build_reader(cfg.task_reader, seed=cfg.project.seed), EvalSplit(e.split))
     if e.max_tasks:
