@@ -3,10 +3,12 @@
     sandbox: {enabled: true, backend: ray, ray_hosts: 2, pool_size: 4}
     ajet --conf X.yaml --backbone=debug --with-ray      # or a cluster joined with ray.address
 
-`ray_hosts` actors (`SandboxHost`, named `ajet-sandbox-<i>` in the namespace `ajet-sandbox`)
-each keep a warm `SandboxPool` of `pool_size` bubblewrap sandboxes on the node Ray places them
-on. Every process of the run (the trainer, each rollout worker) that calls `shared_pool()` finds
-the same hosts by name (the first to ask starts them) and spreads its episodes over them, one
+`ray_hosts` actors (`SandboxHost`, named `ajet-sandbox-<i>` in the run's own namespace,
+`ajet-sandbox-<Ray job id>`) each keep a warm `SandboxPool` of `pool_size` bubblewrap sandboxes
+on the node Ray places them on. Every process of the run (the trainer, each rollout worker: the
+actors it starts share its job id) that calls `shared_pool()` finds the same hosts by name (the
+first to ask starts them), and another run on the same cluster (another job) finds its own, with
+its own limits, rather than this run's. Each process spreads its episodes over them, one
 sandbox an episode: `RayPool.acquire` hands out a `RaySandbox`, whose calls are the host's actor
 calls. The isolation is the host's own (docs/sandbox.md): each node needs bubblewrap and user
 namespaces. The hosts take no CPU from Ray's accounting (`num_cpus=0`): the code they run is
@@ -26,8 +28,21 @@ from ajet.errors import SandboxUnavailableError
 from ajet.sandbox.box import Limits, RunResult
 from ajet.sandbox.pool import SandboxPool, Sessions
 
-NAMESPACE = "ajet-sandbox"
+NAMESPACE = "ajet-sandbox"  # the prefix: a run's hosts live in `run_namespace(job id)`
 HOST_CONCURRENCY = 64  # calls a host serves at once (each episode's are sequential)
+
+
+def run_namespace(job_id: str) -> str:
+    """The Ray namespace of one run's sandbox hosts. A run is a Ray job: its driver and every
+    actor it starts (the rollout workers) share the job id, and two runs on one cluster (two
+    drivers) have two, so they never share hosts, nor each other's limits."""
+    if not job_id:
+        raise ValueError("a run's sandbox hosts need its Ray job id, and this process has none")
+    return f"{NAMESPACE}-{job_id}"
+
+
+def host_name(index: int) -> str:
+    return f"ajet-sandbox-{index}"
 
 
 class SandboxHost:
@@ -122,9 +137,10 @@ class RayPool(Sessions):
             raise SandboxUnavailableError(
                 "sandbox.backend=ray runs sandboxes in Ray actors, and Ray is not started in this process: "
                 "run with --with-ray (or --with-ray-cluster ADDRESS), or use sandbox.backend=bwrap")
-        remote = ray.remote(num_cpus=0, max_concurrency=HOST_CONCURRENCY)(SandboxHost)
+        remote = ray.remote(num_cpus=0, max_concurrency=HOST_CONCURRENCY)(SandboxHost)  # type: ignore[call-overload]
         settings = dataclasses.asdict(limits)
-        self.hosts = [remote.options(name=f"ajet-sandbox-{i}", namespace=NAMESPACE, get_if_exists=True)
+        self.namespace = run_namespace(ray.get_runtime_context().get_job_id())
+        self.hosts = [remote.options(name=host_name(i), namespace=self.namespace, get_if_exists=True)
                       .remote(size, settings, python) for i in range(max(1, hosts))]
         try:
             ray.get([host.ready.remote() for host in self.hosts])

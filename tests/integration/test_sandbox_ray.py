@@ -73,3 +73,52 @@ def test_a_sandbox_killed_by_its_code_is_replaced(ray_local) -> None:
     with pool.session_sync() as box:
         assert box.run_python("import os\nos.kill(os.getppid(), 9)").status == "crashed"  # kills the server
         assert box.run_python("print(1)").stdout.strip() == "1"  # a fresh sandbox on the host
+
+
+def test_a_runs_hosts_live_in_its_own_namespace() -> None:
+    from ajet.sandbox.ray_pool import run_namespace
+
+    assert run_namespace("01000000") == "ajet-sandbox-01000000" != run_namespace("02000000")
+    with pytest.raises(ValueError, match="job id"):
+        run_namespace("")
+
+
+ANOTHER_RUN = """
+import json, sys
+import ray
+from ajet.launcher import keep_ray_local
+from ajet.sandbox.box import Limits
+from ajet.sandbox.ray_pool import RayPool
+
+keep_ray_local("127.0.0.1")
+ray.init(address=sys.argv[1], log_to_driver=False)
+pool = RayPool(1, 1, Limits(wall_s=5, cpu_s=5))
+print(json.dumps({"namespace": pool.namespace, "host": pool.hosts[0]._actor_id.hex()}))
+"""
+
+
+def test_two_runs_on_one_cluster_do_not_share_hosts(ray_local) -> None:
+    """The hosts' names were fixed, so a second run on the cluster got the first run's hosts
+    (and their limits). A run is a Ray job: its workers share its hosts, another job has its own."""
+    import json
+    import subprocess
+    import sys
+
+    from ajet.sandbox.ray_pool import RayPool, host_name, run_namespace
+
+    pool = RayPool(1, 1, Limits(wall_s=5, cpu_s=5))
+    assert pool.namespace == run_namespace(ray_local.get_runtime_context().get_job_id())
+
+    @ray_local.remote(num_cpus=0)
+    class Worker:  # as a rollout worker: an actor of this run
+        def namespace(self) -> str:
+            return RayPool(1, 1, Limits(wall_s=5, cpu_s=5)).namespace
+
+    assert ray_local.get(Worker.remote().namespace.remote()) == pool.namespace
+    other = subprocess.run([sys.executable, "-c", ANOTHER_RUN, ray_local.get_runtime_context().gcs_address],
+                           capture_output=True, text=True, timeout=300)
+    assert other.returncode == 0, other.stderr[-3000:]
+    theirs = json.loads(other.stdout.strip().splitlines()[-1])
+    assert theirs["namespace"] != pool.namespace and theirs["host"] != pool.hosts[0]._actor_id.hex()
+    mine = ray_local.get_actor(host_name(0), namespace=pool.namespace)
+    assert mine._actor_id == pool.hosts[0]._actor_id
