@@ -9,6 +9,7 @@ rollout's event loop. Both retry what is safe to send again (`ajet.retry`), then
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import httpx
@@ -95,13 +96,19 @@ def _result(url: str, response: httpx.Response) -> Any:
         raise EnvServiceError(f"env service {url} answered non-JSON: {response.text[:200]!r}") from None
 
 
+def _auth(token: str | None) -> dict[str, str]:
+    """The bearer header of `token` (None: $AJET_ENV_TOKEN, the server's variable; empty: none)."""
+    token = os.environ.get("AJET_ENV_TOKEN", "") if token is None else token
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
 class EnvServiceClient:
     """Blocking client: `create`, `step`, `evaluate`, `release`, `list_tasks`, `health`."""
 
-    def __init__(self, base_url: str, timeout: float = 30.0, retry_s: float = 30.0) -> None:
+    def __init__(self, base_url: str, timeout: float = 30.0, retry_s: float = 30.0, token: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.retry_s = retry_s
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout)
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, headers=_auth(token))
 
     def close(self) -> None:
         self._http.close()
@@ -146,10 +153,10 @@ class EnvServiceClient:
 class AsyncEnvServiceClient:
     """The same protocol as `EnvServiceClient`, as coroutines."""
 
-    def __init__(self, base_url: str, timeout: float = 30.0, retry_s: float = 30.0) -> None:
+    def __init__(self, base_url: str, timeout: float = 30.0, retry_s: float = 30.0, token: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.retry_s = retry_s
-        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout)
+        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout, headers=_auth(token))
 
     async def aclose(self) -> None:
         await self._http.aclose()

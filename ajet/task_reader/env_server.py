@@ -1,6 +1,12 @@
 """The reference environment server: the env-service HTTP protocol over `KVStoreEnv`.
 
     python -m ajet.task_reader.env_server --port 8765      # host defaults to 127.0.0.1
+    AJET_ENV_TOKEN=... python -m ajet.task_reader.env_server --host 10.0.0.7
+
+With AJET_ENV_TOKEN set every route but /health needs `Authorization: Bearer <token>`
+(`EnvServiceClient(token=...)`, which reads the same variable by default), checked before a
+body is read; a token is required to listen beyond loopback. Bodies are capped at 1 MiB, and
+the server runs with ajet's deadlines and connection caps (`ajet.http_server`).
 
 Protocol (JSON bodies; errors are HTTP 4xx with {"detail": "..."}):
     GET  /health                          -> {status, env_types}
@@ -17,6 +23,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import logging
+import os
 import socket
 import threading
 import time
@@ -27,9 +34,14 @@ from typing import Any
 from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel
 
+from ajet import http_server
+from ajet.net import is_loopback
 from ajet.task_reader.kv_env import KVEpisode, KVStoreEnv
+from ajet.tuner.http_guard import BodyGuard
 
 logger = logging.getLogger(__name__)
+MAX_BODY = 1 << 20  # an action or a task id: 1 MiB is plenty
+TOKEN_ENV = "AJET_ENV_TOKEN"
 
 
 class ListTasksRequest(BaseModel):
@@ -51,13 +63,17 @@ class InstanceRequest(BaseModel):
     instance_id: str
 
 
-def create_app(num_train: int = 32, num_val: int = 8, num_test: int = 16) -> FastAPI:
-    """The app with a fresh instance table (one per server)."""
+def create_app(num_train: int = 32, num_val: int = 8, num_test: int = 16, token: str = "") -> FastAPI:
+    """The app with a fresh instance table (one per server); with `token`, every route but
+    /health needs it."""
     envs = {KVStoreEnv.env_type: KVStoreEnv(num_train=num_train, num_val=num_val, num_test=num_test)}
     instances: dict[str, tuple[KVStoreEnv, KVEpisode]] = {}
     lock = threading.Lock()
     counter = itertools.count()
     app = FastAPI(title="ajet reference env server")
+    # the token before a byte of the body is read, and every body capped
+    app.add_middleware(BodyGuard, max_body_bytes=MAX_BODY,
+                       client_token=lambda path: None if path == "/health" or not token else token)
 
     def env_for(env_type: str) -> KVStoreEnv:
         if env_type not in envs:
@@ -118,11 +134,9 @@ def serve_in_thread(app: Any, timeout_s: float = 20.0) -> Iterator[str]:
     """`app` (an ASGI app, e.g. `create_app()`) served by uvicorn on a free local port in a
     daemon thread while the block runs; yields its base URL. For scripts and tests that need a
     server beside them (make_demos.py's scripted agent, the env-service tests)."""
-    import uvicorn
-
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    server = http_server.uvicorn_server(http_server.uvicorn_config(app, lifespan="off"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
@@ -139,8 +153,6 @@ def serve_in_thread(app: Any, timeout_s: float = 20.0) -> Iterator[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import uvicorn
-
     parser = argparse.ArgumentParser(description="ajet reference env server (key-value store tasks)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8765)
@@ -148,9 +160,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num-val", type=int, default=8)
     parser.add_argument("--num-test", type=int, default=16)
     args = parser.parse_args(argv)
+    token = os.environ.get(TOKEN_ENV, "")
+    if not token and not is_loopback(args.host):
+        parser.error(f"--host {args.host} without a token: anyone who reaches the port could drive its "
+                     f"environments; set {TOKEN_ENV} (clients send it as EnvServiceClient(token=...))")
     logging.basicConfig(level=logging.INFO)
-    app = create_app(num_train=args.num_train, num_val=args.num_val, num_test=args.num_test)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    app = create_app(num_train=args.num_train, num_val=args.num_val, num_test=args.num_test, token=token)
+    http_server.serve(app, args.host, args.port)
 
 
 if __name__ == "__main__":

@@ -3,11 +3,12 @@
 `BodyGuard` wraps the gateway's ASGI app (uvicorn serves the wrapper; the sandbox service and the
 reference env server add it as a middleware):
 
-- a path that no route of the app matches is answered 404 before the body is read;
 - a route that needs the client token (`ajet serve`'s episode API, its `/docs` and
   `/openapi.json`) without it is answered 401 before the body is read, and so is a route that
   checks its own keys (the model routes' per-episode api_keys) when the bearer key is missing or
   unknown: an unauthenticated client cannot make the server read anything;
+- a path that no route of the app matches is answered 404 before the body is read (after the
+  token check where one applies);
 - a GET or HEAD request's body is never read (the app sees an empty one);
 - every body is capped at `max_body_bytes`: a declared `Content-Length` over the cap is answered
   413 unread, and a chunked body is read only up to the cap, then answered 413;
@@ -92,24 +93,21 @@ class BodyGuard:
     def _refusal(self, scope: Scope) -> tuple[int, str, str, list[tuple[bytes, bytes]]] | None:
         """(status, message, code, headers) of a request answered before its body, or None."""
         path = scope.get("path", "")
-        if not _has_route(scope.get("app") or self.app, scope):
-            return 404, f"no route {path}", "not_found", []
         token = self.client_token(path)
-        if token is None:
-            return None
         header = dict((k.lower(), v) for k, v in scope.get("headers", [])).get(b"authorization", b"")
-        if isinstance(token, str):
-            if _bearer_matches(header, token):
-                return None
+        if isinstance(token, str) and not _bearer_matches(header, token):
             return (401, "missing or wrong client token: send 'Authorization: Bearer <token>' with the "
                     "server's client token (episode api_keys are for model calls only)",
                     "invalid_client_token", [(b"www-authenticate", b"Bearer")])
-        scheme, _, key = header.decode("latin-1").strip().partition(" ")
-        if scheme.lower() == "bearer" and key.strip() and token(key.strip()):
-            return None
-        return (401, "missing, unknown or expired API key: send 'Authorization: Bearer <key>' with the key "
-                "from tuner.base_url_and_key(role) (keys are valid only during their episode)",
-                "invalid_api_key", [(b"www-authenticate", b"Bearer")])
+        if callable(token):
+            scheme, _, key = header.decode("latin-1").strip().partition(" ")
+            if scheme.lower() != "bearer" or not key.strip() or not token(key.strip()):
+                return (401, "missing, unknown or expired API key: send 'Authorization: Bearer <key>' with "
+                        "the key from tuner.base_url_and_key(role) (keys are valid only during their "
+                        "episode)", "invalid_api_key", [(b"www-authenticate", b"Bearer")])
+        if not _has_route(scope.get("app") or self.app, scope):
+            return 404, f"no route {path}", "not_found", []
+        return None
 
     async def _read(self, receive: Receive) -> bytes | None:
         body: list[bytes] = []

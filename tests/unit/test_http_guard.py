@@ -71,3 +71,62 @@ def test_a_body_within_the_cap_reaches_the_app_whole() -> None:
     status, _, _, seen = call("/v1/chat/completions", {}, [b"{}"])
     assert (status, seen) == (200, [b"{}"])
     assert call("/v1/chat/completions", {}, [b"x" * 2048])[0] == 413
+
+
+# -- issue 69 §3: nothing read for a request that cannot be served, and refusals close -------------
+def run_guard(guard: BodyGuard, scope: dict[str, Any], receive: Any) -> list[dict[str, Any]]:
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    asyncio.run(guard(scope, receive, send))
+    return sent
+
+
+def never_read() -> Any:
+    async def receive() -> dict[str, Any]:
+        raise AssertionError("the body was read")
+    return receive
+
+
+async def ok_app(scope: Any, receive: Any, send: Any) -> None:
+    message = await receive()
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": message["body"]})
+
+
+def test_a_route_with_its_own_keys_needs_a_live_bearer_key_before_the_body() -> None:
+    guard = BodyGuard(ok_app, max_body_bytes=CAP, client_token=lambda p: (lambda key: key == "live"))
+    for headers in ([], [(b"authorization", b"Bearer dead")], [(b"authorization", b"Basic live")]):
+        sent = run_guard(guard, {"type": "http", "path": "/v1/chat/completions", "method": "POST",
+                                 "headers": headers}, never_read())
+        assert sent[0]["status"] == 401 and (b"connection", b"close") in sent[0]["headers"]
+
+
+def test_unknown_paths_and_get_bodies_are_not_read() -> None:
+    from fastapi import FastAPI
+
+    app = FastAPI()
+
+    @app.get("/health")
+    def health() -> dict:
+        return {"ok": True}
+
+    guard = BodyGuard(app, max_body_bytes=CAP, client_token=lambda p: None)
+    sent = run_guard(guard, {"type": "http", "path": "/nope", "method": "POST", "headers": []}, never_read())
+    assert sent[0]["status"] == 404 and (b"connection", b"close") in sent[0]["headers"]
+    scope = {"type": "http", "path": "/health", "method": "GET", "query_string": b"", "root_path": "",
+             "headers": [(b"content-length", b"4000000")]}
+    sent = run_guard(guard, scope, never_read())
+    assert sent[0]["status"] == 200 and (b"connection", b"close") in sent[0]["headers"]
+
+
+def test_a_body_that_does_not_arrive_in_time_is_answered_408() -> None:
+    async def trickle() -> dict[str, Any]:
+        await asyncio.sleep(0.05)
+        return {"type": "http.request", "body": b"x", "more_body": True}
+
+    guard = BodyGuard(ok_app, max_body_bytes=CAP, client_token=lambda p: None, body_timeout_s=0.3)
+    sent = run_guard(guard, {"type": "http", "path": "/x", "method": "POST", "headers": []}, trickle)
+    assert sent[0]["status"] == 408 and (b"connection", b"close") in sent[0]["headers"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import subprocess
 import sys
 import time
@@ -235,3 +236,24 @@ def test_an_env_service_answer_of_the_wrong_shape_names_the_service_and_the_fiel
     aclient._http = httpx.AsyncClient(base_url="http://env:8080", transport=transport)
     with pytest.raises(EnvServiceError, match="env service http://env:8080"):
         asyncio.run(getattr(aclient, name)(*args))
+
+
+def test_the_reference_server_with_a_token_refuses_before_the_body_and_beyond_loopback(monkeypatch) -> None:
+    from ajet.task_reader.env_server import create_app, main
+
+    with serve(create_app(num_train=2, num_val=1, num_test=1, token="t0k")) as url:
+        assert httpx.get(f"{url}/health").status_code == 200
+        refused = httpx.post(f"{url}/list_tasks", content=b"x" * 100_000)
+        assert refused.status_code == 401 and refused.headers["connection"] == "close"
+        assert httpx.post(f"{url}/list_tasks", json={"env_type": "kv_store"},
+                          headers={"Authorization": "Bearer t0k"}).status_code != 401
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as sock:  # 2 MiB declared: 413 unread
+            sock.sendall(f"POST /list_tasks HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer t0k\r\n"
+                         f"Content-Length: {2 << 20}\r\n\r\n".encode())
+            assert b" 413 " in sock.recv(4096).split(b"\r\n", 1)[0]
+        with EnvServiceClient(url, token="t0k") as client:
+            assert client.health()
+    monkeypatch.delenv("AJET_ENV_TOKEN", raising=False)
+    with pytest.raises(SystemExit):
+        main(["--host", "0.0.0.0"])
