@@ -242,12 +242,14 @@ def worker_options(max_concurrency: int) -> dict[str, Any]:
     set in this process's environment by `ajet.sandbox.shared.configure`) travel in the actor's
     runtime env, so that a workflow's `shared_pool()` builds its own warm pool on the worker's
     node, also on a cluster joined with ray.address (whose workers do not inherit this
-    process's environment)."""
-    from ajet.sandbox.shared import ENV
+    process's environment). The service token is not among them: only the path of the file
+    holding it (`TOKEN_FILE_ENV`), never the token itself in Ray's runtime env."""
+    from ajet.sandbox.shared import ENV, TOKEN_FILE_ENV
 
     options: dict[str, Any] = {"num_cpus": 1, "max_concurrency": max(1, max_concurrency)}
     if os.environ.get(ENV):
-        options["runtime_env"] = {"env_vars": {ENV: os.environ[ENV]}}
+        options["runtime_env"] = {"env_vars": {name: os.environ[name] for name in (ENV, TOKEN_FILE_ENV)
+                                               if os.environ.get(name)}}
     return options
 
 

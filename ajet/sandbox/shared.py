@@ -8,23 +8,30 @@
 `configure(cfg.sandbox)` runs at the start of a run (and `check` at --dry-run): it starts one
 sandbox to prove it works here, or raises `SandboxUnavailableError` with the cause and the fix,
 so a run never starts and then runs model code some other way. The settings travel in an
-environment variable, so that workflows in Ray actors or subprocesses find the same sandbox.
+environment variable, so that workflows in Ray actors or subprocesses find the same sandbox;
+the service token does not (every process this one starts inherits its environment): it is in a
+file only this user can read, whose path travels instead.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
+import tempfile
 import threading
 from collections.abc import Mapping
 from typing import Any
 
 from ajet.config.choices import SandboxBackend
 from ajet.config.deploy import SandboxConfig
+from ajet.errors import SandboxUnavailableError
 from ajet.sandbox.box import Limits, probe
 from ajet.sandbox.pool import SandboxPool, Sessions
 
 ENV = "AJET_SANDBOX"
+TOKEN_FILE_ENV = "AJET_SANDBOX_TOKEN_FILE"  # the path of a 0600 file holding sandbox.service_token
 _lock = threading.Lock()
 _pool: Any = None
 
@@ -46,8 +53,6 @@ def check(cfg: SandboxConfig) -> str:
         finally:
             box.close()
         if result.stdout.strip() != "42":
-            from ajet.errors import SandboxUnavailableError
-
             raise SandboxUnavailableError(f"the sandbox service at {cfg.service_url} could not run a trivial "
                                           f"call: {result.as_tool_text()}")
         return f"sandbox: the service at {cfg.service_url} runs code"
@@ -55,11 +60,11 @@ def check(cfg: SandboxConfig) -> str:
         try:
             import ray  # noqa: F401 - sandbox.backend=ray only
         except ImportError as exc:
-            from ajet.errors import SandboxUnavailableError
-
             raise SandboxUnavailableError(f"sandbox.backend=ray needs Ray ({exc}): pip install 'ajet[ray]'") from exc
     isolation = probe(limits_of(cfg), cfg.python)
-    caps = "cgroup v1 pids+memory and rlimits" if isolation.cgroups else "rlimits and the server's process count"
+    caps = (f"cgroup {isolation.cgroups} pids+memory, rlimits" if isolation.cgroups
+            else "rlimits, the server's process count")
+    caps += ", a seccomp filter"
     where = (f" in {cfg.ray_hosts} Ray actor(s) (checked on this node; every node needs bubblewrap)"
              if cfg.backend == SandboxBackend.ray else "")
     return (f"sandbox: bubblewrap ({isolation.bwrap}){where}, no network, read-only system, {caps}; "
@@ -70,8 +75,13 @@ def configure(cfg: SandboxConfig) -> str:
     """`check`, then make `shared_pool()` build its pool from `cfg` (here and in processes this
     one starts)."""
     line = check(cfg)
-    os.environ[ENV] = json.dumps({k: (v.value if hasattr(v, "value") else v)
-                                  for k, v in vars(cfg).items()})
+    values = {k: (v.value if hasattr(v, "value") else v) for k, v in vars(cfg).items()}
+    token, values["service_token"] = values["service_token"], ""
+    os.environ[ENV] = json.dumps(values)
+    if token:
+        os.environ[TOKEN_FILE_ENV] = _write_token(token)
+    else:
+        os.environ.pop(TOKEN_FILE_ENV, None)
     global _pool
     with _lock:
         if _pool is not None:
@@ -80,12 +90,32 @@ def configure(cfg: SandboxConfig) -> str:
     return line
 
 
+def _write_token(token: str) -> str:
+    """`token` in a new file that only this user can read (in a 0700 directory, removed at exit)."""
+    folder = tempfile.mkdtemp(prefix="ajet-sandbox-")
+    atexit.register(shutil.rmtree, folder, True)
+    path = os.path.join(folder, "service_token")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with open(fd, "w") as fh:
+        fh.write(token)
+    return path
+
+
 def _settings() -> SandboxConfig:
     raw = os.environ.get(ENV)
     if not raw:
         return SandboxConfig()
     values = json.loads(raw)
     values["backend"] = SandboxBackend(values["backend"])
+    if token_file := os.environ.get(TOKEN_FILE_ENV):
+        try:
+            with open(token_file) as fh:
+                values["service_token"] = fh.read()
+        except OSError as exc:
+            raise SandboxUnavailableError(
+                f"the sandbox service token file {token_file} ({TOKEN_FILE_ENV}) cannot be read here: {exc}. "
+                "It is written on the node that starts the run; a process on another node needs the "
+                "same file at that path") from exc
     return SandboxConfig(**values)
 
 

@@ -4,6 +4,7 @@ config (`sandbox:`), and the start-up check that names the fix when bubblewrap i
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import subprocess
 import sys
@@ -94,9 +95,14 @@ def test_the_shared_pool_uses_the_service_when_configured(service: str, monkeypa
     # configure() sets the variable: setenv undoes that after the test (a delenv of an unset
     # variable records nothing, and the service's URL leaked into later tests' subprocesses)
     monkeypatch.setenv(shared.ENV, "")
+    monkeypatch.setenv(shared.TOKEN_FILE_ENV, "")
     monkeypatch.setattr(shared, "_pool", None)
     cfg = SandboxConfig(enabled=True, backend=SandboxBackend.service, service_url=service, service_token=TOKEN)
     assert "the service at" in shared.configure(cfg)
+    # the token reaches this process's pool through a 0600 file, not the environment that every
+    # process started from here inherits
+    assert all(TOKEN not in value for value in os.environ.values())
+    assert os.stat(os.environ[shared.TOKEN_FILE_ENV]).st_mode & 0o777 == 0o600
 
     async def episode() -> dict[str, float]:
         async with shared.shared_pool().session({"a.py": "print('from a file')"}) as box:
