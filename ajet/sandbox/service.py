@@ -9,7 +9,9 @@ It speaks ajet's env-service protocol (ajet/task_reader/env_server.py):
         action: {"code": "..."} | {"command": "..."} | {"files": {path: base64}} | {"read": path}
     POST /release {instance_id}                    -> {released}
     GET  /health, POST /list_tasks ([]), POST /evaluate ({reward: 0})
-A sandbox lives from /create to /release (one episode). Instance ids are random (unguessable);
+A sandbox lives from /create to /release (one episode), or until it has gone `--idle-ttl-s`
+without a call (a client that died without /release does not hold it forever); at most
+`--max-sessions` live at once (/create answers 503 past that). Instance ids are random (unguessable);
 every route but /health needs `Authorization: Bearer <token>` when a token is set, and a token
 is required to listen beyond loopback. Bodies are capped before they are read (BodyGuard).
 
@@ -21,12 +23,15 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import dataclasses
 import logging
 import os
 import secrets
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -43,6 +48,8 @@ from ajet.tuner.http_guard import BodyGuard
 log = logging.getLogger(__name__)
 ENV_TYPE = "sandbox"
 MAX_BODY = 8 << 20  # files written in one step: 8 MiB
+MAX_SESSIONS = 64  # live sandboxes at once (each: bubblewrap, an interpreter, its tmpfs)
+IDLE_TTL_S = 600.0  # a session without a call for this long is released
 
 
 class CreateRequest(BaseModel):
@@ -59,22 +66,134 @@ class InstanceRequest(BaseModel):
     instance_id: str
 
 
-def create_app(pool: SandboxPool, token: str = "") -> FastAPI:
-    """The service over `pool` (its sandboxes, its limits)."""
-    sessions: dict[str, Any] = {}
-    lock = threading.Lock()
+@dataclasses.dataclass
+class _Held:
+    box: Any
+    last_used: float
+    busy: int = 0  # steps running on it now: never released for idleness while > 0
+
+
+class SessionTable:
+    """The service's live sessions: at most `max_sessions` at once, and each released once it
+    has gone `idle_ttl_s` without a call (by a background thread, so an idle service frees
+    them too). A client that died without /release thus holds a sandbox for `idle_ttl_s`."""
+
+    def __init__(self, pool: SandboxPool, max_sessions: int = MAX_SESSIONS, idle_ttl_s: float = IDLE_TTL_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if max_sessions < 1 or idle_ttl_s <= 0:
+            raise ValueError(f"max_sessions must be >= 1 and idle_ttl_s > 0, not {max_sessions}, {idle_ttl_s}")
+        self.pool, self.max_sessions, self.idle_ttl_s, self.clock = pool, max_sessions, idle_ttl_s, clock
+        self._held: dict[str, _Held] = {}
+        self._starting = 0
+        self._expired: OrderedDict[str, None] = OrderedDict()  # recently reaped ids, for a clear 404
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._reaper = threading.Thread(target=self._reap_until_closed, name="sandbox-service-reaper", daemon=True)
+        self._reaper.start()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._held)
+
+    def create(self) -> str:
+        self.reap()
+        with self._lock:
+            live = len(self._held) + self._starting
+            if live >= self.max_sessions:
+                raise HTTPException(503, f"the sandbox service holds {live} live sessions, its cap "
+                                         f"(--max-sessions {self.max_sessions}): release finished ones "
+                                         "(/release), or start the service with a larger --max-sessions",
+                                    headers={"Retry-After": "5"})
+            self._starting += 1
+        try:
+            box = self.pool.acquire()
+        except SandboxUnavailableError as exc:
+            raise HTTPException(503, str(exc)) from None
+        finally:
+            with self._lock:
+                self._starting -= 1
+        instance_id = secrets.token_hex(16)
+        with self._lock:
+            self._held[instance_id] = _Held(box, self.clock())
+        return instance_id
+
+    def _get(self, instance_id: str) -> _Held:
+        held = self._held.get(instance_id)
+        if held is None:
+            if instance_id in self._expired:
+                raise HTTPException(404, f"instance_id '{instance_id}' was released after {self.idle_ttl_s:g} s "
+                                         "without a call (the service's --idle-ttl-s)")
+            raise HTTPException(404, f"unknown instance_id '{instance_id}' (released, or never created)")
+        return held
+
+    @contextlib.contextmanager
+    def use(self, instance_id: str) -> Iterator[Any]:
+        """The session's sandbox, held busy (not reaped) while the block runs."""
+        with self._lock:
+            held = self._get(instance_id)
+            held.busy += 1
+            held.last_used = self.clock()
+        try:
+            yield held.box
+        finally:
+            with self._lock:
+                held.busy -= 1
+                held.last_used = self.clock()
+
+    def replace(self, instance_id: str, box: Any) -> None:
+        """A fresh sandbox for a session whose code killed its own."""
+        with self._lock:
+            self._held[instance_id].box = box
+
+    def release(self, instance_id: str) -> bool:
+        with self._lock:
+            held = self._held.pop(instance_id, None)
+        if held is not None:
+            self.pool.release(held.box)
+        return held is not None
+
+    def reap(self) -> int:
+        """Release the sessions idle for longer than `idle_ttl_s`; how many."""
+        now = self.clock()
+        with self._lock:
+            stale = [i for i, held in self._held.items() if not held.busy and now - held.last_used > self.idle_ttl_s]
+            boxes = [self._held.pop(i).box for i in stale]
+            for instance_id in stale:
+                self._expired[instance_id] = None
+            while len(self._expired) > 4 * self.max_sessions:
+                self._expired.popitem(last=False)
+        for box in boxes:
+            self.pool.release(box)
+        if stale:
+            log.info("sandbox service: released %d session(s) idle for more than %g s", len(stale), self.idle_ttl_s)
+        return len(stale)
+
+    def _reap_until_closed(self) -> None:
+        while not self._stop.wait(min(30.0, max(0.05, self.idle_ttl_s / 4))):
+            self.reap()
+
+    def close(self) -> None:
+        """Stop the reaper and release every live session."""
+        self._stop.set()
+        with self._lock:
+            boxes = [held.box for held in self._held.values()]
+            self._held.clear()
+        for box in boxes:
+            self.pool.release(box)
+
+
+def create_app(pool: SandboxPool, token: str = "", *, max_sessions: int = MAX_SESSIONS,
+               idle_ttl_s: float = IDLE_TTL_S) -> FastAPI:
+    """The service over `pool` (its sandboxes, its limits): at most `max_sessions` live, each
+    released after `idle_ttl_s` without a call. `app.state.sessions` is the `SessionTable`
+    (close it when the app is done)."""
+    sessions = SessionTable(pool, max_sessions, idle_ttl_s)
 
     app = FastAPI(title="ajet sandbox service", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.sessions = sessions
     # the token before a byte of the body is read, and every body capped
     app.add_middleware(BodyGuard, max_body_bytes=MAX_BODY,
                        client_token=lambda path: None if path == "/health" or not token else token)
-
-
-    def session_of(instance_id: str) -> Any:
-        with lock:
-            if instance_id not in sessions:
-                raise HTTPException(404, f"unknown instance_id '{instance_id}' (released, or never created)")
-            return sessions[instance_id]
 
     @app.get("/health")
     def health() -> dict:
@@ -88,24 +207,18 @@ def create_app(pool: SandboxPool, token: str = "") -> FastAPI:
     def create(req: CreateRequest) -> dict:
         if req.env_type != ENV_TYPE:
             raise HTTPException(404, f"unknown env_type '{req.env_type}'; this server offers ['{ENV_TYPE}']")
-        try:
-            box = pool.acquire()
-        except SandboxUnavailableError as exc:
-            raise HTTPException(503, str(exc)) from None
-        instance_id = secrets.token_hex(16)
-        with lock:
-            sessions[instance_id] = box
+        instance_id = sessions.create()
         return {"instance_id": instance_id, "observation": "", "info": {"limits": dataclasses.asdict(pool.limits)}}
 
     @app.post("/step")
     def step(req: StepRequest) -> dict:
         try:
-            return act(req)
+            with sessions.use(req.instance_id) as box:
+                return act(req, box)
         except (SandboxCrashed, SandboxRequestError) as exc:  # a dead sandbox, a path outside it
             raise HTTPException(409, str(exc)) from None
 
-    def act(req: StepRequest) -> dict:
-        box = session_of(req.instance_id)
+    def act(req: StepRequest, box: Any) -> dict:
         action = req.action
         if "files" in action:
             box.write_files({p: base64.b64decode(d) for p, d in dict(action["files"]).items()})
@@ -123,22 +236,17 @@ def create_app(pool: SandboxPool, token: str = "") -> FastAPI:
         else:
             raise HTTPException(422, "action needs one of 'code', 'command', 'files', 'read'")
         if not box.alive:  # the code killed its sandbox: the next step gets a fresh one
-            with lock:
-                sessions[req.instance_id] = pool.acquire()
+            sessions.replace(req.instance_id, pool.acquire())
         return {"observation": result.as_tool_text(), "reward": 0.0, "done": False, "info": result.to_dict()}
 
     @app.post("/evaluate")
     def evaluate(req: InstanceRequest) -> dict:
-        session_of(req.instance_id)
-        return {"reward": 0.0, "is_success": False}
+        with sessions.use(req.instance_id):
+            return {"reward": 0.0, "is_success": False}
 
     @app.post("/release")
     def release(req: InstanceRequest) -> dict:
-        with lock:
-            box = sessions.pop(req.instance_id, None)
-        if box is not None:
-            pool.release(box)
-        return {"released": box is not None}
+        return {"released": sessions.release(req.instance_id)}
 
     return app
 
@@ -202,6 +310,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8790)
     parser.add_argument("--pool-size", type=int, default=4)
+    parser.add_argument("--max-sessions", type=int, default=MAX_SESSIONS,
+                        help="live sessions at once; /create answers 503 past it (default %(default)s)")
+    parser.add_argument("--idle-ttl-s", type=float, default=IDLE_TTL_S,
+                        help="a session without a call for this long is released (default %(default)s)")
     for field in dataclasses.fields(Limits):
         parser.add_argument(f"--{field.name.replace('_', '-')}", type=type(field.default), default=field.default)
     args = parser.parse_args(argv)
@@ -209,10 +321,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not token and not is_loopback(args.host):
         parser.error(f"--host {args.host} without a token: anyone who reaches the port could run code; "
                      "set AJET_SANDBOX_TOKEN (clients send it as sandbox.service_token)")
+    if args.max_sessions < 1 or args.idle_ttl_s <= 0:
+        parser.error(f"--max-sessions must be at least 1 and --idle-ttl-s above 0, not "
+                     f"{args.max_sessions} and {args.idle_ttl_s}")
     limits = Limits(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Limits)})
     with SandboxPool(size=args.pool_size, limits=limits) as pool:
+        app = create_app(pool, token, max_sessions=args.max_sessions, idle_ttl_s=args.idle_ttl_s)
         # header and idle deadlines, connection caps (docs/sandbox.md)
-        http_server.serve(create_app(pool, token), args.host, args.port)
+        http_server.serve(app, args.host, args.port)
 
 
 if __name__ == "__main__":
