@@ -5,8 +5,9 @@ unit test that fails until the bug is fixed (deterministic).
 
 A task is one small module (`<name>.py`, one function with a planted bug: a wrong operator, an
 off-by-one, a wrong start value, a flipped comparison) and `test_<name>.py` (unittest). The
-harness gets the issue text as its task; the reward is 1.0 when `python3 -m unittest -q` passes
-in the sandbox after the harness is done, else 0.0. Each task also carries its fixed module
+harness gets the issue text as its task; the reward is 1.0 when `python3 -m unittest -q` runs
+and passes every original test on the harness's edited module, in a fresh sandbox
+(coding.grade), else 0.0. Each task also carries its fixed module
 (`fixed`), which the tests use to check that the reward can be earned.
 
 Splits are by function: test holds functions neither train nor val has.

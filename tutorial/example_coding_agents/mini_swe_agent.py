@@ -9,7 +9,8 @@ and instance templates, the `bash` tool, the observation format), merged with
 the episode's gateway URL and key; the step limit). The one piece ajet supplies is its
 environment class, `SandboxEnvironment`: mini-swe-agent's pluggable environment interface
 (`execute`, `get_template_vars`, `serialize`), running each command in the episode's sandbox,
-in /sandbox/repo. The reward is the task's unit test, run in the same sandbox afterwards.
+in /sandbox/repo. The reward is the task's original unit test, run on the agent's edited source
+files in a fresh sandbox afterwards (coding.grade).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 import yaml
 
 # The workflow's folder is on sys.path (ajet's workflow loader puts it there).
-from coding import REPO_AT, HarnessFailed, repo_files, run_tests
+from coding import REPO_AT, HarnessFailed, grade, repo_files
 
 from ajet import Workflow, WorkflowOutput, WorkflowTask
 from ajet.sandbox import shared_pool
@@ -117,7 +118,7 @@ class MiniSweAgent(Workflow):
                 raise HarnessFailed(f"mini-swe-agent stopped with {type(exc).__name__}: {exc}") from exc
             if agent.n_calls == 0:
                 raise HarnessFailed(f"mini-swe-agent never called the model (exit: {info.get('exit_status')})")
-            reward, tests = run_tests(box, task.metadata["test"])
+            graded = grade(box, task.metadata, shared_pool())
             metrics = box.metrics()
         metrics |= {
             "harness/turns": float(agent.n_calls),
@@ -127,6 +128,5 @@ class MiniSweAgent(Workflow):
             "harness/failed_command_rate": env.failed_commands / env.commands if env.commands else 0.0,
             "harness/submitted": 1.0 if info.get("exit_status") == "Submitted" else 0.0,
         }
-        return WorkflowOutput(reward=reward, is_success=reward == 1.0, log_metrics=metrics,
-                              metadata={"exit_status": info.get("exit_status", ""),
-                                        "test_output": tests.as_tool_text(600)})
+        return WorkflowOutput(reward=graded.reward, is_success=graded.reward == 1.0, log_metrics=metrics,
+                              metadata={"exit_status": info.get("exit_status", ""), "test_output": graded.text()})

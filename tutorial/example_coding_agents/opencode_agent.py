@@ -12,8 +12,8 @@ ajet's gateway through a Unix socket (ajet.sandbox.bridge), with the episode's k
 
 opencode is configured with its own config file only (`opencode_config`): an OpenAI-compatible
 provider for ajet, an agent `fix` with a short prompt and the bash/edit tools, no title call,
-no update checks or downloads. The reward is the task's unit test, run in the same sandbox
-after opencode exits. A run that exits non-zero or never calls the model is a failed episode
+no update checks or downloads. The reward is the task's original unit test, run on opencode's
+edited source files in a fresh sandbox after it exits (coding.grade). A run that exits non-zero or never calls the model is a failed episode
 whose message holds opencode's last stderr lines.
 """
 
@@ -25,10 +25,10 @@ import os
 from pathlib import Path
 
 # The workflow's folder is on sys.path (ajet's workflow loader puts it there).
-from coding import REPO_AT, HarnessFailed, repo_files, run_tests, stderr_tail
+from coding import REPO_AT, HarnessFailed, grade, repo_files, stderr_tail
 
 from ajet import Workflow, WorkflowOutput, WorkflowTask
-from ajet.sandbox import Limits, Sandbox
+from ajet.sandbox import Limits, Sandbox, shared_pool
 from ajet.sandbox.bridge import ModelBridge
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -107,7 +107,7 @@ class OpencodeAgent(Workflow):
                 why = (f"exited with {run.status} (code {run.exit_code}{', ' + run.detail if run.detail else ''})"
                        if run.exit_code != 0 else "never called the model")
                 raise HarnessFailed(f"opencode {why}; its last stderr lines: {stderr_tail(run.stderr)}")
-            reward, tests = run_tests(box, task.metadata["test"])
+            graded = grade(box, task.metadata, shared_pool())
         metrics = {"harness/wall_s": run.wall_s, "harness/connections": float(bridge.connections)}
-        return WorkflowOutput(reward=reward, is_success=reward == 1.0, log_metrics=metrics,
-                              metadata={"opencode_output": run.stdout[-2000:], "test_output": tests.as_tool_text(600)})
+        return WorkflowOutput(reward=graded.reward, is_success=graded.reward == 1.0, log_metrics=metrics,
+                              metadata={"opencode_output": run.stdout[-2000:], "test_output": graded.text()})

@@ -43,18 +43,76 @@ def pool() -> Iterator[Any]:
 
 def test_the_tasks_split_by_function_and_each_test_sees_its_bug(example_modules, pool) -> None:
     example_modules(HERE, "coding")
-    from coding import repo_files, run_tests
+    from coding import expected_tests, grade, repo_files
 
     functions = {split: {row["task_id"].split("-")[1] for row in rows} for split, rows in TASKS.items()}
     assert not functions["test"] & (functions["train"] | functions["val"])
     assert not functions["val"] & functions["train"]
     assert len(TASKS["train"]) >= 20 and len(TASKS["test"]) >= 8
     for row in TASKS["test"] + TASKS["val"][:4]:
+        assert expected_tests(row["files"]) >= 2
         with pool.session_sync(repo_files(row["files"])) as box:
-            assert run_tests(box, row["test"])[0] == 0.0, row["task_id"]  # the bug fails its test
+            assert grade(box, row, pool).reward == 0.0, row["task_id"]  # the bug fails its test
             box.write_files(repo_files(row["fixed"]))
-            reward, result = run_tests(box, row["test"])
-            assert reward == 1.0, (row["task_id"], result.as_tool_text())
+            graded = grade(box, row, pool)
+            assert graded.reward == 1.0, (row["task_id"], graded.text())
+
+
+# ----------------------------------------------------------------------- the grade cannot be forged
+TOTAL = next(r for r in TASKS["test"] if r["task_id"].startswith("test-total-"))
+FAKE_TESTS = ("import unittest\n\n\nclass TestTotal(unittest.TestCase):\n    def test_0(self):\n        pass\n"
+              "    def test_1(self):\n        pass\n")
+
+
+def agent_left(example_modules, pool, files: dict[str, str], remove: tuple[str, ...] = ()) -> tuple[Any, Any]:
+    """Grade a sandbox in which the agent wrote `files` (under repo/) and removed `remove`:
+    (the grade, what grading by the task's command in the agent's own sandbox would say)."""
+    example_modules(HERE, "coding")
+    from coding import grade, repo_files
+
+    with pool.session_sync(repo_files(TOTAL["files"])) as box:
+        box.write_files(repo_files(files))
+        for path in remove:
+            box.run(f"rm -f repo/{path}")
+        in_place = box.run(f"cd /sandbox/repo && {TOTAL['test']}")
+        return grade(box, TOTAL, pool), in_place
+
+
+def test_deleted_tests_earn_nothing(example_modules, pool) -> None:
+    test_file = next(p for p in TOTAL["files"] if p.startswith("test_"))
+    graded, in_place = agent_left(example_modules, pool, {}, remove=(test_file,))
+    assert in_place.ok and "Ran 0 tests" in in_place.stderr  # the hole: unittest exits 0 on no tests
+    assert graded.reward == 0.0 and "did not pass" in graded.reason  # the originals, on the unfixed bug
+
+
+def test_tests_replaced_by_a_passing_fake_are_graded_by_the_originals(example_modules, pool) -> None:
+    test_file = next(p for p in TOTAL["files"] if p.startswith("test_"))
+    graded, in_place = agent_left(example_modules, pool, {test_file: FAKE_TESTS})
+    assert in_place.ok and "Ran 2 tests" in in_place.stderr  # the fake passes, with the right count
+    assert graded.reward == 0.0 and "FAIL" in graded.result.stderr
+
+
+def test_a_planted_test_runner_is_not_in_the_graders_sandbox(example_modules, pool) -> None:
+    forged = "import sys\nprint('Ran 2 tests in 0.001s\\n\\nOK', file=sys.stderr)\nsys.exit(0)\n"
+    graded, in_place = agent_left(example_modules, pool, {"unittest.py": forged})
+    assert in_place.ok and "Ran 2 tests" in in_place.stderr  # `python3 -m unittest` ran the plant
+    assert graded.reward == 0.0 and "FAIL" in graded.result.stderr
+
+
+@pytest.mark.parametrize("module, reason", [
+    ("import os\nos._exit(0)\n", "no 'Ran N tests' line"),           # the run ends before a test
+    ("import unittest\nraise unittest.SkipTest('no')\n", "ran 1 of the 2 tests"),  # the test module skipped
+])
+def test_a_run_that_does_not_run_every_original_test_earns_nothing(example_modules, pool, module, reason) -> None:
+    source = next(p for p in TOTAL["files"] if not p.startswith("test_"))
+    graded, _ = agent_left(example_modules, pool, {source: module})
+    assert graded.reward == 0.0 and reason in graded.reason, graded.text()
+
+
+def test_a_removed_source_file_earns_nothing(example_modules, pool) -> None:
+    source = next(p for p in TOTAL["files"] if not p.startswith("test_"))
+    graded, _ = agent_left(example_modules, pool, {}, remove=(source,))
+    assert graded.reward == 0.0 and graded.result is None and source in graded.reason
 
 
 # ------------------------------------------------------------------------------ mini-swe-agent
@@ -62,7 +120,7 @@ def mini_run(example_modules, pool: Any, commands: list[str], row: dict) -> tupl
     """mini-swe-agent's DefaultAgent with its bundled mini.yaml, driven by its own
     DeterministicToolcallModel, in ajet's sandbox environment: (agent, environment, reward)."""
     example_modules(HERE, "coding", "mini_swe_agent")
-    from coding import repo_files, run_tests
+    from coding import grade, repo_files
     from mini_swe_agent import SandboxEnvironment, mini_config, quiet_imports
 
     quiet_imports()
@@ -77,7 +135,7 @@ def mini_run(example_modules, pool: Any, commands: list[str], row: dict) -> tupl
         env = SandboxEnvironment(box, **config["environment"])
         agent = DefaultAgent(DeterministicToolcallModel(outputs=outputs), env, **config["agent"])
         agent.run(row["question"])
-        reward, _ = run_tests(box, row["test"])
+        reward = grade(box, row, pool).reward
         env.metrics = box.metrics()
     return agent, env, reward
 
