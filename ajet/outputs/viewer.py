@@ -13,8 +13,12 @@ import html
 import json
 import logging
 import re
+import socket
+import threading
 from collections.abc import Iterable, Iterator
+from http.server import ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 from ajet.outputs.metrics import read_jsonl
 from ajet.outputs.report import RunDataError
@@ -179,18 +183,35 @@ def write_viewer(run_dir: Path, out: Path | None = None) -> Path:
     return out
 
 
-def make_server(page: Path, port: int):
+def make_server(page: Path, port: int) -> ThreadingHTTPServer:
     """An HTTP server of the one viewer file `page` on 127.0.0.1 (port 0 picks a free one); the
     caller serves it. Only `/` and `/<page name>` answer, with the file read at each request:
     nothing else of the directory it lies in (with `--out ~/v.html`, the home directory) is
     served. A request whose Host is not this machine's loopback name is refused (403), so a
-    web page that rebinds its own DNS name to 127.0.0.1 cannot read the viewer either."""
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    web page that rebinds its own DNS name to 127.0.0.1 cannot read the viewer either.
+    One thread a connection, at most `VIEWER_MAX_CONNECTIONS` (more are closed unanswered), each
+    closed after `VIEWER_DEADLINE_S` whatever it is doing, and a read or write that waits
+    `VIEWER_IO_TIMEOUT_S`: idle or slow connections cannot pile up threads."""
+    from http.server import BaseHTTPRequestHandler
 
     page = Path(page)
-    server: ThreadingHTTPServer
+    server: _BoundedHTTPServer
 
     class ViewerHandler(BaseHTTPRequestHandler):
+        timeout = VIEWER_IO_TIMEOUT_S  # each read or write of the socket
+
+        def setup(self) -> None:
+            super().setup()
+            # a client sending its request a byte at a time beats the per-read timeout: the
+            # connection's whole life is bounded too (one request, HTTP/1.0)
+            self._deadline = threading.Timer(VIEWER_DEADLINE_S, _shut, (self.connection,))
+            self._deadline.daemon = True
+            self._deadline.start()
+
+        def finish(self) -> None:
+            self._deadline.cancel()
+            super().finish()
+
         def do_GET(self) -> None:  # noqa: N802 (stdlib name)
             port_now = server.server_address[1]
             allowed = {f"{name}:{port_now}" for name in ("127.0.0.1", "localhost", "[::1]")}
@@ -211,5 +232,44 @@ def make_server(page: Path, port: int):
         def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (stdlib name)
             logger.debug("%s - %s", self.address_string(), format % args)
 
-    server = ThreadingHTTPServer(("127.0.0.1", port), ViewerHandler)
+    server = _BoundedHTTPServer(("127.0.0.1", port), ViewerHandler)
     return server
+
+
+VIEWER_MAX_CONNECTIONS = 32
+VIEWER_DEADLINE_S = 30.0
+VIEWER_IO_TIMEOUT_S = 10.0
+
+
+def _shut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)  # the handler's blocked read or write ends at once
+    except OSError:
+        pass  # already closed: the connection ended before its deadline
+
+
+class _BoundedHTTPServer(ThreadingHTTPServer):
+    """ThreadingHTTPServer with at most `VIEWER_MAX_CONNECTIONS` connection threads."""
+
+    daemon_threads = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._slots = threading.BoundedSemaphore(VIEWER_MAX_CONNECTIONS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            logger.debug("viewer: %d connections open; %s closed unanswered", VIEWER_MAX_CONNECTIONS, client_address)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()

@@ -155,3 +155,50 @@ def test_view_and_report_are_registered_commands():
 
     assert COMMANDS["view"][0] == "ajet.cli.view"
     assert COMMANDS["report"][0] == "ajet.cli.report"
+
+
+def test_the_viewer_closes_slow_connections_and_caps_its_threads(tmp_path: Path, monkeypatch):
+    """Issue 69 §3: before, each connection held a thread for as long as it stayed open."""
+    import socket
+    import time
+
+    from ajet.outputs import viewer
+
+    monkeypatch.setattr(viewer, "VIEWER_DEADLINE_S", 1.0)
+    monkeypatch.setattr(viewer, "VIEWER_MAX_CONNECTIONS", 4)
+    page = tmp_path / "index.html"
+    page.write_text("<html>viewer</html>")
+    server = make_server(page, 0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    port = server.server_address[1]
+    socks = []
+    try:
+        for _ in range(6):  # 4 held, 2 closed at once
+            sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+            sock.sendall(b"GET / HTTP/1.1\r\n")
+            socks.append(sock)
+        start = time.monotonic()
+        closed = 0
+        for sock in socks:  # a byte a 0.2 s: the deadline, not the per-read timeout, ends it
+            while time.monotonic() - start < 5:
+                try:
+                    sock.sendall(b"X")
+                    sock.settimeout(0.2)
+                    if sock.recv(1) == b"":
+                        closed += 1
+                        break
+                except TimeoutError:
+                    continue
+                except OSError:
+                    closed += 1
+                    break
+        assert closed == 6 and time.monotonic() - start < 4
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as resp:
+            assert resp.status == 200  # the slots are free again
+    finally:
+        for sock in socks:
+            sock.close()
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
