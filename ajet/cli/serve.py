@@ -28,7 +28,7 @@ from ajet.cli.common import (
     user_errors,
 )
 from ajet.config import load_config, to_yaml
-from ajet.config.schema import RL_ALGORITHMS
+from ajet.config.schema import RL_ALGORITHMS, ClientReward
 from ajet.errors import UserError
 from ajet.outputs.setup import configure_logging
 from ajet.training.run_dir import run_dir_of
@@ -111,6 +111,10 @@ def _check(cfg: Any) -> None:
         raise UserError("judge.type=group_rank scores a group once all its episodes have ended, but the "
                         "episode API gives each episode its reward when it finishes; with `ajet serve`, "
                         "finish episodes with a reward or use a per-episode judge (e.g. judge.type=llm).", 2)
+    if cfg.serve.client_reward is ClientReward.refuse and cfg.judge.type == "none":
+        raise UserError("serve.client_reward=refuse with judge.type=none: no episode could get a reward; "
+                        "set judge.type (the judge scores what clients send in `metadata`) or "
+                        "serve.client_reward=auto.", 2)
     if cfg.trainer.val_every:
         raise UserError("trainer.val_every: validation runs a workflow in-process, and `ajet serve` has none; "
                         "set trainer.val_every=0 (evaluate checkpoints with `ajet eval`).", 2)

@@ -143,3 +143,12 @@ class SandboxBackend(str, Enum):
     bwrap = "bwrap"  # bubblewrap on this machine
     service = "service"  # the sandbox service at sandbox.service_url (other machines)
     ray = "ray"  # sandbox.ray_hosts Ray actors on the cluster's nodes (--with-ray)
+
+
+class ClientReward(str, Enum):
+    """Whether `ajet serve` trains on a reward a client sends with `finish` (docs/episode_api.md)."""
+
+    # Refused when a judge is configured (the judge scores every episode), accepted without one.
+    auto = "auto"
+    accept = "accept"  # the client's reward is the episode's reward, judge or not
+    refuse = "refuse"  # a finish with a reward is answered 400 client_reward_refused

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from annotated_types import Ge, Gt, Interval
 
-from ajet.config.choices import SandboxBackend
+from ajet.config.choices import ClientReward, SandboxBackend
 from ajet.config.ranges import bounded
 
 
@@ -61,6 +61,10 @@ class ServeConfig:
     # column of the data (a reference answer, a solution) reaches a client; the judge still
     # scores on the server with the full task. E.g. countdown's clients need [numbers, target].
     public_metadata_keys: list[str] = field(default_factory=list)
+    # Whether a client's `reward` in `finish` is trained on. A client is not trusted with the grade
+    # when the server has a judge: auto refuses it then (400 client_reward_refused; finish without
+    # a reward and the judge scores the episode) and accepts it without one; accept / refuse always.
+    client_reward: ClientReward = ClientReward.auto
 
 
 @dataclass

@@ -21,6 +21,7 @@ from ajet.config.choices import (  # noqa: F401 - re-exported: the schema is whe
     RL_ALGORITHMS,
     Algorithm,
     Backbone,
+    ClientReward,
     DpoLoss,
     DType,
     EngineDType,

@@ -92,6 +92,11 @@ class RolloutResult:
         return out
 
 
+# The `log_metrics` namespaces that keep their names (the judge's breakdown, the sandbox's counts);
+# every other key is the workflow's own. `ajet serve` refuses them from clients (`EpisodeBroker`).
+KEPT_METRIC_PREFIXES = ("judge/", "sandbox/")
+
+
 def mean_log_metrics(episodes: list[Episode], warned: set[str]) -> dict[str, float]:
     """Mean of each `log_metrics` key over the episodes that report it. Judge breakdowns
     (`judge/<component>`) and the sandbox's counts (`sandbox/timeouts`, ...: a
@@ -106,7 +111,7 @@ def mean_log_metrics(episodes: list[Episode], warned: set[str]) -> dict[str, flo
     dropped = 0
     for e in episodes:
         for key, value in (e.output.log_metrics if e.output else {}).items():
-            name = key if key.startswith(("judge/", "sandbox/")) else f"workflow/{key}"
+            name = key if key.startswith(KEPT_METRIC_PREFIXES) else f"workflow/{key}"
             if math.isfinite(value):
                 values[name].append(float(value))
                 continue

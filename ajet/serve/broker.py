@@ -20,6 +20,12 @@ its metadata only `serve.public_metadata_keys` (default none): a client never se
 answer or any other column of the data unless the config names it, while the judge scores on the
 server with the full task.
 
+A client is not trusted with the grade where the server has a judge: `serve.client_reward`
+(auto: refused with a judge, accepted without) decides whether a `reward` in `finish` is
+trained on; a refused one is answered 400 before the episode ends, so the client can finish it
+again without. A client's `log_metrics` may not use the server's namespaces (`judge/`,
+`sandbox/`), and a failing judge's traceback stays in the server's log (the client gets one line).
+
 Tasks come from the reader at the step their group is for, so a curriculum
 (`task_reader.curriculum`) ramps as it does in-process. With dynamic sampling
 (`rollout.dynamic_sampling`), a group that completes without signal (equal rewards) gives its
@@ -47,13 +53,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ajet.config.schema import RolloutConfig
+from ajet.config.schema import ClientReward, RolloutConfig
 from ajet.judge.base import JudgeError
 from ajet.judge.group_rank import GroupRankJudge
 from ajet.judge.private_keys import private_metadata_keys as judge_private_keys
 from ajet.rollout.dynamic import signal_metrics
 from ajet.rollout.episode import FAILED, OK, TIMEOUT, Episode
-from ajet.rollout.manager import RolloutResult, drop_equal_reward_groups
+from ajet.rollout.manager import KEPT_METRIC_PREFIXES, RolloutResult, drop_equal_reward_groups
 from ajet.rollout.roles import has_signal
 from ajet.rollout.runner import SessionFactory
 from ajet.rollout.scoring import (
@@ -67,6 +73,7 @@ from ajet.rollout.scoring import (
 from ajet.rollout.source import curriculum_metrics
 from ajet.rollout.staleness import drop_stale, staleness_metrics
 from ajet.serve.protocol import (
+    ClientRewardRefusedError,
     EpisodeEndedError,
     EpisodeKeyError,
     EpisodeNotFoundError,
@@ -74,6 +81,7 @@ from ajet.serve.protocol import (
     EpisodeTicket,
     FinishRequest,
     NoEpisodeAvailableError,
+    ReservedMetricError,
     RunEndedError,
     ServerStatus,
 )
@@ -135,11 +143,12 @@ class EpisodeBroker:
     def __init__(self, reader: Any, judge: Any, sessions: SessionFactory, rollout: RolloutConfig, *,
                  batch_size: int, total_steps: int, policy_version: Callable[[], int],
                  max_staleness: int = 0, start_step: int = 0, role: str = "default",
-                 public_metadata_keys: Iterable[str] = (),
+                 public_metadata_keys: Iterable[str] = (), client_reward: ClientReward,
                  clock: Callable[[], float] = time.monotonic) -> None:
         """`reader`: the task reader (`next_batch(1)`); `sessions`: opens a tracked session per
         episode (its tuner mints the episode key); `policy_version`: the engine's current version;
-        `public_metadata_keys`: the task metadata keys a client sees (the rest stays here)."""
+        `public_metadata_keys`: the task metadata keys a client sees (the rest stays here);
+        `client_reward`: whether a client's own reward is trained on (`serve.client_reward`)."""
         if isinstance(judge, GroupRankJudge):  # `finish` answers with the episode's reward
             raise JudgeError("judge.type=group_rank cannot score episodes of the episode API (each gets its "
                              "reward when it finishes); use a per-episode judge, e.g. judge.type=llm")
@@ -165,6 +174,10 @@ class EpisodeBroker:
         self._max_running = 0
         self._last_metrics: dict[str, float] = {}
         self.public_metadata_keys = frozenset(public_metadata_keys)
+        self.accepts_client_reward = accepts_client_reward(ClientReward(client_reward), judge)
+        log.info("episode API: a client's reward is %s (serve.client_reward=%s)",
+                 "trained on" if self.accepts_client_reward else "refused: the judge scores every episode",
+                 ClientReward(client_reward).value)
         log.info("episode API: clients see each task's id, query, initial messages and env type, and of its "
                  "metadata %s (serve.public_metadata_keys); the rest stays on the server",
                  sorted(self.public_metadata_keys) or "no key")
@@ -205,6 +218,7 @@ class EpisodeBroker:
                              base_url=base_url, api_key=key, model="policy")
 
     async def finish(self, episode_id: str, key: str, request: FinishRequest) -> EpisodeResult:
+        self._refuse_untrusted(request)  # before the episode ends: the client may finish it again
         running = self._take_running(episode_id, key)
         episode = running.episode
         # The key dies first: no call can land in the records after the reward is given.
@@ -214,6 +228,9 @@ class EpisodeBroker:
         await score_episode(episode, output, self.judge, self.rollout.episode_timeout_s,
                             roles=episode_roles(running.handle, also=(self.role,)))
         collect_tracker(episode, running.handle.tracker)
+        if episode.reason.startswith(JUDGE_ERROR):  # the client gets one line (`_result`), the log all
+            log.warning("episode %s: the judge failed (%s); the client is told only that:\n%s", episode_id,
+                        episode.reason, episode.error_message)
         with self._lock:
             episode.duration_s = self._clock() - running.started
             self._counts["finished"] += 1
@@ -302,6 +319,18 @@ class EpisodeBroker:
             log.info("episode broker closed with %d episodes still running (not trained on)", len(running))
 
     # ------------------------------------------------------------------ internals
+    def _refuse_untrusted(self, request: FinishRequest) -> None:
+        """A client's reward where the judge grades (`serve.client_reward`), and metric names in the
+        server's namespaces (a client's `judge/accuracy` would pass for the judge's), are refused."""
+        if request.reward is not None and not self.accepts_client_reward:
+            raise ClientRewardRefusedError(
+                "this server's judge scores every episode (serve.client_reward refuses a client's reward): "
+                "finish without `reward`, with what the judge reads in `metadata`")
+        if reserved := sorted(k for k in request.log_metrics if k.startswith(KEPT_METRIC_PREFIXES)):
+            raise ReservedMetricError(
+                f"log_metrics {reserved}: {', '.join(KEPT_METRIC_PREFIXES)} name the server's own metrics; "
+                "name yours without that prefix (a client's metrics are logged as workflow/<key>)")
+
     def _public_task(self, task: WorkflowTask) -> dict[str, Any]:
         """The task as a client sees it: named fields, and only the public metadata keys."""
         full = task.model_dump(mode="json")
@@ -431,9 +460,23 @@ class EpisodeBroker:
         return result
 
 
+def accepts_client_reward(policy: ClientReward, judge: Any) -> bool:
+    """`serve.client_reward`: auto accepts a client's reward only where no judge scores episodes."""
+    return policy is ClientReward.accept or (policy is ClientReward.auto and judge is None)
+
+
+JUDGE_ERROR = "judge_error:"
+
+
 def _result(episode: Episode) -> EpisodeResult:
     ok = episode.status == OK
+    if ok:
+        detail = ""
+    elif episode.reason.startswith(JUDGE_ERROR):  # its traceback (the server's code, the task) is logged
+        detail = f"the judge failed ({episode.reason}); the details are in the server's log"
+    else:
+        detail = episode.error_message[-2000:]
     return EpisodeResult(episode_id=episode.episode_id, status=episode.status,
                          reward=episode.reward if ok else None, is_success=episode.is_success if ok else None,
                          role_rewards=dict(episode.role_rewards) if ok and episode.role_rewards else None,
-                         reason=episode.reason, detail="" if ok else episode.error_message[-2000:])
+                         reason=episode.reason, detail=detail)

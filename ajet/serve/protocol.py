@@ -44,6 +44,18 @@ class EpisodeKeyError(EpisodeRequestError):
     status, code = 403, "wrong_episode_key"
 
 
+class ClientRewardRefusedError(EpisodeRequestError):
+    """finish with a `reward` where the server's judge scores episodes (`serve.client_reward`)."""
+
+    status, code = 400, "client_reward_refused"
+
+
+class ReservedMetricError(EpisodeRequestError):
+    """finish with a `log_metrics` key in a namespace of the server's (`judge/`, `sandbox/`)."""
+
+    status, code = 400, "reserved_metric_name"
+
+
 class RunEndedError(EpisodeRequestError):
     """The run is over (or shutting down): no more episodes."""
 

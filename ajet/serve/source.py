@@ -59,7 +59,7 @@ class ServedEpisodes:
                 reader, judge, PublicSessions(rollout, gateway), cfg.rollout, batch_size=cfg.trainer.batch_size,
                 total_steps=cfg.trainer.total_steps, policy_version=lambda: engine.policy_version,
                 max_staleness=cfg.rollout.max_staleness, start_step=start_step,
-                public_metadata_keys=cfg.serve.public_metadata_keys)
+                public_metadata_keys=cfg.serve.public_metadata_keys, client_reward=cfg.serve.client_reward)
             token = attach_episode_api(gateway, broker, cfg.serve.client_token)
             served = cls(broker, gateway, token)
             announce(served.write_info(run_dir, generated=not cfg.serve.client_token))

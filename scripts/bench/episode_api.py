@@ -101,7 +101,7 @@ def through_api(parts: dict[str, Any], args: argparse.Namespace, client: str) ->
     gateway = rollout.gateway
     broker = EpisodeBroker(parts["reader"], parts["judge"], rollout, cfg.rollout, batch_size=args.groups,
                            total_steps=args.rounds + 1, policy_version=lambda: engine.policy_version,
-                           max_staleness=args.max_staleness)
+                           max_staleness=args.max_staleness, client_reward=cfg.serve.client_reward)
     token = attach_episode_api(gateway, broker)
     env = child_env({"AJET_URL": gateway.base_url, "AJET_TOKEN": token})
     command = {"python": [sys.executable, str(EXAMPLE / "agent.py")], "node": ["node", str(EXAMPLE / "agent.mjs")]}

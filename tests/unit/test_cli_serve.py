@@ -75,3 +75,14 @@ def test_dry_run_says_which_task_metadata_keys_clients_see_and_which_stay_privat
     assert "# clients see: task_id, main_query, init_messages, env_type, metadata ['topic']" in result.output
     assert "# stays on the server: metadata ['answer', 'expression']" in result.output
     assert not (tmp_path / "exp").exists()  # a dry run writes nothing
+
+
+def test_client_reward_refuse_without_a_judge_exits_2(tmp_path: Path) -> None:
+    """serve.client_reward (issue 69 §4): refuse with no judge would leave every episode without
+    a reward; the default, auto, is in the resolved config."""
+    conf = str(_conf(tmp_path))
+    result = runner.invoke(serve_cmd.app, ["--conf", conf, "serve.client_reward=refuse", "--dry-run"])
+    assert result.exit_code == 2 and "serve.client_reward=refuse with judge.type=none" in result.output
+    shown = runner.invoke(serve_cmd.app, ["--conf", conf, "--dry-run", "--exp-dir", str(tmp_path / "exp")])
+    assert shown.exit_code == 0 and "client_reward: auto" in shown.output, shown.output
+

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from test_tuner_fakes import FakeChat, FakeEngine, FakeTracker
 
-from ajet.config.schema import ContextConfig, DynamicSamplingConfig, RolloutConfig
+from ajet.config.schema import ClientReward, ContextConfig, DynamicSamplingConfig, RolloutConfig
 from ajet.serve.broker import EpisodeBroker
 from ajet.serve.client import EpisodeAPIError, EpisodeClient
 from ajet.serve.http import attach_episode_api
@@ -101,17 +101,17 @@ def make_server() -> Iterator[Any]:
 
     def make(*, n: int = 2, batch_size: int = 1, total_steps: int = 3, max_staleness: int = 0,
              timeout_s: float = 60.0, public_metadata_keys: tuple[str, ...] = (),
-             dynamic_rounds: int = 0) -> Server:
+             dynamic_rounds: int = 0, judge: Any = ..., client_reward: ClientReward = ClientReward.accept) -> Server:
         gateway = Gateway().start()
         engine = FakeEngine(FakeChat(), lambda prompt: "ok", policy_version=0)
         clock = Clock()
-        broker = EpisodeBroker(Reader(), Judge(), Sessions(gateway, engine),
+        broker = EpisodeBroker(Reader(), Judge() if judge is ... else judge, Sessions(gateway, engine),
                                RolloutConfig(n=n, episode_timeout_s=timeout_s, dynamic_sampling=DynamicSamplingConfig(
                                    enabled=dynamic_rounds > 0, max_rounds=max(dynamic_rounds, 1))),
                                batch_size=batch_size,
                                total_steps=total_steps, policy_version=lambda: engine.policy_version,
                                max_staleness=max_staleness, clock=clock,
-                               public_metadata_keys=public_metadata_keys)
+                               public_metadata_keys=public_metadata_keys, client_reward=client_reward)
         attach_episode_api(gateway, broker, TOKEN)
         server = Server(gateway, broker, engine, clock, EpisodeClient(gateway.base_url, TOKEN, wait_s=0))
         started.append(server)
@@ -404,3 +404,64 @@ def test_a_finish_that_failed_on_the_way_can_be_sent_again_with_the_episodes_key
         client.finish(episode.episode_id, 1.0)
     assert client.finish(episode.episode_id, 1.0)["status"] == "ok"
     assert seen == ["k-123", "k-123"] and client._keys == {}
+
+
+# ------------------------------------------------------------------ what a client is trusted with (issue 69 §4)
+def finish_raw(server: Server, episode: Any, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(f"{server.root}/v1/episodes/{episode.episode_id}/finish", json=body, timeout=10,
+                      headers={"Authorization": f"Bearer {TOKEN}", "X-Episode-Key": episode.api_key})
+
+
+def test_a_clients_reward_is_refused_where_the_judge_scores(make_server: Any) -> None:
+    """Before: with a judge configured, a client's `reward` was trained on as it was (a client
+    could give itself 1.0); now serve.client_reward=auto refuses it, with what to do instead."""
+    server = make_server(n=2, client_reward=ClientReward.auto)
+    episode = server.client.begin()
+    refused = finish_raw(server, episode, {"reward": 1.0})
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["code"] == "client_reward_refused"
+    assert "finish without `reward`" in refused.json()["error"]["message"]
+    assert finish_raw(server, episode, {"reward": {"default": 1.0}}).status_code == 400  # per-role too
+    # The episode is still open: finished without a reward, the judge scores it.
+    judged = finish_raw(server, episode, {"metadata": {"final_answer": "wrong"}})
+    assert judged.status_code == 200 and judged.json()["reward"] == 0.0
+    # refuse refuses, accept accepts, auto accepts where there is no judge
+    assert finish_raw(server := make_server(client_reward=ClientReward.refuse), server.client.begin(),
+                      {"reward": 1.0}).status_code == 400
+    for kwargs in ({"client_reward": ClientReward.accept}, {"client_reward": ClientReward.auto, "judge": None}):
+        server = make_server(**kwargs)
+        done = finish_raw(server, server.client.begin(), {"reward": 1.0})
+        assert done.status_code == 200 and done.json()["reward"] == 1.0
+
+
+def test_client_metrics_cannot_pass_for_the_judges_or_the_sandboxs(make_server: Any) -> None:
+    """Before: a client's log_metrics {"judge/accuracy": 1.0} was logged as the judge's own
+    judge/accuracy (mean_log_metrics keeps judge/ and sandbox/ names); now it is refused."""
+    server = make_server(n=1)
+    episode = server.client.begin()
+    for key in ("judge/accuracy", "sandbox/timeouts"):
+        refused = finish_raw(server, episode, {"reward": 1.0, "log_metrics": {key: 1.0, "turns": 2.0}})
+        assert refused.status_code == 400 and refused.json()["error"]["code"] == "reserved_metric_name"
+        assert key in refused.json()["error"]["message"] and "workflow/<key>" in refused.json()["error"]["message"]
+    assert finish_raw(server, episode, {"reward": 1.0, "log_metrics": {"turns": 2.0}}).status_code == 200
+    from ajet.rollout.manager import mean_log_metrics
+
+    result = asyncio.run(server.broker.next_batch(1))
+    assert mean_log_metrics(result.ok_episodes, set())["workflow/turns"] == 2.0
+
+
+class FailingJudge:
+    def compute_reward(self, task: WorkflowTask, output: Any) -> float:
+        raise ValueError(f"reference answer {task.metadata['answer']!r} vs {output.metadata}\nsecond line")
+
+
+def test_a_judges_traceback_stays_in_the_server_log(make_server: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """Before: a failing judge's whole traceback (the server's code, paths, the task's answer in
+    the message) was sent to the remote client as `detail`."""
+    server = make_server(n=1, judge=FailingJudge())
+    with caplog.at_level("WARNING", logger="ajet.serve.broker"):
+        result = server.client.finish(server.client.begin().episode_id, metadata={"final_answer": "x"})
+    assert result["status"] == "failed" and result["reason"] == "judge_error:ValueError"
+    assert result["detail"] == "the judge failed (judge_error:ValueError); the details are in the server's log"
+    assert "Traceback" in caplog.text and "reference answer 'ok'" in caplog.text  # the server keeps it all
+

@@ -191,7 +191,12 @@ def test_serve_two_steps_with_the_python_client(tmp_path: Path, tiny_model_dir: 
         chat = {"model": finished.model, "messages": [{"role": "user", "content": "hi"}]}
         key = {"Authorization": f"Bearer {finished.api_key}"}
         assert httpx.post(f"{finished.base_url}/chat/completions", json=chat, headers=key, timeout=120).status_code == 200
-        client.finish(finished.episode_id, 0.5)
+        # The server has a judge: a client's own reward is refused (serve.client_reward=auto), and
+        # the episode stays open for a finish the judge scores.
+        refused = httpx.post(f"{served.url}/v1/episodes/{finished.episode_id}/finish", json={"reward": 1.0},
+                             headers={"Authorization": f"Bearer {served.token}", "X-Episode-Key": finished.api_key})
+        assert refused.status_code == 400 and refused.json()["error"]["code"] == "client_reward_refused"
+        client.finish(finished.episode_id, metadata={"final_answer": "aeiou"})
         assert httpx.post(f"{finished.base_url}/chat/completions", json=chat, headers=key, timeout=30).status_code == 401
 
         run_client([sys.executable, str(HERE / "agent.py")], served, log)
