@@ -34,7 +34,8 @@ NOT_SECRETS = frozenset({"task_reader.curriculum.key"})
 ENV_MAP_KEYS = frozenset({"env"})
 # Settings holding a command line (a string): secrets in it are redacted like argv's.
 COMMAND_KEYS = frozenset({"command"})
-_INTERPOLATION = re.compile(r"\$\{(?:oc\.env|file):[^,}]*\}")
+# An interpolation shows no secret (an empty default included: `${oc.env:TOKEN,''}`).
+_INTERPOLATION = re.compile(r"""\$\{(?:oc\.env|file):[^,}]*(?:,\s*(?:''|"")?)?\}""")
 
 
 def is_secret_name(name: str) -> bool:

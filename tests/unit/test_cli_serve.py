@@ -86,3 +86,30 @@ def test_client_reward_refuse_without_a_judge_exits_2(tmp_path: Path) -> None:
     shown = runner.invoke(serve_cmd.app, ["--conf", conf, "--dry-run", "--exp-dir", str(tmp_path / "exp")])
     assert shown.exit_code == 0 and "client_reward: auto" in shown.output, shown.output
 
+
+def test_the_docs_config_loads_and_no_command_puts_a_token_on_the_command_line() -> None:
+    """Before: docs/episode_api.md's config showed the removed serve.max_staleness, and the docs
+    ran `ajet serve ... serve.client_token=secret`, where `ps` (and RUN/.lock) showed the token."""
+    import re
+
+    from ajet.config import load_config
+
+    repo = Path(__file__).resolve().parents[2]
+    doc = (repo / "docs/episode_api.md").read_text()
+    block = doc.split("## Config", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    cfg = load_config(_write(block), require_workflow=False)
+    assert cfg.serve.client_reward.value == "auto" and cfg.rollout.max_staleness == 0
+    shown = [repo / "README.md", repo / "docs/episode_api.md", *sorted((repo / "tutorial").rglob("*.md")),
+             *sorted((repo / "tutorial").rglob("*.yaml"))]
+    for path in shown:
+        literal = re.findall(r"serve\.client_token=(?!'?\$\{)\S+", path.read_text())
+        assert not literal, f"{path}: {literal}"
+
+
+def _write(text: str) -> Path:
+    import tempfile
+
+    path = Path(tempfile.mkdtemp()) / "c.yaml"
+    path.write_text(text)
+    return path
+

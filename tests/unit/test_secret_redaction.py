@@ -59,6 +59,8 @@ def test_redact_argv_hides_the_values_of_secret_flags_and_overrides() -> None:
                                  "--api-key", REDACTED, f"--token={REDACTED}", "--max-tokens", "512",
                                  "--api-key-env", "OPENAI_API_KEY", "judge.params.api_key=${oc.env:K}"]
     assert redact_config({"serve": {"client_token": "${file:~/.t}"}}) == {"serve": {"client_token": "${file:~/.t}"}}
+    assert redact_config({"token": "${oc.env:T,''}", "api_key": "${oc.env:K,sk-default}"}) == {
+        "token": "${oc.env:T,''}", "api_key": REDACTED}  # a default may be the secret itself
 
 
 def test_the_lock_file_and_its_in_use_error_keep_argv_secrets_out(tmp_path: Path) -> None:
