@@ -45,6 +45,7 @@ from typing import Any
 from ajet.config.redact import redact_argv
 from ajet.errors import ConfigError, LaunchError
 from ajet.net import is_loopback
+from ajet.signals import reclaim, stops_the_run
 
 log = logging.getLogger(__name__)
 
@@ -270,6 +271,7 @@ class Launcher:
             log.info("ray: started a local instance (%s CPUs) listening on %s", self.ray_num_cpus or "all",
                      self.ray_node_ip)
         self._ray_initialized_here = True
+        reclaim()  # ray.init installs its own SIGTERM handler, which would stop a run mid-update
 
     def _ray_head(self) -> None:
         port = free_port()
@@ -310,7 +312,13 @@ class Launcher:
 
     # ------------------------------------------------------------------ signals
     def _install_sigterm(self) -> None:
+        """SIGTERM stops the launcher's block like Ctrl-C, where nothing else decides it: a run's
+        own handler (`ajet.signals`) records the stop and lets an update finish, and an inherited
+        "ignore" (nohup) stays."""
         if threading.current_thread() is not threading.main_thread():
+            return
+        current = signal.getsignal(signal.SIGTERM)
+        if current is signal.SIG_IGN or stops_the_run(current):
             return
 
         def _raise(signum: int, frame: Any) -> None:

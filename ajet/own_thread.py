@@ -15,25 +15,21 @@ its pool is the only one. A thread costs ~0.1 ms to start; a step takes seconds.
 
 from __future__ import annotations
 
-import logging
-import signal
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ajet.signals import StopNow, defer_stop, handling_stops
-
-log = logging.getLogger(__name__)
+from ajet.signals import holding_stops, in_step, raise_pending_stop
 
 T = TypeVar("T")
 
 
 def in_own_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """`fn(*args, **kwargs)` run in a new thread, waited for; its result, or its exception
-    re-raised here. Ctrl-C (or SIGTERM / SIGHUP inside `ajet.signals.stop_on_signals`) while it
-    runs waits for it to finish (the weights are never left half-updated), then raises
-    KeyboardInterrupt as usual, or, inside a training step (`ajet.signals.stop_at_step_end`),
-    leaves the stop to the loop at the step's end. A second one raises at once: what was
+    re-raised here. A stop (Ctrl-C; SIGTERM / SIGHUP inside `ajet.signals.stop_on_signals`) while
+    it runs is recorded and waits for it to finish (the weights are never left half-updated), then
+    raises KeyboardInterrupt as usual, or, inside a training step (`ajet.signals.stop_at_step_end`),
+    is left to the loop at the step's end. A second one raises `StopNow` at once: what was
     committed survives."""
     outcome: dict[str, Any] = {}
     name = getattr(fn, "__name__", "work")
@@ -45,24 +41,14 @@ def in_own_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
             outcome["error"] = exc
 
     thread = threading.Thread(target=target, name=f"ajet-{name}", daemon=True)
-    interrupts: list[int] = []
-
-    def on_interrupt(signum: int, frame: Any) -> None:
-        if interrupts:  # the second stop: leave now, with the work still running (saves nothing more)
-            raise StopNow(signal.Signals(signum).name)
-        log.warning("%s: letting the running %s finish first (the weights stay whole); "
-                    "a second one stops at once", signal.Signals(signum).name, name)
-        interrupts.append(signum)
-
     # A stop signal is handled in the main thread, between any two bytecodes: while the work
-    # runs, the first is only noted (a KeyboardInterrupt raised there could leave this function
-    # early, with the work still changing the weights).
-    with handling_stops(on_interrupt):
+    # runs, the first is only recorded (a KeyboardInterrupt raised there could leave this
+    # function early, with the work still changing the weights).
+    with holding_stops(f"the running {name} (the weights stay whole)", thread.is_alive):
         thread.start()
         thread.join()
     if "error" in outcome:
         raise outcome["error"]
-    if interrupts and not defer_stop(signal.Signals(interrupts[0]).name):  # else: at the step's end
-        raise KeyboardInterrupt(signal.Signals(interrupts[0]).name)
+    if not in_step():  # inside a step the loop takes the stop at the step's end
+        raise_pending_stop()
     return outcome["result"]
-

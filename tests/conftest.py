@@ -291,3 +291,14 @@ def vowel_judge(tmp_path: Path) -> str:
     path = tmp_path / "vowel_judge.py"
     path.write_text(VOWEL_JUDGE)
     return f"{path}:VowelJudge"
+
+
+@pytest.fixture(autouse=True)
+def _no_stop_carried_over():
+    """Each test starts with no stop recorded (ajet.signals counts stops per process: a second
+    one is StopNow)."""
+    from ajet.signals import reset
+
+    reset()
+    yield
+    reset()

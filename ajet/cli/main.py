@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from ajet.signals import StoppedBeforeRun, stopping_from_the_start
+
 # name -> (module, one-line summary shown in `ajet --help`)
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("ajet.cli.train", "Train (the default command)."),
@@ -29,13 +31,21 @@ def register(name: str, module: str, summary: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = list(sys.argv[1:] if argv is None else argv)
-    name = "train"
-    if args and args[0] in COMMANDS:
-        name = args.pop(0)
-    module = importlib.import_module(COMMANDS[name][0])
-    prog = "ajet" if name == "train" else f"ajet {name}"
-    module.app(args=args, prog_name=prog)
+    # From the first line a stop (Ctrl-C, SIGTERM, SIGHUP) says what happened and exits 130; a
+    # run's own handlers take over inside it (ajet.signals, ajet.cli.common.clean_stop).
+    with stopping_from_the_start():
+        try:
+            args = list(sys.argv[1:] if argv is None else argv)
+            name = "train"
+            if args and args[0] in COMMANDS:
+                name = args.pop(0)
+            module = importlib.import_module(COMMANDS[name][0])
+            prog = "ajet" if name == "train" else f"ajet {name}"
+            module.app(args=args, prog_name=prog)
+        except StoppedBeforeRun as stop:
+            print(f"ajet: stopped ({stop.name}) before a run began or after it ended: nothing to save.",
+                  file=sys.stderr)
+            raise SystemExit(130) from None
 
 
 def commands_epilog() -> str:

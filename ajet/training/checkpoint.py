@@ -5,15 +5,24 @@ Layout: RUN/checkpoints/step_{N:06d}/{weights.pt, optimizer.pt, state.pt, .compl
 dir and renamed into place, so a run killed at any moment (even SIGKILL) leaves either
 the previous checkpoint or the new one, never a half-written one. Finding the newest complete
 one (no torch) is `ajet.training.checkpoint_dir`.
+
+`.complete` holds the sha256 of each file, taken as it is written. `--resume` checks them
+first (`set_aside_corrupt`): a checkpoint whose bytes changed on disk (one flipped bit in
+weights.pt moved weights by up to 1921; one in optimizer.pt turned every weight into NaN after
+the next update) is moved aside as `corrupt-step_N`, said in the log, and the run resumes from
+the one before.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import random
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +32,7 @@ from ajet.errors import DiskFullError, RunDataError
 from ajet.faults import fault_point
 from ajet.files import free_mib, fsync_dir, is_disk_full, write_text_atomic
 from ajet.training.adapters import adapter_parameters, role_adapters
-from ajet.training.checkpoint_dir import _COMPLETE, MAKE_ROOM, latest_checkpoint
+from ajet.training.checkpoint_dir import _COMPLETE, MAKE_ROOM, checkpoint_step, latest_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -50,16 +59,16 @@ def save_checkpoint(ckpt_root: Path, step: int, *, model: torch.nn.Module, optim
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-step_{step:06d}-", dir=ckpt_root))
     weights, optimizer_state = trainable_state_dict(model), optimizer.state_dict()
     try:
-        _save(tmp / "weights.pt", weights)
-        _save(tmp / "optimizer.pt", optimizer_state)
+        digests = {"weights.pt": _save(tmp / "weights.pt", weights),
+                   "optimizer.pt": _save(tmp / "optimizer.pt", optimizer_state)}
         state = {
             "step": step,
             "scheduler": scheduler.state_dict(),
             "rng": {"python": random.getstate(), "torch": torch.get_rng_state()},
             **extra,
         }
-        _save(tmp / "state.pt", state)
-        (tmp / _COMPLETE).write_text(str(step))
+        digests["state.pt"] = _save(tmp / "state.pt", state)
+        (tmp / _COMPLETE).write_text(json.dumps({"step": step, "sha256": digests}))
         fsync_dir(tmp)
         fault_point("commit")
         if final.exists():
@@ -117,6 +126,14 @@ def load_trainable_weights(path: Path, model: torch.nn.Module) -> None:
             "was it written with a different model.path or model.lora setting (per_role: the same trainable_targets)?"
         )
     params = dict(model.named_parameters())
+    shapes = [(n, tuple(v.shape), tuple(params[n].shape)) for n, v in weights.items() if v.shape != params[n].shape]
+    if shapes:
+        name, saved, now = shapes[0]
+        raise RunDataError(
+            f"checkpoint {path} holds weights of another shape than this model ({len(shapes)} tensors, e.g. "
+            f"{name}: {list(saved)} saved, {list(now)} now): it was written for another model.path. "
+            "--resume-changed accepts other data and settings, never another architecture. The checkpoints "
+            "are untouched: resume with the run's own model.path, or start a new run (--fresh).")
     with torch.no_grad():
         for name, value in weights.items():
             params[name].copy_(value.to(params[name].device, params[name].dtype))
@@ -144,11 +161,83 @@ def tensor_mib(obj: Any) -> float:
     return 0.0
 
 
-def _save(path: Path, obj: Any) -> None:
+class _Hashing:
+    """A file written through: the sha256 of what passed."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle, self.digest = handle, hashlib.sha256()
+
+    def write(self, data: Any) -> int:
+        self.digest.update(data)
+        return int(self.handle.write(data))
+
+    def flush(self) -> None:
+        self.handle.flush()
+
+
+def _save(path: Path, obj: Any) -> str:
+    """`obj` into `path`, synced; the sha256 of the bytes written."""
     with open(path, "wb") as handle:
-        torch.save(obj, handle)
+        hashing = _Hashing(handle)
+        torch.save(obj, hashing)  # type: ignore[arg-type]  # a writable file object: write() and flush()
         handle.flush()
         os.fsync(handle.fileno())
+    return hashing.digest.hexdigest()
+
+
+def corruption(ckpt: Path) -> str:
+    """What is wrong with checkpoint `ckpt`'s bytes ("" when its files match the sha256 that
+    `.complete` holds; a checkpoint written before checksums has none to check)."""
+    try:
+        recorded = json.loads((ckpt / _COMPLETE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return ""  # the old marker: the step number alone
+    sums = recorded.get("sha256") if isinstance(recorded, dict) else None
+    for name, expected in (sums or {}).items():
+        digest = hashlib.sha256()
+        try:
+            with open(ckpt / name, "rb") as handle:
+                for block in iter(lambda: handle.read(1 << 22), b""):
+                    digest.update(block)
+        except OSError as exc:
+            return f"{name} cannot be read ({exc.strerror or exc})"
+        if digest.hexdigest() != expected:
+            return f"{name} does not match the sha256 written with it"
+    return ""
+
+
+def set_aside_corrupt(ckpt_root: Path) -> None:
+    """Before a resume: while the newest complete checkpoint's files fail their checksums, move
+    it aside (`corrupt-step_N`, kept for a look) and say so; the resume then takes the one before."""
+    while (newest := latest_checkpoint(ckpt_root)) is not None and (problem := corruption(newest)):
+        aside = ckpt_root / f"corrupt-{newest.name}"
+        suffix = 1
+        while aside.exists():
+            aside, suffix = ckpt_root / f"corrupt-{newest.name}.{suffix}", suffix + 1
+        os.replace(newest, aside)
+        (ckpt_root / "latest").unlink(missing_ok=True)  # it may name the one set aside
+        before = latest_checkpoint(ckpt_root)
+        log.warning("--resume: checkpoint %s is corrupt (%s): moved to %s; resuming from %s", newest.name, problem,
+                    aside.name, f"step {checkpoint_step(before)}" if before else "the start (no checkpoint before it)")
+        if before is not None:
+            write_text_atomic(ckpt_root / "latest", before.name)
+
+
+def apply_lr(scheduler: Any, configured: list[Any], step: int) -> None:
+    """A resume whose `trainer.lr` differs from the checkpoint's: the schedule goes on from `step`
+    with the configured rate (the checkpoint's schedule state holds the old one), and the log says so."""
+    saved = list(scheduler.base_lrs)
+    if saved == configured:
+        return
+    scheduler.base_lrs = list(configured)
+    for group, base in zip(scheduler.optimizer.param_groups, configured, strict=True):
+        group["initial_lr"] = base
+    scheduler.last_epoch -= 1  # step() recomputes the rate of the same step from the new base
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "lr_scheduler.step() before optimizer.step()": by design here
+        scheduler.step()
+    log.warning("--resume: trainer.lr is %s in this config and %s in the checkpoint: the schedule goes on "
+                "from step %d with %s", configured[0], saved[0], step, configured[0])
 
 
 def _prune(ckpt_root: Path, keep_last: int) -> None:

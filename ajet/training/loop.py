@@ -47,8 +47,14 @@ from ajet.outputs.learning_signs import LearningSignsMonitor
 from ajet.outputs.metrics import MetricsLogger, read_metrics
 from ajet.outputs.progress import TrainingProgress
 from ajet.outputs.records import drop_records_after
-from ajet.signals import StopNow, stop_at_step_end, take_requested_stop
-from ajet.training.checkpoint import load_checkpoint, save_checkpoint
+from ajet.signals import (
+    StopNow,
+    holding_stops,
+    raise_pending_stop,
+    stop_at_step_end,
+    take_requested_stop,
+)
+from ajet.training.checkpoint import apply_lr, load_checkpoint, save_checkpoint, set_aside_corrupt
 from ajet.training.checkpoint_dir import checkpoint_step, latest_checkpoint
 from ajet.training.memory import limit_heap_retention, release_memory
 from ajet.training.model import save_final_model
@@ -75,6 +81,8 @@ class TrainingLoop:
         # A resumed run continues after its newest checkpoint: what an earlier attempt logged
         # past it (metrics, token records) is dropped so every step appears exactly once.
         # With no checkpoint yet, the run starts over: nothing of the earlier attempt is kept.
+        if resume:  # a checkpoint whose files fail their checksums is set aside, with a warning
+            set_aside_corrupt(run_dir / "checkpoints")
         resume_step = (self.resume_step() or -1) if resume else None
         if resume_step is not None:
             drop_records_after(run_dir, resume_step)
@@ -109,20 +117,24 @@ class TrainingLoop:
         if state is not None:
             self._state = state
         if optimizer is not None:  # None: a loop that never updates (tests of the loop alone)
-            optimizer.register_step_pre_hook(self._update_begins)
+            # An update that does not say when it begins (`update_begins`) begins at the latest here.
+            optimizer.register_step_pre_hook(lambda *_: self.update_begins())
 
     def keep(self, name: str, state: Callable[[], T], load: Callable[[T], None]) -> None:
         """Also checkpoint `state()` under `name`, and hand it to `load` when the run resumes
         (call before `restore`)."""
         self._kept[name] = (state, load)
 
-    def _update_begins(self, *_: object) -> None:
+    def update_begins(self) -> None:
+        """An update of the running step begins (`OptimizerStep.run` says so before its first
+        forward): from here the weights count as no longer the last finished step's, so a stop
+        neither abandons the step nor saves them as that step's checkpoint."""
         self._updates_begun += 1
         fault_point("update")
 
     @property
     def weights_are_of_last_step(self) -> bool:
-        """Whether no optimizer step has begun since the last finished step (or the restore)."""
+        """Whether no update has begun since the last finished step (or the restore)."""
         return self._updates_begun == self._updates_at_step_end
 
     def resume_step(self) -> int:
@@ -136,9 +148,12 @@ class TrainingLoop:
         if ckpt is None:
             log.warning("--resume: no checkpoint under %s; starting from step 0", self.run_dir / "checkpoints")
             return None
+        scheduler = _attached(self.scheduler, "scheduler")
+        configured = list(scheduler.base_lrs)  # trainer.lr as this run's config says
         state = load_checkpoint(ckpt, model=_attached(self._model, "model"), optimizer=self.optimizer,
-                                scheduler=self.scheduler)
+                                scheduler=scheduler)
         self.step = int(state["step"])
+        apply_lr(scheduler, configured, self.step)
         self._updates_at_step_end = self._updates_begun
         for name, (_, load) in self._kept.items():
             if name in state:  # a checkpoint written before `name` was kept has none
@@ -197,6 +212,7 @@ class TrainingLoop:
         if validate is not None and self.step == 0 and validate_at(0):
             validate()  # the starting point; a resumed run validated it before its checkpoint
         while self.step < self.total_steps:
+            raise_pending_stop()  # a stop whose KeyboardInterrupt was lost (ajet.signals) stops here
             # A stop before the step changes anything abandons it; once its update has begun
             # (or it is being committed) the step runs to its end, then the run stops.
             self._finishing = False
@@ -269,7 +285,7 @@ class TrainingLoop:
             return
         log.warning("%s: saving the checkpoint of step %d (the last finished step) before exiting", why, self.step)
         try:
-            self.save_checkpoint()
+            self._write_checkpoint()  # the run is ending already: a stop during the write adds nothing
         except (OSError, RuntimeError) as save_error:  # the original error is the one to report
             log.error("could not save the checkpoint of step %d (%s); %s", self.step, save_error, on_disk)
 
@@ -277,17 +293,27 @@ class TrainingLoop:
         return (time.monotonic() - self._saved_at) / 60
 
     def save_checkpoint(self) -> None:
+        """Write the checkpoint of the last finished step. A stop that arrives meanwhile waits for
+        the write (an interrupted `torch.save` fails the write), then stops the run."""
+        self._write_checkpoint()
+        raise_pending_stop()
+
+    def _write_checkpoint(self) -> None:
         self._saved_at = time.monotonic()
-        save_checkpoint(self.run_dir / "checkpoints", self.step, model=_attached(self._model, "model"),
-                        optimizer=self.optimizer,
-                        scheduler=self.scheduler,
-                        extra={**self._state(self.step), **{n: state() for n, (state, _) in self._kept.items()}},
-                        keep_last=self.cfg.trainer.keep_checkpoints)
+        with holding_stops(f"writing the checkpoint of step {self.step}"):
+            save_checkpoint(self.run_dir / "checkpoints", self.step, model=_attached(self._model, "model"),
+                            optimizer=self.optimizer,
+                            scheduler=self.scheduler,
+                            extra={**self._state(self.step), **{n: state() for n, (state, _) in self._kept.items()}},
+                            keep_last=self.cfg.trainer.keep_checkpoints)
 
     def save_final_model(self, out: Path | None = None) -> None:
+        """Export the model (RUN/final_model, or `out`); a stop meanwhile waits for the export."""
         lora = self.cfg.model.lora
-        save_final_model(self._model, self._tokenizer, out or self.run_dir / "final_model", lora=lora.enabled,
-                         per_role=lora.enabled and lora.per_role, export_merged=lora.export_merged)
+        with holding_stops("exporting the model"):
+            save_final_model(self._model, self._tokenizer, out or self.run_dir / "final_model", lora=lora.enabled,
+                             per_role=lora.enabled and lora.per_role, export_merged=lora.export_merged)
+        raise_pending_stop()
 
 
 class WallClock:

@@ -72,11 +72,13 @@ class OptimizerStep:
         self.max_nonfinite = trainer.max_nonfinite_steps
         self.nonfinite_in_a_row = 0
         self.nonfinite_total = 0
+        self.on_begin: Callable[[], None] = lambda: None  # `keep_in`: the loop hears when an update begins
 
     def run(self, packed: list[PackedSequence], seq_loss: SeqLoss, *, step: int | None = None) -> StepResult:
         """One optimizer step over `packed` (sequences without trained entries are skipped)."""
         result = StepResult()
         bad: set[str] = set()
+        self.on_begin()  # from here a stop waits for the update (ajet.training.loop)
         self.model.train()
         try:
             self.optimizer.zero_grad(set_to_none=True)
@@ -101,6 +103,7 @@ class OptimizerStep:
                 result.skipped, result.nonfinite = True, sorted(bad)
             else:
                 self.optimizer.step()
+                check_finite(self.model, step)
             # The gradients are spent (or poisoned): free them (as large as the weights) for what
             # runs until the next backward (rollout, evaluation, checkpoints).
             self.optimizer.zero_grad(set_to_none=True)
@@ -149,8 +152,24 @@ class OptimizerStep:
         self.nonfinite_in_a_row, self.nonfinite_total = int(state["in_a_row"]), int(state["total"])
 
     def keep_in(self, loop: TrainingLoop) -> None:
-        """Checkpoint the counters with `loop`'s checkpoints."""
+        """Checkpoint the counters with `loop`'s checkpoints, and tell `loop` when an update
+        begins (before its first forward: a stop from there on lets the step finish)."""
         loop.keep("nonfinite_steps", self.state_dict, self.load_state_dict)
+        self.on_begin = loop.update_begins
+
+
+def check_finite(model: torch.nn.Module, step: int | None) -> None:
+    """Stop the run (`DivergedError`) when an update left a non-finite trained weight, whatever
+    its cause (finite gradients through a corrupt optimizer state, an overflow in the step)."""
+    with torch.no_grad():
+        bad = [name for name, p in model.named_parameters() if p.requires_grad and not bool(torch.isfinite(p).all())]
+    if bad:
+        where = f"step {step}" if step is not None else "an update"
+        raise DivergedError(
+            f"{where} left non-finite values in {len(bad)} trained weight tensor(s) (e.g. {bad[0]}): the run stops "
+            "rather than train on or export them. They are not saved; the newest checkpoint on disk is the last "
+            "good one. If it came from a resume, its optimizer state may be damaged: resume from the one before "
+            "it (move the newest aside), or lower trainer.lr.")
 
 
 @contextlib.contextmanager
