@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
-from ajet.sandbox.box import Limits, RunResult, Sandbox
+from ajet.sandbox.box import Limits, RunResult, Sandbox, SandboxCrashed
 
 log = logging.getLogger(__name__)
 
@@ -188,10 +188,24 @@ class SandboxSession:
         return self._count(result, time.perf_counter() - started)
 
     def write_files(self, files: Mapping[str, str | bytes]) -> None:
-        self._box().write_files(files)
+        self._file_op(lambda box: box.write_files(files))
 
     def read_file(self, path: str, max_bytes: int = 1 << 20) -> bytes:
-        return self._box().read_file(path, max_bytes)
+        """The bytes of a regular file under /sandbox; a link or a FIFO the code planted is
+        refused (`SandboxRequestError`), never followed or waited on."""
+        return self._file_op(lambda box: box.read_file(path, max_bytes))
+
+    def _file_op(self, op: Any) -> Any:
+        """`op(box)`; if the sandbox died or answered out of turn (`SandboxCrashed`), it is
+        counted as crashed and dropped, so the next call gets a fresh one."""
+        box = self._box()
+        try:
+            return op(box)
+        except SandboxCrashed:
+            self.counts["crashed"] += 1
+            self._release(box)
+            self.box = None
+            raise
 
     async def arun_python(self, code: str, *, stdin: str = "") -> RunResult:
         return await asyncio.to_thread(self.run_python, code, stdin=stdin)
