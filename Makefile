@@ -111,9 +111,12 @@ bench-learning: install
 test-kill-matrix: install
 	AJET_KILL_MATRIX=full $(PY) -m pytest $(XDIST) tests/integration/test_kill_anywhere_*.py
 
-# The fuzzing run of tests/integration/test_fuzz_serve.py, longer than CI's (30 examples a route).
+# The fuzzing run of tests/integration/test_fuzz_serve.py, longer than CI's (30 examples a route),
+# then the gateway under an unauthenticated flood (2,000 idle sockets, slowloris, half-sent bodies)
+# while a client with a key calls it (scripts/fuzz/http_flood.py; tests/unit/test_http_flood.py is CI's small one).
 fuzz: install
 	AJET_FUZZ_EXAMPLES=500 $(PY) -m pytest -p no:xdist -s tests/integration/test_fuzz_serve.py
+	$(PY) -m scripts.fuzz.http_flood
 
 lint: install
 	$(VENV)/bin/ruff check ajet tests scripts tutorial

@@ -7,8 +7,9 @@ reference env server) shares against clients that connect and then hold the conn
   byte a second (slowloris) held a connection forever;
 - **connection caps**, overall and per peer address, checked when a connection is accepted: at a
   cap the connection that has waited longest without sending a whole request (idle or still
-  sending headers) is closed to make room, and only when every connection is busy with a request
-  is the new one refused. A flood of idle sockets thus costs the server at most `max_connections`
+  sending headers) is closed to make room, one that never sent a whole request before one kept
+  alive after an answer (every refusal closes its connection, so only a served client keeps
+  one), and only when every connection is busy with a request is the new one refused. A flood of idle sockets thus costs the server at most `max_connections`
   file descriptors (well below the fd limit the trainer shares in `ajet serve`), and never locks
   out a client that sends its request at once;
 - the process's soft `RLIMIT_NOFILE` raised to its hard limit when a server starts;
@@ -46,6 +47,10 @@ class ServerLimits:
     max_connections: int = 0  # 0: min(1024, the soft fd limit / 4) once the limit is raised
     max_per_peer: int = 0  # 0: max_connections / 2
     max_header_bytes: int = 16 * 1024  # h11's cap on an incomplete request head (uvicorn's default)
+    # the listen backlog, which is also how many connections asyncio accepts in one loop tick:
+    # uvicorn's 2048 let one burst of a flood evict a client's new connection before its request,
+    # already sent, was read
+    backlog: int = 128
     log_every_s: float = 10.0  # the event loop's error log: one line per message per this
 
     def resolved(self) -> ServerLimits:
@@ -74,7 +79,10 @@ class _Registry:
         self.limits = limits
         self.open: dict[Any, str] = {}  # protocol -> peer
         self.per_peer: dict[str, int] = {}
-        self.waiting: OrderedDict[Any, None] = OrderedDict()  # idle or sending headers, oldest first
+        # waiting for a request (idle or sending headers), oldest first: those that never sent
+        # a whole request, and those kept alive after an answer (evicted after the first kind)
+        self.fresh: OrderedDict[Any, None] = OrderedDict()
+        self.kept: OrderedDict[Any, None] = OrderedDict()
         self.refused = self.evicted = self.timed_out = 0
         self._reported = 0.0
 
@@ -89,7 +97,8 @@ class _Registry:
         return True
 
     def _evict(self, peer: str | None) -> bool:
-        victim = next((p for p in self.waiting if peer is None or self.open.get(p) == peer), None)
+        candidates = (p for waiting in (self.fresh, self.kept) for p in waiting)
+        victim = next((p for p in candidates if peer is None or self.open.get(p) == peer), None)
         if victim is None:
             return False
         self.evicted += 1
@@ -104,7 +113,8 @@ class _Registry:
         return False
 
     def remove(self, proto: Any) -> None:
-        self.waiting.pop(proto, None)
+        self.fresh.pop(proto, None)
+        self.kept.pop(proto, None)
         peer = self.open.pop(proto, None)
         if peer is not None:
             left = self.per_peer[peer] - 1
@@ -113,12 +123,12 @@ class _Registry:
             else:
                 del self.per_peer[peer]
 
-    def wait(self, proto: Any, waiting: bool) -> None:
-        if not waiting:
-            self.waiting.pop(proto, None)
-        elif proto in self.open:
-            self.waiting[proto] = None
-            self.waiting.move_to_end(proto)
+    def wait(self, proto: Any, waiting: bool, served: bool = False) -> None:
+        """`proto` now waits for a request (`served`: after an answer), or no longer does."""
+        self.fresh.pop(proto, None)
+        self.kept.pop(proto, None)
+        if waiting and proto in self.open:
+            (self.kept if served else self.fresh)[proto] = None
 
     def _report(self) -> None:
         now = time.monotonic()
@@ -149,7 +159,7 @@ def _protocol_class(limits: ServerLimits) -> type:
                 return
             self._admitted = True
             super().connection_made(transport)
-            self._await_request()
+            self._await_request(served=False)
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
@@ -169,13 +179,13 @@ def _protocol_class(limits: ServerLimits) -> type:
 
         def on_response_complete(self) -> None:
             if not self.transport.is_closing():
-                self._await_request()  # before uvicorn may start a pipelined request
+                self._await_request(served=True)  # before uvicorn may start a pipelined request
             super().on_response_complete()
 
-        def _await_request(self) -> None:
+        def _await_request(self, served: bool) -> None:
             self._disarm()
             self._deadline = self.loop.call_later(limits.header_timeout_s, self._header_timeout)
-            registry.wait(self, True)
+            registry.wait(self, True, served)
 
         def _disarm(self) -> None:
             if self._deadline is not None:
@@ -212,7 +222,7 @@ def uvicorn_config(app: Any, limits: ServerLimits | None = None, **kwargs: Any) 
     kwargs.setdefault("access_log", False)
     return uvicorn.Config(
         app, http=_protocol_class(limits), ws="none", timeout_keep_alive=max(1, round(limits.keep_alive_s)),
-        h11_max_incomplete_event_size=limits.max_header_bytes, **kwargs)
+        h11_max_incomplete_event_size=limits.max_header_bytes, backlog=limits.backlog, **kwargs)
 
 
 def uvicorn_server(config: uvicorn.Config) -> uvicorn.Server:
