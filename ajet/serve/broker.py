@@ -109,6 +109,7 @@ class _Group:
     task: WorkflowTask
     step: int  # the training step its task was drawn for (the curriculum's step)
     slot: int  # its place among the run's groups (1, 2, ...); a refill takes its group's slot
+    draw: int = -1  # the reader's draw of its task (`TaskReader.last_draws`): a step says it trained it
     handed: int = 0
     ended: list[Episode] = field(default_factory=list)
     replaced: list[_Group] = field(default_factory=list)  # dynamic sampling: the groups without signal it replaces
@@ -153,6 +154,9 @@ class EpisodeBroker:
             raise JudgeError("judge.type=group_rank cannot score episodes of the episode API (each gets its "
                              "reward when it finishes); use a per-episode judge, e.g. judge.type=llm")
         self.reader, self.judge, self.sessions, self.rollout = reader, judge, sessions, rollout
+        # A step trains the first complete groups, whatever step they were drawn for: the reader's
+        # checkpointed state must know which draws each step trained (a held group stays open).
+        reader.track_trained()
         self.batch_size, self.total_steps = batch_size, total_steps
         self.max_staleness, self.role = max_staleness, role
         self._policy_version, self._clock = policy_version, clock
@@ -284,6 +288,9 @@ class EpisodeBroker:
                         groups = sorted(self._ready, key=lambda g: g.step)[: self.batch_size]
                         for group in groups:
                             self._ready.remove(group)
+                        # Used up by this step (a replaced group too), once it is committed.
+                        self.reader.mark_trained([g.draw for group in groups for g in (*group.replaced, group)],
+                                                 step)
                         max_running, self._max_running = self._max_running, len(self._running)
                         break
                     timeout = self._poll_timeout_locked()
@@ -355,7 +362,7 @@ class EpisodeBroker:
         step = self._opened // self.batch_size + 1
         (task,) = self.reader.next_batch(1, step=step)
         self._opened += 1
-        group = _Group(task=task, step=step, slot=self._opened)
+        group = _Group(task=task, step=step, slot=self._opened, draw=self.reader.last_draws[0])
         self._groups.append(group)
         self._pending[group.group_id] = group
         return group
@@ -367,7 +374,8 @@ class EpisodeBroker:
         if not sampling.enabled or self._closed or group.rounds >= sampling.max_rounds or group.has_signal:
             return False
         (task,) = self.reader.next_batch(1, step=group.step)
-        refill = _Group(task=task, step=group.step, slot=group.slot, replaced=[*group.replaced, group])
+        refill = _Group(task=task, step=group.step, slot=group.slot, replaced=[*group.replaced, group],
+                        draw=self.reader.last_draws[0])
         self._groups.appendleft(refill)
         self._pending[refill.group_id] = refill
         log.debug("dynamic sampling: group %s has no signal; %s takes its place", group.group_id, refill.group_id)

@@ -11,6 +11,12 @@ A checkpoint of step N saves `state_at_end_of(N)`: the reader as it was before s
 first draw. Batches are drawn ahead of their step (the next step's rollout during an update,
 `ajet serve`'s groups opened early, a stop during step N+1's rollout); the tasks of a step that
 was never committed go back to the reader on resume instead of being skipped.
+
+Where a step may train tasks drawn for another step (`ajet serve`: the first complete groups
+train, and a slow client may hold a group drawn earlier), the source says which draws each step
+trained (`track_trained`, then `mark_trained(last_draws, step)`): the saved state is the reader
+before its earliest draw that no committed step trained, with every later draw that one did
+trained skipped. So on resume each open group is handed out again and no trained one is.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import random
+import threading
 from collections.abc import Sequence
 
 from ajet.config.schema import EvalSplit
@@ -104,6 +111,14 @@ class TaskReader:
         # Positions (epoch, position) trained before a resume although drawn after the saved
         # position (a step's late draw: `ajet serve`'s dynamic-sampling refill): skipped, once.
         self._skip: set[tuple[int, int]] = set()
+        # `track_trained`: which draw each step trained, and the state before each open draw.
+        self._tracking = False
+        self._trained: dict[int, int] = {}  # draw number -> the step that trained it
+        self._before_draw: dict[int, dict] = {}
+        self.last_draws: list[int] = []  # the draw numbers of the last `next_batch`
+        self._train_fingerprint = _fingerprint(self._train)
+        # `ajet serve` draws on the gateway's thread while the trainer's saves the state.
+        self._lock = threading.RLock()
 
     def __repr__(self) -> str:
         return (
@@ -129,6 +144,10 @@ class TaskReader:
         """The next `batch_size` train tasks; a batch may run across an epoch boundary.
 
         With a curriculum, the tasks come from its pool at training step `step`."""
+        with self._lock:
+            return self._next_batch(batch_size, step)
+
+    def _next_batch(self, batch_size: int, step: int) -> list[WorkflowTask]:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         fault_point("draw")
@@ -139,6 +158,7 @@ class TaskReader:
             self._draws += 1
             return [self._train[i] for i in idx]
         batch: list[WorkflowTask] = []
+        self.last_draws = []
         while len(batch) < batch_size:
             if self._position >= len(self._order):
                 self._epoch += 1
@@ -149,6 +169,9 @@ class TaskReader:
             if at in self._skip:  # trained before the resume
                 self._skip.discard(at)
                 continue
+            if self._tracking:  # the state before this draw: where a resume begins while it is open
+                self._before_draw[self._draw_count] = {**self.state_dict(), "epoch": at[0], "position": at[1]}
+            self.last_draws.append(self._draw_count)
             self._drawn.append((self._draw_count, step, *at))
             self._draw_count += 1
             batch.append(self._train[self._order[at[1]]])
@@ -161,16 +184,32 @@ class TaskReader:
             "seed": self.seed,
             "shuffle": self.shuffle,
             "num_train": len(self._train),
-            "train_fingerprint": _fingerprint(self._train),
+            "train_fingerprint": self._train_fingerprint,
             "curriculum_draws": self._draws,
             "skip": sorted([e, p] for e, p in self._skip),
         }
+
+    def track_trained(self) -> None:
+        """From now on a draw counts as trained only once `mark_trained` says which step trained
+        it (the source trains tasks out of the order they were drawn in)."""
+        self._tracking = True
+
+    def mark_trained(self, draws: list[int], step: int) -> None:
+        """Step `step` trained (or used up) the tasks of these draws (`last_draws` numbers)."""
+        with self._lock:
+            for draw in draws:
+                self._trained[draw] = step
 
     def state_at_end_of(self, step: int) -> dict:
         """The state as of the end of `step`: before the first draw of any later step (drawn
         ahead), else now. A task of `step` or earlier drawn after that draw (a late refill) is
         in the state's `skip`, so a resumed reader does not hand it out again. What was recorded
-        for `step` and earlier is forgotten."""
+        for `step` and earlier is forgotten. With `track_trained`: before the earliest draw that
+        no step up to `step` trained, every later draw those steps trained skipped."""
+        with self._lock:
+            return self._state_of_trained(step) if self._tracking else self._state_of_drawn(step)
+
+    def _state_of_drawn(self, step: int) -> dict:
         later = [s for s in self._before_step if s > step]
         if not later:
             state = self.state_dict()
@@ -183,9 +222,31 @@ class TaskReader:
         self._drawn = [d for d in self._drawn if d[0] >= oldest]
         return state
 
+    def _state_of_trained(self, step: int) -> dict:
+        trained = {n for n, s in self._trained.items() if s <= step}
+        open_draws = [d for d in self._drawn if d[0] not in trained]
+        if not open_draws:
+            state = self.state_dict()
+            cut = self._draw_count
+        else:
+            cut = open_draws[0][0]
+            late = [[e, p] for n, _, e, p in self._drawn if n > cut and n in trained]
+            saved = self._before_draw[cut]
+            state = {**saved, "skip": sorted(saved.get("skip", []) + late)}
+        # What lies before the cut is trained and will never be asked for again.
+        self._before_step = {s: v for s, v in self._before_step.items() if s > step}
+        self._drawn = [d for d in self._drawn if d[0] >= cut]
+        self._before_draw = {n: v for n, v in self._before_draw.items() if n >= cut}
+        self._trained = {n: s for n, s in self._trained.items() if n >= cut}
+        return state
+
     def load_state_dict(self, state: dict) -> None:
         """Continue where the saved reader stopped. The train set must be the same."""
-        if state.get("train_fingerprint") != _fingerprint(self._train):
+        with self._lock:
+            self._load_state_dict(state)
+
+    def _load_state_dict(self, state: dict) -> None:
+        if state.get("train_fingerprint") != self._train_fingerprint:
             raise TaskReaderError(
                 f"cannot resume the task reader: the train tasks changed since the checkpoint "
                 f"({state.get('num_train')} tasks then, {len(self._train)} now). Resume with the "
@@ -199,6 +260,7 @@ class TaskReader:
         self._skip = {(int(e), int(p)) for e, p in state.get("skip", [])}
         self._order = self._epoch_order(self._epoch)
         self._before_step, self._drawn = {}, []
+        self._trained, self._before_draw = {}, {}
 
     def _epoch_order(self, epoch: int) -> list[int]:
         order = list(range(len(self._train)))

@@ -61,8 +61,17 @@ class Reader:
     def __init__(self) -> None:
         self.read = 0
         self.steps: list[int] = []  # the step of each draw (a curriculum draws by step)
+        self.last_draws: list[int] = []
+        self.trained: dict[int, int] = {}  # draw -> the step that trained it
+
+    def track_trained(self) -> None:
+        pass
+
+    def mark_trained(self, draws: list[int], step: int) -> None:
+        self.trained.update(dict.fromkeys(draws, step))
 
     def next_batch(self, size: int, *, step: int = 1) -> list[WorkflowTask]:
+        self.last_draws = list(range(self.read, self.read + size))
         self.read += size
         self.steps.append(step)
         return [WorkflowTask(task_id=f"t{self.read}", main_query=f"q{self.read}",

@@ -494,3 +494,41 @@ def test_an_update_that_leaves_non_finite_weights_stops_the_run(run) -> None:
     seq = type("Seq", (), {"entry_pos": [0], "role": ""})()
     with pytest.raises(DivergedError, match="left non-finite values in 1 trained weight"):
         step.run([seq], lambda s: (r.model(torch.ones(1, 3)).sum(), {}), step=4)
+
+
+def test_a_step_that_trains_a_group_drawn_for_a_later_step_resumes_without_doubles_or_gaps() -> None:
+    """`ajet serve` with a slow client (issue 69 §2): step 1 trains the first complete groups,
+    g1 and g3 (g3 drawn for step 2), while a client holds g2. Before, the checkpoint's reader
+    resumed after g2 and before g3: t5 trained 3 times in the run and t2 once. Now every task
+    trains exactly once an epoch."""
+    def run(reader: TaskReader, draws: dict[str, tuple[int, WorkflowTask]], name: str, step: int) -> None:
+        (task,) = reader.next_batch(1, step=step)
+        draws[name] = (reader.last_draws[0], task)
+
+    reader = TaskReader(tasks(6), seed=0)
+    reader.track_trained()
+    draws: dict[str, tuple[int, WorkflowTask]] = {}
+    for name, step in (("g1", 1), ("g2", 1), ("g3", 2), ("g4", 2)):
+        run(reader, draws, name, step)
+    trained = [draws["g1"][1].task_id, draws["g3"][1].task_id]
+    reader.mark_trained([draws["g1"][0], draws["g3"][0]], 1)
+    state = reader.state_at_end_of(1)  # checkpoint 1, then SIGTERM, then --resume
+
+    resumed = TaskReader(tasks(6), seed=0)
+    resumed.track_trained()
+    resumed.load_state_dict(state)
+    trained += [t.task_id for t in resumed.next_batch(10, step=2)]  # steps 2..6 of 2 groups: the rest
+    assert sorted(trained) == sorted([f"t{i}" for i in range(6)] * 2)
+    assert trained[2] == draws["g2"][1].task_id  # the held group is handed out again, first
+
+
+def test_a_reader_that_tracks_training_keeps_an_unmarked_draw_open() -> None:
+    """A draw no committed step trained goes back; one a later step (not committed) trained too."""
+    reader = TaskReader(tasks(4), seed=0, shuffle=False)
+    reader.track_trained()
+    first = reader.next_batch(2, step=1)
+    reader.mark_trained(reader.last_draws[:1], 1)
+    reader.mark_trained(reader.last_draws[1:], 2)  # step 2 took it, and never committed
+    resumed = TaskReader(tasks(4), seed=0, shuffle=False)
+    resumed.load_state_dict(reader.state_at_end_of(1))
+    assert [t.task_id for t in resumed.next_batch(3, step=2)] == [first[1].task_id, "t2", "t3"]
