@@ -240,18 +240,26 @@ class TaskReader:
         self._trained = {n: s for n, s in self._trained.items() if n >= cut}
         return state
 
-    def load_state_dict(self, state: dict) -> None:
-        """Continue where the saved reader stopped. The train set must be the same."""
+    def load_state_dict(self, state: dict, *, allow_changed: bool = False) -> None:
+        """Continue where the saved reader stopped. The train set must be the same, unless
+        `allow_changed` (`--resume-changed`): then the saved epoch goes on over the new tasks,
+        from its beginning (a position in the old order means nothing in the new one)."""
         with self._lock:
-            self._load_state_dict(state)
+            if state.get("train_fingerprint") == self._train_fingerprint:
+                self._load_state_dict(state)
+                return
+            then = f"({state.get('num_train')} tasks then, {len(self._train)} now)"
+            if not allow_changed:
+                raise TaskReaderError(
+                    f"cannot resume the task reader: the train tasks changed since the checkpoint {then}. Resume "
+                    "with the same task data, pass --resume-changed to go on over the new tasks, or start a "
+                    "fresh run.")
+            logger.warning("--resume-changed: the train tasks changed since the checkpoint %s: epoch %s goes on "
+                           "over the new tasks from their beginning", then, state.get("epoch"))
+            self._load_state_dict({**state, "train_fingerprint": self._train_fingerprint,
+                                   "num_train": len(self._train), "position": 0, "skip": []})
 
     def _load_state_dict(self, state: dict) -> None:
-        if state.get("train_fingerprint") != self._train_fingerprint:
-            raise TaskReaderError(
-                f"cannot resume the task reader: the train tasks changed since the checkpoint "
-                f"({state.get('num_train')} tasks then, {len(self._train)} now). Resume with the "
-                "same task data, or start a fresh run."
-            )
         self.seed = int(state["seed"])
         self.shuffle = bool(state["shuffle"])
         self._epoch = int(state["epoch"])

@@ -70,5 +70,5 @@ class RolloutRun:
         """Continue a resumed run from its newest checkpoint: weights, optimizer, schedule, reader."""
         state = self.loop.restore()
         if state is not None:
-            self.reader.load_state_dict(state["reader"])
+            self.reader.load_state_dict(state["reader"], allow_changed=self.loop.cfg.project.resume_changed)
             self.rollout.engine.bump_version()

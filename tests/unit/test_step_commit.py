@@ -532,3 +532,83 @@ def test_a_reader_that_tracks_training_keeps_an_unmarked_draw_open() -> None:
     resumed = TaskReader(tasks(4), seed=0, shuffle=False)
     resumed.load_state_dict(reader.state_at_end_of(1))
     assert [t.task_id for t in resumed.next_batch(3, step=2)] == [first[1].task_id, "t2", "t3"]
+
+
+def test_a_full_disk_while_writing_a_steps_records_is_a_message_and_leaves_no_temp_file(tmp_path, monkeypatch) -> None:
+    """Before: a traceback from write_step_records, and step_000004.jsonl.tmp left behind."""
+    import builtins
+    import errno
+
+    import ajet.outputs.records as records
+
+    real_open = builtins.open
+
+    class Full:
+        def __init__(self, handle) -> None:  # noqa: ANN001
+            self.handle = handle
+
+        def __enter__(self):  # noqa: ANN204
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.handle.close()
+
+        def write(self, data: str) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(records, "open", lambda *a, **k: Full(real_open(*a, **k)), raising=False)
+    from ajet.context.types import Sample
+
+    sample = Sample(input_ids=[1, 2], loss_mask=[0, 1], old_logprobs=[0.0, -1.0], advantage=[0.0, 1.0],
+                    group_id="g", episode_id="e")
+    with pytest.raises(DiskFullError, match="token records of step 4 could not be written.*no space left"):
+        records.write_step_records(tmp_path, 4, [sample], decode_token=str, episode_info={})
+    assert not list((tmp_path / "records").iterdir())
+
+
+def test_resume_changed_goes_on_over_changed_tasks_and_plain_resume_refuses_them(caplog) -> None:
+    """Before, --resume-changed still refused a changed task file, though the flag exists for it."""
+    from ajet.errors import TaskReaderError
+
+    reader = TaskReader(tasks(6), seed=0)
+    reader.next_batch(4, step=1)
+    reader.next_batch(4, step=2)  # into epoch 1
+    state = reader.state_at_end_of(2)
+    changed = TaskReader(tasks(9), seed=0)
+    with pytest.raises(TaskReaderError, match="--resume-changed"):
+        changed.load_state_dict(state)
+    changed.load_state_dict(state, allow_changed=True)
+    assert changed.epoch == 1
+    assert len({t.task_id for t in changed.next_batch(9, step=3)}) == 9  # the new epoch from its start
+    assert "the train tasks changed since the checkpoint (6 tasks then, 9 now)" in caplog.text
+
+
+def test_a_second_ctrl_c_during_an_overlapped_update_is_stopnow() -> None:
+    """Before, the first stop was caught in _update_step with no record, so the second raised a
+    plain KeyboardInterrupt and the loop saved from weights the update was still changing."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from ajet.rl.recipe import RLRecipe
+    from ajet.rollout.overlap import OverlappedEpisodes
+    from ajet.signals import StopNow, stop_on_signals
+
+    recipe = RLRecipe.__new__(RLRecipe)
+    recipe.source = OverlappedEpisodes.__new__(OverlappedEpisodes)
+    recipe.source.prefetch = lambda step: None
+    recipe.cfg = SimpleNamespace(trainer=SimpleNamespace(total_steps=5))
+    recipe.rollout = SimpleNamespace(loop=asyncio.new_event_loop())
+
+    def update(batch, *, step, overlap):  # noqa: ANN001, ANN202 - stands in for RLRecipe.update
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGINT)  # the second, while _update_step waits for this update
+        time.sleep(0.3)
+        return {}
+
+    recipe.update = update
+    try:
+        with stop_on_signals(), pytest.raises(StopNow):
+            recipe._update_step(None, 1)
+    finally:
+        recipe.rollout.loop.close()
