@@ -17,7 +17,9 @@ What is isolated (bubblewrap, `--unshare-all`; docs/sandbox.md):
   further user namespaces (`--disable-userns` where bubblewrap has it) and a seccomp filter
   (`seccomp.py`: no ptrace, no new namespaces, no mounts, no memfds or SysV shared memory);
 - a server the code cannot reach: it is not dumpable (no /proc/<pid>/fd, mem or ptrace for the
-  code), and every answer must echo its request's random nonce, else the sandbox is dropped;
+  code), its pipes to the host are not bubblewrap's stdio (which pid 1 keeps, and pid 1's
+  /proc/1/fd is open to the code), and every answer must echo its request's random nonce,
+  else the sandbox is dropped;
 - per call: CPU seconds, address space, file size and open files as rlimits, the wall clock,
   the output size and the number of processes enforced by the server, and every process of
   the namespace killed when the call ends. Where this process may create cgroups (v1, or a
@@ -213,13 +215,18 @@ class Sandbox:
             (cgroups_usable() or "v1") if use_cgroups else "")
         self.use_cgroups = bool(self.cgroup_kind)
         self.proc: subprocess.Popen | None = None
+        # the channel to the server: requests out, answers in (not bubblewrap's stdin/stdout,
+        # which its pid 1 inside keeps open, and pid 1 is dumpable: /proc/1/fd/1 was a way in)
+        self._to: Any = None
+        self._from: Any = None
         self._cgroup: cgroups.Cgroup | None = None
         self._lock = threading.Lock()
         self.name = f"ajet-sb-{os.getpid()}-{next(_ids)}"
 
     # ------------------------------------------------------------------ lifecycle
-    def argv(self, seccomp_fd: int | None = None) -> list[str]:
-        """bubblewrap's command line; `seccomp_fd`: a file descriptor it reads the filter from."""
+    def argv(self, seccomp_fd: int | None = None, channel: tuple[int, int] = (0, 1)) -> list[str]:
+        """bubblewrap's command line; `seccomp_fd`: a file descriptor it reads the filter from;
+        `channel`: the descriptors the server reads requests from and writes answers to."""
         argv = [bwrap_path(), "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session",
                 "--cap-drop", "ALL", "--uid", "65534", "--gid", "65534", "--hostname", "sandbox"]
         if "--disable-userns" in bwrap_options():  # bubblewrap >= 0.8; else the seccomp filter's
@@ -249,7 +256,7 @@ class Sandbox:
                  "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/sandbox",
                  "--setenv", "LANG", "C.UTF-8", "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
                  "--setenv", "PYTHONUNBUFFERED", "1",
-                 self.python, "-I", INSIDE_AT]
+                 self.python, "-I", INSIDE_AT, str(channel[0]), str(channel[1])]
         return argv
 
     def start(self, timeout_s: float = 20.0) -> Sandbox:
@@ -261,20 +268,25 @@ class Sandbox:
             self._cgroup = cgroups.create(self.cgroup_kind, self.name, self.limits.memory_mb * 2 << 20,
                                           self.limits.processes + 4)
         filter_r, filter_w = os.pipe()  # a few hundred bytes: the pipe's buffer holds them
+        # Extra descriptors reach the server, and bubblewrap's pid 1 closes them in itself
+        requests_r, requests_w = os.pipe()
+        answers_r, answers_w = os.pipe()
+        self._to, self._from = open(requests_w, "wb"), open(answers_r, "rb")
         try:
             with open(filter_w, "wb") as fh:
                 fh.write(program)
-            argv = self.argv(seccomp_fd=filter_r)
+            argv = self.argv(seccomp_fd=filter_r, channel=(requests_r, answers_w))
             if self._cgroup is not None:
                 argv = self._cgroup.wrap(argv)
-            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                          stderr=subprocess.PIPE, start_new_session=True, env=BWRAP_ENV,
-                                         pass_fds=(filter_r,))
+                                         pass_fds=(filter_r, requests_r, answers_w))
         except OSError as exc:
-            self._drop_cgroup()
+            self.close()
             raise SandboxUnavailableError(f"cannot start bubblewrap ({bwrap_path()}): {exc}") from exc
         finally:
-            os.close(filter_r)
+            for fd in (filter_r, requests_r, answers_w):
+                os.close(fd)
         hello = self._read_frame(timeout_s)
         if hello is None or not hello.get("ready"):
             err = self._stderr_tail()
@@ -290,10 +302,15 @@ class Sandbox:
             except ProcessLookupError:
                 pass
             proc.wait(timeout=10)
-        if proc is not None:
-            for stream in (proc.stdin, proc.stdout, proc.stderr):
-                if stream is not None:
+        if proc is not None and proc.stderr is not None:
+            proc.stderr.close()
+        for stream in (self._to, self._from):
+            if stream is not None:
+                try:
                     stream.close()
+                except OSError:  # a request still buffered for a dead server
+                    pass
+        self._to = self._from = None
         self._drop_cgroup()
 
     def _drop_cgroup(self) -> None:
@@ -356,8 +373,8 @@ class Sandbox:
                 raise SandboxCrashed("the sandbox is not running")
             data = json.dumps({**request, "nonce": nonce}).encode()
             try:
-                self.proc.stdin.write(struct.pack(">I", len(data)) + data)  # type: ignore[union-attr]
-                self.proc.stdin.flush()  # type: ignore[union-attr]
+                self._to.write(struct.pack(">I", len(data)) + data)
+                self._to.flush()
             except (BrokenPipeError, OSError) as exc:
                 raise SandboxCrashed(f"the sandbox closed its input: {exc}") from exc
             answer = self._read_frame(timeout_s)
@@ -375,14 +392,15 @@ class Sandbox:
     def _read_frame(self, timeout_s: float) -> dict[str, Any] | None:
         """One answer, or None when the server died or did not answer within `timeout_s`
         (then the sandbox is killed)."""
-        assert self.proc is not None and self.proc.stdout is not None
+        assert self.proc is not None and self._from is not None
+        answers = self._from
         box: list[Any] = []
 
         def read() -> None:
             try:
-                head = self.proc.stdout.read(4)  # type: ignore[union-attr]
+                head = answers.read(4)
                 if len(head) == 4:
-                    body = self.proc.stdout.read(struct.unpack(">I", head)[0])  # type: ignore[union-attr]
+                    body = answers.read(struct.unpack(">I", head)[0])
                     box.append(json.loads(body))
             except (OSError, ValueError):
                 pass

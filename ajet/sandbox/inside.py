@@ -2,8 +2,9 @@
 that the sandbox binds read-only, without ajet installed).
 
 The host (`ajet.sandbox.box.Sandbox`) starts it once per sandbox under bubblewrap and sends
-requests as frames (4-byte big-endian length + JSON) on its stdin; answers come back on its
-stdout. A warm server makes a call cost a fork, not an interpreter start:
+requests as frames (4-byte big-endian length + JSON) on a pipe whose descriptor is the first
+argument; answers go back on the second (not stdin/stdout: bubblewrap's pid 1 inside keeps
+those open, and the code may open /proc/1/fd; it closes the extra ones). A warm server makes a call cost a fork, not an interpreter start:
 
     {"op": "run", "code": "...", "stdin": "", "limits": {...}}   python code, in a forked child
     {"op": "run", "argv": ["sh", "-c", "..."], ...}              a program, forked and exec'd
@@ -29,6 +30,7 @@ outlives it.
 import base64
 import ctypes
 import errno
+import fcntl
 import io
 import json
 import os
@@ -327,9 +329,25 @@ def read(req):
     return {"data": base64.b64encode(data[:limit]).decode(), "truncated": len(data) > limit}
 
 
+def low_fd(fd):
+    """`fd` moved to the lowest free descriptor above 2, close-on-exec (the host's numbers may
+    be high; a call's child closes 3..4095)."""
+    new = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+    if fd > 2:
+        os.close(fd)
+    return new
+
+
 def main():
     not_dumpable()
-    cin, cout = os.dup(0), os.dup(1)
+    cin, cout = (int(sys.argv[1]), int(sys.argv[2])) if len(sys.argv) > 2 else (0, 1)
+    cin, cout = low_fd(cin), low_fd(cout)
+    for name in os.listdir("/proc/self/fd"):  # nothing else of the host's (a call's child closes < 4096)
+        if int(name) > 2 and int(name) not in (cin, cout):
+            try:
+                os.close(int(name))
+            except OSError:
+                pass
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
     os.dup2(null, 1)
