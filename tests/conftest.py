@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import signal
 from collections.abc import Callable
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -302,3 +303,12 @@ def _no_stop_carried_over():
     reset()
     yield
     reset()
+
+
+# CI may start the suite as a background job (`nohup make test &`), where the shell sets SIGINT
+# (and nohup SIGHUP) to ignored. ajet rightly keeps an inherited "ignore" (ajet.signals), so the
+# runs these tests start and then stop would ignore the very signals the tests send: the tests
+# set the disposition of what they start (children inherit the defaults again).
+for _signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    if signal.getsignal(_signum) is signal.SIG_IGN:
+        signal.signal(_signum, signal.default_int_handler if _signum == signal.SIGINT else signal.SIG_DFL)

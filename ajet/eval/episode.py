@@ -227,20 +227,34 @@ def watched_files(cfg: AjetConfig) -> list[Path]:
     return [Path(spec.origin)] if spec is not None and spec.origin else []
 
 
-def file_stamps(files: list[Path]) -> dict[Path, float]:
-    """Each file's modification time (0 for a file that is not there)."""
-    return {f: f.stat().st_mtime if f.exists() else 0.0 for f in files}
+Stamp = tuple[int, int, int]
 
 
-def wait_for_change(files: list[Path], before: dict[Path, float] | None = None, *,
-                    interval_s: float = 0.5) -> tuple[Path, dict[Path, float]]:
+def file_stamps(files: list[Path]) -> dict[Path, Stamp]:
+    """Each file's (modification time in ns, size, inode); zeros for a file that is not there.
+    The size and inode too: a save that truncates the file, then writes it, can fall in one tick
+    of the kernel's clock, so a stamp taken between the two (a half-written file, whose import
+    fails) would otherwise equal the finished file's, and that save would never be seen."""
+    stamps: dict[Path, Stamp] = {}
+    for f in files:
+        try:
+            st = f.stat()
+        except FileNotFoundError:
+            stamps[f] = (0, 0, 0)
+            continue
+        stamps[f] = (st.st_mtime_ns, st.st_size, st.st_ino)
+    return stamps
+
+
+def wait_for_change(files: list[Path], before: dict[Path, Stamp] | None = None, *,
+                    interval_s: float = 0.5) -> tuple[Path, dict[Path, Stamp]]:
     """Block until one of `files` differs from `before` (their `file_stamps` when the workflow
     was imported, so that a save during the episode counts; default: now) and return it with
     the stamps it was found at."""
     before = file_stamps(files) if before is None else before
     while True:
         now = file_stamps(files)
-        changed = [f for f in files if now[f] != before.get(f, 0.0)]
+        changed = [f for f in files if now[f] != before.get(f, (0, 0, 0))]
         if changed:
             return changed[0], now
         time.sleep(interval_s)

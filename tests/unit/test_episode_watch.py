@@ -65,3 +65,19 @@ def test_wait_for_change_returns_the_file_written(project: Path) -> None:
     before = file_stamps(files)
     os.utime(files[0], (stat.st_atime, stat.st_mtime + 9))
     assert wait_for_change(files, before, interval_s=0.05)[0] == files[0]
+
+
+def test_a_save_in_the_same_clock_tick_as_a_half_written_file_is_seen(project: Path) -> None:
+    """A save truncates, then writes; on a loaded machine the watch stamped the half-written file
+    between the two, its import failed, and the finished file (same mtime: one kernel tick)
+    was never imported (the --watch test timed out under 3 workers on 2 cores)."""
+    import os
+
+    target, files = project / "helper.py", [project / "wf.py", project / "helper.py"]
+    text = target.read_text()
+    target.write_text("")  # the half-written file, as the watch saw it
+    half = file_stamps(files)
+    mtime = target.stat().st_mtime_ns
+    target.write_text(text + "\n# saved\n")
+    os.utime(target, ns=(mtime, mtime))  # the same tick
+    assert wait_for_change(files, half, interval_s=0.05)[0] == target
