@@ -38,6 +38,7 @@ import itertools
 import json
 import os
 import re
+import resource
 import secrets
 import shutil
 import struct
@@ -292,7 +293,30 @@ class Sandbox:
             err = self._stderr_tail()
             self.close()
             raise SandboxUnavailableError(unavailable_message(err))
+        self._cap_init()
         return self
+
+    # bubblewrap's pid 1 inside runs as the code's uid and is dumpable: ptrace is refused (the
+    # seccomp filter) but /proc/1/mem is not, so code could write itself into pid 1, which no
+    # call's cleanup kills (kill(-1) spares init) and which had the host's rlimits. These caps
+    # bound such a pid 1; past INIT_CPU_S it dies, and the whole sandbox with it (crashed).
+    INIT_CPU_S = 5
+    INIT_ADDRESS_SPACE = 64 << 20  # bubblewrap's init uses ~3 MiB
+
+    def _cap_init(self) -> None:
+        """Lower the rlimits of bubblewrap's pid 1 (the child of the bubblewrap we started)."""
+        assert self.proc is not None
+        for pid in _children(self.proc.pid):
+            try:
+                resource.prlimit(pid, resource.RLIMIT_CPU, (self.INIT_CPU_S, self.INIT_CPU_S + 1))
+                resource.prlimit(pid, resource.RLIMIT_AS, (self.INIT_ADDRESS_SPACE, self.INIT_ADDRESS_SPACE))
+                resource.prlimit(pid, resource.RLIMIT_NPROC, (self.limits.processes, self.limits.processes))
+            except ProcessLookupError:
+                continue
+            except OSError as exc:
+                self.close()
+                raise SandboxUnavailableError(f"the sandbox cannot start: cannot cap the rlimits of "
+                                              f"bubblewrap's pid 1 (host pid {pid}): {exc}") from exc
 
     def close(self) -> None:
         proc, self.proc = self.proc, None
@@ -430,6 +454,24 @@ class Sandbox:
             return proc.stderr.read().decode(errors="replace")[-2000:].strip()
         except (OSError, ValueError):
             return ""
+
+
+def _children(pid: int) -> list[int]:
+    """The pids whose parent is `pid` (/proc/<pid>/task/<pid>/children, else a scan of /proc)."""
+    try:
+        return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except FileNotFoundError:  # a kernel without CONFIG_PROC_CHILDREN
+        pass
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
 
 
 class SandboxCrashed(Exception):  # noqa: N818 - a state, handled inside this module

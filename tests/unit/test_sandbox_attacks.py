@@ -157,6 +157,18 @@ def test_code_cannot_trace_or_read_the_server_or_pid_1(box: Sandbox) -> None:
     assert box.run_python("print(6 * 7)").stdout == "42\n"
 
 
+@needs_bwrap
+def test_bubblewrap_pid_1_which_the_code_can_write_is_capped(box: Sandbox) -> None:
+    """pid 1 is dumpable and of the code's uid: /proc/1/mem opens read-write (ptrace does not).
+    Code written into it would outlive every call, so it has small rlimits of its own."""
+    result = fresh(box).run_python(
+        "import os\nos.close(os.open('/proc/1/mem', os.O_RDWR))\n"
+        "limits = {line[:26].strip(): line[26:].split()[:2] for line in open('/proc/1/limits')}\n"
+        "print(*limits['Max cpu time'], *limits['Max address space'])")
+    assert result.status == "ok", result
+    assert result.stdout.split() == ["5", "6", str(64 << 20), str(64 << 20)], result.stdout
+
+
 # ------------------------------------------------------------------ 3. the seccomp filter
 @needs_bwrap
 def test_new_namespaces_and_other_kernel_surfaces_are_refused(box: Sandbox) -> None:
