@@ -27,7 +27,8 @@ ExpDir = Annotated[Path | None, typer.Option("--exp-dir", help="Experiment root 
 Resume = Annotated[bool, typer.Option("--resume", help="Continue from the run's last checkpoint.")]
 ResumeChanged = Annotated[bool, typer.Option(
     "--resume-changed", help="--resume although the model, the data files or the batch shape differ from "
-                             "the ones the run started with.")]
+                             "the ones the run started with (over changed train tasks, the saved epoch goes on "
+                             "from their beginning).")]
 Fresh = Annotated[bool, typer.Option(
     "--fresh", help="Start a new run where the run directory holds an earlier one: that one is moved to "
                     "RUN.<date-time> first (nothing is deleted).")]

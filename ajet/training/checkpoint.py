@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from ajet.errors import DiskFullError, RunDataError
-from ajet.faults import fault_point
+from ajet.faults import fault_point, slow_write
 from ajet.files import free_mib, fsync_dir, is_disk_full, write_text_atomic
 from ajet.training.adapters import adapter_parameters, role_adapters
 from ajet.training.checkpoint_dir import _COMPLETE, MAKE_ROOM, checkpoint_step, latest_checkpoint
@@ -177,6 +177,7 @@ class _Hashing:
 
 def _save(path: Path, obj: Any) -> str:
     """`obj` into `path`, synced; the sha256 of the bytes written."""
+    slow_write()  # the kill-anywhere tests: a stop that races the write lands inside it
     with open(path, "wb") as handle:
         hashing = _Hashing(handle)
         torch.save(obj, hashing)  # type: ignore[arg-type]  # a writable file object: write() and flush()

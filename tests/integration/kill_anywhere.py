@@ -36,24 +36,35 @@ TOKEN = "kill-anywhere"
 TASKS, BATCH, N = 8, 2, 2  # make_run's 8 tasks, 2 per step, 2 episodes each: an epoch is 4 steps
 MODES = {
     "in_process": [],
+    # --with-ray: the episodes run in Ray actors, and the driver's Ray (ray.init installs its own
+    # SIGTERM handler) must not take the stop away from ajet's
+    "ray": ["ray.num_rollout_workers=1", "--with-ray"],
+    # in-process, each stop doubled (a second signal 0.2 s after the first: during the update it
+    # waits for, or the checkpoint it waits to write) and every checkpoint file's write slowed
+    # (AJET_FAULT_SLOW_WRITE_S), so that a stop racing a write lands inside it
+    "double": [],
     "overlap": ["rollout.max_staleness=1", "rollout.engine_dtype=float16", "algorithm.tis_cap=2"],
     # `ajet serve` (rollout.max_staleness 1: the next step's groups open before this one commits),
     # with two client threads that keep running episodes across the server's restarts
     "serve": ["trainer.val_every=0", f"serve.client_token={TOKEN}", "rollout.max_staleness=1", "algorithm.tis_cap=2"],
 }
 SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGKILL]
+DOUBLE_SIGNALS = [signal.SIGINT, signal.SIGTERM]  # a second SIGKILL adds nothing
+SLOW_WRITE_S = "0.3"
 # `make test` runs one chain a mode, its phases stopped by the three signals in turn, shifted by
 # one from mode to mode (a Latin square): every signal stops every phase in one of the modes
 # (but validation, which `ajet serve` has not: SIGTERM and SIGKILL stop it), and every mode sees
 # every signal. AJET_KILL_MATRIX=full (`make test-kill-matrix`) runs the whole
 # matrix instead, a chain per mode and signal (three times as long: ~20 min of worker time on
 # the AVX2-only type).
-MODE_SHIFT = {"in_process": 0, "overlap": 1, "serve": 2}
+MODE_SHIFT = {"in_process": 0, "overlap": 1, "serve": 2, "double": 0, "ray": 1}
 
 
 def chains(mode: str) -> list[signal.Signals | None]:
     """The parameters of a mode's test: None (the signals in turn), or each signal alone."""
-    return list(SIGNALS) if os.environ.get("AJET_KILL_MATRIX") == "full" else [None]
+    if os.environ.get("AJET_KILL_MATRIX") != "full":
+        return [None]
+    return list(DOUBLE_SIGNALS if mode == "double" else SIGNALS)
 
 
 def chain_id(signum: signal.Signals | None) -> str:
@@ -70,9 +81,10 @@ class ForkServer:
         assert json.loads(self.proc.stdout.readline()) == {"ready": True}
         self.cwd = cwd
 
-    def ajet(self, *argv: str, fault: str = "", log: Path, timeout_s: int = 300) -> int:
-        request = {"argv": list(argv), "env": {"AJET_FAULT": fault} if fault else {}, "cwd": str(self.cwd),
-                   "log": str(log), "timeout_s": timeout_s}
+    def ajet(self, *argv: str, fault: str = "", env: dict[str, str] | None = None, log: Path,
+             timeout_s: int = 300) -> int:
+        request = {"argv": list(argv), "env": {**(env or {}), **({"AJET_FAULT": fault} if fault else {})},
+                   "cwd": str(self.cwd), "log": str(log), "timeout_s": timeout_s}
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
         return int(json.loads(self.proc.stdout.readline())["rc"])
@@ -99,9 +111,12 @@ def stop_at_every_phase_and_resume(tmp_path: Path, tiny_model_dir: Path, mode: s
         phases.remove("validation")  # `ajet serve` does not validate (trainer.val_every=0)
         clients = Clients(f"http://127.0.0.1:{port}", TOKEN, count=2)
     server = ForkServer(tmp_path)
+    double = mode == "double"
+    signals = DOUBLE_SIGNALS if double else SIGNALS
+    env = {"AJET_FAULT_SLOW_WRITE_S": SLOW_WRITE_S} if double else {}
     try:
         for index, phase in enumerate(phases):
-            signum = only or SIGNALS[(PHASES.index(phase) + MODE_SHIFT[mode]) % len(SIGNALS)]
+            signum = only or signals[(PHASES.index(phase) + MODE_SHIFT[mode]) % len(signals)]
             log = tmp_path / f"run_{index}_{phase}_{signum.name}.log"
             resume = ["--resume"] if index else []
             # An episode of a step, not of the validation that a run from step 0 starts with. Around
@@ -110,7 +125,8 @@ def stop_at_every_phase_and_resume(tmp_path: Path, tiny_model_dir: Path, mode: s
             after_uncheckpointed = latest(run) + 2 + latest(run) % 2
             at = {"episode": f"{latest(run) + 1}+", "rollout": f"{after_uncheckpointed}+",
                   "update": f"{after_uncheckpointed}+", "updated": f"{after_uncheckpointed}+"}.get(phase, "*")
-            rc = server.ajet(*args, *resume, fault=f"{phase}@{at}:{signum.name}", log=log)
+            rc = server.ajet(*args, *resume, fault=f"{phase}@{at}:{signum.name}{'x2' if double else ''}", env=env,
+                             log=log)
             err = log.read_text()
             where = f"{mode}, {signum.name} at {phase}: exit {rc}\n{err[-3000:]}"
             if signum == signal.SIGKILL:
@@ -119,7 +135,10 @@ def stop_at_every_phase_and_resume(tmp_path: Path, tiny_model_dir: Path, mode: s
                 assert rc == 130, where
                 assert f"ajet: stopped ({signum.name})" in err and "--resume" in err, where
                 steps = train_steps(run)
-                if steps:  # a clean stop commits every step it logged
+                # A clean stop commits every step it logged. A second stop saves nothing more (a
+                # checkpoint it interrupts is not written): like SIGKILL, it may leave logged steps
+                # past the newest checkpoint, which the resume drops and trains again.
+                if steps and not double:
                     assert latest(run) == steps[-1], where
             check_logged_once_and_checkpoints(run, where)
         log = tmp_path / "run_last.log"

@@ -12,9 +12,10 @@ from ajet import faults
 
 
 def test_the_spec_names_a_phase_a_step_or_range_and_a_signal() -> None:
-    assert faults.parse("update@2:SIGTERM") == ("update", (2, 2), signal.SIGTERM)
-    assert faults.parse("draw@3+:SIGKILL") == ("draw", (3, math.inf), signal.SIGKILL)
-    assert faults.parse("export@*:SIGINT") == ("export", (-math.inf, math.inf), signal.SIGINT)
+    assert faults.parse("update@2:SIGTERM") == ("update", (2, 2), signal.SIGTERM, 1)
+    assert faults.parse("draw@3+:SIGKILL") == ("draw", (3, math.inf), signal.SIGKILL, 1)
+    assert faults.parse("export@*:SIGINT") == ("export", (-math.inf, math.inf), signal.SIGINT, 1)
+    assert faults.parse("commit@*:SIGTERMx2") == ("commit", (-math.inf, math.inf), signal.SIGTERM, 2)
     for bad in ("update", "update@2", "nowhere@1:SIGINT", "update@x:SIGINT", "update@1:SIGNOPE"):
         with pytest.raises(ValueError, match=r"AJET_FAULT=.*<phase>@<step>:<SIGNAL>"):
             faults.parse(bad)
