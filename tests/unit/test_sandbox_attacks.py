@@ -23,15 +23,22 @@ SECRET = "sk-audit-0123456789abcdef"
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed here")
 
 
-@pytest.fixture(scope="module")
-def box():
+# The attacks run twice where this machine lets ajet make cgroups (the issue asks for both):
+# without them (rlimits, the seccomp filter and the tmpfs caps alone: the hard case, every
+# container without a delegated cgroup), and with the cgroup kind this machine has.
+CGROUPS = ["none"] + ([cgroups.usable()] if shutil.which("bwrap") and cgroups.usable() else [])
+
+
+@pytest.fixture(scope="module", params=CGROUPS, ids=lambda kind: f"cgroups_{kind}")
+def box(request: pytest.FixtureRequest):
     """A sandbox started while this process's environment holds a secret (an API key)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("OPENAI_API_KEY", SECRET)
         patch.setenv("AJET_SANDBOX_TOKEN", SECRET)
         if shutil.which("bwrap") is None:
             pytest.skip("bubblewrap is not installed here")
-        sandbox = Sandbox(LIMITS, use_cgroups=False).start()
+        sandbox = Sandbox(LIMITS, use_cgroups=request.param != "none").start()
+        assert sandbox.cgroup_kind == ("" if request.param == "none" else request.param)
     yield sandbox
     sandbox.close()
 
