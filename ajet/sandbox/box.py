@@ -11,18 +11,20 @@ What is isolated (bubblewrap, `--unshare-all`; docs/sandbox.md):
 - a throwaway filesystem: /sandbox (the work dir), /tmp and /dev/shm are size-capped tmpfs that
   die with the sandbox; /usr and the interpreter's prefix are read-only, the root and /dev are
   read-only, and nothing else of the host (/etc, /home, /root, the repository) is there;
-- no secret of the host: bubblewrap itself starts with an environment of PATH and LANG only
-  (its pid 1 inside keeps the environment it was started with, `/proc/1/environ`);
+- no secret of the host: the code's environment is set afresh (`--clearenv`), and bubblewrap
+  itself starts with an environment of PATH and LANG only;
 - an unprivileged user (uid 65534, no capabilities), its own PID namespace and session, no
   further user namespaces (`--disable-userns` where bubblewrap has it) and a seccomp filter
   (`seccomp.py`: no ptrace, no new namespaces, no mounts, no memfds or SysV shared memory);
-- a server the code cannot reach: it is not dumpable (no /proc/<pid>/fd, mem or ptrace for the
-  code), its pipes to the host are not bubblewrap's stdio (which pid 1 keeps, and pid 1's
-  /proc/1/fd is open to the code), and every answer must echo its request's random nonce,
-  else the sandbox is dropped;
+- a server the code cannot reach: it is the namespace's pid 1 (`--as-pid-1`: no reaper of
+  bubblewrap's, which ran as the code's uid and was dumpable, so code could write itself into
+  it through /proc/1/mem), it is not dumpable (no /proc/1/fd, mem, environ or ptrace for the
+  code), it keeps no signal handler (the kernel drops the code's signals to a pid 1 without
+  one: the code cannot kill it), its pipes to the host are extra descriptors, and every answer
+  must echo its request's random nonce, else the sandbox is dropped;
 - per call: CPU seconds, address space, file size and open files as rlimits, the wall clock,
   the output size and the number of processes enforced by the server, and every process of
-  the namespace killed when the call ends. Where this process may create cgroups (v1, or a
+  the namespace killed (and reaped: the server is their pid 1) when the call ends. Where this process may create cgroups (v1, or a
   delegated v2 subtree: `cgroups.py`), the sandbox also gets `pids.max` and a memory limit over
   all its processes (`Isolation.cgroups`).
 
@@ -38,7 +40,6 @@ import itertools
 import json
 import os
 import re
-import resource
 import secrets
 import shutil
 import struct
@@ -193,8 +194,9 @@ def bwrap_options() -> frozenset[str]:
     return frozenset(re.findall(r"^\s+(--[\w-]+)", text, re.MULTILINE))
 
 
-# bubblewrap's own environment, which its pid 1 inside keeps (`/proc/1/environ`): nothing of
-# the trainer's (API keys, tokens). What the code sees is set by --clearenv/--setenv below.
+# bubblewrap's own environment: nothing of the trainer's (API keys, tokens). Its reaper inside
+# kept it, readable at /proc/1/environ; with --as-pid-1 there is none, and the server and the
+# code get the environment of --clearenv/--setenv below.
 BWRAP_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 
 
@@ -216,8 +218,8 @@ class Sandbox:
             (cgroups_usable() or "v1") if use_cgroups else "")
         self.use_cgroups = bool(self.cgroup_kind)
         self.proc: subprocess.Popen | None = None
-        # the channel to the server: requests out, answers in (not bubblewrap's stdin/stdout,
-        # which its pid 1 inside keeps open, and pid 1 is dumpable: /proc/1/fd/1 was a way in)
+        # the channel to the server: requests out, answers in (extra descriptors, not
+        # bubblewrap's stdin/stdout: a dumpable pid 1 that kept those open was a way in)
         self._to: Any = None
         self._from: Any = None
         self._cgroup: cgroups.Cgroup | None = None
@@ -228,8 +230,11 @@ class Sandbox:
     def argv(self, seccomp_fd: int | None = None, channel: tuple[int, int] = (0, 1)) -> list[str]:
         """bubblewrap's command line; `seccomp_fd`: a file descriptor it reads the filter from;
         `channel`: the descriptors the server reads requests from and writes answers to."""
-        argv = [bwrap_path(), "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session",
-                "--cap-drop", "ALL", "--uid", "65534", "--gid", "65534", "--hostname", "sandbox"]
+        # --as-pid-1 (it needs --unshare-pid, in --unshare-all): the server is the namespace's
+        # init, so no bubblewrap reaper runs inside as the code's uid (inside.py reaps instead);
+        # --die-with-parent still kills it when bubblewrap dies (tested)
+        argv = [bwrap_path(), "--unshare-all", "--unshare-user", "--as-pid-1", "--die-with-parent",
+                "--new-session", "--cap-drop", "ALL", "--uid", "65534", "--gid", "65534", "--hostname", "sandbox"]
         if "--disable-userns" in bwrap_options():  # bubblewrap >= 0.8; else the seccomp filter's
             argv.append("--disable-userns")        # refusal of CLONE_NEWUSER alone stops them
         if seccomp_fd is not None:
@@ -269,7 +274,7 @@ class Sandbox:
             self._cgroup = cgroups.create(self.cgroup_kind, self.name, self.limits.memory_mb * 2 << 20,
                                           self.limits.processes + 4)
         filter_r, filter_w = os.pipe()  # a few hundred bytes: the pipe's buffer holds them
-        # Extra descriptors reach the server, and bubblewrap's pid 1 closes them in itself
+        # Extra descriptors reach the server (pid 1), which moves them low and closes the rest
         requests_r, requests_w = os.pipe()
         answers_r, answers_w = os.pipe()
         self._to, self._from = open(requests_w, "wb"), open(answers_r, "rb")
@@ -293,30 +298,7 @@ class Sandbox:
             err = self._stderr_tail()
             self.close()
             raise SandboxUnavailableError(unavailable_message(err))
-        self._cap_init()
         return self
-
-    # bubblewrap's pid 1 inside runs as the code's uid and is dumpable: ptrace is refused (the
-    # seccomp filter) but /proc/1/mem is not, so code could write itself into pid 1, which no
-    # call's cleanup kills (kill(-1) spares init) and which had the host's rlimits. These caps
-    # bound such a pid 1; past INIT_CPU_S it dies, and the whole sandbox with it (crashed).
-    INIT_CPU_S = 5
-    INIT_ADDRESS_SPACE = 64 << 20  # bubblewrap's init uses ~3 MiB
-
-    def _cap_init(self) -> None:
-        """Lower the rlimits of bubblewrap's pid 1 (the child of the bubblewrap we started)."""
-        assert self.proc is not None
-        for pid in _children(self.proc.pid):
-            try:
-                resource.prlimit(pid, resource.RLIMIT_CPU, (self.INIT_CPU_S, self.INIT_CPU_S + 1))
-                resource.prlimit(pid, resource.RLIMIT_AS, (self.INIT_ADDRESS_SPACE, self.INIT_ADDRESS_SPACE))
-                resource.prlimit(pid, resource.RLIMIT_NPROC, (self.limits.processes, self.limits.processes))
-            except ProcessLookupError:
-                continue
-            except OSError as exc:
-                self.close()
-                raise SandboxUnavailableError(f"the sandbox cannot start: cannot cap the rlimits of "
-                                              f"bubblewrap's pid 1 (host pid {pid}): {exc}") from exc
 
     def close(self) -> None:
         proc, self.proc = self.proc, None
@@ -456,26 +438,8 @@ class Sandbox:
             return ""
 
 
-def _children(pid: int) -> list[int]:
-    """The pids whose parent is `pid` (/proc/<pid>/task/<pid>/children, else a scan of /proc)."""
-    try:
-        return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except FileNotFoundError:  # a kernel without CONFIG_PROC_CHILDREN
-        pass
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found
-
-
 class SandboxCrashed(Exception):  # noqa: N818 - a state, handled inside this module
-    """The server inside died or stopped answering (the model's code may have killed it)."""
+    """The server inside died or stopped answering (killed from outside, or a forged answer)."""
 
 
 class SandboxRequestError(Exception):

@@ -1,10 +1,11 @@
 """The fork server that runs inside one sandbox (stdlib only: it runs on the bare interpreter
 that the sandbox binds read-only, without ajet installed).
 
-The host (`ajet.sandbox.box.Sandbox`) starts it once per sandbox under bubblewrap and sends
-requests as frames (4-byte big-endian length + JSON) on a pipe whose descriptor is the first
-argument; answers go back on the second (not stdin/stdout: bubblewrap's pid 1 inside keeps
-those open, and the code may open /proc/1/fd; it closes the extra ones). A warm server makes a call cost a fork, not an interpreter start:
+The host (`ajet.sandbox.box.Sandbox`) starts it once per sandbox under bubblewrap, as the PID
+namespace's pid 1 (`--as-pid-1`), and sends requests as frames (4-byte big-endian length +
+JSON) on a pipe whose descriptor is the first argument; answers go back on the second (extra
+descriptors, not stdin/stdout, which are /dev/null). A warm server makes a call cost a fork,
+not an interpreter start:
 
     {"op": "run", "code": "...", "stdin": "", "limits": {...}}   python code, in a forked child
     {"op": "run", "argv": ["sh", "-c", "..."], ...}              a program, forked and exec'd
@@ -13,8 +14,10 @@ those open, and the code may open /proc/1/fd; it closes the extra ones). A warm 
 
 Every request carries a fresh random "nonce" that its answer echoes: the host drops a sandbox
 whose answer lacks it. The server makes itself non-dumpable first, so the code it runs (same
-uid) can neither open /proc/<server>/fd/* (the pipe to the host) or /proc/<server>/mem, nor
-ptrace it. The nonce is taken out of the request before a call's child is forked.
+uid) can neither open /proc/1/fd/* (the pipe to the host), /proc/1/mem or /proc/1/environ,
+nor ptrace it; and it keeps no signal handler, so the kernel drops every signal the code sends
+its pid 1 (SIGKILL included). The nonce is taken out of the request before a call's child is
+forked.
 
 `write` and `read` touch regular files under /sandbox only: no component may be a symbolic
 link (each is opened with O_NOFOLLOW, relative to its parent), and a FIFO, socket or device
@@ -22,9 +25,11 @@ is refused without being waited on (O_NONBLOCK, then fstat).
 
 Each call's child gets its own session and rlimits (CPU seconds, address space, file size,
 open files). While it runs the server enforces the wall clock, the output cap and the process
-cap (it counts the processes in the sandbox's PID namespace). When the call ends, every process
-in the namespace except this server is SIGKILLed (`kill(-1)`), so nothing the call started
-outlives it.
+cap (it counts the processes in the sandbox's PID namespace). As pid 1 it is the parent of
+every orphan, so it reaps them all as it goes (an unreaped zombie would count against the cap),
+keeping the wait status of the call's own child. When the call ends, every process in the
+namespace except this server is SIGKILLed (`kill(-1)` spares the caller) and reaped, so nothing
+the call started outlives it.
 """
 
 import base64
@@ -86,30 +91,37 @@ def other_pids(me):
     return pids
 
 
-def kill_all(me):
-    """SIGKILL every process of the namespace but init (bwrap's) and this server; the number
-    that were alive. A fork loop can add processes while the kill runs, so repeat."""
+def kill_all(me, call):
+    """SIGKILL every process of the namespace but this server (its pid 1); the number that were
+    alive, and the wait status of the call's child `call` if it was reaped here (else None). A
+    fork loop can add processes while the kill runs, so repeat."""
     first = len(other_pids(me))
+    status = None
     for _ in range(200):
         try:
             os.kill(-1, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        reap()
+        status = reap(call, status)
         if not other_pids(me):
             break
         time.sleep(0.002)
-    return first
+    return first, status
 
 
-def reap():
+def reap(call, status=None):
+    """Wait for every child that has exited: as the namespace's pid 1, the server is the parent
+    of every orphan the code leaves, and an unreaped zombie would count against the process cap
+    and outlive the call. The wait status of `call` if it is among them, else `status`."""
     while True:
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
+            pid, raw = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return
+            return status
         if pid == 0:
-            return
+            return status
+        if pid == call:
+            status = raw
 
 
 def set_limits(limits):
@@ -137,6 +149,7 @@ def child(req, out_w, err_w, in_r):
         os.closerange(3, 4096)  # the server holds a few low descriptors: the pipes to the host among them
         os.chdir(WORK)
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # the server's is SIG_DFL (main)
         set_limits(req["limits"])
         if "argv" in req:
             os.execvpe(req["argv"][0], req["argv"], dict(os.environ))
@@ -227,19 +240,22 @@ def run(req, me):
             if verdict:
                 break
         if status is None:
-            got, raw = os.waitpid(pid, os.WNOHANG)
-            if got:
-                status = raw
+            status = reap(pid)
+            if status is not None:
                 exited_at = time.monotonic()
             elif not open_fds:
                 time.sleep(0.002)
+        else:
+            reap(None)  # orphans the call left behind
     wall = time.monotonic() - started
     if status is None:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    survivors = kill_all(me)
+    survivors, reaped = kill_all(me, pid)
+    if status is None:
+        status = reaped
     if status is None:
         try:
             _, status = os.waitpid(pid, 0)
@@ -340,6 +356,10 @@ def low_fd(fd):
 
 def main():
     not_dumpable()
+    # The server is the namespace's pid 1 (bubblewrap's --as-pid-1): the kernel drops a signal
+    # sent to it from inside unless it has a handler, so it keeps none. Python's SIGINT handler
+    # would let the code end the server with KeyboardInterrupt (SIGPIPE and SIGXFSZ stay ignored).
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     cin, cout = (int(sys.argv[1]), int(sys.argv[2])) if len(sys.argv) > 2 else (0, 1)
     cin, cout = low_fd(cin), low_fd(cout)
     for name in os.listdir("/proc/self/fd"):  # nothing else of the host's (a call's child closes < 4096)

@@ -41,7 +41,7 @@ def fresh(box: Sandbox) -> Sandbox:
 
 
 OTHERS = ("import os\nprint([p for p in os.listdir('/proc') if p.isdigit() and int(p) not in "
-          "(1, os.getpid(), os.getppid())])")  # besides bwrap's init, the server and this call
+          "(1, os.getpid(), os.getppid())])")  # besides the server (pid 1, this call's parent) and this call
 
 
 def still_serves(box: Sandbox) -> None:
@@ -165,15 +165,73 @@ def test_a_process_that_outlives_its_call_is_killed(box: Sandbox) -> None:
     assert box.run_python(OTHERS).stdout == "[]\n"
 
 
-def test_code_that_kills_the_server_is_a_crashed_call_and_the_session_recovers() -> None:
+def test_orphans_are_reaped_and_the_call_keeps_its_own_exit_status(box: Sandbox) -> None:
+    """The server is the namespace's pid 1, so every orphan is its child: it reaps them while the
+    call runs (40 zombies would pass the cap of 16 processes) without taking the wait status
+    of the call's own child."""
+    result = fresh(box).run_python(
+        "import os, sys, time\nfor _ in range(40):\n    if os.fork() == 0:\n        if os.fork() == 0:\n"
+        "            os._exit(0)\n        os._exit(0)\n    os.wait()\n    time.sleep(0.002)\nsys.exit(3)")
+    assert (result.status, result.exit_code, result.detail) == ("error", 3, ""), result
+    assert result.leftover == 0
+    assert box.run_python(OTHERS).stdout == "[]\n"
+
+
+KILL_THE_SERVER = """
+import os, signal
+print(os.getppid(), open('/proc/1/cmdline').read().split('\\0')[2],
+      [line.split()[1] for line in open('/proc/1/status') if line.startswith('SigCgt')])
+for sig in range(1, signal.SIGRTMAX + 1):
+    if sig not in (signal.SIGKILL, signal.SIGSTOP):
+        os.kill(1, sig)
+os.kill(1, signal.SIGSTOP)
+os.kill(1, signal.SIGKILL)
+print('sent')
+"""
+
+
+def test_code_cannot_kill_its_server_and_the_session_goes_on() -> None:
+    """The server is pid 1 of the sandbox (bubblewrap's --as-pid-1) and keeps no signal
+    handler, so the kernel drops every signal the code sends it, SIGKILL and SIGSTOP too."""
     with SandboxPool(size=1, limits=LIMITS) as pool, pool.session_sync({"a.txt": "x"}) as session:
-        killed = session.run_python("import os\nos.kill(os.getppid(), 9)")
-        assert killed.status == "crashed"
-        again = session.run_python("print('fresh')")
-        assert again.stdout == "fresh\n"
+        signals = session.run_python(KILL_THE_SERVER)
+        assert (signals.status, signals.stdout) == ("ok", "1 /opt/ajet/inside.py ['0000000000000000']\nsent\n"), signals
+        again = session.run_python("print(open('a.txt').read())")
+        assert (again.status, again.stdout) == ("ok", "x\n")  # the same sandbox, its files kept
+        metrics = session.metrics()
+    assert metrics["sandbox/crashed"] == 0.0
+    assert metrics["sandbox/calls"] == 2.0
+
+
+def _gone_or_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+def test_a_sandbox_killed_from_outside_is_a_crashed_call_and_the_session_recovers() -> None:
+    """bubblewrap SIGKILLed on the host: its server inside dies with it (--die-with-parent holds
+    with --as-pid-1), the call reports crashed and the next one gets a fresh sandbox."""
+    import psutil
+
+    with SandboxPool(size=1, limits=LIMITS) as pool, pool.session_sync() as session:
+        assert session.run_python("open('a.txt', 'w').write('x')").ok
+        bwrap = session.box.proc
+        [server] = psutil.Process(bwrap.pid).children()
+        bwrap.kill()
+        bwrap.wait(timeout=10)
+        killed = session.run_python("print(open('a.txt').read())")
+        assert killed.status == "crashed", killed
+        deadline = time.monotonic() + 5
+        while not _gone_or_zombie(server.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _gone_or_zombie(server.pid), server
+        again = session.run_python("import os\nprint('fresh', os.path.exists('a.txt'))")
+        assert again.stdout == "fresh False\n"
         metrics = session.metrics()
     assert metrics["sandbox/crashed"] == 1.0
-    assert metrics["sandbox/calls"] == 2.0
+    assert metrics["sandbox/calls"] == 3.0
 
 
 def test_the_session_counts_each_kind_for_the_metrics() -> None:
@@ -239,8 +297,9 @@ def test_a_host_without_user_namespaces_gets_the_fix() -> None:
 
 
 def test_with_cgroups_every_process_of_the_sandbox_is_inside_them() -> None:
-    """bubblewrap, its init and the server are born in the sandbox's pids and memory groups (a
-    pid added after the start missed the processes bubblewrap had already forked)."""
+    """bubblewrap and the server (its only child: --as-pid-1, no reaper) are born in the
+    sandbox's pids and memory groups (a pid added after the start missed the processes
+    bubblewrap had already forked)."""
     import psutil
 
     from ajet.sandbox.box import cgroups_usable
@@ -250,7 +309,7 @@ def test_with_cgroups_every_process_of_the_sandbox_is_inside_them() -> None:
     with Sandbox(LIMITS, use_cgroups=True) as box:
         assert box.run_python("print(1)").ok
         tree = [psutil.Process(box.proc.pid), *psutil.Process(box.proc.pid).children(recursive=True)]
-        assert len(tree) >= 3  # bwrap, its init, the server
+        assert [proc.cmdline()[-3] for proc in tree] == ["/opt/ajet/inside.py"] * 2  # bwrap, the server
         for proc in tree:
             groups = Path(f"/proc/{proc.pid}/cgroup").read_text().splitlines()
             for controller in ("pids", "memory"):
