@@ -33,6 +33,7 @@ from tests.integration.test_debug_backbone import make_run
 
 TOTAL_STEPS = 12  # 3 epochs: room for every phase's stop, each a step or two after the last
 TOKEN = "kill-anywhere"
+SERVE_STALENESS = 8
 TASKS, BATCH, N = 8, 2, 2  # make_run's 8 tasks, 2 per step, 2 episodes each: an epoch is 4 steps
 MODES = {
     "in_process": [],
@@ -44,9 +45,11 @@ MODES = {
     # (AJET_FAULT_SLOW_WRITE_S), so that a stop racing a write lands inside it
     "double": [],
     "overlap": ["rollout.max_staleness=1", "rollout.engine_dtype=float16", "algorithm.tis_cap=2"],
-    # `ajet serve` (rollout.max_staleness 1: the next step's groups open before this one commits),
-    # with two client threads that keep running episodes across the server's restarts
-    "serve": ["trainer.val_every=0", f"serve.client_token={TOKEN}", "rollout.max_staleness=1", "algorithm.tis_cap=2"],
+    # `ajet serve` (rollout.max_staleness 8: the next steps' groups open before this one commits),
+    # with two client threads that keep running episodes across the server's restarts and a slow
+    # one, whose group completes late (the staleness bound lets its partners' early calls train)
+    "serve": ["trainer.val_every=0", f"serve.client_token={TOKEN}", f"rollout.max_staleness={SERVE_STALENESS}",
+              "algorithm.tis_cap=2"],
 }
 SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGKILL]
 DOUBLE_SIGNALS = [signal.SIGINT, signal.SIGTERM]  # a second SIGKILL adds nothing
@@ -109,7 +112,9 @@ def stop_at_every_phase_and_resume(tmp_path: Path, tiny_model_dir: Path, mode: s
         port = free_port()
         args = ["serve", "--port", str(port), *args]
         phases.remove("validation")  # `ajet serve` does not validate (trainer.val_every=0)
-        clients = Clients(f"http://127.0.0.1:{port}", TOKEN, count=2)
+        # and a slow agent, which holds each of its episodes 3 s: groups then complete out of the
+        # order they were drawn in, and a step trains a group drawn for a later one
+        clients = Clients(f"http://127.0.0.1:{port}", TOKEN, count=2, slow=1)
     server = ForkServer(tmp_path)
     double = mode == "double"
     signals = DOUBLE_SIGNALS if double else SIGNALS
@@ -151,7 +156,7 @@ def stop_at_every_phase_and_resume(tmp_path: Path, tiny_model_dir: Path, mode: s
 
     assert train_steps(run) == list(range(1, TOTAL_STEPS + 1))
     check_logged_once_and_checkpoints(run, f"{mode}, {chain_id(only)}: the end")
-    check_every_task_once_per_epoch(run)
+    check_every_task_once_per_epoch(run, in_order=mode != "serve")
     assert (run / "final_model" / "config.json").is_file()
     updates = updates_logged(run, TOTAL_STEPS)
     assert optimizer_steps(run / "checkpoints" / f"step_{TOTAL_STEPS:06d}") == updates > 0
@@ -160,19 +165,22 @@ def stop_at_every_phase_and_resume(tmp_path: Path, tiny_model_dir: Path, mode: s
 class Clients:
     """Agents of `ajet serve`: each thread begins an episode, makes one chat call, finishes it with
     a reward (the share of vowels in the reply), and retries whatever fails (the server is being
-    killed and restarted under it)."""
+    killed and restarted under it); a slow one waits `HOLD_S` after it begins each episode."""
 
-    def __init__(self, url: str, token: str, count: int) -> None:
+    HOLD_S = 2.0  # how long a slow client holds an episode before its call
+
+    def __init__(self, url: str, token: str, count: int, slow: int = 0) -> None:
         import threading
 
         self.url, self.token = url, token
         self.stopping = threading.Event()
         self.finished = 0
-        self.threads = [threading.Thread(target=self.work, daemon=True) for _ in range(count)]
+        self.threads = [threading.Thread(target=self.work, args=(i >= count,), daemon=True)
+                        for i in range(count + slow)]
         for thread in self.threads:
             thread.start()
 
-    def work(self) -> None:
+    def work(self, slow: bool) -> None:
         import httpx
 
         from ajet.serve.client import EpisodeAPIError, EpisodeClient
@@ -184,6 +192,8 @@ class Clients:
                     if episode is None:  # this run ended; a resumed one may follow
                         self.stopping.wait(0.2)
                         continue
+                    if slow:  # holds its group open; its call comes late, so it is not stale
+                        self.stopping.wait(self.HOLD_S)
                     reply = httpx.post(f"{episode.base_url}/chat/completions", timeout=30,
                                        headers={"Authorization": f"Bearer {episode.api_key}"},
                                        json={"model": episode.model, "max_tokens": 8,
@@ -251,13 +261,24 @@ def check_logged_once_and_checkpoints(run: Path, where: str) -> None:
                 f"{where}\n{ckpt}: {optimizer_steps(ckpt)} optimizer steps, {updates_logged(run, label)} updates logged")
 
 
-def check_every_task_once_per_epoch(run: Path) -> None:
+def check_every_task_once_per_epoch(run: Path, *, in_order: bool = True) -> None:
+    """Each step trained BATCH groups of N episodes, and each task once per epoch: in the steps of
+    that epoch (`in_order`), or, where a step trains the first complete groups and a slow client
+    holds one into a later epoch's steps (`ajet serve`), once per epoch over the whole run."""
     episodes: dict[int, Counter] = {}
     for step in range(1, TOTAL_STEPS + 1):
         records = run / "records" / f"step_{step:06d}.jsonl"
         rows = [json.loads(line) for line in records.read_text().splitlines() if line.strip()]
         episodes[step] = Counter(task for task, _ in {(r["task_id"], r["episode_id"]) for r in rows})
     steps_per_epoch = TASKS // BATCH
+    if not in_order:
+        for step in episodes:
+            assert sum(episodes[step].values()) == BATCH * N and all(v == N for v in episodes[step].values()), (
+                step, episodes[step])
+        trained = Counter(task for step in episodes for task in episodes[step])
+        epochs = TOTAL_STEPS // steps_per_epoch
+        assert trained == Counter({f"t{i}": epochs for i in range(TASKS)}), f"the run: {trained}"
+        return
     for epoch in range(TOTAL_STEPS // steps_per_epoch):
         window = range(epoch * steps_per_epoch + 1, (epoch + 1) * steps_per_epoch + 1)
         trained = Counter()
