@@ -24,9 +24,9 @@ What is isolated (bubblewrap, `--unshare-all`; docs/sandbox.md):
   must echo its request's random nonce, else the sandbox is dropped;
 - per call: CPU seconds, address space, file size and open files as rlimits, the wall clock,
   the output size and the number of processes enforced by the server, and every process of
-  the namespace killed (and reaped: the server is their pid 1) when the call ends. Where this process may create cgroups (v1, or a
-  delegated v2 subtree: `cgroups.py`), the sandbox also gets `pids.max` and a memory limit over
-  all its processes (`Isolation.cgroups`).
+  the namespace killed (and reaped: the server is their pid 1) when the call ends. Where this
+  process may create cgroups (v1, or a delegated v2 subtree: `cgroups.py`), the sandbox also
+  gets `pids.max` and a memory limit over all its processes (`Isolation.cgroups`).
 
 Nothing here falls back to running code without the sandbox: where bubblewrap cannot start, the
 error names the cause and the fix (or run the sandbox on another machine: `ajet.sandbox.service`).
