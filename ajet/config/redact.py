@@ -9,7 +9,8 @@ RUN/.lock and its "in use" error (`redact_argv`), service command lines in the l
 - every value of an environment map (`env_services.<name>.env`);
 - in an argument list (`vllm_servers.<name>.extra_args`, `env_services.<name>.command`, argv), the
   value after a secret's flag (`--api-key X`, `--token=X`) and of a secret's override
-  (`serve.client_token=X`).
+  (`serve.client_token=X`);
+- the password of a URL anywhere (`https://user:PASSWORD@host`, `redis://:PASSWORD@host`).
 
 Such a value is written as REDACTED, unless it is an `${oc.env:NAME}` / `${file:PATH}`
 interpolation (the loader writes a value that came from one back as it): that is no secret,
@@ -52,6 +53,15 @@ def hide(value: str) -> str:
     return value if not value or _INTERPOLATION.fullmatch(value) else REDACTED
 
 
+# A password inside a URL (`https://user:pass@host/...`, `redis://:pass@host`), in any value.
+_URL_PASSWORD = re.compile(r"(?P<head>\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:@]*:)(?P<password>[^/\s@]+)(?=@)")
+
+
+def hide_url_passwords(value: str) -> str:
+    """`value` with the password of every URL in it hidden (the user name stays)."""
+    return _URL_PASSWORD.sub(lambda m: m.group("head") + REDACTED, value)
+
+
 def redact_argv(argv: Sequence[str]) -> list[str]:
     """`argv` with the value of each secret flag (`--api-key X`, `--token=X`) and each secret
     override (`serve.client_token=X`) hidden."""
@@ -69,7 +79,7 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
             out.append(arg)
             hide_next = True
         else:
-            out.append(arg)
+            out.append(hide_url_passwords(arg))
     return out
 
 
@@ -103,7 +113,7 @@ def redact_config(tree: Any, path: str = "") -> Any:
         if tree and all(isinstance(v, str) for v in tree):
             return redact_argv(tree)
         return [redact_config(v, path) for v in tree]
-    return tree
+    return hide_url_passwords(tree) if isinstance(tree, str) else tree
 
 
 def _hide_any(value: Any) -> Any:

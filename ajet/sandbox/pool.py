@@ -8,8 +8,9 @@
 
 A sandbox serves one episode and is killed at its end (nothing an episode's code did reaches
 another episode); a background thread starts the next one, so `session` usually finds one
-warm. If the model's code kills its sandbox, the call reports `crashed` and the next call gets
-a fresh sandbox (without the files the code wrote).
+warm. The model's code cannot kill its sandbox's server (it is the sandbox's pid 1); if the
+sandbox dies all the same (killed from the host, out of memory), the call reports `crashed` and
+the next call gets a fresh sandbox (without the files the code wrote).
 """
 
 from __future__ import annotations

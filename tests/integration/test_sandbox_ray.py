@@ -66,12 +66,23 @@ def test_sessions_on_host_actors_run_code_and_refuse_escapes(ray_local) -> None:
     assert sum(ray_local.get([h.held.remote() for h in pool.hosts])) == 0
 
 
-def test_a_sandbox_killed_by_its_code_is_replaced(ray_local) -> None:
+def _kill_from_the_host(host, box_id: str) -> None:  # noqa: ANN001 - the actor's handle
+    """SIGKILL the sandbox's bubblewrap in the host actor's process (the host side)."""
+    return host.__ray_call__.remote(lambda self, box_id: self._box(box_id).proc.kill(), box_id)
+
+
+def test_a_sandbox_that_dies_is_replaced_and_its_code_cannot_kill_it(ray_local) -> None:
+    """The server is the sandbox's pid 1 (bubblewrap --as-pid-1): the code's kill is ignored and
+    the session goes on with its files; a sandbox killed from the host is a crashed call, and the
+    next call gets a fresh one on the host."""
     from ajet.sandbox.ray_pool import RayPool
 
     pool = RayPool(1, 1, Limits(wall_s=5, cpu_s=5))
-    with pool.session_sync() as box:
-        assert box.run_python("import os\nos.kill(os.getppid(), 9)").status == "crashed"  # kills the server
+    with pool.session_sync({"kept.txt": "yes"}) as box:
+        assert box.run_python("import os\nos.kill(1, 9)").status in ("ok", "error")  # ignored by pid 1
+        assert box.run_python("print(open('kept.txt').read())").stdout.strip() == "yes"
+        ray_local.get(_kill_from_the_host(box.box.host, box.box.box_id))  # the session's RaySandbox
+        assert box.run_python("print(1)").status == "crashed"
         assert box.run_python("print(1)").stdout.strip() == "1"  # a fresh sandbox on the host
 
 

@@ -88,3 +88,18 @@ def test_the_lock_file_and_its_in_use_error_keep_argv_secrets_out(tmp_path: Path
         holder.wait()
     assert "in use by another run" in str(err.value) and "sk-argv-9" not in str(err.value)
     assert "old-secret-10" not in str(old.value) and f"serve.client_token={REDACTED}" in str(old.value)
+
+
+def test_a_password_inside_a_url_is_hidden_wherever_it_is() -> None:
+    """A judge's or service's URL with credentials (`https://user:pass@host`) was written as is."""
+    from ajet.config.redact import REDACTED, redact_argv, redact_command, redact_config
+
+    tree = {"judge": {"params": {"base_url": "https://bot:hunter2@llm.internal/v1"}},
+            "env_services": {"kv": {"command": "python -m srv --db postgres://u:pw1@db/x"}},
+            "vllm_servers": {"a": {"extra_args": ["--redis", "redis://:pw2@cache:6379/0"]}},
+            "model": {"path": "http://mirror:8000/models/x"}}
+    out = str(redact_config(tree))
+    assert not any(secret in out for secret in ("hunter2", "pw1", "pw2"))
+    assert f"https://bot:{REDACTED}@llm.internal/v1" in out and "http://mirror:8000/models/x" in out
+    assert redact_argv(["--url=http://a:b@c"]) == [f"--url=http://a:{REDACTED}@c"]
+    assert "pw" not in redact_command("run --db postgres://u:pw@db")
