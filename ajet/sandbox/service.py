@@ -2,7 +2,7 @@
 
     AJET_SANDBOX_TOKEN=... python -m ajet.sandbox.service --host 10.0.0.7 --port 8790 --pool-size 8
 
-It speaks ajet's env-service protocol (ajet/task_reader/env_server.py):
+It speaks ajet's env-service protocol (`ajet.env_protocol`):
     POST /create  {env_type: "sandbox", task_id}   -> {instance_id, observation: "", info: {limits}}
     POST /step    {instance_id, action}            -> {observation: tool text, reward: 0, done: false,
                                                        info: the RunResult}
@@ -36,9 +36,19 @@ from typing import Any
 
 import httpx
 from fastapi import FastAPI, HTTPException
-from pydantic import BaseModel
 
 from ajet import http_server
+from ajet.env_protocol import (
+    CREATE,
+    EVALUATE,
+    HEALTH,
+    LIST_TASKS,
+    RELEASE,
+    STEP,
+    CreateRequest,
+    InstanceRequest,
+    StepRequest,
+)
 from ajet.errors import SandboxUnavailableError
 from ajet.net import is_loopback
 from ajet.sandbox.box import Limits, RunResult, SandboxCrashed, SandboxRequestError
@@ -52,18 +62,8 @@ MAX_SESSIONS = 64  # live sandboxes at once (each: bubblewrap, an interpreter, i
 IDLE_TTL_S = 600.0  # a session without a call for this long is released
 
 
-class CreateRequest(BaseModel):
-    env_type: str = ENV_TYPE
-    task_id: str = ""
-
-
-class StepRequest(BaseModel):
-    instance_id: str
-    action: dict[str, Any]
-
-
-class InstanceRequest(BaseModel):
-    instance_id: str
+class SandboxCreateRequest(CreateRequest):
+    env_type: str = ENV_TYPE  # this server has one environment: a client may leave it out
 
 
 @dataclasses.dataclass
@@ -193,24 +193,24 @@ def create_app(pool: SandboxPool, token: str = "", *, max_sessions: int = MAX_SE
     app.state.sessions = sessions
     # the token before a byte of the body is read, and every body capped
     app.add_middleware(BodyGuard, max_body_bytes=MAX_BODY,
-                       client_token=lambda path: None if path == "/health" or not token else token)
+                       client_token=lambda path: None if path == HEALTH or not token else token)
 
-    @app.get("/health")
+    @app.get(HEALTH)
     def health() -> dict:
         return {"status": "ok", "env_types": [ENV_TYPE]}
 
-    @app.post("/list_tasks")
+    @app.post(LIST_TASKS)
     def list_tasks() -> dict:
         return {"task_ids": []}
 
-    @app.post("/create")
-    def create(req: CreateRequest) -> dict:
+    @app.post(CREATE)
+    def create(req: SandboxCreateRequest) -> dict:
         if req.env_type != ENV_TYPE:
             raise HTTPException(404, f"unknown env_type '{req.env_type}'; this server offers ['{ENV_TYPE}']")
         instance_id = sessions.create()
         return {"instance_id": instance_id, "observation": "", "info": {"limits": dataclasses.asdict(pool.limits)}}
 
-    @app.post("/step")
+    @app.post(STEP)
     def step(req: StepRequest) -> dict:
         try:
             with sessions.use(req.instance_id) as box:
@@ -220,6 +220,9 @@ def create_app(pool: SandboxPool, token: str = "", *, max_sessions: int = MAX_SE
 
     def act(req: StepRequest, box: Any) -> dict:
         action = req.action
+        if not isinstance(action, dict):
+            raise HTTPException(422, "a sandbox's action is an object: {'code': ...}, {'command': ...}, "
+                                     "{'files': ...} or {'read': path}")
         if "files" in action:
             box.write_files({p: base64.b64decode(d) for p, d in dict(action["files"]).items()})
             return {"observation": f"wrote {len(action['files'])} file(s)", "reward": 0.0, "done": False, "info": {}}
@@ -239,12 +242,12 @@ def create_app(pool: SandboxPool, token: str = "", *, max_sessions: int = MAX_SE
             sessions.replace(req.instance_id, pool.acquire())
         return {"observation": result.as_tool_text(), "reward": 0.0, "done": False, "info": result.to_dict()}
 
-    @app.post("/evaluate")
+    @app.post(EVALUATE)
     def evaluate(req: InstanceRequest) -> dict:
         with sessions.use(req.instance_id):
             return {"reward": 0.0, "is_success": False}
 
-    @app.post("/release")
+    @app.post(RELEASE)
     def release(req: InstanceRequest) -> dict:
         return {"released": sessions.release(req.instance_id)}
 
@@ -261,7 +264,7 @@ class RemoteSandbox:
         self.base_url = base_url
 
     def start(self) -> RemoteSandbox:
-        self.instance_id = self._post("/create", {"env_type": ENV_TYPE, "task_id": ""})["instance_id"]
+        self.instance_id = self._post(CREATE, {"env_type": ENV_TYPE, "task_id": ""})["instance_id"]
         return self
 
     @property
@@ -279,7 +282,7 @@ class RemoteSandbox:
         return response.json()
 
     def _step(self, action: dict[str, Any]) -> dict[str, Any]:
-        return self._post("/step", {"instance_id": self.instance_id, "action": action})
+        return self._post(STEP, {"instance_id": self.instance_id, "action": action})
 
     def run_python(self, code: str, *, stdin: str = "") -> RunResult:
         return RunResult(**self._step({"code": code, "stdin": stdin})["info"])
@@ -298,7 +301,7 @@ class RemoteSandbox:
     def close(self) -> None:
         if self.instance_id:
             try:
-                self.client.post("/release", json={"instance_id": self.instance_id})
+                self.client.post(RELEASE, json={"instance_id": self.instance_id})
             except httpx.HTTPError:
                 pass
             self.instance_id = ""

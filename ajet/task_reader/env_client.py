@@ -1,4 +1,4 @@
-"""Clients for the env-service HTTP protocol (see `env_server.py` for the protocol).
+"""Clients for the env-service HTTP protocol (`ajet.env_protocol`).
 
 `EnvServiceClient` is synchronous (the reader lists tasks with it); `AsyncEnvServiceClient`
 has the same methods as coroutines, for workflows that drive an environment inside the
@@ -13,8 +13,18 @@ import os
 from typing import Any
 
 import httpx
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
+from ajet.env_protocol import (
+    ANSWERS,
+    CREATE,
+    EVALUATE,
+    HEALTH,
+    LIST_TASKS,
+    NOT_IDEMPOTENT,
+    RELEASE,
+    STEP,
+)
 from ajet.errors import EnvServiceError
 from ajet.retry import asend_with_retries, send_with_retries
 
@@ -26,45 +36,14 @@ START_HINT = (
 )
 
 
-# Sent again only if they never reached the server: a timed-out step or create may have been applied.
-NOT_IDEMPOTENT = frozenset({"/create", "/step"})
-
-
 def _unreachable(url: str, exc: Exception) -> EnvServiceError:
     return EnvServiceError(f"cannot reach the env service at {url}: {type(exc).__name__}: {exc}. {START_HINT}")
-
-
-class _Shape(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-class _TaskIds(_Shape):
-    task_ids: list[str]
-
-
-class _Created(_Shape):
-    instance_id: str
-
-
-class _Stepped(_Shape):
-    observation: Any
-    reward: float = 0.0
-    done: bool
-
-
-class _Evaluated(_Shape):
-    reward: float
-
-
-# What each route must answer (docs/backbones.md, "Environment services").
-_SHAPES: dict[str, type[_Shape]] = {"/list_tasks": _TaskIds, "/create": _Created, "/step": _Stepped,
-                                   "/evaluate": _Evaluated}
 
 
 def _checked(url: str, path: str, result: Any) -> Any:
     """`result` if it has the fields `path` answers with, else an error naming the service, the
     field and what was expected (rather than a KeyError deep in a workflow)."""
-    shape = _SHAPES.get(path)
+    shape = ANSWERS.get(path)
     if shape is None:
         return result
     if not isinstance(result, dict):
@@ -129,25 +108,25 @@ class EnvServiceClient:
         return _checked(url, path, _result(url, response))
 
     def health(self) -> dict:
-        return self._call("GET", "/health")
+        return self._call("GET", HEALTH)
 
     def list_tasks(self, env_type: str, split: str = "train") -> list[str]:
-        return list(self._call("POST", "/list_tasks", {"env_type": env_type, "split": split})["task_ids"])
+        return list(self._call("POST", LIST_TASKS, {"env_type": env_type, "split": split})["task_ids"])
 
     def create(self, env_type: str, task_id: str) -> dict:
         """-> {instance_id, observation, info}"""
-        return self._call("POST", "/create", {"env_type": env_type, "task_id": task_id})
+        return self._call("POST", CREATE, {"env_type": env_type, "task_id": task_id})
 
     def step(self, instance_id: str, action: Any) -> dict:
         """-> {observation, reward, done, info}; `action` is a dict or the agent's text."""
-        return self._call("POST", "/step", {"instance_id": instance_id, "action": action})
+        return self._call("POST", STEP, {"instance_id": instance_id, "action": action})
 
     def evaluate(self, instance_id: str) -> dict:
         """-> {reward, is_success, ...}"""
-        return self._call("POST", "/evaluate", {"instance_id": instance_id})
+        return self._call("POST", EVALUATE, {"instance_id": instance_id})
 
     def release(self, instance_id: str) -> None:
-        self._call("POST", "/release", {"instance_id": instance_id})
+        self._call("POST", RELEASE, {"instance_id": instance_id})
 
 
 class AsyncEnvServiceClient:
@@ -180,20 +159,20 @@ class AsyncEnvServiceClient:
         return _checked(url, path, _result(url, response))
 
     async def health(self) -> dict:
-        return await self._call("GET", "/health")
+        return await self._call("GET", HEALTH)
 
     async def list_tasks(self, env_type: str, split: str = "train") -> list[str]:
-        result = await self._call("POST", "/list_tasks", {"env_type": env_type, "split": split})
+        result = await self._call("POST", LIST_TASKS, {"env_type": env_type, "split": split})
         return list(result["task_ids"])
 
     async def create(self, env_type: str, task_id: str) -> dict:
-        return await self._call("POST", "/create", {"env_type": env_type, "task_id": task_id})
+        return await self._call("POST", CREATE, {"env_type": env_type, "task_id": task_id})
 
     async def step(self, instance_id: str, action: Any) -> dict:
-        return await self._call("POST", "/step", {"instance_id": instance_id, "action": action})
+        return await self._call("POST", STEP, {"instance_id": instance_id, "action": action})
 
     async def evaluate(self, instance_id: str) -> dict:
-        return await self._call("POST", "/evaluate", {"instance_id": instance_id})
+        return await self._call("POST", EVALUATE, {"instance_id": instance_id})
 
     async def release(self, instance_id: str) -> None:
-        await self._call("POST", "/release", {"instance_id": instance_id})
+        await self._call("POST", RELEASE, {"instance_id": instance_id})

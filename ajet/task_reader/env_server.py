@@ -8,14 +8,8 @@ With AJET_ENV_TOKEN set every route but /health needs `Authorization: Bearer <to
 body is read; a token is required to listen beyond loopback. Bodies are capped at 1 MiB, and
 the server runs with ajet's deadlines and connection caps (`ajet.http_server`).
 
-Protocol (JSON bodies; errors are HTTP 4xx with {"detail": "..."}):
-    GET  /health                          -> {status, env_types}
-    POST /list_tasks {env_type, split}    -> {task_ids}
-    POST /create     {env_type, task_id}  -> {instance_id, observation, info}
-    POST /step       {instance_id, action}-> {observation, reward, done, info}
-    POST /evaluate   {instance_id}        -> {reward, is_success, ...}
-    POST /release    {instance_id}        -> {released}
-Any server that speaks this protocol works with `EnvServiceClient` and the env_service reader.
+The protocol (its routes and bodies) is `ajet.env_protocol`'s; any server that speaks it works
+with `EnvServiceClient` and the env_service reader.
 """
 
 from __future__ import annotations
@@ -32,9 +26,20 @@ from contextlib import contextmanager
 from typing import Any
 
 from fastapi import FastAPI, HTTPException
-from pydantic import BaseModel
 
 from ajet import http_server
+from ajet.env_protocol import (
+    CREATE,
+    EVALUATE,
+    HEALTH,
+    LIST_TASKS,
+    RELEASE,
+    STEP,
+    CreateRequest,
+    InstanceRequest,
+    ListTasksRequest,
+    StepRequest,
+)
 from ajet.net import is_loopback
 from ajet.task_reader.kv_env import KVEpisode, KVStoreEnv
 from ajet.tuner.http_guard import BodyGuard
@@ -42,25 +47,6 @@ from ajet.tuner.http_guard import BodyGuard
 logger = logging.getLogger(__name__)
 MAX_BODY = 1 << 20  # an action or a task id: 1 MiB is plenty
 TOKEN_ENV = "AJET_ENV_TOKEN"
-
-
-class ListTasksRequest(BaseModel):
-    env_type: str
-    split: str = "train"
-
-
-class CreateRequest(BaseModel):
-    env_type: str
-    task_id: str
-
-
-class StepRequest(BaseModel):
-    instance_id: str
-    action: Any
-
-
-class InstanceRequest(BaseModel):
-    instance_id: str
 
 
 def create_app(num_train: int = 32, num_val: int = 8, num_test: int = 16, token: str = "") -> FastAPI:
@@ -73,7 +59,7 @@ def create_app(num_train: int = 32, num_val: int = 8, num_test: int = 16, token:
     app = FastAPI(title="ajet reference env server")
     # the token before a byte of the body is read, and every body capped
     app.add_middleware(BodyGuard, max_body_bytes=MAX_BODY,
-                       client_token=lambda path: None if path == "/health" or not token else token)
+                       client_token=lambda path: None if path == HEALTH or not token else token)
 
     def env_for(env_type: str) -> KVStoreEnv:
         if env_type not in envs:
@@ -86,15 +72,15 @@ def create_app(num_train: int = 32, num_val: int = 8, num_test: int = 16, token:
                 raise HTTPException(404, f"unknown instance_id '{instance_id}' (released, or never created)")
             return instances[instance_id]
 
-    @app.get("/health")
+    @app.get(HEALTH)
     def health() -> dict:
         return {"status": "ok", "env_types": sorted(envs)}
 
-    @app.post("/list_tasks")
+    @app.post(LIST_TASKS)
     def list_tasks(req: ListTasksRequest) -> dict:
         return {"task_ids": env_for(req.env_type).list_tasks(req.split)}
 
-    @app.post("/create")
+    @app.post(CREATE)
     def create(req: CreateRequest) -> dict:
         env = env_for(req.env_type)
         try:
@@ -106,7 +92,7 @@ def create_app(num_train: int = 32, num_val: int = 8, num_test: int = 16, token:
             instances[instance_id] = (env, episode)
         return {"instance_id": instance_id, "observation": observation, "info": info}
 
-    @app.post("/step")
+    @app.post(STEP)
     def step(req: StepRequest) -> dict:
         env, episode = instance(req.instance_id)
         try:
@@ -115,12 +101,12 @@ def create_app(num_train: int = 32, num_val: int = 8, num_test: int = 16, token:
             raise HTTPException(409, str(exc)) from None
         return {"observation": observation, "reward": reward, "done": done, "info": info}
 
-    @app.post("/evaluate")
+    @app.post(EVALUATE)
     def evaluate(req: InstanceRequest) -> dict:
         env, episode = instance(req.instance_id)
         return env.evaluate(episode)
 
-    @app.post("/release")
+    @app.post(RELEASE)
     def release(req: InstanceRequest) -> dict:
         with lock:
             released = instances.pop(req.instance_id, None) is not None

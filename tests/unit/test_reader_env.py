@@ -257,3 +257,30 @@ def test_the_reference_server_with_a_token_refuses_before_the_body_and_beyond_lo
     monkeypatch.delenv("AJET_ENV_TOKEN", raising=False)
     with pytest.raises(SystemExit):
         main(["--host", "0.0.0.0"])
+
+
+def test_both_env_servers_take_the_one_protocols_bodies() -> None:
+    """Issue 70: `CreateRequest`, `StepRequest` and `InstanceRequest` had two homes with different
+    field types (the sandbox's action a dict, the env server's anything); both servers now use
+    ajet.env_protocol's, and every route they serve is one of its routes."""
+    from ajet import env_protocol
+    from ajet.sandbox.pool import SandboxPool
+    from ajet.sandbox.service import create_app as sandbox_app
+    from ajet.task_reader.env_server import create_app as env_app
+
+    routes = {env_protocol.HEALTH, env_protocol.LIST_TASKS, env_protocol.CREATE, env_protocol.STEP,
+              env_protocol.EVALUATE, env_protocol.RELEASE}
+    pool = SandboxPool.__new__(SandboxPool)  # the app only keeps it: nothing starts
+    sandbox = sandbox_app(pool)
+    for app in (env_app(), sandbox):
+        served = {r.path for r in app.routes if getattr(r, "methods", None)}
+        assert routes <= served and not served - routes - {"/docs", "/docs/oauth2-redirect", "/redoc",
+                                                            "/openapi.json"}, served
+        for route in app.routes:
+            body = getattr(getattr(route, "body_field", None), "type_", None)
+            if body is not None:
+                assert issubclass(body, env_protocol.BaseModel) and body.__module__ in (
+                    "ajet.env_protocol", "ajet.sandbox.service"), (route.path, body)
+                assert issubclass(body, (env_protocol.ListTasksRequest, env_protocol.CreateRequest,
+                                         env_protocol.StepRequest, env_protocol.InstanceRequest))
+    sandbox.state.sessions.close()
