@@ -1,4 +1,4 @@
-"""Token tracking, lossless merging, tree packing and budgets (DESIGN.md, "the heart").
+"""Token tracking, lossless merging, tree packing and budgets (docs/concepts.md: `ContextTracker`, Merge, Pack).
 
 Pure Python: no torch (an import-linter contract). The torch side is `ajet.forward`.
 """

@@ -1,7 +1,7 @@
 """What the tracker needs to know about a chat template, found by rendering probes.
 
 The tracker extends a prompt by appending tokens instead of re-tokenizing the
-history (DESIGN.md, "The context tracker and merging"). That is only exact when
+history (docs/concepts.md, `ContextTracker` and Merge). That is only exact when
 the template is *prefix-preserving* (rendering a conversation and then one more
 turn gives the first render as a textual prefix) and when we know what the
 template writes around the end-of-turn token. Both are learned here by rendering

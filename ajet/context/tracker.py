@@ -75,7 +75,7 @@ class ContextTracker:
         self, renderer: ChatRenderer, trainable_targets: set[str] | None, config: ContextConfig
     ) -> None:
         self.renderer = renderer
-        # None or empty: every role is trained (DESIGN.md, `trainable_targets`).
+        # None or empty: every role is trained (docs/concepts.md, `Workflow`: `trainable_targets`).
         self.trainable_targets = set(trainable_targets) if trainable_targets else None
         self.config = config
         self.calls: list[LLMCall] = []

@@ -1,4 +1,4 @@
-"""The records that flow from the engine to the trainer (see DESIGN.md, "Contracts").
+"""The records that flow from the engine to the trainer (docs/concepts.md, "The vocabulary").
 
 Plain dataclasses of Python lists: the tracker, merge, pack and the algorithms are
 pure functions over these, testable without a model.
