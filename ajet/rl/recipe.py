@@ -83,7 +83,7 @@ class RLRecipe:
         self.updater = PolicyUpdater(self.model, run.optimizer, cfg.trainer, cfg.algorithm,
                                      temperature=policy_temperature(cfg.rollout.temperature),
                                      per_role_adapters=self.per_role)
-        self.updater.step.keep_in(self.loop)
+        self.updater.optimizer_step.keep_in(self.loop)
         if self.resume:
             run.restore()
         # On-policy distillation: built last, after the optimizer (an adapter teacher is never in it).
@@ -165,7 +165,7 @@ class RLRecipe:
         if previous is None:
             self._decoded_then = engine.decoded_tokens()
         self.loop.phase(f"step {step}: waiting for {cfg.trainer.batch_size} groups of episodes")
-        result = self.rollout.loop.run_until_complete(self.source.next_batch(step))
+        result = self.rollout.event_loop.run_until_complete(self.source.next_batch(step))
         arrived = time.monotonic()
         rollout_s = arrived - start
         # A source that rolls out during the update (ajet serve, rollout.max_staleness) decoded
@@ -232,7 +232,7 @@ class RLRecipe:
             return await asyncio.get_running_loop().run_in_executor(None, update)
 
         try:
-            return self.rollout.loop.run_until_complete(update_while_rolling_out())
+            return self.rollout.event_loop.run_until_complete(update_while_rolling_out())
         except KeyboardInterrupt as stop:
             with gate:
                 stopping[0] = True
@@ -267,7 +267,7 @@ class RLRecipe:
 
     def _rollout(self, tasks: list[WorkflowTask], n: int, *, episode_prefix: str) -> RolloutResult:
         """One rollout on the manager (in-process, or Ray workers with --with-ray)."""
-        return self.rollout.loop.run_until_complete(self.manager.rollout(tasks, n, episode_prefix=episode_prefix))
+        return self.rollout.event_loop.run_until_complete(self.manager.rollout(tasks, n, episode_prefix=episode_prefix))
 
     def _write_records(self, step: int, samples: list[Sample], episodes: list[Episode]) -> None:
         info = {

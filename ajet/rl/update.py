@@ -36,7 +36,7 @@ class PolicyUpdater:
         # Per-role LoRA adapters (`model.lora.per_role`): each sequence (one role's samples,
         # `pack_samples(by_role=True)`) is forwarded through its role's adapter; the KL reference
         # is the base with every adapter disabled (lora_base) or the role's initial adapter (frozen).
-        self.step = OptimizerStep(model, optimizer, trainer, per_role_adapters=per_role_adapters)
+        self.optimizer_step = OptimizerStep(model, optimizer, trainer, per_role_adapters=per_role_adapters)
         # Built before the first update: a frozen copy of the initial weights, or the base with LoRA off.
         self.reference = build_reference(model, algorithm)
 
@@ -89,11 +89,11 @@ class PolicyUpdater:
             return loss, terms
 
         for _epoch in range(self.trainer.ppo_epochs):
-            result = self.step.run(packed, seq_loss, step=step)
+            result = self.optimizer_step.run(packed, seq_loss, step=step)
             totals["actor/grad_norm"] = result.grad_norm
         epochs = self.trainer.ppo_epochs
         out = {k: (v / epochs if k != "actor/grad_norm" else v) for k, v in totals.items()}
-        return out | mismatch.metrics() | self.step.metrics()
+        return out | mismatch.metrics() | self.optimizer_step.metrics()
 
     def _reference_logprobs(self, seq: PackedSequence) -> torch.Tensor:
         reference = self.reference
@@ -101,7 +101,7 @@ class PolicyUpdater:
 
         def forward(model: torch.nn.Module, packed: PackedSequence, *, with_entropy: bool, temperature: float,
                     logits_chunk: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-            own_role = self.step.per_role_adapters and reference.kind == "frozen"  # the role's own initial policy
+            own_role = self.optimizer_step.per_role_adapters and reference.kind == "frozen"  # the role's own initial policy
             with reference_adapter(model, packed.role) if own_role else contextlib.nullcontext():
                 return forward_packed(model, packed, with_entropy=with_entropy, temperature=temperature,
                                       logits_chunk=logits_chunk)

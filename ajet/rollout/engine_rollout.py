@@ -75,7 +75,7 @@ class EngineRollout(Generic[E]):
         log_template_check(self.chat)
         self.gateway = Gateway().start()
         self.runner: TaskRunner | None = None
-        self.loop = asyncio.new_event_loop()  # what `rollout()` and the RL recipe run the manager on
+        self.event_loop = asyncio.new_event_loop()  # what `rollout()` and the RL recipe run the manager on
         try:
             self.judge = judge if judge is not None else build_judge(cfg.judge, llm_client_factory=self.llm_client)
             self.runner = TaskRunner(workflow, self.judge, self, rollout)
@@ -121,7 +121,7 @@ class EngineRollout(Generic[E]):
 
     def rollout(self, tasks: list[WorkflowTask], n: int, *, episode_prefix: str) -> RolloutResult:
         """`RolloutManager.rollout`, run to completion on this rollout's own event loop."""
-        return self.loop.run_until_complete(self.manager.rollout(tasks, n, episode_prefix=episode_prefix))
+        return self.event_loop.run_until_complete(self.manager.rollout(tasks, n, episode_prefix=episode_prefix))
 
     def llm_client(self) -> openai.AsyncOpenAI:
         """An OpenAI client on the gateway for in-run services (LLM judges) on the policy model:
@@ -147,7 +147,7 @@ class EngineRollout(Generic[E]):
                 close()
             except Exception:  # noqa: BLE001 - keep closing the rest, but say what failed
                 log.exception("error while shutting down %s", getattr(close, "__qualname__", close))
-        self.loop.close()
+        self.event_loop.close()
 
 
 class StatelessTracker:

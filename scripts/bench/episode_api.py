@@ -79,10 +79,10 @@ def in_process(parts: dict[str, Any], args: argparse.Namespace) -> dict[str, flo
     rollout = EngineRollout(cfg, parts["engine"], parts["tokenizer"], agent_workflow(),
                             model_max_len=parts["max_len"], judge=parts["judge"])
     try:
-        rollout.loop.run_until_complete(rollout.manager.rollout(parts["reader"].next_batch(args.groups)))  # warm-up
+        rollout.event_loop.run_until_complete(rollout.manager.rollout(parts["reader"].next_batch(args.groups)))  # warm-up
         start, episodes = time.perf_counter(), []
         for _ in range(args.rounds):
-            result = rollout.loop.run_until_complete(rollout.manager.rollout(parts["reader"].next_batch(args.groups)))
+            result = rollout.event_loop.run_until_complete(rollout.manager.rollout(parts["reader"].next_batch(args.groups)))
             episodes += result.episodes
         return summary("in-process", episodes, time.perf_counter() - start)
     finally:

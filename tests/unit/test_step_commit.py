@@ -208,7 +208,7 @@ def test_ctrl_c_during_an_overlapped_update_waits_for_it_to_finish() -> None:
     recipe.source = OverlappedEpisodes.__new__(OverlappedEpisodes)
     recipe.source.prefetch = lambda step: None
     recipe.cfg = SimpleNamespace(trainer=SimpleNamespace(total_steps=5))
-    recipe.rollout = SimpleNamespace(loop=asyncio.new_event_loop())
+    recipe.rollout = SimpleNamespace(event_loop=asyncio.new_event_loop())
     events: list[str] = []
 
     def update(batch, *, step, overlap):  # noqa: ANN001, ANN202 - stands in for RLRecipe.update
@@ -226,7 +226,7 @@ def test_ctrl_c_during_an_overlapped_update_waits_for_it_to_finish() -> None:
         events.append("stopped")
     finally:
         signal.signal(signal.SIGINT, previous)
-        recipe.rollout.loop.close()
+        recipe.rollout.event_loop.close()
     assert events == ["update begins", "update ends", "stopped"]
 
 
@@ -244,7 +244,7 @@ def test_ctrl_c_during_an_overlapped_update_inside_a_step_finishes_the_step() ->
     recipe.source = OverlappedEpisodes.__new__(OverlappedEpisodes)
     recipe.source.prefetch = lambda step: None
     recipe.cfg = SimpleNamespace(trainer=SimpleNamespace(total_steps=5))
-    recipe.rollout = SimpleNamespace(loop=asyncio.new_event_loop())
+    recipe.rollout = SimpleNamespace(event_loop=asyncio.new_event_loop())
 
     def update(batch, *, step, overlap):  # noqa: ANN001, ANN202 - stands in for RLRecipe.update
         os.kill(os.getpid(), signal.SIGINT)
@@ -258,7 +258,7 @@ def test_ctrl_c_during_an_overlapped_update_inside_a_step_finishes_the_step() ->
             metrics = recipe._update_step(None, 1)
     finally:
         signal.signal(signal.SIGINT, previous)
-        recipe.rollout.loop.close()
+        recipe.rollout.event_loop.close()
     assert metrics == {"actor/loss": 1.5}
     assert take_requested_stop() == "SIGINT" and take_requested_stop() is None
 
@@ -597,7 +597,7 @@ def test_a_second_ctrl_c_during_an_overlapped_update_is_stopnow() -> None:
     recipe.source = OverlappedEpisodes.__new__(OverlappedEpisodes)
     recipe.source.prefetch = lambda step: None
     recipe.cfg = SimpleNamespace(trainer=SimpleNamespace(total_steps=5))
-    recipe.rollout = SimpleNamespace(loop=asyncio.new_event_loop())
+    recipe.rollout = SimpleNamespace(event_loop=asyncio.new_event_loop())
 
     def update(batch, *, step, overlap):  # noqa: ANN001, ANN202 - stands in for RLRecipe.update
         os.kill(os.getpid(), signal.SIGINT)
@@ -611,4 +611,4 @@ def test_a_second_ctrl_c_during_an_overlapped_update_is_stopnow() -> None:
         with stop_on_signals(), pytest.raises(StopNow):
             recipe._update_step(None, 1)
     finally:
-        recipe.rollout.loop.close()
+        recipe.rollout.event_loop.close()

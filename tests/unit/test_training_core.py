@@ -75,7 +75,7 @@ def test_rl_setup_failure_after_the_gateway_started_closes_gateway_and_engine(
     (rollout,) = built
     assert not rollout.gateway.running
     assert not rollout.engine._scheduler.thread.is_alive()
-    assert rollout.loop.is_closed()
+    assert rollout.event_loop.is_closed()
 
 
 def test_training_loop_steps_the_schedule_once_per_step_and_logs_each_step_once(
