@@ -21,8 +21,8 @@
   the launcher is active): children are stopped in reverse start order, SIGTERM to their
   process group, then SIGKILL after a grace period. Nothing it did not start is touched.
 
-`visible_gpus` / `free_gpus` answer "can a GPU backbone run here": nvidia-smi when present,
-else torch.cuda.
+What the config names (`ServiceSpec`) is `ajet.service_specs`; Ray's addresses `ajet.ray_env`;
+the GPUs `ajet.gpus`.
 """
 
 from __future__ import annotations
@@ -38,94 +38,18 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ajet.config.redact import redact_argv
-from ajet.errors import ConfigError, LaunchError
+from ajet.errors import LaunchError
 from ajet.net import is_loopback
+from ajet.ray_env import keep_ray_local, ray_env, restore_env
+from ajet.service_specs import ServiceSpec, service_argv
 from ajet.signals import reclaim, stops_the_run
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class ServiceSpec:
-    """One environment service: what `env_services.<name>` in the config holds."""
-
-    command: str
-    health_url: str = ""
-    startup_timeout_s: float = 60.0
-    cwd: str = ""
-    env: dict[str, str] = field(default_factory=dict)
-
-
-def service_argv(command: str) -> list[str]:
-    """Split a command line; a leading `python`/`python3` becomes this interpreter (pure),
-    so `python -m pkg.server` runs in the same environment as ajet."""
-    argv = shlex.split(command)
-    if not argv:
-        raise LaunchError("an env service has an empty command; set env_services.<name>.command")
-    if argv[0] in ("python", "python3"):
-        argv[0] = sys.executable
-    return argv
-
-
-def configured_entry(configured: Mapping[str, Any], name: str, option: str, section: str,
-                     required: str, hint: str) -> Any:
-    """`section.name` from the config, which `option NAME` asked for, with its `required`
-    field set (pure); ConfigError otherwise."""
-    if name not in configured:
-        known = ", ".join(sorted(configured)) or "none"
-        raise ConfigError(f"{option} {name}: the config has no {section}.{name} "
-                          f"(configured: {known}); add {section}.{name}.{required}")
-    entry = configured[name]
-    if not str(getattr(entry, required)).strip():
-        raise ConfigError(f"{section}.{name}.{required} is empty; {hint}")
-    return entry
-
-
-def env_service_specs(configured: Mapping[str, Any], names: Sequence[str]) -> dict[str, ServiceSpec]:
-    """The `env_services` entries named by `--with-env`, checked (pure)."""
-    specs: dict[str, ServiceSpec] = {}
-    for name in names:
-        entry = configured_entry(configured, name, "--with-env", "env_services", "command",
-                                 "set the command that starts it")
-        specs[name] = ServiceSpec(command=entry.command, health_url=entry.health_url,
-                                  startup_timeout_s=entry.startup_timeout_s, cwd=entry.cwd,
-                                  env=dict(entry.env))
-    return specs
-
-
-def vllm_service_specs(configured: Mapping[str, Any], names: Sequence[str],
-                       free: Sequence[int]) -> dict[str, ServiceSpec]:
-    """The `vllm_servers` entries named by `--with-vllm`, as services on GPUs taken in order
-    from `free` (pure). Each runs vLLM's OpenAI server under `CUDA_VISIBLE_DEVICES` and is
-    healthy when `/health` answers."""
-    specs: dict[str, ServiceSpec] = {}
-    left = list(free)
-    for name in names:
-        entry = configured_entry(configured, name, "--with-vllm", "vllm_servers", "model",
-                                 "set the checkpoint it serves")
-        if entry.gpus < 1:
-            raise ConfigError(f"vllm_servers.{name}.gpus={entry.gpus}: a vLLM server needs at least one GPU")
-        if len(left) < entry.gpus:
-            raise LaunchError(f"--with-vllm {name} needs {entry.gpus} free GPU(s); {len(left)} left of "
-                              f"{len(free)} free on this machine (a GPU counts as free below 10% memory used)")
-        gpus, left = left[: entry.gpus], left[entry.gpus:]
-        argv = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", str(entry.model),
-                "--served-model-name", name, "--host", "127.0.0.1", "--port", str(entry.port),
-                "--tensor-parallel-size", str(entry.gpus),
-                "--gpu-memory-utilization", str(entry.gpu_memory_utilization)]
-        if entry.max_model_len:
-            argv += ["--max-model-len", str(entry.max_model_len)]
-        specs[f"vllm-{name}"] = ServiceSpec(
-            command=shlex.join(argv + [str(a) for a in entry.extra_args]),
-            health_url=f"http://127.0.0.1:{entry.port}/health", startup_timeout_s=entry.startup_timeout_s,
-            env={"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus)},
-        )
-    return specs
 
 
 @dataclass
@@ -195,7 +119,7 @@ class Launcher:
                 child = self.children.pop()
                 stop_process_group(child.proc, self.stop_timeout_s, name=child.name)
             if self._old_ray_env is not None:
-                _restore_env("RAY_ADDRESS", self._old_ray_env)
+                restore_env("RAY_ADDRESS", self._old_ray_env)
                 self._old_ray_env = None
         finally:
             self._restore_sigterm()
@@ -411,116 +335,3 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-# ---------------------------------------------------------------------- Ray's addresses
-# Ray (2.60, Linux) resolves a loopback --node-ip-address to the machine's own address and binds
-# its GCS, raylet and worker ports on every interface; only this switch (meant for laptops, read
-# when `ray._private.ray_constants` is imported, and inherited by Ray's child processes) makes it
-# use 127.0.0.1 for all of them. Measured with `ss -ltnp`: docs/backbones.md, "--with-ray".
-_RAY_LOCAL_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
-
-
-def ray_env(node_ip: str) -> dict[str, str]:
-    """Environment for a Ray process that ajet starts (a head, or a trainer that calls
-    `ray.init` itself): loopback-only unless `node_ip` names another interface."""
-    return {_RAY_LOCAL_SWITCH: "0"} if is_loopback(node_ip) else {}
-
-
-def keep_ray_local(node_ip: str) -> None:
-    """Make a `ray.init` in this process listen on loopback only (see `ray_env`); works also
-    when Ray was imported already (the switch is then a module constant it has read)."""
-    if not is_loopback(node_ip):
-        return
-    os.environ[_RAY_LOCAL_SWITCH] = "0"
-    constants = sys.modules.get("ray._private.ray_constants")
-    if constants is not None:
-        constants.ENABLE_RAY_CLUSTER = False
-
-
-def listening_addresses(pid: int) -> list[str]:
-    """`host:port` of every TCP socket that process `pid` and its descendants listen on."""
-    import psutil  # Ray's dependency; only tests and diagnostics ask
-
-    found = []
-    root = psutil.Process(pid)
-    for proc in [root, *root.children(recursive=True)]:
-        try:
-            conns = proc.net_connections(kind="tcp")
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-        found += [f"{c.laddr.ip}:{c.laddr.port}" for c in conns if c.status == psutil.CONN_LISTEN]
-    return found
-
-
-def _restore_env(key: str, old: str) -> None:
-    if old:
-        os.environ[key] = old
-    else:
-        os.environ.pop(key, None)
-
-
-# ---------------------------------------------------------------------- GPUs
-def parse_nvidia_smi(text: str) -> list[dict[str, int]]:
-    """Rows of `nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv,noheader,nounits`."""
-    gpus = []
-    for line in text.strip().splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) != 3 or not all(p.isdigit() for p in parts):
-            continue
-        index, used, total = map(int, parts)
-        gpus.append({"index": index, "used_mib": used, "total_mib": total})
-    return gpus
-
-
-def query_gpus() -> list[dict[str, int]]:
-    """The GPUs this process can see, with their memory use (MiB)."""
-    smi = shutil.which("nvidia-smi")
-    if smi is not None:
-        try:
-            out = subprocess.run([smi, "--query-gpu=index,memory.used,memory.total",
-                                  "--format=csv,noheader,nounits"],
-                                 capture_output=True, text=True, timeout=30, check=True).stdout
-            gpus = parse_nvidia_smi(out)
-            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-            if visible is not None and visible.strip():
-                keep = {int(v) for v in visible.split(",") if v.strip().isdigit()}
-                gpus = [g for g in gpus if g["index"] in keep]
-            elif visible is not None:
-                gpus = []
-            return gpus
-        except (subprocess.SubprocessError, OSError) as exc:
-            log.warning("nvidia-smi failed (%s); asking torch.cuda", exc)
-    import torch
-
-    if not torch.cuda.is_available():
-        return []
-    gpus = []
-    for i in range(torch.cuda.device_count()):
-        free, total = torch.cuda.mem_get_info(i)
-        gpus.append({"index": i, "used_mib": (total - free) // 2**20, "total_mib": total // 2**20})
-    return gpus
-
-
-def visible_gpus() -> int:
-    return len(query_gpus())
-
-
-def free_gpus(max_used_fraction: float = 0.1, gpus: list[dict[str, int]] | None = None) -> list[int]:
-    """Indices of GPUs whose memory is at most `max_used_fraction` used (pure given `gpus`)."""
-    gpus = query_gpus() if gpus is None else gpus
-    return [g["index"] for g in gpus if g["total_mib"] and g["used_mib"] / g["total_mib"] <= max_used_fraction]
-
-
-def require_free_gpus(needed: int, backbone: str, max_used_fraction: float = 0.1) -> None:
-    """Refuse to start a GPU backbone that would share busy GPUs."""
-    gpus = query_gpus()
-    free = free_gpus(max_used_fraction, gpus)
-    if len(free) < needed:
-        busy = [g for g in gpus if g["index"] not in free]
-        detail = ", ".join(f"GPU {g['index']}: {g['used_mib']}/{g['total_mib']} MiB used" for g in busy)
-        raise LaunchError(
-            f"--backbone={backbone} needs {needed} free GPU(s); {len(free)} of {len(gpus)} are free"
-            + (f" ({detail})" if detail else "")
-            + ". Stop what uses them, choose others with CUDA_VISIBLE_DEVICES, or lower the GPU counts."
-        )

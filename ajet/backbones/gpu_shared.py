@@ -19,7 +19,7 @@ from ajet.config.schema import AjetConfig, Algorithm, ReaderType, TrinityConfig,
 from ajet.context.samples import episode_samples
 from ajet.engine.base import SamplingParams
 from ajet.errors import SetupError, UserError
-from ajet.launcher import visible_gpus
+from ajet.gpus import visible_gpus
 from ajet.models.resolve import ModelNotFoundError, resolve_model_path
 from ajet.rollout.workflow_loader import as_workflow, load_workflow, target_of
 from ajet.training.run_dir import run_dir_of

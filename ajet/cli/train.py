@@ -27,14 +27,17 @@ from ajet.cli.main import commands_epilog
 from ajet.cli.preflight import preflight
 from ajet.config import load_config, to_yaml
 from ajet.config.choices import Backbone
-from ajet.launcher import Launcher, LaunchError, env_service_specs, free_gpus, vllm_service_specs
+from ajet.errors import LaunchError
+from ajet.gpus import free_gpus
+from ajet.launcher import Launcher
 from ajet.outputs.setup import configure_logging
 from ajet.outputs.summary import render_summary, summarize_run
+from ajet.service_specs import env_service_specs, vllm_service_specs
 from ajet.training.run_dir import run_dir_of
 
 if TYPE_CHECKING:  # pragma: no cover
     from ajet.config.schema import AjetConfig
-    from ajet.launcher import ServiceSpec
+    from ajet.service_specs import ServiceSpec
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)
 

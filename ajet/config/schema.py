@@ -534,7 +534,7 @@ class AjetConfig:
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     trinity: TrinityConfig = field(default_factory=TrinityConfig)
     verl: VerlConfig = field(default_factory=VerlConfig)
-    # name -> service, started by `--with-env NAME` (see ajet/launcher.py).
+    # name -> service, started by `--with-env NAME` (ajet/service_specs.py; ajet/launcher.py starts it).
     env_services: dict[str, EnvServiceConfig] = field(default_factory=dict)
-    # name -> vLLM server, started by `--with-vllm NAME` on free GPUs (see ajet/launcher.py).
+    # name -> vLLM server, started by `--with-vllm NAME` on free GPUs (ajet/service_specs.py; ajet/launcher.py starts it).
     vllm_servers: dict[str, VllmServerConfig] = field(default_factory=dict)

@@ -1,6 +1,6 @@
 """A Ray that ajet starts listens on 127.0.0.1 only (ray.node_ip), both the in-process one
 (--with-ray) and the head the GPU backbones start: Ray runs any code sent to its ports, and on
-Linux it binds them on every interface unless told otherwise (ajet.launcher.ray_env)."""
+Linux it binds them on every interface unless told otherwise (ajet.ray_env.ray_env)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import time
 
 import pytest
 
-from ajet.launcher import Launcher, listening_addresses, ray_env
+from ajet.launcher import Launcher
 from ajet.net import is_loopback
+from ajet.ray_env import listening_addresses, ray_env
 
 
 def host_of(address: str) -> str:
@@ -70,7 +71,8 @@ def test_a_child_joins_the_loopback_head(tmp_path) -> None:
 LOCAL_RAY = """
 import json, os, sys
 import ray  # imported before the launcher: the switch must still take effect
-from ajet.launcher import Launcher, listening_addresses
+from ajet.launcher import Launcher
+from ajet.ray_env import listening_addresses
 
 @ray.remote
 def ping():

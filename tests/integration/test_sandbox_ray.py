@@ -39,7 +39,7 @@ def test_the_run_refuses_the_ray_backend_without_with_ray() -> None:
 def ray_local():
     import ray
 
-    from ajet.launcher import keep_ray_local
+    from ajet.ray_env import keep_ray_local
 
     keep_ray_local("127.0.0.1")
     ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
@@ -97,7 +97,7 @@ def test_a_runs_hosts_live_in_its_own_namespace() -> None:
 ANOTHER_RUN = """
 import json, sys
 import ray
-from ajet.launcher import keep_ray_local
+from ajet.ray_env import keep_ray_local
 from ajet.sandbox.box import Limits
 from ajet.sandbox.ray_pool import RayPool
 

@@ -291,9 +291,9 @@ def test_cli_dry_run_refuses_verl_settings(tmp_path: Path, stub_run_conf: Callab
 
 
 def test_cli_without_gpu_says_to_use_debug(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stub_run_conf: Callable[..., Path]) -> None:
-    import ajet.launcher
+    import ajet.gpus
 
-    monkeypatch.setattr(ajet.launcher, "query_gpus", lambda: [])
+    monkeypatch.setattr(ajet.gpus, "query_gpus", lambda: [])
     conf = stub_run_conf()
     result = CliRunner().invoke(train_cmd.app, ["--conf", str(conf), "--backbone=trinity"])
     assert result.exit_code == 1
@@ -366,9 +366,9 @@ def test_episode_runtime_turns_an_episode_into_experiences(two_calls_conf: Path)
 def test_cli_with_gpu_but_without_packages_names_the_gpu_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stub_run_conf: Callable[..., Path]) -> None:
     import importlib.util
 
-    import ajet.launcher
+    import ajet.gpus
 
-    monkeypatch.setattr(ajet.launcher, "query_gpus", lambda: [{"index": 0, "total_mib": 80000, "used_mib": 0}])
+    monkeypatch.setattr(ajet.gpus, "query_gpus", lambda: [{"index": 0, "total_mib": 80000, "used_mib": 0}])
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name in ("trinity", "vllm") else real_find_spec(name, *a))

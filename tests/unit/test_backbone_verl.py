@@ -276,9 +276,9 @@ def test_cli_dry_run_refuses_untranslated_settings(tmp_path: Path, stub_run_conf
 
 
 def test_cli_without_gpu_says_to_use_debug(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stub_run_conf: Callable[..., Path]) -> None:
-    import ajet.launcher
+    import ajet.gpus
 
-    monkeypatch.setattr(ajet.launcher, "query_gpus", lambda: [])
+    monkeypatch.setattr(ajet.gpus, "query_gpus", lambda: [])
     result = CliRunner().invoke(train_cmd.app, ["--conf", str(stub_run_conf()), "--backbone=verl"])
     assert result.exit_code == 1
     assert "needs NVIDIA GPUs" in result.output and "--backbone=debug" in result.output

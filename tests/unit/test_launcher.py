@@ -20,17 +20,10 @@ from typer.testing import CliRunner
 from ajet.cli import train as train_cmd
 from ajet.config import ConfigError
 from ajet.config.schema import EnvServiceConfig, VllmServerConfig
-from ajet.launcher import (
-    Launcher,
-    LaunchError,
-    ServiceSpec,
-    env_service_specs,
-    free_gpus,
-    free_port,
-    parse_nvidia_smi,
-    service_argv,
-    vllm_service_specs,
-)
+from ajet.errors import LaunchError
+from ajet.gpus import free_gpus, parse_nvidia_smi
+from ajet.launcher import Launcher, free_port
+from ajet.service_specs import ServiceSpec, env_service_specs, service_argv, vllm_service_specs
 from tests.integration.cli import ajet as fork_ajet
 
 
@@ -104,7 +97,8 @@ from pathlib import Path
 # test process), and Python then never raises KeyboardInterrupt; restore a terminal's defaults.
 signal.signal(signal.SIGINT, signal.default_int_handler)
 signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
-from ajet.launcher import Launcher, ServiceSpec
+from ajet.launcher import Launcher
+from ajet.service_specs import ServiceSpec
 port, out = int(sys.argv[1]), Path(sys.argv[2])
 spec = ServiceSpec(command=f"python -m ajet.task_reader.env_server --port {port}",
                    health_url=f"http://127.0.0.1:{port}/health")

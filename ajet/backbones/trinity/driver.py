@@ -20,7 +20,8 @@ from ajet.backbones.trinity.convert import write_taskset
 from ajet.backbones.trinity.translate import to_trinity_config
 from ajet.config import AjetConfig
 from ajet.errors import SetupError, UserError
-from ajet.launcher import Launcher, require_free_gpus
+from ajet.gpus import require_free_gpus
+from ajet.launcher import Launcher
 from ajet.task_reader import build_reader
 from ajet.training.run_dir import prepare_run_dir
 

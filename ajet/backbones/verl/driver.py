@@ -24,7 +24,9 @@ from ajet.backbones.verl.translate import (
 )
 from ajet.config import AjetConfig
 from ajet.errors import SetupError, UserError
-from ajet.launcher import Launcher, ray_env, require_free_gpus
+from ajet.gpus import require_free_gpus
+from ajet.launcher import Launcher
+from ajet.ray_env import ray_env
 from ajet.task_reader import build_reader
 from ajet.training.run_dir import prepare_run_dir
 
