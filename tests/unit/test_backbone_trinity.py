@@ -20,7 +20,7 @@ from ajet.backbones.trinity.convert import (
     write_taskset,
 )
 from ajet.backbones.trinity.engine import completion_request, parse_choice
-from ajet.backbones.trinity.translate import WORKFLOW_TYPE, check_config, to_trinity_config
+from ajet.backbones.trinity.translation import WORKFLOW_TYPE, check_config, to_trinity_config
 from ajet.cli import train as train_cmd
 from ajet.config.schema import AjetConfig, Algorithm, LossAgg, ReaderType
 from ajet.context.types import Sample

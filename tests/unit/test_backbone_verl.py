@@ -20,7 +20,7 @@ from ajet.backbones.verl.convert import (
     write_parquet,
 )
 from ajet.backbones.verl.engine import token_output_to_completion, verl_sampling_params
-from ajet.backbones.verl.translate import (
+from ajet.backbones.verl.translation import (
     AGENT_LOOP_TARGET,
     AGENT_NAME,
     agent_loop_registry,

@@ -7,10 +7,7 @@ import logging
 from typing import Any
 
 from ajet.backbones.gpu_shared import dump_yaml, model_path_for, require_gpus, with_workflow
-
-# Loading the submodule `translate` sets the package attribute `translate`; the function
-# below, defined after every import, replaces it and stays what the CLI calls.
-from ajet.backbones.trinity import translate as translation
+from ajet.backbones.trinity import translation
 from ajet.backbones.trinity.driver import run_trinity
 from ajet.config.schema import AjetConfig
 

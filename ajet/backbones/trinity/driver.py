@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ajet.backbones.gpu_shared import dump_yaml, model_path_for, run_dir
 from ajet.backbones.trinity.convert import write_taskset
-from ajet.backbones.trinity.translate import to_trinity_config
+from ajet.backbones.trinity.translation import to_trinity_config
 from ajet.config import AjetConfig
 from ajet.errors import SetupError, UserError
 from ajet.gpus import require_free_gpus

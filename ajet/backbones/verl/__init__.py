@@ -6,10 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ajet.backbones.gpu_shared import dump_yaml, model_path_for, require_gpus, with_workflow
-
-# Loading the submodule `translate` sets the package attribute `translate`; the function
-# below, defined after every import, replaces it and stays what the CLI calls.
-from ajet.backbones.verl import translate as translation
+from ajet.backbones.verl import translation
 from ajet.backbones.verl.driver import run_verl
 from ajet.config.schema import AjetConfig
 

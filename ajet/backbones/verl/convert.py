@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ajet.backbones.gpu_shared import first_trained
-from ajet.backbones.verl.translate import AGENT_NAME
+from ajet.backbones.verl.translation import AGENT_NAME
 from ajet.context.types import Sample
 from ajet.workflow import WorkflowTask
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ajet.backbones.gpu_shared import dump_yaml, model_path_for, run_dir
 from ajet.backbones.verl.convert import task_to_verl_row, write_parquet
-from ajet.backbones.verl.translate import (
+from ajet.backbones.verl.translation import (
     agent_loop_registry,
     hydra_overrides,
     to_verl_config,
