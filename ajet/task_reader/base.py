@@ -153,9 +153,11 @@ class TaskReader:
         fault_point("draw")
         if step not in self._before_step:
             self._before_step[step] = (self.state_dict(), self._draw_count)
-        if self.curriculum is not None:
+        if self.curriculum is not None:  # its position is the number of draws (curriculum_draws)
             idx = self.curriculum.draw(batch_size, step, self._draws)
             self._draws += 1
+            self.last_draws = list(range(self._draw_count, self._draw_count + len(idx)))
+            self._draw_count += len(idx)
             return [self._train[i] for i in idx]
         batch: list[WorkflowTask] = []
         self.last_draws = []
@@ -207,7 +209,10 @@ class TaskReader:
         for `step` and earlier is forgotten. With `track_trained`: before the earliest draw that
         no step up to `step` trained, every later draw those steps trained skipped."""
         with self._lock:
-            return self._state_of_trained(step) if self._tracking else self._state_of_drawn(step)
+            # A curriculum's position is its count of draws, not a walk over the tasks: a step's
+            # state is the count before the next step's first draw, whoever trains what.
+            tracked = self._tracking and self.curriculum is None
+            return self._state_of_trained(step) if tracked else self._state_of_drawn(step)
 
     def _state_of_drawn(self, step: int) -> dict:
         later = [s for s in self._before_step if s > step]

@@ -80,3 +80,20 @@ def test_the_config_key_turns_it_on_and_gpu_backbones_refuse_it(tmp_path: Path) 
     assert reader.curriculum is not None
     assert {t.metadata["ops"] for _ in range(10) for t in reader.next_batch(2, step=1)} == {0}
     assert [k for k, _ in common_refusals(cfg, "verl")] == ["task_reader.curriculum.key"]
+
+
+def test_a_curriculum_reader_numbers_its_draws_for_the_serve_broker() -> None:
+    """`ajet serve` with a curriculum (remote_agent.yaml): the broker takes each group's draw
+    number from `last_draws`, which the curriculum's draws did not set (IndexError, a 500 to the
+    client, a run that never trained)."""
+    tasks = graded(40)
+    reader = TaskReader(tasks, seed=0, curriculum=Curriculum(tasks, key="level", start=0.25, ramp_steps=4,
+                                                               seed=0))
+    reader.track_trained()
+    reader.next_batch(1, step=1)
+    first = reader.last_draws
+    reader.next_batch(2, step=1)
+    assert len(first) == 1 and len(reader.last_draws) == 2 and first[0] not in reader.last_draws
+    reader.mark_trained(first + reader.last_draws, 1)
+    state = reader.state_at_end_of(1)
+    assert state["curriculum_draws"] == 2
