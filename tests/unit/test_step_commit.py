@@ -192,23 +192,28 @@ def test_a_late_refill_of_a_committed_step_is_not_handed_out_again_after_a_resum
         f"t{i}" for i in range(6)]
 
 
-def test_ctrl_c_during_an_overlapped_update_waits_for_it_to_finish() -> None:
-    """rollout.max_staleness > 0: the update runs in a worker thread while the event loop rolls
-    out the next step. Ctrl-C reaches the main thread; before, it left at once and the loop
-    then copied the weights into a checkpoint while optimizer.step() was still changing them."""
+def overlapped_recipe(update):  # noqa: ANN001, ANN201 - a stand-in for RLRecipe.update; the recipe
+    """An RLRecipe with only what `_update_step` uses: an overlapping source (its prefetch does
+    nothing), 5 steps, an event loop, and `update`."""
     import asyncio
-    import signal
-    import time
     from types import SimpleNamespace
 
     from ajet.rl.recipe import RLRecipe
     from ajet.rollout.overlap import OverlappedEpisodes
 
-    recipe = RLRecipe.__new__(RLRecipe)  # only what _update_step uses
+    recipe = RLRecipe.__new__(RLRecipe)
     recipe.source = OverlappedEpisodes.__new__(OverlappedEpisodes)
     recipe.source.prefetch = lambda step: None
     recipe.cfg = SimpleNamespace(trainer=SimpleNamespace(total_steps=5))
     recipe.rollout = SimpleNamespace(event_loop=asyncio.new_event_loop())
+    recipe.update = update
+    return recipe
+
+
+def test_ctrl_c_during_an_overlapped_update_waits_for_it_to_finish() -> None:
+    """rollout.max_staleness > 0: the update runs in a worker thread while the event loop rolls
+    out the next step. Ctrl-C reaches the main thread; before, it left at once and the loop
+    then copied the weights into a checkpoint while optimizer.step() was still changing them."""
     events: list[str] = []
 
     def update(batch, *, step, overlap):  # noqa: ANN001, ANN202 - stands in for RLRecipe.update
@@ -218,7 +223,7 @@ def test_ctrl_c_during_an_overlapped_update_waits_for_it_to_finish() -> None:
         events.append("update ends")
         return {}
 
-    recipe.update = update
+    recipe = overlapped_recipe(update)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(KeyboardInterrupt):
@@ -233,25 +238,14 @@ def test_ctrl_c_during_an_overlapped_update_waits_for_it_to_finish() -> None:
 def test_ctrl_c_during_an_overlapped_update_inside_a_step_finishes_the_step() -> None:
     """Inside the loop's step (`stop_at_step_end`) the finished update's metrics come back and
     the stop waits for the step's end."""
-    import asyncio
-    from types import SimpleNamespace
-
-    from ajet.rl.recipe import RLRecipe
-    from ajet.rollout.overlap import OverlappedEpisodes
     from ajet.signals import stop_at_step_end, take_requested_stop
-
-    recipe = RLRecipe.__new__(RLRecipe)
-    recipe.source = OverlappedEpisodes.__new__(OverlappedEpisodes)
-    recipe.source.prefetch = lambda step: None
-    recipe.cfg = SimpleNamespace(trainer=SimpleNamespace(total_steps=5))
-    recipe.rollout = SimpleNamespace(event_loop=asyncio.new_event_loop())
 
     def update(batch, *, step, overlap):  # noqa: ANN001, ANN202 - stands in for RLRecipe.update
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(0.3)
         return {"actor/loss": 1.5}
 
-    recipe.update = update
+    recipe = overlapped_recipe(update)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with stop_at_step_end(lambda: False):  # the stop reaches _update_step: it finishes the update
@@ -586,18 +580,7 @@ def test_resume_changed_goes_on_over_changed_tasks_and_plain_resume_refuses_them
 def test_a_second_ctrl_c_during_an_overlapped_update_is_stopnow() -> None:
     """Before, the first stop was caught in _update_step with no record, so the second raised a
     plain KeyboardInterrupt and the loop saved from weights the update was still changing."""
-    import asyncio
-    from types import SimpleNamespace
-
-    from ajet.rl.recipe import RLRecipe
-    from ajet.rollout.overlap import OverlappedEpisodes
     from ajet.signals import StopNow, stop_on_signals
-
-    recipe = RLRecipe.__new__(RLRecipe)
-    recipe.source = OverlappedEpisodes.__new__(OverlappedEpisodes)
-    recipe.source.prefetch = lambda step: None
-    recipe.cfg = SimpleNamespace(trainer=SimpleNamespace(total_steps=5))
-    recipe.rollout = SimpleNamespace(event_loop=asyncio.new_event_loop())
 
     def update(batch, *, step, overlap):  # noqa: ANN001, ANN202 - stands in for RLRecipe.update
         os.kill(os.getpid(), signal.SIGINT)
@@ -606,7 +589,7 @@ def test_a_second_ctrl_c_during_an_overlapped_update_is_stopnow() -> None:
         time.sleep(0.3)
         return {}
 
-    recipe.update = update
+    recipe = overlapped_recipe(update)
     try:
         with stop_on_signals(), pytest.raises(StopNow):
             recipe._update_step(None, 1)
