@@ -56,8 +56,28 @@ class Completion:
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
 
 
+class EngineFeatures:
+    """What an engine can do beyond `InferenceEngine`'s core, declared as class attributes: all
+    False here, True where an engine (its class) says so. The gateway reads them to refuse, by
+    name, a request's field that the engine would otherwise drop (ajet.tuner.session): every
+    engine derives from this, so a missing declaration is False, never an unread flag."""
+
+    supports_streaming: bool = False  # generate() takes on_token
+    supports_grammar: bool = False  # SamplingParams.grammar (ajet/engine/grammar.py)
+    supports_models: bool = False  # generate() takes model= (ajet/engine/served_models.py)
+    supports_penalties: bool = False  # SamplingParams' penalties and logit_bias (ajet/engine/sampling.py)
+    supports_top_logprobs: bool = False  # SamplingParams.top_logprobs: Completion.top_logprobs
+
+
 class InferenceEngine(Protocol):
-    """Many concurrent callers; the engine batches them at every decode step."""
+    """Many concurrent callers; the engine batches them at every decode step. What it supports
+    beyond this is `EngineFeatures`'."""
+
+    supports_streaming: bool
+    supports_grammar: bool
+    supports_models: bool
+    supports_penalties: bool
+    supports_top_logprobs: bool
 
     @property
     def policy_version(self) -> int:

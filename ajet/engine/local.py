@@ -47,7 +47,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ajet.engine.base import Completion, SamplingParams
+from ajet.engine.base import Completion, EngineFeatures, SamplingParams
 from ajet.engine.decode import DecodeBatch
 from ajet.engine.grammar import Constraint, GrammarRuntime
 from ajet.engine.policy_version import PolicyVersion
@@ -61,7 +61,7 @@ from ajet.engine.weights import ServingWeights
 log = logging.getLogger(__name__)
 
 
-class LocalEngine:
+class LocalEngine(EngineFeatures):
     """Continuous-batching engine over `model` (shared with an in-process trainer).
 
     max_batch_size: most sequences decoded together (a request with n completions takes n).

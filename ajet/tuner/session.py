@@ -263,7 +263,7 @@ class EpisodeSession:
         """Serve the calls of `role` (not trainable) with a model of the engine: "initial" (the
         frozen initial weights) or a local checkpoint directory. Checked now (config files
         only): ValueError naming the role and the fix."""
-        if not getattr(self.engine, "supports_models", False):
+        if not self.engine.supports_models:
             raise ValueError(
                 f"role {role!r}: default_model={model!r} is served by the debug backbone's engine only; "
                 f"this run's engine ({type(self.engine).__name__}) serves the policy alone. Pass an AgentScope "
@@ -364,7 +364,7 @@ class EpisodeSession:
         capped = params.max_tokens < requested
         options: dict[str, Any] = {}  # what the engine takes beyond the prompt and params
         if (on_text is not None and not prefix and params.grammar is None
-                and getattr(self.engine, "supports_streaming", False)):
+                and self.engine.supports_streaming):
 
             options["on_token"] = TextStream(self.chat_format, params.stop, on_text).push
         model = self.model_for(role)
@@ -402,7 +402,7 @@ class EpisodeSession:
         calls = bool(tools) and tool_choice != "none" and (mode == "all" or mode == "forced" and not auto)
         if not (calls or kind in ("json_schema", "json_object")):
             return None
-        if not getattr(self.engine, "supports_grammar", False):
+        if not self.engine.supports_grammar:
             engine = type(self.engine).__name__
             if engine not in _WARNED_NO_GRAMMAR:  # once per engine type, not per episode
                 _WARNED_NO_GRAMMAR.add(engine)
@@ -480,12 +480,12 @@ class EpisodeSession:
         """Penalties and logit_bias need an engine that applies them (and records the adjusted
         logprobs), top_logprobs one that returns alternatives; a bias names tokens of the
         model's vocabulary."""
-        if params.top_logprobs and not getattr(self.engine, "supports_top_logprobs", False):
+        if params.top_logprobs and not self.engine.supports_top_logprobs:
             raise InvalidRequestError("top_logprobs: this backbone's engine returns only the sampled token's "
                                       "logprob (the debug backbone's returns alternatives); send 0 or leave it out")
         if not has_penalties(params):
             return
-        if not getattr(self.engine, "supports_penalties", False):
+        if not self.engine.supports_penalties:
             field = next(name for name in ("frequency_penalty", "presence_penalty", "logit_bias")
                          if getattr(params, name))
             raise InvalidRequestError(f"{field}: this backbone's engine does not apply penalties or logit_bias "

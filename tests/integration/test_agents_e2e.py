@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from ajet.config.schema import ContextConfig, ModelConfig, RolloutConfig
+from ajet.engine.base import EngineFeatures
 
 pytestmark = pytest.mark.integration
 
@@ -239,7 +240,7 @@ TOOL_REPLY = (
 )
 
 
-class ScriptedEngine:
+class ScriptedEngine(EngineFeatures):
     def __init__(self, chat: Any, replies: list[str]) -> None:
         self.chat, self.replies, self.policy_version = chat, list(replies), 0
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from tiny_models import tiny_llama
 
-from ajet.engine.base import INITIAL_MODEL, SamplingParams
+from ajet.engine.base import INITIAL_MODEL, EngineFeatures, SamplingParams
 
 ROLES = ["wolf", "seer", "witch"]
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
@@ -311,7 +311,7 @@ def test_per_role_needs_lora_and_gpu_backbones_refuse_it():
 
 
 # ---------------------------------------------------------------------- sessions and roles
-class ModelsEngine:
+class ModelsEngine(EngineFeatures):
     """A scripted engine that serves models by name, as the local engine does."""
 
     supports_models = True

@@ -18,7 +18,7 @@ from typing import Any
 
 from ajet.config.schema import ContextConfig, RolloutConfig
 from ajet.context.types import LLMCall
-from ajet.engine.base import Completion, SamplingParams
+from ajet.engine.base import Completion, EngineFeatures, SamplingParams
 
 SPECIALS = {"<|im_start|>": 1, "<|im_end|>": 2}
 EOS = 2
@@ -149,7 +149,7 @@ class FakeTracker:
 
 
 @dataclass
-class FakeEngine:
+class FakeEngine(EngineFeatures):
     """Replies with scripted texts (a list consumed in order, or a function of the
     prompt text); greedy-like: same prompt → same reply. Thread/loop-safe."""
 

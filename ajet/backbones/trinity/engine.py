@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ajet.backbones.gpu_shared import vllm_sampling
-from ajet.engine.base import Completion, SamplingParams
+from ajet.engine.base import Completion, EngineFeatures, SamplingParams
 from ajet.errors import InfrastructureError
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ def _token_id(token: str) -> int:
     return int(token[len(TOKEN_ID_PREFIX):])
 
 
-class OpenAICompletionsEngine:
+class OpenAICompletionsEngine(EngineFeatures):
     """`InferenceEngine` on `{base_url}/completions` (vLLM). Weights are synced by the backbone;
     `version_fn` (async) reports the server's current policy version."""
 

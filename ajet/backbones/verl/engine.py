@@ -12,7 +12,7 @@ import uuid
 from typing import Any
 
 from ajet.backbones.gpu_shared import vllm_sampling
-from ajet.engine.base import Completion, SamplingParams
+from ajet.engine.base import Completion, EngineFeatures, SamplingParams
 from ajet.errors import InfrastructureError
 
 
@@ -42,7 +42,7 @@ def token_output_to_completion(token_ids: list[int], log_probs: list[float] | No
                       finish_reason=finish, policy_version=policy_version)
 
 
-class VerlServerEngine:
+class VerlServerEngine(EngineFeatures):
     """`InferenceEngine` on verl's `LLMServerClient` (one per agent-loop worker)."""
 
     def __init__(self, server_manager: Any, *, eos_token_ids: set[int]) -> None:
