@@ -235,7 +235,7 @@ class EpisodeRuntime:
     through the gateway as in-run services). One per process and config.
 
     Default models served by ajet (`register_model(role, default_model="initial" | a path)`)
-    exist on the debug backbone's engine only: the vLLM engine has no `supports_models`, so
+    exist on the debug backbone's engine only: the vLLM engine's `supports_models` is False, so
     registering one fails the episode with an error that names the role and the fix
     (`EpisodeSession.use_default_model`)."""
 
