@@ -59,6 +59,11 @@ class Grade:
     def text(self, limit: int = 600) -> str:
         return self.reason + ("\n" + self.result.as_tool_text(limit) if self.result else "")
 
+    def metrics(self) -> dict[str, float]:
+        """For WorkflowOutput.log_metrics: whether the grader's test run happened (in its own
+        sandbox, so it is not among the agent sandbox's `sandbox/calls`), and the reward's cause."""
+        return {"grade/tests_ran": float(self.result is not None), "grade/passed": self.reward}
+
 
 def judge(result: RunResult, expected: int) -> Grade:
     """The reward for a test run: 1.0 only if it passed AND ran the `expected` tests, none skipped."""

@@ -119,7 +119,7 @@ class MiniSweAgent(Workflow):
             if agent.n_calls == 0:
                 raise HarnessFailed(f"mini-swe-agent never called the model (exit: {info.get('exit_status')})")
             graded = grade(box, task.metadata, shared_pool())
-            metrics = box.metrics()
+            metrics = box.metrics() | graded.metrics()
         metrics |= {
             "harness/turns": float(agent.n_calls),
             "harness/commands": float(env.commands),

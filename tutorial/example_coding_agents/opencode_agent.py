@@ -108,6 +108,6 @@ class OpencodeAgent(Workflow):
                        if run.exit_code != 0 else "never called the model")
                 raise HarnessFailed(f"opencode {why}; its last stderr lines: {stderr_tail(run.stderr)}")
             graded = grade(box, task.metadata, shared_pool())
-        metrics = {"harness/wall_s": run.wall_s, "harness/connections": float(bridge.connections)}
+        metrics = {"harness/wall_s": run.wall_s, "harness/connections": float(bridge.connections), **graded.metrics()}
         return WorkflowOutput(reward=graded.reward, is_success=graded.reward == 1.0, log_metrics=metrics,
                               metadata={"opencode_output": run.stdout[-2000:], "test_output": graded.text()})

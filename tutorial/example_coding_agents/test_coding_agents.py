@@ -290,7 +290,9 @@ def test_one_step_mini_swe_agent(one_step) -> None:
     metrics = run.assert_completed()
     assert metrics["rollout/failed"] == 0, {k: v for k, v in metrics.items() if "failed" in k}
     assert metrics["workflow/harness/turns"] >= 1 and "workflow/harness/valid_command_rate" in metrics
-    assert metrics["sandbox/calls"] >= 1  # the forced first bash call ran, and the test after it
+    # every episode was graded: the task's tests ran in the grader's own sandbox (not counted in
+    # the agent sandbox's sandbox/calls, which the random model's commands may leave at 0)
+    assert metrics["workflow/grade/tests_ran"] == 1 and "sandbox/calls" in metrics
     records = run.records(1)
     assert records and all(any(r["loss_mask"]) for r in records)
     assert metrics["context/samples"] <= metrics["context/calls"]
