@@ -13,6 +13,7 @@ The bottom layer of ajet: the standard library only, so every module may use it.
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import secrets
@@ -84,3 +85,12 @@ def is_disk_full(exc: BaseException | None) -> bool:
 def free_mib(path: str | os.PathLike[str]) -> float:
     """MiB free on the file system that holds `path`."""
     return shutil.disk_usage(path).free / 2**20
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """The sha256 of a file's bytes (hex), read in blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()

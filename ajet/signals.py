@@ -163,11 +163,6 @@ def in_step() -> bool:
     return _state.in_step > 0
 
 
-def stop_requested() -> str | None:
-    """The stop recorded and not yet taken, or None."""
-    return _state.pending
-
-
 def take_requested_stop() -> str | None:
     """The stop recorded and not yet taken (once), or None."""
     requested, _state.pending = _state.pending, None

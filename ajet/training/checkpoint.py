@@ -30,7 +30,7 @@ import torch
 
 from ajet.errors import DiskFullError, RunDataError
 from ajet.faults import fault_point, slow_write
-from ajet.files import free_mib, fsync_dir, is_disk_full, write_text_atomic
+from ajet.files import file_sha256, free_mib, fsync_dir, is_disk_full, write_text_atomic
 from ajet.training.adapters import adapter_parameters, role_adapters
 from ajet.training.checkpoint_dir import _COMPLETE, MAKE_ROOM, checkpoint_step, latest_checkpoint
 
@@ -195,14 +195,11 @@ def corruption(ckpt: Path) -> str:
         return ""  # the old marker: the step number alone
     sums = recorded.get("sha256") if isinstance(recorded, dict) else None
     for name, expected in (sums or {}).items():
-        digest = hashlib.sha256()
         try:
-            with open(ckpt / name, "rb") as handle:
-                for block in iter(lambda: handle.read(1 << 22), b""):
-                    digest.update(block)
+            digest = file_sha256(ckpt / name)
         except OSError as exc:
             return f"{name} cannot be read ({exc.strerror or exc})"
-        if digest.hexdigest() != expected:
+        if digest != expected:
             return f"{name} does not match the sha256 written with it"
     return ""
 

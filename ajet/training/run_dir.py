@@ -21,7 +21,6 @@ another run's optimizer state on other data. `--resume-changed` resumes anyway.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import os
 import sys
@@ -32,7 +31,7 @@ from ajet.config import to_yaml
 from ajet.config.redact import redact_argv
 from ajet.config.schema import AjetConfig
 from ajet.errors import UserError
-from ajet.files import write_text_atomic
+from ajet.files import file_sha256, write_text_atomic
 from ajet.training.checkpoint_dir import cleanup_partial, latest_checkpoint
 
 
@@ -126,7 +125,7 @@ def resume_keys(cfg: AjetConfig) -> dict[str, object]:
     for key in DATA_KEYS:
         path = Path(str(value(key))).expanduser()
         if str(value(key)) and path.is_file():
-            keys[f"{key} (sha256)"] = _sha256(path)
+            keys[f"{key} (sha256)"] = file_sha256(path)[:16]
     return keys
 
 
@@ -139,14 +138,6 @@ def resume_changes(run_dir: Path, keys: dict[str, object]) -> list[tuple[str, ob
     then = json.loads(path.read_text(encoding="utf-8"))
     return [(key, then.get(key), keys.get(key)) for key in sorted(set(then) | set(keys))
             if then.get(key) != keys.get(key)]
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()[:16]
 
 
 def earlier_pipeline_run(run_dir: Path) -> str:
