@@ -225,12 +225,12 @@ def uvicorn_config(app: Any, limits: ServerLimits | None = None, **kwargs: Any) 
         h11_max_incomplete_event_size=limits.max_header_bytes, backlog=limits.backlog, **kwargs)
 
 
-def uvicorn_server(config: uvicorn.Config) -> uvicorn.Server:
+def uvicorn_server(config: uvicorn.Config, limits: ServerLimits | None = None) -> uvicorn.Server:
     """A `uvicorn.Server` whose event loop logs each error message at most once per
-    `ServerLimits.log_every_s` (with the count of the ones left out)."""
+    `limits.log_every_s` (with the count of the ones left out)."""
     import uvicorn
 
-    every = ServerLimits.log_every_s
+    every = (limits or ServerLimits()).log_every_s
 
     class Server(uvicorn.Server):
         async def serve(self, sockets: Any = None) -> None:
@@ -242,7 +242,7 @@ def uvicorn_server(config: uvicorn.Config) -> uvicorn.Server:
 
 def serve(app: Any, host: str, port: int, limits: ServerLimits | None = None, **kwargs: Any) -> None:
     """Serve `app` on host:port until interrupted, with `limits`: `uvicorn.run` for ajet's servers."""
-    uvicorn_server(uvicorn_config(app, limits, host=host, port=port, **kwargs)).run()
+    uvicorn_server(uvicorn_config(app, limits, host=host, port=port, **kwargs), limits).run()
 
 
 class _RateLimitedHandler:

@@ -114,7 +114,7 @@ class Gateway:
         self.port = sock.getsockname()[1]
         # header and idle deadlines, connection caps, the fd limit raised (ajet.http_server)
         config = uvicorn_config(self.asgi, self.limits, lifespan="off", loop="asyncio")
-        self._server = uvicorn_server(config)
+        self._server = uvicorn_server(config, self.limits)
         self._socket = sock
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [sock]}, name="ajet-gateway", daemon=True

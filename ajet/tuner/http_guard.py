@@ -64,11 +64,11 @@ class BodyGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        refusal = self._refusal(scope)
+        headers = {k.lower(): v for k, v in scope.get("headers", [])}
+        refusal = self._refusal(scope, headers.get(b"authorization", b""))
         if refusal is not None:
             await _reply(send, *refusal)
             return
-        headers = {k.lower(): v for k, v in scope.get("headers", [])}
         if scope.get("method") in _NO_BODY_METHODS:
             declared = headers.get(b"content-length", b"0") not in (b"", b"0") or b"transfer-encoding" in headers
             await self.app(scope, _replay(b"", receive), _closing(send) if declared else send)
@@ -90,18 +90,17 @@ class BodyGuard:
             return  # the client left: nothing to answer
         await self.app(scope, _replay(body, receive), send)
 
-    def _refusal(self, scope: Scope) -> tuple[int, str, str, list[tuple[bytes, bytes]]] | None:
+    def _refusal(self, scope: Scope, authorization: bytes) -> tuple[int, str, str, list[tuple[bytes, bytes]]] | None:
         """(status, message, code, headers) of a request answered before its body, or None."""
         path = scope.get("path", "")
         token = self.client_token(path)
-        header = dict((k.lower(), v) for k, v in scope.get("headers", [])).get(b"authorization", b"")
-        if isinstance(token, str) and not _bearer_matches(header, token):
+        if isinstance(token, str) and not _bearer_matches(authorization, token):
             return (401, "missing or wrong client token: send 'Authorization: Bearer <token>' with the "
                     "server's client token (episode api_keys are for model calls only)",
                     "invalid_client_token", [(b"www-authenticate", b"Bearer")])
         if callable(token):
-            scheme, _, key = header.decode("latin-1").strip().partition(" ")
-            if scheme.lower() != "bearer" or not key.strip() or not token(key.strip()):
+            key = _bearer_key(authorization)
+            if not key or not token(key):
                 return (401, "missing, unknown or expired API key: send 'Authorization: Bearer <key>' with "
                         "the key from tuner.base_url_and_key(role) (keys are valid only during their "
                         "episode)", "invalid_api_key", [(b"www-authenticate", b"Bearer")])
@@ -152,10 +151,16 @@ def _closing(send: Send) -> Send:
     return closing
 
 
+def _bearer_key(header: bytes) -> str | None:
+    """The key of an `Authorization: Bearer <key>` header ("" when empty), or None for another scheme."""
+    scheme, _, given = header.decode("latin-1").strip().partition(" ")
+    return given.strip() if scheme.lower() == "bearer" else None
+
+
 def _bearer_matches(header: bytes, token: str) -> bool:
     """Whether `Authorization: Bearer <given>` carries `token` (compared in constant time)."""
-    scheme, _, given = header.decode("latin-1").strip().partition(" ")
-    return scheme.lower() == "bearer" and secrets.compare_digest(given.strip().encode(), token.encode())
+    given = _bearer_key(header)
+    return given is not None and secrets.compare_digest(given.encode(), token.encode())
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
