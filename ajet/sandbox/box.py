@@ -216,7 +216,6 @@ class Sandbox:
         # "v1", "v2" or "": None asks the host; True insists (start fails without cgroups)
         self.cgroup_kind = cgroups_usable() if use_cgroups is None else (
             (cgroups_usable() or "v1") if use_cgroups else "")
-        self.use_cgroups = bool(self.cgroup_kind)
         self.proc: subprocess.Popen | None = None
         # the channel to the server: requests out, answers in (extra descriptors, not
         # bubblewrap's stdin/stdout: a dumpable pid 1 that kept those open was a way in)

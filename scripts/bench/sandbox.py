@@ -193,7 +193,7 @@ def main() -> None:
 
     probe = Sandbox(LIMITS)
     print(machine())
-    print(f"sandbox: python {probe.python}, cgroup v1 {'yes' if probe.use_cgroups else 'no'}; "
+    print(f"sandbox: python {probe.python}, cgroups {probe.cgroup_kind or 'none'}; "
           f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     started = time.perf_counter()
     rows = [cold_start(n_cold), *warm_calls(n_calls, n_fresh), episodes(n_episodes, args.pause)]
