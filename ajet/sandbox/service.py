@@ -141,7 +141,7 @@ class SessionTable:
                 held.last_used = self.clock()
 
     def replace(self, instance_id: str, box: Any) -> None:
-        """A fresh sandbox for a session whose code killed its own."""
+        """A fresh sandbox for a session whose sandbox died (killed from the host, out of memory)."""
         with self._lock:
             self._held[instance_id].box = box
 
@@ -238,7 +238,7 @@ def create_app(pool: SandboxPool, token: str = "", *, max_sessions: int = MAX_SE
                              stdin=str(action.get("stdin", "")))
         else:
             raise HTTPException(422, "action needs one of 'code', 'command', 'files', 'read'")
-        if not box.alive:  # the code killed its sandbox: the next step gets a fresh one
+        if not box.alive:  # the sandbox died: the next step gets a fresh one
             sessions.replace(req.instance_id, pool.acquire())
         return {"observation": result.as_tool_text(), "reward": 0.0, "done": False, "info": result.to_dict()}
 
