@@ -27,6 +27,9 @@ CREATE = "/create"
 STEP = "/step"
 EVALUATE = "/evaluate"
 RELEASE = "/release"
+# The reference env server's token, where clients find it too: every route but /health needs
+# `Authorization: Bearer <token>` when it is set.
+TOKEN_ENV = "AJET_ENV_TOKEN"
 # Sent again only if they never reached the server: a timed-out step or create may have been applied.
 NOT_IDEMPOTENT = frozenset({CREATE, STEP})
 

@@ -24,6 +24,7 @@ from ajet.env_protocol import (
     NOT_IDEMPOTENT,
     RELEASE,
     STEP,
+    TOKEN_ENV,
 )
 from ajet.errors import EnvServiceError
 from ajet.retry import asend_with_retries, send_with_retries
@@ -76,8 +77,8 @@ def _result(url: str, response: httpx.Response) -> Any:
 
 
 def _auth(token: str | None) -> dict[str, str]:
-    """The bearer header of `token` (None: $AJET_ENV_TOKEN, the server's variable; empty: none)."""
-    token = os.environ.get("AJET_ENV_TOKEN", "") if token is None else token
+    """The bearer header of `token` (None: the server's variable, TOKEN_ENV; empty: none)."""
+    token = os.environ.get(TOKEN_ENV, "") if token is None else token
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 

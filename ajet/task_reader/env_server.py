@@ -35,6 +35,7 @@ from ajet.env_protocol import (
     LIST_TASKS,
     RELEASE,
     STEP,
+    TOKEN_ENV,
     CreateRequest,
     InstanceRequest,
     ListTasksRequest,
@@ -46,7 +47,6 @@ from ajet.tuner.http_guard import BodyGuard
 
 logger = logging.getLogger(__name__)
 MAX_BODY = 1 << 20  # an action or a task id: 1 MiB is plenty
-TOKEN_ENV = "AJET_ENV_TOKEN"
 
 
 def create_app(num_train: int = 32, num_val: int = 8, num_test: int = 16, token: str = "") -> FastAPI:
