@@ -161,8 +161,14 @@ class OptimizerStep:
 def check_finite(model: torch.nn.Module, step: int | None) -> None:
     """Stop the run (`DivergedError`) when an update left a non-finite trained weight, whatever
     its cause (finite gradients through a corrupt optimizer state, an overflow in the step)."""
+    trained = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     with torch.no_grad():
-        bad = [name for name, p in model.named_parameters() if p.requires_grad and not bool(torch.isfinite(p).all())]
+        # A NaN or inf makes its tensor's sum non-finite, and a sum is ~10x cheaper than isfinite
+        # over 135M weights (27 vs 330 ms on 2 cores); only a non-finite sum (or an overflow of
+        # finite weights) is looked at element by element.
+        if not trained or bool(torch.stack([p.sum() for _, p in trained]).isfinite().all()):
+            return
+        bad = [name for name, p in trained if not bool(torch.isfinite(p).all())]
     if bad:
         where = f"step {step}" if step is not None else "an update"
         raise DivergedError(

@@ -595,3 +595,19 @@ def test_a_second_ctrl_c_during_an_overlapped_update_is_stopnow() -> None:
             recipe._update_step(None, 1)
     finally:
         recipe.rollout.event_loop.close()
+
+
+def test_finite_weights_whose_sum_overflows_are_not_taken_for_non_finite() -> None:
+    """check_finite sums each tensor first (cheap) and looks element by element only when a sum
+    is not finite: an overflow of finite weights must not stop the run, a NaN must."""
+    from ajet.errors import DivergedError
+    from ajet.training.step import check_finite
+
+    model = torch.nn.Linear(8, 4)
+    with torch.no_grad():
+        model.weight.fill_(3e38)  # every weight finite; their sum is inf
+    check_finite(model, 1)
+    with torch.no_grad():
+        model.bias[1] = float("nan")
+    with pytest.raises(DivergedError, match=r"1 trained weight tensor\(s\) \(e.g. bias\)"):
+        check_finite(model, 2)
