@@ -186,6 +186,10 @@ def _save(path: Path, obj: Any) -> str:
     return hashing.digest.hexdigest()
 
 
+# The files a checkpoint holds, each with its sha256 in `.complete`.
+CHECKPOINT_FILES = ("weights.pt", "optimizer.pt", "state.pt")
+
+
 def corruption(ckpt: Path) -> str:
     """What is wrong with checkpoint `ckpt`'s bytes ("" when its files match the sha256 that
     `.complete` holds; a checkpoint written before checksums has none to check)."""
@@ -195,6 +199,8 @@ def corruption(ckpt: Path) -> str:
         return ""  # the old marker: the step number alone
     sums = recorded.get("sha256") if isinstance(recorded, dict) else None
     for name, expected in (sums or {}).items():
+        if name not in CHECKPOINT_FILES:  # a crafted marker must not make a resume read elsewhere
+            return f".complete names {str(name)[:80]!r}, not a file of a checkpoint"
         try:
             digest = file_sha256(ckpt / name)
         except OSError as exc:

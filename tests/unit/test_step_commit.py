@@ -611,3 +611,16 @@ def test_finite_weights_whose_sum_overflows_are_not_taken_for_non_finite() -> No
         model.bias[1] = float("nan")
     with pytest.raises(DivergedError, match=r"1 trained weight tensor\(s\) \(e.g. bias\)"):
         check_finite(model, 2)
+
+
+def test_a_crafted_complete_marker_cannot_make_a_resume_read_another_file(run) -> None:
+    """`.complete`'s sha256 map names the checkpoint's own files only: a run directory from
+    elsewhere naming `../../x` (or a FIFO there) is a corrupt checkpoint, never a read outside."""
+    from ajet.training.checkpoint import corruption
+
+    r = run(save_every=1)
+    r.train(1)
+    ckpt = r.run_dir / "checkpoints" / "step_000001"
+    assert corruption(ckpt) == ""
+    (ckpt / ".complete").write_text(json.dumps({"step": 1, "sha256": {"../../../../etc/passwd": "0"}}))
+    assert corruption(ckpt).startswith(".complete names '../../../../etc/passwd', not a file of a checkpoint")
