@@ -18,11 +18,16 @@ import logging
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ajet.errors import RunDataError
 from ajet.files import atomic_open, write_json_atomic, write_text_atomic
 from ajet.outputs.learning_signs import find_learning_signs
 from ajet.outputs.metrics import read_jsonl
+
+if TYPE_CHECKING:  # matplotlib is imported where a report is drawn
+    from matplotlib.axes import Axes
+    from matplotlib.typing import ColorType
 
 logger = logging.getLogger(__name__)
 
@@ -208,7 +213,7 @@ def summarize(run: Run) -> dict:
     }
 
 
-def _draw_panel(ax, runs: list[Run], panel: Panel, colors: list) -> bool:
+def _draw_panel(ax: Axes, runs: list[Run], panel: Panel, colors: list[ColorType]) -> bool:
     """Draw one panel for all runs; False when no run logged any of its keys.
 
     One run: one colour per metric. Several runs: one colour per run (the comparison), the
@@ -247,7 +252,7 @@ def _draw_panel(ax, runs: list[Run], panel: Panel, colors: list) -> bool:
     return drawn
 
 
-def _std_band(ax, rows: list[dict], steps: list[int], values: list[float], color) -> None:
+def _std_band(ax: Axes, rows: list[dict], steps: list[int], values: list[float], color: ColorType) -> None:
     std_steps, stds = series(rows, "reward/std")
     std = dict(zip(std_steps, stds, strict=True))
     pts = [(s, v, std[s]) for s, v in zip(steps, values, strict=True) if s in std]
@@ -266,9 +271,9 @@ def plot_figure(fig_spec: Figure, runs: list[Run], out: Path) -> list[str]:
     present = [p for p in fig_spec.panels if any(expand_keys(r.rows, p.keys) for r in runs)]
     if not present:
         return []
-    colors = plt.get_cmap("tab10").colors
+    colors = matplotlib.color_sequences["tab10"]  # the tab10 colormap's colours, as a list
     fig, axes = plt.subplots(1, len(present), figsize=(5.2 * len(present), 3.6), squeeze=False)
-    drawn = [p.title for ax, p in zip(axes[0], present, strict=True) if _draw_panel(ax, runs, p, list(colors))]
+    drawn = [p.title for ax, p in zip(axes[0], present, strict=True) if _draw_panel(ax, runs, p, colors)]
     fig.suptitle(fig_spec.title if len(runs) == 1 else f"{fig_spec.title}: {' vs '.join(r.name for r in runs)}")
     fig.tight_layout()
     try:

@@ -14,8 +14,8 @@ def configure_logging(level: str = "INFO", *, quiet: bool = False) -> None:
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     root = logging.getLogger()
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
+    for old in list(root.handlers):
+        root.removeHandler(old)
     if sys.stderr.isatty() and not quiet:
         from rich.logging import RichHandler
 
