@@ -58,9 +58,9 @@ def parse_qa_pairs(text: str) -> tuple[list[tuple[str, str]], int]:
         except json.JSONDecodeError:
             items = None
         if isinstance(items, list):
-            pairs = [p for p in (_pair(item) for item in items) if p]
+            pairs: list[tuple[str, str]] = [p for p in (_pair(item) for item in items) if p]
             return pairs, len(items) - len(pairs)
-    pairs: list[tuple[str, str]] = []
+    pairs = []
     skipped = 0
     for line in text.splitlines():
         line = line.strip()

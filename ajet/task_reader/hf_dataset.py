@@ -50,7 +50,7 @@ def load_hf_tasks(cfg: HfDatasetReaderConfig) -> tuple[list[WorkflowTask], list[
 
 
 def _load_splits(path: Path, splits: list[str]) -> dict[str, Any]:
-    import datasets
+    import datasets  # type: ignore[import-untyped]  # datasets ships no type information (no py.typed)
 
     if path.is_dir() and _is_saved_dataset(path):
         loaded = datasets.load_from_disk(str(path))

@@ -172,17 +172,18 @@ class KVStoreEnv:
         }
 
     def _apply(self, episode: KVEpisode, action: dict) -> str:
-        name, key, store = action.get("action"), action.get("key"), episode.store
-        if name in ("get", "set", "delete") and not isinstance(key, str):
-            raise ValueError(f"'{name}' needs a string 'key'")
+        name, store = action.get("action"), episode.store
         if name == "get":
+            key = _key(name, action)
             return f"{key} = {store[key]}" if key in store else f"{key} is not in the store"
         if name == "set":
+            key = _key(name, action)
             if "value" not in action:
                 raise ValueError("'set' needs a 'value'")
             store[key] = str(action["value"])
             return f"ok: {key} = {store[key]}"
         if name == "delete":
+            key = _key(name, action)
             return f"ok: deleted {key}" if store.pop(key, None) is not None else f"{key} was not there"
         if name == "list":
             return f"keys: {', '.join(sorted(store)) or '(none)'}"
@@ -190,3 +191,11 @@ class KVStoreEnv:
             episode.done = True
             return "episode finished"
         raise ValueError(f"unknown action {name!r}")
+
+
+def _key(name: str, action: dict) -> str:
+    """The action's 'key'; get, set and delete refuse an action without a string one."""
+    key = action.get("key")
+    if not isinstance(key, str):
+        raise ValueError(f"'{name}' needs a string 'key'")
+    return key

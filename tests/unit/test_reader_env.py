@@ -22,7 +22,7 @@ from ajet.task_reader import (
     build_reader,
 )
 from ajet.task_reader.env_server import serve_in_thread as serve
-from ajet.task_reader.kv_env import make_task
+from ajet.task_reader.kv_env import KVStoreEnv, make_task
 
 
 @pytest.fixture(scope="module")
@@ -284,3 +284,17 @@ def test_both_env_servers_take_the_one_protocols_bodies() -> None:
                 assert issubclass(body, (env_protocol.ListTasksRequest, env_protocol.CreateRequest,
                                          env_protocol.StepRequest, env_protocol.InstanceRequest))
     sandbox.state.sessions.close()
+
+
+def test_keyed_actions_need_a_string_key_and_the_rest_do_not() -> None:
+    env = KVStoreEnv(num_train=1, num_val=0, num_test=0)
+    for name in ("get", "set", "delete"):
+        episode, _, _ = env.create("kv-train-000")
+        observation, _, _, info = env.step(episode, {"action": name, "key": 3, "value": "x"})
+        assert info["error"] == f"'{name}' needs a string 'key'" and observation.startswith("error: ")
+    episode, _, _ = env.create("kv-train-000")
+    assert env.step(episode, {"action": "set", "key": "k"})[3]["error"] == "'set' needs a 'value'"
+    assert env.step(episode, {"action": "set", "key": "k", "value": 5})[0] == "ok: k = 5"
+    assert env.step(episode, {"action": "delete", "key": "k"})[0] == "ok: deleted k"
+    assert env.step(episode, {"action": "delete", "key": "k"})[0] == "k was not there"
+    assert "error" not in env.step(episode, {"action": "list"})[3]
