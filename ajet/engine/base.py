@@ -68,6 +68,12 @@ class EngineFeatures:
     supports_penalties: bool = False  # SamplingParams' penalties and logit_bias (ajet/engine/sampling.py)
     supports_top_logprobs: bool = False  # SamplingParams.top_logprobs: Completion.top_logprobs
 
+    def check_model(self, model: str | None) -> None:
+        """ValueError unless `generate(..., model=model)` is served (engines with `supports_models`
+        say which models they serve; the others serve the policy alone)."""
+        if model is not None:
+            raise ValueError(f"{type(self).__name__} serves the policy alone, not model={model!r}")
+
 
 class InferenceEngine(Protocol):
     """Many concurrent callers; the engine batches them at every decode step. What it supports
@@ -89,6 +95,14 @@ class InferenceEngine(Protocol):
         An engine with `supports_models = True` (the local engine) also takes `model=`: None
         (the policy), a LoRA adapter's name, `INITIAL_MODEL` or a local checkpoint directory;
         callers pass it only when it is not None, so other engines keep this signature."""
+
+    @property
+    def adapters(self) -> tuple[str, ...]:
+        """With `supports_models`: the policy's LoRA adapters by name (`generate(..., model=NAME)`);
+        read only from such engines."""
+
+    def check_model(self, model: str | None) -> None:
+        """ValueError unless `model` is served (`EngineFeatures.check_model`)."""
 
     def bump_version(self) -> int:
         """The shared weights changed (in-process trainer): increment and return the version."""

@@ -20,20 +20,20 @@ import secrets
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ajet.http_server import ServerLimits, uvicorn_config, uvicorn_server
 from ajet.tuner import openai_compat as wire
+from ajet.tuner.errors import CallLimitError, ContextBudgetError, EngineBusy, SessionClosedError
 from ajet.tuner.http_guard import BodyGuard, KeyCheck
-from ajet.tuner.session import CallLimitError, ContextBudgetError, EngineBusy, SessionClosedError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ajet.tuner.session import EpisodeSession
+from ajet.tuner.session import EpisodeSession
 
 log = logging.getLogger(__name__)
 
@@ -208,28 +208,25 @@ class Gateway:
     def include_router(self, router: Any) -> None:
         """Serve more routes (the episode API, `ajet.serve.http`) on this gateway, and
         their OpenAPI schema at /openapi.json with Swagger UI at /docs. Works while serving."""
-        from fastapi.exceptions import RequestValidationError
-        from fastapi.openapi.docs import get_swagger_ui_html
-
         app = self.app
         app.include_router(router)
 
-        async def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
+        async def invalid_body(request: Request, exc: Exception) -> JSONResponse:
             # OpenAI-style like every other error here, not FastAPI's {"detail": [...]}.
             return JSONResponse(wire.error_body(_validation_message(exc), "invalid_request_error"), 422)
 
         app.add_exception_handler(RequestValidationError, invalid_body)
         app.openapi_schema = None  # rebuilt with the new routes
         if app.openapi_url is None:
-            app.openapi_url = "/openapi.json"
+            openapi_url = app.openapi_url = "/openapi.json"
 
             async def openapi(request: Request) -> JSONResponse:
                 return JSONResponse(app.openapi())
 
             async def docs(request: Request) -> Any:
-                return get_swagger_ui_html(openapi_url=app.openapi_url, title=f"{app.title} - docs")
+                return get_swagger_ui_html(openapi_url=openapi_url, title=f"{app.title} - docs")
 
-            app.add_route(app.openapi_url, openapi, include_in_schema=False)
+            app.add_route(openapi_url, openapi, include_in_schema=False)
             app.add_route("/docs", docs, include_in_schema=False)
 
     def _build_app(self) -> FastAPI:
@@ -259,7 +256,7 @@ class Gateway:
 
         return app
 
-    async def _read_json(self, request: Request) -> wire.ChatCompletionRequest:
+    async def _read_json(self, request: Request) -> wire.RequestBody:
         # The body arrives capped at max_body_bytes (`BodyGuard`, in front of the app).
         try:
             payload = json.loads(await request.body())
@@ -277,15 +274,6 @@ class Gateway:
             req = wire.ChatCompletionRequest.model_validate(payload)
         except ValidationError as err:
             raise _RequestError(400, _validation_message(err), "invalid_request_error") from err
-        if req.n != 1:
-            raise _RequestError(
-                400,
-                f"n={req.n} is not supported: each completion is an episode's own call; make n calls "
-                "(they share the prompt's prefix cache) or use n=1",
-                "invalid_request_error",
-                "unsupported_parameter",
-                "n",
-            )
         if req.top_logprobs and not req.logprobs:
             raise _RequestError(400, "top_logprobs needs logprobs=true (as OpenAI and vLLM)", "invalid_request_error",
                                 "invalid_value", "top_logprobs")
@@ -303,7 +291,7 @@ class Gateway:
             log.warning("gateway: the request field %r is not part of the chat-completions protocol; "
                         "ignored (docs/gateway.md lists each field)", name)
 
-    async def _chat(self, session: EpisodeSession, role: str, req: wire.ChatCompletionRequest,
+    async def _chat(self, session: EpisodeSession, role: str, req: wire.RequestBody,
                     on_text: Any = None) -> Any:
         """The session's chat call, with its errors as HTTP errors."""
         try:
@@ -335,7 +323,7 @@ class Gateway:
             raise _RequestError(500, f"{type(err).__name__}: {err}", "server_error") from err
 
     async def _complete(
-        self, session: EpisodeSession, role: str, req: wire.ChatCompletionRequest
+        self, session: EpisodeSession, role: str, req: wire.RequestBody
     ) -> Any:
         completion_id = wire.new_completion_id()
         if not req.stream:
@@ -359,7 +347,7 @@ class Gateway:
             )
         return await self._stream(session, role, req, completion_id)
 
-    async def _stream(self, session: EpisodeSession, role: str, req: wire.ChatCompletionRequest,
+    async def _stream(self, session: EpisodeSession, role: str, req: wire.RequestBody,
                       completion_id: str) -> Any:
         """`stream=true`: content deltas as the engine samples them (`ajet.tuner.streaming`),
         then the rest of the reply (tool calls, finish, usage) when it is done. An error before
@@ -382,8 +370,8 @@ class Gateway:
 
         if not first.done():  # finished without a delta (e.g. a tool call): all at once
             first.cancel()
-            if call.exception() is not None:
-                raise call.exception()
+            if (error := call.exception()) is not None:
+                raise error
             lines = finished("", with_role=True)
 
             async def whole() -> Any:

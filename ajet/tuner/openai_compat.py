@@ -9,115 +9,62 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model
 
-from ajet.engine.sampling import MAX_TOP_LOGPROBS
+from ajet.tuner.fields import (
+    FIELDS,
+    MODEL_NAME,
+    PROTOCOL_FIELDS,
+    SAMPLING_FIELDS,
+    GatewayField,
+    Status,
+    refused_field,
+)
 from ajet.tuner.streaming import rest
 
-MODEL_NAME = "ajet-policy"
+__all__ = ["MODEL_NAME", "PROTOCOL_FIELDS", "ChatCompletionRequest", "RequestBody", "refused_field"]
 
-
-# What the gateway does with each field of the chat-completions protocol (docs/gateway.md lists
-# them). Honoured: the model's fields below. Accepted with no effect on the reply: fields about
-# billing, storage and caching on OpenAI's side. Refused with a 400 that names the field: the
-# ones ajet cannot honour, or only some values of (REFUSED_VALUES). A field outside the protocol
-# (a framework's own extension) is accepted and ignored, as vLLM does, and logged once.
-NO_EFFECT = frozenset({"user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key"})
-REFUSED = {
-    "audio": "audio output is not supported",
-    "modalities": "only text output is supported",
-    "prediction": "predicted outputs are not supported",
-    "web_search_options": "web search is not supported",
-    "functions": "the legacy `functions` field is not supported; send `tools`",
-    "function_call": "the legacy `function_call` field is not supported; send `tool_choice`",
-    "reasoning_effort": "the policy has no reasoning-effort setting",
-    "verbosity": "the policy has no verbosity setting",
-}
-# field -> (the values that are honoured, why others are refused)
-REFUSED_VALUES: dict[str, tuple[Any, str]] = {
-    "parallel_tool_calls": ((None, True), "ajet cannot stop the model from writing several tool calls in "
-                            "one reply (all are returned and trained); leave it out or send true"),
-}
-PROTOCOL_FIELDS = frozenset({"model", "messages", "tools", "tool_choice", "response_format", "temperature",
-                             "top_p", "top_k", "max_tokens", "max_completion_tokens", "stop", "seed", "n",
-                             "stream", "stream_options", "logprobs", "frequency_penalty", "presence_penalty",
-                             "logit_bias", "top_logprobs", *NO_EFFECT, *REFUSED, *REFUSED_VALUES})
-
-
-def refused_field(payload: dict[str, Any]) -> tuple[str, str] | None:
-    """(field, why) for the first field of a request body that ajet refuses, or None."""
-    for name, why in REFUSED.items():
-        if payload.get(name) is not None:
-            return name, f"{name}: {why}"
-    for name, (honoured, why) in REFUSED_VALUES.items():
-        if name in payload and not any(payload[name] == value for value in honoured):
-            return name, f"{name}={json.dumps(payload[name])[:60]}: {why}"
-    return None
-
-
-class ChatCompletionRequest(BaseModel):
-    """The fields ajet reads. `refused_field` decides on the others first (REFUSED, REFUSED_VALUES);
-    fields outside the protocol are kept as extras, unread. `response_format` json_schema /
-    json_object constrains the reply (ajet/engine/grammar.py). `logprobs=true` returns each
-    completion token's recorded logprob (the policy at rollout.temperature: what the trainer uses),
-    with `top_logprobs` the most likely tokens of that same distribution."""
+class RequestBody(BaseModel):
+    """A validated chat-completions body: the honoured fields of `ajet.tuner.fields.FIELDS` (the
+    model `ChatCompletionRequest` is built from them), each checked by its declaration; fields
+    outside them are kept as extras, unread (`refused_field` decides on the refused ones first).
+    `logprobs=true` returns each completion token's recorded logprob (the policy at
+    rollout.temperature: what the trainer uses), with `top_logprobs` the most likely tokens of
+    that same distribution."""
 
     model_config = ConfigDict(extra="allow")
 
-    model: str = MODEL_NAME
-    messages: list[dict[str, Any]] = Field(min_length=1)
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    response_format: dict[str, Any] | None = None
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=-1)  # vLLM extension; -1 or 0 = off
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    # Applied in sampling (ajet/engine/sampling.py `penalised`); the recorded logprobs are the
-    # adjusted distribution's, the one sampled from.
-    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    logit_bias: dict[str, float] | None = None
-    n: int = 1
-    stream: bool = False
-    stream_options: dict[str, Any] | None = None
-    logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
-
-    @field_validator("messages")
-    @classmethod
-    def _messages_have_roles(cls, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        for i, message in enumerate(messages):
-            if not isinstance(message.get("role"), str):
-                raise ValueError(f"messages[{i}] has no 'role'")
-        return messages
+    if TYPE_CHECKING:  # the declared fields, created at run time from FIELDS
+        def __getattr__(self, name: str) -> Any: ...
 
     def sampling_overrides(self) -> dict[str, Any]:
-        top_k = 0 if self.top_k == -1 else self.top_k
-        return {
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "top_k": top_k,
-            "max_tokens": self.max_tokens
-            if self.max_tokens is not None
-            else self.max_completion_tokens,
-            "stop": self.stop,
-            "seed": self.seed,
-            "n": self.n,
-            "frequency_penalty": self.frequency_penalty,
-            "presence_penalty": self.presence_penalty,
-            "logit_bias": self.logit_bias,
-            "top_logprobs": self.top_logprobs if self.logprobs else None,
-        }
+        """The sampling fields (`EpisodeSession.chat`'s keyword arguments); top_logprobs only
+        with logprobs."""
+        values = {spec.name: getattr(self, spec.name) for spec in SAMPLING_FIELDS}
+        if not self.logprobs:
+            values["top_logprobs"] = None
+        return values
 
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.get("include_usage"))
+
+
+def _model_field(spec: GatewayField) -> tuple[Any, Any]:
+    """(annotation, pydantic Field) of a declared field: its checks run as pydantic's, so a bad
+    value is the same error over HTTP as through `EpisodeSession.chat`."""
+    def check(value: Any) -> Any:
+        spec.check(value)
+        return value
+
+    annotation = Annotated[spec.type, AfterValidator(check)] if spec.parse is not None else spec.type
+    return annotation, Field(spec.default, json_schema_extra=spec.json_schema())
+
+
+_DECLARED: dict[str, Any] = {spec.name: _model_field(spec) for spec in FIELDS if spec.status is Status.HONOURED}
+ChatCompletionRequest = create_model("ChatCompletionRequest", __base__=RequestBody, **_DECLARED)
 
 
 def error_body(message: str, type_: str = "invalid_request_error", code: str | None = None,

@@ -322,8 +322,10 @@ def test_a_triggered_grammar_leaves_text_free_until_the_call_starts(peaky) -> No
 )
 def test_tool_call_grammar_modes(engine, peaky, mode, tool_choice, expected) -> None:
     _, tokenizer = peaky
+    from ajet.tuner.constraints import decoding
+
     session, _ = _session(engine, tokenizer, tool_call_grammar=mode)
-    grammar = session._grammar(tool_choice, [CALC], None)
+    grammar = decoding(engine, session.rollout, [CALC], tool_choice, None).grammar
     assert (grammar.trigger if grammar else None) == expected
 
 
