@@ -19,7 +19,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ajet.config.schema import AjetConfig, Stage
+from ajet.algorithms.registry import EVAL_STAGE
+from ajet.config.schema import AjetConfig
 from ajet.config.validate import single_stage_config
 from ajet.errors import UserError
 from ajet.eval.runner import evaluate, metrics_table
@@ -72,11 +73,10 @@ def run_pipeline(cfg: AjetConfig, runner: Any, *, workflow: Any = None, resume: 
     model_path, label = cfg.model.path, "base"
     done: list[dict[str, Any]] = []
     reports: list[dict[str, Any]] = []
-    for index, stage_enum in enumerate(cfg.pipeline.stages, start=1):
-        stage = Stage(stage_enum).value
+    for index, stage in enumerate(cfg.pipeline.stages, start=1):
         stage_cfg = stage_config(cfg, stage, index, model_path)
         release_memory()  # the previous stage's model and optimizer state are garbage now
-        if stage == "eval":
+        if stage == EVAL_STAGE:
             name = f"{index:02d}_{label}"
             out = run_dir / "eval" / f"eval_{name}.json"
             if not (resume and out.is_file()):

@@ -18,7 +18,11 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from ajet.algorithms import grpo
+from ajet.algorithms.base import AlgorithmSpec, Problems, clipped_policy_loss
+
 if TYPE_CHECKING:
+    from ajet.config.schema import AjetConfig
     from ajet.context.types import Sample
 
 # A teacher logprob below this is taken as this: a token the teacher deems impossible (e.g. -inf
@@ -74,3 +78,39 @@ def distill_advantages(
         "distill/tokens": float(tokens),
     }
 
+
+
+def config_problems(cfg: AjetConfig) -> Problems:
+    """A teacher, and settings that fit learning from every episode."""
+    out: Problems = []
+    d = cfg.distill
+    if not d.teacher:
+        out.append(("distill.teacher", "required for distillation: a local checkpoint directory (e.g. an earlier "
+                                       "run's final_model/), a peft adapter directory, or a teacher endpoint URL "
+                                       "(http://host:8000/v1)"))
+    elif "://" in d.teacher and not d.teacher.startswith(("http://", "https://")):
+        out.append(("distill.teacher", f"{d.teacher!r}: an endpoint must be an http:// or https:// URL"))
+    if d.reward_coef > 0 and cfg.rollout.n < 2:
+        out.append(("rollout.n", f"distill.reward_coef={d.reward_coef} mixes in the task reward's group advantage, "
+                                 "which needs rollout.n >= 2"))
+    if cfg.rollout.dynamic_sampling.enabled and d.reward_coef <= 0:
+        out.append(("rollout.dynamic_sampling.enabled", "drops groups whose rewards agree, but distillation learns "
+                                                        "from every episode (the teacher scores each token); set it "
+                                                        "to false, or mix in the reward with distill.reward_coef > 0"))
+    return out
+
+
+SPEC = AlgorithmSpec(
+    name="distill",
+    summary="on-policy distillation: a teacher scores the student's tokens (reverse KL as the advantage)",
+    recipe="rl",
+    # The task reward's part, scaled by distill.reward_coef; the teacher's part is added after
+    # the teacher scores the samples (`distill_advantages`).
+    advantages=grpo.advantages,
+    loss=clipped_policy_loss,
+    loss_terms=("policy", "kl", "entropy"),
+    teacher=True,
+    config_problems=config_problems,
+    elsewhere="on-policy distillation (a teacher scores the student's tokens) runs on the debug backbone "
+              "only; the adapter has no teacher scoring step. Use --backbone=debug, or grpo",
+)

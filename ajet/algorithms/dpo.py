@@ -10,12 +10,33 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ajet.config.schema import DpoLoss
+from ajet.algorithms.base import AlgorithmSpec, Problems
+from ajet.algorithms.options import DpoLoss, ReferenceModel
 
 if TYPE_CHECKING:
     from torch import Tensor
 
+    from ajet.config.schema import AjetConfig
+
+
 DPO_LOSS_TYPES = tuple(kind.value for kind in DpoLoss)
+
+
+def config_problems(cfg: AjetConfig) -> Problems:
+    """A pair per task, and a reference that exists."""
+    out: Problems = []
+    a = cfg.algorithm
+    if cfg.rollout.n < 2:
+        out.append(("rollout.n", "dpo pairs the best and worst of a task's episodes: set rollout.n >= 2"))
+    if a.dpo_reference == ReferenceModel.lora_base and not a.dpo_reference_free and not cfg.model.lora.enabled:
+        out.append(("algorithm.dpo_reference", "'lora_base' needs model.lora.enabled=true; use 'frozen' for full "
+                                               "fine-tuning"))
+    return out
+
+
+SPEC = AlgorithmSpec(name="dpo", summary="direct preference optimisation over the best and worst episode of a task",
+                     recipe="dpo", config_problems=config_problems,
+                     elsewhere="dpo is not an RL algorithm and has no GPU adapter; run it on --backbone=debug")
 
 
 def dpo_loss(

@@ -12,10 +12,10 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, TypeVar
+from contextlib import AbstractContextManager, contextmanager
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from ajet.config.schema import ReferenceModel
+from ajet.algorithms.options import ReferenceModel
 
 if TYPE_CHECKING:
     from torch import nn
@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from ajet.config.schema import AlgorithmConfig
 
 logger = logging.getLogger(__name__)
+
+
 
 REFERENCE_KINDS = tuple(kind.value for kind in ReferenceModel)
 T = TypeVar("T")
@@ -59,7 +61,9 @@ class ReferencePolicy:
         was_training = self._model.training
         self._model.eval()  # no dropout in the reference forward
         try:
-            with self._model.disable_adapter():
+            # peft's (checked in __init__); nn.Module's __getattr__ types it as a tensor or a module.
+            disable_adapter = cast("Callable[[], AbstractContextManager[None]]", self._model.disable_adapter)
+            with disable_adapter():  # the base weights alone
                 yield self._model
         finally:
             self._model.train(was_training)

@@ -14,8 +14,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from ajet.algorithms.registry import backbone_algorithms, get_algorithm
 from ajet.config import load_config
-from ajet.config.schema import AjetConfig, Algorithm, ReaderType, TrinityConfig, VerlConfig
+from ajet.config.schema import AjetConfig, ReaderType, TrinityConfig, VerlConfig
 from ajet.context.samples import episode_samples
 from ajet.engine.base import SamplingParams
 from ajet.errors import SetupError, UserError
@@ -25,15 +26,6 @@ from ajet.rollout.workflow_loader import as_workflow, load_workflow, target_of
 from ajet.training.run_dir import run_dir_of
 
 log = logging.getLogger(__name__)
-
-# The RL algorithms the GPU adapters translate, and each backbone's name for them.
-TRINITY_ALGORITHMS = {Algorithm.rloo: "rloo", Algorithm.reinforce_pp: "reinforceplusplus"}
-VERL_ESTIMATORS = {
-    Algorithm.grpo: "grpo",
-    Algorithm.rloo: "rloo",
-    Algorithm.reinforce_pp: "reinforce_plus_plus",
-}
-
 
 def require_gpus(backbone: str, extra: str, module: str) -> None:
     """Fail with a clear message when the backbone cannot run on this machine."""
@@ -101,18 +93,10 @@ def common_refusals(cfg: AjetConfig, backbone: str) -> list[tuple[str, str]]:
     if cfg.model.device == "cpu":
         problems.append(("model.device", f"=cpu cannot run on --backbone={backbone} (GPU only); "
                                          "use --backbone=debug to train on CPU"))
-    name = cfg.algorithm.name
-    if name in (Algorithm.sft, Algorithm.dpo):
-        problems.append(("algorithm.name", f"={name.value} is not an RL algorithm; the {backbone} "
-                                           "adapter trains grpo, rloo or reinforce_pp"))
-    elif name == Algorithm.distill:
-        problems.append(("algorithm.name", f"=distill (on-policy distillation: a teacher scores the student's "
-                                           f"tokens) runs on the debug backbone only; the {backbone} adapter "
-                                           "has no teacher scoring step. Use --backbone=debug, or grpo"))
-    elif name == Algorithm.ppo:
-        problems.append(("algorithm.name", f"=ppo would need a critic on {backbone}, which the "
-                                           "adapter does not set up; use grpo (the same clipped "
-                                           "loss with group advantages)"))
+    spec = get_algorithm(cfg.algorithm.name)
+    if backbone not in spec.backbone_names:
+        problems.append(("algorithm.name", f"={spec.name} does not run on --backbone={backbone}: {spec.elsewhere} "
+                                           f"(the {backbone} adapter trains {', '.join(backbone_algorithms(backbone))})"))
     if cfg.trainer.lr_schedule == "linear":
         problems.append(("trainer.lr_schedule", f"=linear is not offered by {backbone}'s FSDP "
                                                 "optimizer; use constant or cosine"))

@@ -13,6 +13,7 @@ import json
 import os
 from pathlib import Path
 
+from ajet.algorithms.registry import EVAL_STAGE, get_algorithm
 from ajet.config.schema import AjetConfig
 from ajet.config.stages import needs_workflow, stage_names
 from ajet.errors import ConfigError
@@ -42,7 +43,7 @@ def preflight(cfg: AjetConfig) -> list[str]:
     if cfg.model.initial_path:
         check_model_path(cfg.model.initial_path, cfg.model.cache_dir, key="model.initial_path")
         done.append(f"model.initial_path {cfg.model.initial_path} found (what default_model='initial' serves)")
-    if "distill" in {stage.value for stage in stage_names(cfg)}:
+    if any(stage != EVAL_STAGE and get_algorithm(stage).teacher for stage in stage_names(cfg)):
         done.append(check_teacher(cfg))
     if cfg.sandbox.enabled:
         from ajet.sandbox.shared import check

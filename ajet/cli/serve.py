@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
+from ajet.algorithms.registry import get_algorithm, names
 from ajet.backbones.registry import checked_backbone
 from ajet.cli.common import (
     Conf,
@@ -28,7 +29,7 @@ from ajet.cli.common import (
     user_errors,
 )
 from ajet.config import load_config, to_yaml
-from ajet.config.schema import RL_ALGORITHMS, ClientReward
+from ajet.config.schema import ClientReward
 from ajet.errors import UserError
 from ajet.outputs.setup import configure_logging
 from ajet.training.run_dir import run_dir_of
@@ -104,9 +105,9 @@ def task_visibility(cfg: Any) -> list[str]:
 
 
 def _check(cfg: Any) -> None:
-    if cfg.algorithm.name not in RL_ALGORITHMS or cfg.pipeline.stages:
-        raise UserError(f"ajet serve trains with RL (grpo, rloo, reinforce_pp, ppo, distill); "
-                        f"algorithm.name={cfg.algorithm.name.value} / pipeline.stages are for `ajet train`.", 2)
+    if get_algorithm(cfg.algorithm.name).recipe != "rl" or cfg.pipeline.stages:
+        raise UserError(f"ajet serve trains with RL ({', '.join(names(recipe='rl'))}); "
+                        f"algorithm.name={cfg.algorithm.name} / pipeline.stages are for `ajet train`.", 2)
     if cfg.judge.type == "group_rank":
         raise UserError("judge.type=group_rank scores a group once all its episodes have ended, but the "
                         "episode API gives each episode its reward when it finishes; with `ajet serve`, "

@@ -5,23 +5,15 @@ from __future__ import annotations
 
 from enum import Enum
 
+# The algorithms' own choices are declared in their files (algorithm.name and pipeline.stages
+# are read from `ajet.algorithms.registry`).
+from ajet.algorithms.options import DpoLoss, ReferenceModel  # noqa: F401 - re-exported: the config's choices
+
 
 class Backbone(str, Enum):
     debug = "debug"
     trinity = "trinity"
     verl = "verl"
-
-
-class Algorithm(str, Enum):
-    grpo = "grpo"
-    rloo = "rloo"
-    reinforce_pp = "reinforce_pp"
-    ppo = "ppo"
-    # On-policy distillation: the student's own episodes, each sampled token scored by a
-    # teacher; the advantage is the reverse KL, teacher - student logprob (ajet/algorithms/distill.py).
-    distill = "distill"
-    sft = "sft"
-    dpo = "dpo"
 
 
 class StepCredit(str, Enum):
@@ -33,31 +25,12 @@ class StepCredit(str, Enum):
     gigpo = "gigpo"
 
 
-# The RL algorithms (the debug backbone's GRPO family); sft and dpo have their own recipes.
-RL_ALGORITHMS = (Algorithm.grpo, Algorithm.rloo, Algorithm.reinforce_pp, Algorithm.ppo, Algorithm.distill)
-# Algorithms whose advantages compare the episodes of one task (rollout.n >= 2).
-GROUP_ALGORITHMS = (Algorithm.grpo, Algorithm.rloo)
-
-
 class ToolCallGrammar(str, Enum):
     """Which tool calls decode under their tool's JSON schema (ajet/engine/grammar.py)."""
 
     off = "off"
     forced = "forced"  # calls that tool_choice forces
     all = "all"  # also calls the model starts itself (from its `<tool_call>` on)
-
-
-class Stage(str, Enum):
-    """A pipeline stage: a training algorithm, or an evaluation."""
-
-    sft = "sft"
-    dpo = "dpo"
-    grpo = "grpo"
-    rloo = "rloo"
-    reinforce_pp = "reinforce_pp"
-    ppo = "ppo"
-    distill = "distill"
-    eval = "eval"
 
 
 class DType(str, Enum):
@@ -90,19 +63,6 @@ class LrSchedule(str, Enum):
     cosine = "cosine"
 
 
-class ReferenceModel(str, Enum):
-    """The reference policy of a KL penalty or of DPO."""
-
-    frozen = "frozen"  # a frozen copy of the initial model
-    lora_base = "lora_base"  # the same model with its LoRA adapter disabled (needs model.lora)
-
-
-class DpoLoss(str, Enum):
-    sigmoid = "sigmoid"
-    hinge = "hinge"
-    ipo = "ipo"
-
-
 class EvalSplit(str, Enum):
     val = "val"
     train = "train"
@@ -122,7 +82,9 @@ class LossAgg(str, Enum):
 class OverflowPolicy(str, Enum):
     drop = "drop"  # drop the sample, count it
     truncate = "truncate"  # cut the sample, mask the cut tokens out of the loss, count it
-    split = "split"  # split the sample into window-sized pieces, count it
+    # Split the sample into window-sized pieces, count it. The member shadows str.split, which no
+    # code calls on it; its name is the YAML's value.
+    split = "split"  # type: ignore[assignment]
 
 
 class ReaderType(str, Enum):

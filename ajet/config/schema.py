@@ -17,9 +17,6 @@ from annotated_types import Ge, Gt, Interval
 
 from ajet.config.choices import (  # noqa: F401 - re-exported: the schema is where users look
     BUILTIN_JUDGES,
-    GROUP_ALGORITHMS,
-    RL_ALGORITHMS,
-    Algorithm,
     Backbone,
     ClientReward,
     DpoLoss,
@@ -34,7 +31,6 @@ from ajet.config.choices import (  # noqa: F401 - re-exported: the schema is whe
     ReaderType,
     ReferenceModel,
     SandboxBackend,
-    Stage,
     StepCredit,
     ToolCallGrammar,
 )
@@ -305,7 +301,9 @@ class ContextConfig:
 
 @dataclass
 class AlgorithmConfig:
-    name: Algorithm = Algorithm.grpo
+    # One of ajet.algorithms.registry's names (docs/algorithms.md): sft, dpo, grpo, rloo,
+    # reinforce_pp, ppo, distill, or one your code registered.
+    name: str = "grpo"
     # GRPO: divide advantages by the group's reward std (False = Dr.GRPO-style mean only).
     norm_adv_by_std: bool = True
     clip_ratio_low: float = bounded(0.2, Interval(ge=0, lt=1))
@@ -427,8 +425,8 @@ class EvalConfig:
 @dataclass
 class PipelineConfig:
     # Stages run in order, each starting from the model the previous one produced.
-    # Empty = a single run of algorithm.name.
-    stages: list[Stage] = field(default_factory=list)
+    # Each an algorithm's name or `eval`. Empty = a single run of algorithm.name.
+    stages: list[str] = field(default_factory=list)
     # Per stage name: a nested mapping merged over this config for that stage only,
     # e.g. {grpo: {trainer: {lr: 1.0e-6}}}.
     overrides: dict = field(default_factory=dict)

@@ -11,21 +11,21 @@ import dataclasses
 import math
 from pathlib import Path
 
+from ajet.algorithms.registry import EVAL_STAGE, get_algorithm, names
+from ajet.algorithms.registry import stage_names as known_stages
 from ajet.config.ranges import range_problems
 from ajet.config.schema import (
     BUILTIN_JUDGES,
-    GROUP_ALGORITHMS,
     AjetConfig,
-    Algorithm,
     PipelineConfig,
     ReaderType,
     ReferenceModel,
     SandboxBackend,
-    Stage,
     StepCredit,
 )
 from ajet.config.stages import (
     apply_override,
+    name_problems,
     needs_workflow,
     stage_names,
     stage_overrides,
@@ -35,6 +35,8 @@ from ajet.errors import ConfigError
 
 
 def validate(cfg: AjetConfig, *, require_workflow: bool = True) -> list[tuple[str, str]]:
+    if unknown := name_problems(cfg):  # the other checks read the algorithms' specs
+        return range_problems(cfg) + unknown
     problems: list[tuple[str, str]] = range_problems(cfg) + stage_problems(cfg)
     require_workflow = require_workflow and needs_workflow(cfg)
 
@@ -115,19 +117,21 @@ def validate(cfg: AjetConfig, *, require_workflow: bool = True) -> list[tuple[st
         )
 
     a = cfg.algorithm
-    if a.name in GROUP_ALGORITHMS:
+    spec = get_algorithm(a.name)
+    if spec.needs_groups:
         need(
             r.n >= 2,
             "rollout.n",
-            f"{a.name.value} compares episodes of the same task, so rollout.n must be >= 2 "
-            "(e.g. rollout.n=4), or use algorithm.name=reinforce_pp",
+            f"{a.name} compares episodes of the same task, so rollout.n must be >= 2 "
+            f"(e.g. rollout.n=4), or use an algorithm without groups ({', '.join(no_groups())})",
         )
     if a.step_credit != StepCredit.none:
+        with_credit = [name for name in names() if a.step_credit.value in get_algorithm(name).step_credit]
         need(
-            a.name == Algorithm.grpo,
+            a.step_credit.value in spec.step_credit,
             "algorithm.step_credit",
-            f"{a.step_credit.value} adds step credit to GRPO's episode advantage; it needs algorithm.name=grpo "
-            f"(not {a.name.value}), or set algorithm.step_credit=none",
+            f"{a.step_credit.value} adds step credit to the episode advantage of {' or '.join(with_credit)}; it "
+            f"needs algorithm.name={' or '.join(with_credit)} (not {a.name}), or set algorithm.step_credit=none",
         )
     if a.kl_coef > 0 and a.kl_reference == ReferenceModel.lora_base:
         need(
@@ -136,13 +140,14 @@ def validate(cfg: AjetConfig, *, require_workflow: bool = True) -> list[tuple[st
             "'lora_base' needs model.lora.enabled=true; use 'frozen' for full fine-tuning",
         )
 
-    trained_stages = {stage.value for stage in stage_names(cfg)} - {"eval"}
+    trained_stages = set(stage_names(cfg)) - {EVAL_STAGE}
     if cfg.distill.teacher and trained_stages:  # an evaluation of a distill config is fine
+        with_teacher = [name for name in names() if get_algorithm(name).teacher]
         need(
-            "distill" in trained_stages,
+            any(get_algorithm(stage).teacher for stage in trained_stages),
             "distill.teacher",
-            "is read only by on-policy distillation; set algorithm.name=distill (or add a distill "
-            "stage to pipeline.stages), or remove distill.teacher",
+            f"is read only by on-policy distillation; set algorithm.name={' or '.join(with_teacher)} (or add such "
+            "a stage to pipeline.stages), or remove distill.teacher",
         )
     if cfg.model.lora.per_role:
         need(
@@ -151,7 +156,7 @@ def validate(cfg: AjetConfig, *, require_workflow: bool = True) -> list[tuple[st
             "gives each trainable role its own LoRA adapter, so it needs model.lora.enabled=true; "
             "set model.lora.enabled=true, or per_role=false to train one model for every role",
         )
-        trained = {stage.value for stage in stage_names(cfg)} - {"eval"}
+        trained = set(stage_names(cfg)) - {EVAL_STAGE}
         need(
             not trained & {"sft", "dpo"},
             "model.lora.per_role",
@@ -193,6 +198,11 @@ def validate(cfg: AjetConfig, *, require_workflow: bool = True) -> list[tuple[st
     return problems
 
 
+def no_groups() -> list[str]:
+    """The RL algorithms that need no group of episodes per task."""
+    return [name for name in names(recipe="rl") if not get_algorithm(name).needs_groups]
+
+
 def group_rank_problems(cfg: AjetConfig) -> list[tuple[str, str]]:
     """judge.type=group_rank: a group to compare, its own settings, a reply that fits the engine."""
     problems: list[tuple[str, str]] = []
@@ -214,16 +224,16 @@ def group_rank_problems(cfg: AjetConfig) -> list[tuple[str, str]]:
 
 def single_stage_config(cfg: AjetConfig, stage: str, *, where: str = "") -> AjetConfig:
     """`cfg` as one stage runs it: its `pipeline.overrides` merged in, its algorithm set, validated."""
-    if stage not in {s.value for s in Stage}:
-        raise ConfigError(f"{where}unknown stage '{stage}'; use one of {[s.value for s in Stage]}")
+    if stage not in known_stages():
+        raise ConfigError(f"{where}unknown stage '{stage}'; use one of {known_stages()}")
     try:
         stage_cfg = apply_override(cfg, stage_overrides(cfg).get(stage, {}))
     except ValueError as exc:
         raise ConfigError(f"{where}pipeline.overrides.{stage}: {exc}") from None
-    stage_cfg.pipeline = PipelineConfig(stages=[Stage(stage)])
-    if stage != "eval":
-        stage_cfg.algorithm = dataclasses.replace(stage_cfg.algorithm, name=Algorithm(stage))
-    if stage in ("sft", "dpo", "eval"):  # step credit is the RL stages' (a warm-up before GRPO has none)
+    stage_cfg.pipeline = PipelineConfig(stages=[stage])
+    if stage != EVAL_STAGE:
+        stage_cfg.algorithm = dataclasses.replace(stage_cfg.algorithm, name=stage)
+    if stage == EVAL_STAGE or get_algorithm(stage).recipe != "rl":  # step credit is the RL stages' (a warm-up before GRPO has none)
         stage_cfg.algorithm = dataclasses.replace(stage_cfg.algorithm, step_credit=StepCredit.none)
     problems = validate(stage_cfg)
     if problems:

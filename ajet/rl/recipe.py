@@ -17,7 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ajet.algorithms.distill import distill_advantages
-from ajet.config.schema import RL_ALGORITHMS, AjetConfig, Algorithm
+from ajet.algorithms.registry import get_algorithm, names
+from ajet.config.schema import AjetConfig
 from ajet.context.pack import pack_samples, pack_stats
 from ajet.context.types import Sample
 from ajet.engine.sampling import policy_temperature
@@ -71,9 +72,10 @@ class RLRecipe:
     # ------------------------------------------------------------------ setup
     def setup(self, closers: Closers) -> None:
         cfg = self.cfg
-        if cfg.algorithm.name not in RL_ALGORITHMS:
-            raise UserError(f"algorithm.name={cfg.algorithm.name.value} is not an RL algorithm; "
-                            "use `ajet sft` / the staged pipeline for sft and dpo.")
+        self.algorithm = get_algorithm(cfg.algorithm.name)
+        if self.algorithm.recipe != "rl":
+            raise UserError(f"algorithm.name={cfg.algorithm.name} is not an RL algorithm (those are "
+                            f"{', '.join(names(recipe='rl'))}); use `ajet sft` / the staged pipeline for sft and dpo.")
         run = RolloutRun.start(cfg, closers, resume=self.resume, workflow=self.workflow_arg)
         self.run_dir, self.workflow, self.reader, self.judge = run.run_dir, run.workflow, run.reader, run.judge
         self.loop, self.model, self.tokenizer, self.window = run.loop, run.model, run.tokenizer, run.window
@@ -88,7 +90,7 @@ class RLRecipe:
             run.restore()
         # On-policy distillation: built last, after the optimizer (an adapter teacher is never in it).
         self.teacher: Teacher | None = None
-        if cfg.algorithm.name == Algorithm.distill:
+        if self.algorithm.teacher:
             self.teacher = build_teacher(cfg, self.model, self.tokenizer,
                                          temperature=policy_temperature(cfg.rollout.temperature))
             closers.push(self.teacher.close, "distillation teacher")

@@ -9,8 +9,8 @@ from ajet.algorithms.advantages import (
     assign_token_advantages,
     compute_advantages,
     compute_role_advantages,
-    gigpo_advantages,
 )
+from ajet.algorithms.gigpo import gigpo_advantages
 from ajet.config.schema import AlgorithmConfig, ContextConfig, StepCredit
 from ajet.context.pack import loss_weights
 from ajet.context.samples import episode_samples

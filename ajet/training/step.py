@@ -1,8 +1,9 @@
 """One optimizer step over packed sequences, the same for every recipe (RL, SFT, DPO).
 
-A recipe says what the loss of one packed sequence is (`seq_loss`); `OptimizerStep` does the
-rest: zero the gradients, forward/backward each sequence under the recipe's precision, clip,
-and step only when everything is finite. A step whose loss, a named loss term (KL, ...) or
+A recipe computes the loss of each packed sequence, calls `loss.backward()` and
+`optimizer.step()` in its own code, inside `OptimizerStep.update`, which zeroes the gradients,
+sets the precision and the role's adapter around each forward, clips, and lets the step happen
+only when everything is finite. A step whose loss, a named loss term (KL, ...) or
 gradient norm is NaN or inf is skipped with the weights untouched, counted
 (`actor/nonfinite_steps`) and warned about; after `trainer.max_nonfinite_steps` such steps in
 a row the run stops (`DivergedError`, exit 2) instead of writing NaN weights that fail later
@@ -60,7 +61,21 @@ class StepResult:
 
 
 class OptimizerStep:
-    """Accumulate gradients over packed sequences, clip, step; skip non-finite steps."""
+    """One optimizer step at a time, in the recipe's own code:
+
+        with optimizer_step.update(step) as update:    # gradients zeroed, the model in train mode
+            for seq in packed:
+                with update.forward(seq):               # the recipe's precision, the role's adapter
+                    loss, terms = ...                   # the recipe's loss of one packed sequence
+                if update.finite(loss, terms):
+                    loss.backward()
+            if update.clip_gradients():                 # all finite: the step may be applied
+                optimizer.step()
+                update.check_weights()
+        update.result                                   # loss, gradient norm, skipped
+
+    A step with a non-finite term is skipped and counted (`trainer.max_nonfinite_steps` in a row
+    stop the run). `run` is that block for a recipe whose loss is a function of one sequence."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer: TrainerConfig, *,
                  per_role_adapters: bool = False) -> None:
@@ -74,43 +89,38 @@ class OptimizerStep:
         self.nonfinite_total = 0
         self.on_begin: Callable[[], None] = lambda: None  # `keep_in`: the loop hears when an update begins
 
-    def run(self, packed: list[PackedSequence], seq_loss: SeqLoss, *, step: int | None = None) -> StepResult:
-        """One optimizer step over `packed` (sequences without trained entries are skipped)."""
-        result = StepResult()
-        bad: set[str] = set()
+    @contextlib.contextmanager
+    def update(self, step: int | None = None) -> Iterator[Update]:
+        """One update: gradients zeroed before and freed after, the model in train mode meanwhile;
+        a skipped step is counted when the block ends (a `DivergedError` after too many in a row)."""
         self.on_begin()  # from here a stop waits for the update (ajet.training.loop)
         self.model.train()
+        update = Update(self, step)
         try:
             self.optimizer.zero_grad(set_to_none=True)
-            for seq in packed:
-                if not seq.entry_pos:
-                    continue
-                with autocast(self.model, self.bf16), self._adapter(seq):
-                    loss, terms = seq_loss(seq)
-                value = float(loss.detach())
-                bad.update(name for name, term in terms.items() if not math.isfinite(term))
-                if not math.isfinite(value):
-                    bad.add("loss")
-                    continue  # its backward would only spread NaN into the gradients
-                loss.backward()
-                result.loss += value
-            params = [p for p in self.model.parameters() if p.requires_grad]
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.grad_clip))
-            result.grad_norm = grad_norm
-            if not math.isfinite(grad_norm):
-                bad.add("gradient norm")
-            if bad:
-                result.skipped, result.nonfinite = True, sorted(bad)
-            else:
-                self.optimizer.step()
-                check_finite(self.model, step)
+            yield update
             # The gradients are spent (or poisoned): free them (as large as the weights) for what
             # runs until the next backward (rollout, evaluation, checkpoints).
             self.optimizer.zero_grad(set_to_none=True)
         finally:
             self.model.eval()
-        self._account(result, step)
-        return result
+        self._account(update.result, step)
+
+    def run(self, packed: list[PackedSequence], seq_loss: SeqLoss, *, step: int | None = None) -> StepResult:
+        """One optimizer step over `packed` (sequences without trained entries are skipped), the loss
+        of each sequence being `seq_loss(seq)`."""
+        with self.update(step) as update:
+            for seq in packed:
+                if not seq.entry_pos:
+                    continue
+                with update.forward(seq):
+                    loss, terms = seq_loss(seq)
+                if update.finite(loss, terms):
+                    loss.backward()
+            if update.clip_gradients():
+                self.optimizer.step()
+                update.check_weights()
+        return update.result
 
     def _adapter(self, seq: PackedSequence) -> contextlib.AbstractContextManager[None]:
         """The sequence's role adapter active for its forward (per-role adapters), else nothing.
@@ -156,6 +166,50 @@ class OptimizerStep:
         begins (before its first forward: a stop from there on lets the step finish)."""
         loop.keep("nonfinite_steps", self.state_dict, self.load_state_dict)
         self.on_begin = loop.update_begins
+
+
+class Update:
+    """The running update of `OptimizerStep.update`: what its block calls, in order."""
+
+    def __init__(self, owner: OptimizerStep, step: int | None) -> None:
+        self.owner = owner
+        self.step = step
+        self.result = StepResult()
+        self._bad: set[str] = set()
+
+    def forward(self, seq: PackedSequence) -> contextlib.AbstractContextManager[object]:
+        """Around one sequence's forward: bf16 autocast (`trainer.bf16`) and the sequence's role
+        adapter (per-role adapters). The backward runs outside: it follows the graph built here."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(autocast(self.owner.model, self.owner.bf16))
+        stack.enter_context(self.owner._adapter(seq))
+        return stack
+
+    def finite(self, loss: torch.Tensor, terms: dict[str, float]) -> bool:
+        """Note the sequence's loss and named terms; whether its loss may be backpropagated (a
+        non-finite loss would only spread NaN into the gradients). A non-finite term skips the step."""
+        value = float(loss.detach())
+        self._bad.update(name for name, term in terms.items() if not math.isfinite(term))
+        if not math.isfinite(value):
+            self._bad.add("loss")
+            return False
+        self.result.loss += value
+        return True
+
+    def clip_gradients(self) -> bool:
+        """Clip the gradients to `trainer.grad_clip`; whether everything was finite, so the
+        optimizer may step (else the step is skipped with the weights untouched)."""
+        params = [p for p in self.owner.model.parameters() if p.requires_grad]
+        self.result.grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.owner.grad_clip))
+        if not math.isfinite(self.result.grad_norm):
+            self._bad.add("gradient norm")
+        if self._bad:
+            self.result.skipped, self.result.nonfinite = True, sorted(self._bad)
+        return not self._bad
+
+    def check_weights(self) -> None:
+        """After `optimizer.step()`: stop the run if the step left a non-finite weight."""
+        check_finite(self.owner.model, self.step)
 
 
 def check_finite(model: torch.nn.Module, step: int | None) -> None:

@@ -8,13 +8,10 @@ import random
 import numpy as np
 import pytest
 
-from ajet.algorithms.advantages import (
-    assign_token_advantages,
-    compute_advantages,
-    grpo_advantages,
-    reinforce_pp_advantages,
-    rloo_advantages,
-)
+from ajet.algorithms.advantages import assign_token_advantages, compute_advantages
+from ajet.algorithms.grpo import grpo_advantages
+from ajet.algorithms.reinforce_pp import reinforce_pp_advantages
+from ajet.algorithms.rloo import rloo_advantages
 from ajet.config.schema import AlgorithmConfig
 from ajet.context.types import Sample
 

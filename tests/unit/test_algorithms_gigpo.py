@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from ajet.algorithms.advantages import assign_token_advantages, gigpo_advantages
+from ajet.algorithms.advantages import assign_token_advantages
+from ajet.algorithms.gigpo import gigpo_advantages
 from ajet.context.types import Sample
 
 REPO = Path(__file__).resolve().parents[2]

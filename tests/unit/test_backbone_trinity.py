@@ -22,7 +22,7 @@ from ajet.backbones.trinity.convert import (
 from ajet.backbones.trinity.engine import completion_request, parse_choice
 from ajet.backbones.trinity.translation import WORKFLOW_TYPE, check_config, to_trinity_config
 from ajet.cli import train as train_cmd
-from ajet.config.schema import AjetConfig, Algorithm, LossAgg, ReaderType
+from ajet.config.schema import AjetConfig, LossAgg, ReaderType
 from ajet.context.types import Sample
 from ajet.engine.base import SamplingParams
 from ajet.errors import InfrastructureError
@@ -164,7 +164,7 @@ def test_translation_variants(tmp_path: Path) -> None:
     assert out["algorithm"]["advantage_fn_args"] == {"std_threshold": 0.0}
     assert "eval_tasksets" not in out["buffer"]["explorer_input"]  # val_every=0
     assert out["continue_from_checkpoint"] is False
-    for name, expected in ((Algorithm.rloo, "rloo"), (Algorithm.reinforce_pp, "reinforceplusplus")):
+    for name, expected in (("rloo", "rloo"), ("reinforce_pp", "reinforceplusplus")):
         cfg.algorithm.name = name
         assert to_trinity_config(cfg, model_path="/m")["algorithm"]["algorithm_type"] == expected
     cfg.context.loss_agg = LossAgg.seq_mean
@@ -201,7 +201,7 @@ def test_check_config_refuses_settings_trinity_would_ignore() -> None:
     message = dict(problems)["verl.n_gpus_per_node"]
     assert "--backbone=trinity" in message and "verl" in message
     assert "--backbone=debug" in dict(problems)["model.device"]
-    for name in (Algorithm.sft, Algorithm.ppo):
+    for name in ("sft", "ppo"):
         cfg = AjetConfig()
         cfg.algorithm.name = name
         assert keys(check_config(cfg)) == {"algorithm.name"}

@@ -29,7 +29,7 @@ from ajet.backbones.verl.translation import (
     to_verl_config,
 )
 from ajet.cli import train as train_cmd
-from ajet.config.schema import AjetConfig, Algorithm, LossAgg
+from ajet.config.schema import AjetConfig, LossAgg
 from ajet.context.types import Sample
 from ajet.engine.base import SamplingParams
 from ajet.errors import InfrastructureError
@@ -132,7 +132,7 @@ def test_translation_uses_verl_keys_and_values(tmp_path: Path) -> None:
 
 def test_translation_variants(tmp_path: Path) -> None:
     cfg = make_cfg(tmp_path)
-    for name, expected in ((Algorithm.rloo, "rloo"), (Algorithm.reinforce_pp, "reinforce_plus_plus")):
+    for name, expected in (("rloo", "rloo"), ("reinforce_pp", "reinforce_plus_plus")):
         cfg.algorithm.name = name
         assert to_verl_config(cfg, model_path="/m")["algorithm"]["adv_estimator"] == expected
     cfg.algorithm.kl_coef = 0.0

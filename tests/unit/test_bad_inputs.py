@@ -134,7 +134,7 @@ def test_non_finite_log_metrics_are_dropped_counted_and_warned_once(
 
 
 def test_advantages_refuse_non_finite_rewards() -> None:
-    from ajet.algorithms.advantages import (
+    from ajet.algorithms import (
         compute_advantages,
         grpo_advantages,
         reinforce_pp_advantages,

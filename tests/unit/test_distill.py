@@ -334,4 +334,4 @@ def test_a_distill_config_can_be_evaluated_and_staged(tmp_path) -> None:
     conf = distill_conf(tmp_path, "pipeline: {stages: [eval, distill, eval]}\n")
     cfg = load_config(conf, ["distill.teacher=http://t:8000/v1"])
     assert single_stage_config(cfg, "eval").distill.teacher == "http://t:8000/v1"
-    assert single_stage_config(cfg, "distill").algorithm.name.value == "distill"
+    assert single_stage_config(cfg, "distill").algorithm.name == "distill"

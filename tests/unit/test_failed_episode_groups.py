@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from ajet.algorithms.advantages import grpo_advantages
+from ajet.algorithms.grpo import grpo_advantages
 from ajet.backbones.gpu_shared import EpisodeRuntime
 from ajet.backbones.trinity.convert import episode_experience_fields
 from ajet.backbones.verl.convert import episode_outputs, task_to_verl_row

@@ -9,7 +9,6 @@ import pytest
 from typer.testing import CliRunner
 
 from ajet.config import ConfigError, load_config
-from ajet.config.schema import Algorithm
 from ajet.config.validate import single_stage_config
 from ajet.pipeline import stage_config
 
@@ -29,7 +28,7 @@ def write(tmp_path: Path, body: str, *, workflow: bool = True) -> Path:
 def test_sft_alone_needs_no_workflow_but_dialogs(tmp_path: Path) -> None:
     conf = write(tmp_path, "algorithm:\n  name: sft\nsft:\n  train_path: dialogs.jsonl\n", workflow=False)
     cfg = load_config(conf)
-    assert cfg.algorithm.name == Algorithm.sft
+    assert cfg.algorithm.name == "sft"
     assert cfg.sft.train_path == str((tmp_path / "dialogs.jsonl").resolve())  # relative to the YAML
     with pytest.raises(ConfigError, match="sft.train_path: required for the sft stage"):
         load_config(write(tmp_path, "algorithm:\n  name: sft\n", workflow=False))
@@ -91,11 +90,11 @@ def test_stage_config_applies_override_algorithm_model_and_run_dir(tmp_path: Pat
                            "  overrides:\n    grpo: {trainer: {lr: 0.5}, rollout: {n: 3}}\n")
     cfg = load_config(conf)
     grpo = stage_config(cfg, "grpo", 2, "/models/sft")
-    assert grpo.algorithm.name == Algorithm.grpo and grpo.trainer.lr == 0.5 and grpo.rollout.n == 3
+    assert grpo.algorithm.name == "grpo" and grpo.trainer.lr == 0.5 and grpo.rollout.n == 3
     assert grpo.model.path == "/models/sft" and grpo.project.name == "pipe/stages/02_grpo"
     assert grpo.trainer.save_final_model
     sft = single_stage_config(cfg, "sft")
-    assert sft.algorithm.name == Algorithm.sft and sft.trainer.lr == cfg.trainer.lr
+    assert sft.algorithm.name == "sft" and sft.trainer.lr == cfg.trainer.lr
     assert sft.pipeline.stages == ["sft"] and sft.project.name == "pipe"
     ev = stage_config(cfg, "eval", 3, "/models/grpo")
     assert ev.algorithm.name == cfg.algorithm.name and ev.model.path == "/models/grpo"
@@ -150,7 +149,7 @@ def test_debug_backbone_dispatches_sft_dpo_and_pipelines(tmp_path: Path, monkeyp
     run(load_config(conf, ["algorithm.name=dpo"]), with_ray=False, resume=False)
     run(load_config(conf, ["pipeline.stages=[sft,grpo]"]), with_ray=False, resume=False)
     assert [name for name, _ in calls] == ["sft", "dpo", "pipeline"]
-    assert calls[0][1].algorithm.name == Algorithm.sft and calls[1][1].algorithm.name == Algorithm.dpo
+    assert calls[0][1].algorithm.name == "sft" and calls[1][1].algorithm.name == "dpo"
     with pytest.raises(UserError, match="--with-ray"):
         run(load_config(conf, ["algorithm.name=sft"]), with_ray=True, resume=False)
 

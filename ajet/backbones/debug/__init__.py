@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ajet.config.schema import AjetConfig, Algorithm
+from ajet.algorithms.registry import get_algorithm
+from ajet.config.schema import AjetConfig
 from ajet.config.validate import single_stage_config
 from ajet.errors import UserError
 
@@ -37,16 +38,17 @@ RUNS_STAGES = True
 def run(cfg: AjetConfig, *, with_ray: bool, resume: bool, workflow: Any = None) -> Path:
     """Run `algorithm.name`'s recipe (RL, SFT or DPO); return the run directory."""
     # The recipes import torch: this package is on the path of ajet --dry-run (registry.checked_backbone).
-    if cfg.algorithm.name == Algorithm.sft:
+    recipe = get_algorithm(cfg.algorithm.name).recipe
+    if recipe == "sft":
         from ajet.sft.recipe import train_sft
 
         _no_ray(with_ray)
-        return train_sft(single_stage_config(cfg, "sft"), resume=resume)  # pipeline.overrides.sft merged in
-    if cfg.algorithm.name == Algorithm.dpo:
+        return train_sft(single_stage_config(cfg, cfg.algorithm.name), resume=resume)  # pipeline.overrides.sft merged in
+    if recipe == "dpo":
         from ajet.dpo.recipe import train_dpo
 
         _no_ray(with_ray)
-        return train_dpo(single_stage_config(cfg, "dpo"), resume=resume, workflow=workflow)
+        return train_dpo(single_stage_config(cfg, cfg.algorithm.name), resume=resume, workflow=workflow)
     from ajet.rl.recipe import train
 
     return train(cfg, with_ray=with_ray, resume=resume, workflow=workflow)

@@ -14,16 +14,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from ajet.backbones.gpu_shared import (
-    TRINITY_ALGORITHMS,
-    common_refusals,
-    lora_target_regex,
-    run_dir,
-)
-from ajet.config.schema import AjetConfig, Algorithm, LossAgg
+from ajet.algorithms.registry import get_algorithm
+from ajet.backbones.gpu_shared import common_refusals, lora_target_regex, run_dir
+from ajet.config.schema import AjetConfig, LossAgg
 
 WORKFLOW_TYPE = "ajet.backbones.trinity.workflow.AjetTrinityWorkflow"
 TRINITY_VERSION = "0.6.0"
+# Trinity's step-wise GRPO (an algorithm's `backbone_names["trinity"]`); `trinity.algorithm_type` picks its variant.
+STEPWISE_GRPO = "multi_step_grpo"
 # Trinity's loss_agg_mode names for ours (one Trinity experience = one merged sample).
 LOSS_AGG = {
     LossAgg.token_mean: "token-mean",
@@ -42,7 +40,7 @@ def check_config(cfg: AjetConfig) -> list[tuple[str, str]]:
     if t.trainer_gpus == 0 and t.explorer_gpus != 1:
         problems.append(("trinity.trainer_gpus", "=0 (colocate: trainer and vLLM share one GPU) "
                                                  "needs trinity.explorer_gpus=1"))
-    if cfg.algorithm.name == Algorithm.grpo and not cfg.algorithm.norm_adv_by_std:
+    if stepwise_grpo(cfg) and not cfg.algorithm.norm_adv_by_std:
         problems.append(("algorithm.norm_adv_by_std", "=false has no effect on trinity: its "
                                                       "step-wise GRPO always divides by the "
                                                       "group std; remove it or use --backbone=verl"))
@@ -56,10 +54,14 @@ def check_config(cfg: AjetConfig) -> list[tuple[str, str]]:
     return problems
 
 
+def stepwise_grpo(cfg: AjetConfig) -> bool:
+    """Whether the algorithm runs as Trinity's step-wise GRPO (its registry name for Trinity)."""
+    return get_algorithm(cfg.algorithm.name).backbone_names.get("trinity") == STEPWISE_GRPO
+
+
 def algorithm_type(cfg: AjetConfig) -> str:
-    if cfg.algorithm.name == Algorithm.grpo:
-        return cfg.trinity.algorithm_type
-    return TRINITY_ALGORITHMS[cfg.algorithm.name]
+    """Trinity's name for the algorithm; the step-wise GRPO's variant is `trinity.algorithm_type`'s."""
+    return cfg.trinity.algorithm_type if stepwise_grpo(cfg) else get_algorithm(cfg.algorithm.name).backbone_names["trinity"]
 
 
 def to_trinity_config(cfg: AjetConfig, *, model_path: str, resume: bool = False) -> dict[str, Any]:
@@ -109,7 +111,7 @@ def to_trinity_config(cfg: AjetConfig, *, model_path: str, resume: bool = False)
         "entropy_loss_fn_args": {"entropy_coef": alg.entropy_coef},
         "loss_agg_mode": LOSS_AGG.get(cfg.context.loss_agg, "token-mean"),
     }
-    if alg.name == Algorithm.grpo and r.drop_equal_reward_groups:
+    if stepwise_grpo(cfg) and r.drop_equal_reward_groups:
         # Groups whose reward std is 0 carry no signal: the step-wise GRPO skips them.
         algorithm["advantage_fn_args"] = {"std_threshold": 0.0}
     model: dict[str, Any] = {

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ajet.backbones.gpu_shared import VERL_ESTIMATORS, common_refusals, flatten, run_dir
+from ajet.algorithms.registry import get_algorithm
+from ajet.backbones.gpu_shared import common_refusals, flatten, run_dir
 from ajet.config.schema import AjetConfig, LossAgg
 
 AGENT_NAME = "ajet_agent"
@@ -72,7 +73,7 @@ def to_verl_config(cfg: AjetConfig, *, model_path: str, resume: bool = False) ->
                       "target_modules": list(lora.target_modules)})
     return {
         "algorithm": {
-            "adv_estimator": VERL_ESTIMATORS[alg.name],
+            "adv_estimator": get_algorithm(alg.name).backbone_names["verl"],
             "norm_adv_by_std_in_grpo": alg.norm_adv_by_std,
             "gamma": alg.gamma,
             "use_kl_in_reward": False,
