@@ -25,8 +25,12 @@ from ajet.config.schema import AjetConfig, EvalSplit
 from ajet.context.samples import episode_samples
 from ajet.context.types import LLMCall, Sample
 from ajet.errors import EvalError
+from ajet.models.load import load_model_and_tokenizer
 from ajet.rollout.episode import Episode
+from ajet.rollout.runner import ON_WORKFLOW_ERROR
+from ajet.rollout.workflow_loader import load_workflow
 from ajet.task_reader import build_reader, split_tasks
+from ajet.training.model import model_window
 from ajet.workflow import Workflow, WorkflowTask
 
 if TYPE_CHECKING:
@@ -126,9 +130,8 @@ class Tryout:
             if check_task is not None:
                 pick_task(tasks, check_task, split.value)
         with _timed(timings, "model load"):
-            from ajet.models.load import load_model_and_tokenizer  # torch, transformers
+            # imports torch and transformers: timed here, and not for `ajet episode --help`
             from ajet.rollout.local_engine import local_engine
-            from ajet.training.model import model_window
 
             model, tokenizer = load_model_and_tokenizer(cfg.model)
             window = model_window(model, cfg.context.max_model_len)
@@ -154,6 +157,7 @@ class Tryout:
             engine.close()
 
     def _rollout(self, workflow: Workflow) -> EngineRollout[LocalEngine]:
+        # imports agentscope and the gateway (see _import_workflow)
         from ajet.rollout.engine_rollout import EngineRollout
 
         return EngineRollout(self.cfg, self.engine, self.tokenizer, workflow, model_max_len=self.window, record=True)
@@ -192,7 +196,6 @@ class Tryout:
 def _import_workflow(target: str) -> Workflow:
     # The tuner that engine_rollout imports brings AgentScope, the gateway FastAPI.
     from ajet.rollout.engine_rollout import EngineRollout  # noqa: F401 - imported here, beside the packing
-    from ajet.rollout.workflow_loader import load_workflow
 
     return load_workflow(target)
 
@@ -273,8 +276,6 @@ def _close_when_started(started: Future[LocalEngine]) -> None:
 @contextmanager
 def _workflow_errors(hook: Callable[[BaseException], None] | None) -> Iterator[None]:
     """Call `hook` with each workflow exception where the runner catches it."""
-    from ajet.rollout.runner import ON_WORKFLOW_ERROR
-
     token = ON_WORKFLOW_ERROR.set(hook)
     try:
         yield

@@ -130,10 +130,10 @@ def summarize(results: Sequence[EpisodeResult], k: int) -> dict[str, float]:
                    for r in with_target]
         for i, name in enumerate(("precision", "recall", "f1")):
             out[f"tool/{name}"] = sum(s[i] for s in scores3) / len(scores3)
-    with_optimal = [r for r in results if r.optimal_steps]
+    with_optimal = [(r.optimal_steps, r.calls) for r in results if r.optimal_steps]
     if with_optimal:
         out["steps/efficiency"] = sum(
-            min(1.0, r.optimal_steps / r.calls) if r.calls else 0.0 for r in with_optimal  # type: ignore[operator]
+            min(1.0, optimal / calls) if calls else 0.0 for optimal, calls in with_optimal
         ) / len(with_optimal)
     out["e2e/success"] = sum(
         r.success and (r.target_tools is None or set(r.target_tools) <= set(r.tools_used)) for r in results

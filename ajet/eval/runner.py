@@ -116,7 +116,7 @@ def metrics_table(reports: list[EvalReport] | list[dict[str, Any]]) -> Any:
     """A rich Table with one column per report (model), one row per metric."""
     from rich.table import Table
 
-    rows = [r if isinstance(r, dict) else {"name": r.name, "model": r.model, "metrics": r.metrics} for r in reports]
+    rows: list[dict[str, Any]] = [r if isinstance(r, dict) else {"name": r.name, "model": r.model, "metrics": r.metrics} for r in reports]
     table = Table(title="ajet eval", show_lines=False)
     table.add_column("metric", style="bold")
     for row in rows:
