@@ -117,7 +117,7 @@ def _sample(dialog: Dialog, ids: list[int], mask: list[int], call_ids: list[int]
     if mask and mask[0]:
         raise ValueError(f"dialog {dialog.dialog_id}: the first token is an assistant token; "
                          "nothing precedes it to predict it (start the dialog with a user message)")
-    metadata = {"task_type": dialog.task_type, "dialog_id": dialog.dialog_id}
+    metadata: dict[str, str | int] = {"task_type": dialog.task_type, "dialog_id": dialog.dialog_id}
     if turn_index is not None:
         metadata["turn"] = turn_index
     return Sample(
