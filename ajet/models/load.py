@@ -123,7 +123,9 @@ def load_model_and_tokenizer(cfg: ModelConfig) -> tuple[Any, Any]:
 
         model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
         path = adapter
-    model.to(device)
+    # transformers wraps PreTrainedModel.to with functools.wraps, which typeshed types as an unbound
+    # callable (it wants `self` again); the call is Module.to's.
+    model.to(device)  # type: ignore[arg-type]
     model.eval()
     tokenizer = load_tokenizer(cfg)
     log.info("loaded %s on %s in %.2f s", path, device, time.monotonic() - start)

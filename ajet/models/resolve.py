@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Literal
 
 from ajet.errors import ModelNotFoundError
 
@@ -164,8 +165,9 @@ def _convert_gguf(gguf: Path, out_dir: Path) -> None:
     # make save_pretrained/from_pretrained treat the checkpoint as quantized.
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    model.hf_quantizer = None
-    model.is_quantized = False
+    # nn.Module.__setattr__ is typed for tensors and modules only; it sets any other value as is.
+    model.hf_quantizer = None  # type: ignore[assignment]
+    model.is_quantized = False  # type: ignore[assignment]
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
 
@@ -182,15 +184,15 @@ def _gguf_parsed_once() -> Iterator[None]:
     just not used.
     """
     import functools
+    from unittest import mock
 
     import gguf
 
-    real_reader, real_name_map = gguf.GGUFReader, gguf.get_tensor_name_map
-    readers: dict[tuple[str, str], object] = {}
+    real_reader = gguf.GGUFReader
 
-    class _Reader(real_reader):  # type: ignore[misc, valid-type]
-        def __new__(cls, path: object, mode: str = "r") -> object:
-            key = (os.fspath(path), mode)  # type: ignore[arg-type]
+    class _Reader(gguf.GGUFReader):
+        def __new__(cls, path: os.PathLike[str] | str, mode: Literal["r", "r+", "c"] = "r") -> _Reader:
+            key = (os.fspath(path), mode)
             if key not in readers:
                 reader = real_reader.__new__(cls)
                 real_reader.__init__(reader, path, mode)
@@ -200,11 +202,11 @@ def _gguf_parsed_once() -> Iterator[None]:
         def __init__(self, *args: object, **kwargs: object) -> None:  # parsed in __new__, once
             pass
 
-    gguf.GGUFReader, gguf.get_tensor_name_map = _Reader, functools.lru_cache(maxsize=None)(real_name_map)
-    try:
+    readers: dict[tuple[str, str], _Reader] = {}
+    # Both are put back on the way out, as they were.
+    with mock.patch.object(gguf, "GGUFReader", _Reader), \
+            mock.patch.object(gguf, "get_tensor_name_map", functools.lru_cache(maxsize=None)(gguf.get_tensor_name_map)):
         yield
-    finally:
-        gguf.GGUFReader, gguf.get_tensor_name_map = real_reader, real_name_map
 
 
 @contextmanager
