@@ -22,6 +22,8 @@ many entries at a time by `ajet.forward.logprobs.token_logprobs`, O(chunk x voca
 
 from __future__ import annotations
 
+from typing import Protocol, TypeGuard
+
 import torch
 
 from ajet.context.pack import PackedSequence
@@ -88,11 +90,29 @@ def forward_packed(
 # scaling or soft-capping after the head): the chunked path computes the same values.
 _PLAIN_HEAD_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "smollm3"})
 
+# (decoder, LM head) of a causal LM: the chunked path runs them one after the other.
+HeadSplit = tuple[torch.nn.Module, torch.nn.Module]
 
-def _decoder_and_head(model: torch.nn.Module):
+
+class _SplitLM(Protocol):
+    """What the chunked path calls on a causal LM: transformers' PreTrainedModel has both, and a
+    peft wrapper hands them on to the model it wraps."""
+
+    def get_output_embeddings(self) -> torch.nn.Module | None: ...
+
+    def get_decoder(self) -> torch.nn.Module: ...
+
+
+def _is_split_lm(model: torch.nn.Module) -> TypeGuard[_SplitLM]:
+    # hasattr, not a runtime-checkable Protocol: since Python 3.12 isinstance looks attributes up
+    # statically, and a peft wrapper has these two only through its __getattr__.
+    return hasattr(model, "get_output_embeddings") and hasattr(model, "get_decoder")
+
+
+def _decoder_and_head(model: torch.nn.Module) -> HeadSplit | None:
     """(decoder, LM head) of a plain-head causal LM (a peft wrapper included), else None."""
     config = getattr(model, "config", None)
-    if getattr(config, "model_type", None) not in _PLAIN_HEAD_TYPES:
+    if getattr(config, "model_type", None) not in _PLAIN_HEAD_TYPES or not _is_split_lm(model):
         return None
     head = model.get_output_embeddings()
     return None if head is None else (model.get_decoder(), head)
@@ -100,7 +120,7 @@ def _decoder_and_head(model: torch.nn.Module):
 
 def _entry_rows(
     model: torch.nn.Module, packed: PackedSequence, split: str, device: torch.device,
-    head_split: tuple | None = None,
+    head_split: HeadSplit | None = None,
 ) -> torch.Tensor:
     """Logits [E, V] at the entry positions, in entry order, from one forward; with
     `head_split` (decoder, LM head), the decoder's final hidden states [E, H] instead."""
@@ -127,6 +147,7 @@ def _entry_rows(
         # A 4-D placeholder: transformers passes a 4-D mask through as is, instead of
         # building a T x T one from the tree positions that tree attention would not read.
         inputs["attention_mask"] = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device)
+    out: torch.Tensor
     if head_split is not None:
         out = head_split[0](**inputs).last_hidden_state[0, keep]
     else:
@@ -164,7 +185,7 @@ def _attention_impl(model: torch.nn.Module) -> str:
     return impl
 
 
-def _model_mask(model: torch.nn.Module, parents: list[int], device: torch.device):
+def _model_mask(model: torch.nn.Module, parents: list[int], device: torch.device) -> torch.Tensor:
     """The 4-D mask [1, 1, T, T] in the form the model's attention takes: every token sees
     itself and its ancestors among `parents`."""
     impl = _attention_impl(model)

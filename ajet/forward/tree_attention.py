@@ -28,6 +28,7 @@ import logging
 import sys
 from dataclasses import dataclass, field, replace
 from functools import partial
+from typing import Protocol
 
 import torch
 
@@ -40,6 +41,14 @@ log = logging.getLogger(__name__)
 
 # The installed implementation's name is this prefix + the model's own ("ajet_tree_sdpa").
 _PREFIX = "ajet_tree_"
+
+
+class AttentionFunction(Protocol):
+    """transformers' attention-function signature (what `AttentionInterface` holds)."""
+
+    def __call__(self, module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 attention_mask: torch.Tensor | None, /, *, dropout: float = ..., scaling: float | None = ...,
+                 **kwargs: object) -> tuple[torch.Tensor, torch.Tensor | None]: ...
 
 
 @dataclass(frozen=True)
@@ -129,8 +138,8 @@ def tree_attention_forward(
     ajet_tree: TreeLayout | None = None,
     *,
     ajet_base: str = "sdpa",
-    **kwargs,
-) -> tuple[torch.Tensor, None]:
+    **kwargs: object,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """transformers' attention-function signature: [B, H, T, D] in, [B, T, H, D] out.
     Without a layout (every forward that is not a tree-packed one: generation, the engine)
     it is the model's own implementation `ajet_base`, unchanged."""
@@ -159,22 +168,26 @@ def tree_attention_forward(
             dropout=dropout,
             scaling=scaling,
             is_causal=causal,
-            **kwargs,
+            # The keywords transformers gave this layer, handed on as received: as objects they
+            # cannot be matched to sdpa_attention_forward's typed parameters.
+            **kwargs,  # type: ignore[arg-type]
         )
         outs.append(out[:, -(seg.stop - seg.start) :] if causal else out)
     return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)), None
 
 
-def _base_function(module: torch.nn.Module, base: str):
+def _base_function(module: torch.nn.Module, base: str) -> AttentionFunction:
     from transformers import AttentionInterface
 
     if base != "eager":
-        return AttentionInterface()[base]
+        registered: AttentionFunction = AttentionInterface()[base]
+        return registered
     # Each modeling file defines its own eager attention; the layer's module holds it.
     eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
     if eager is None:
         raise ValueError(f"{type(module).__name__} has no eager_attention_forward to fall back to")
-    return eager
+    found: AttentionFunction = eager
+    return found
 
 
 def base_attention(model: torch.nn.Module) -> str:
@@ -192,14 +205,18 @@ def install_tree_attention(model: torch.nn.Module) -> None:
     and mask function, so generation and the engine (which shares this model) see no
     change. The name is not saved with the config (transformers drops it).
     """
-    from transformers import AttentionInterface
+    from transformers import AttentionInterface, PretrainedConfig
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
+    config = model.config
+    if not isinstance(config, PretrainedConfig):
+        raise TypeError(f"tree attention is installed on a transformers model; {type(model).__name__}.config "
+                        f"is a {type(config).__name__}")
     base = base_attention(model)
     name = _PREFIX + base
-    if model.config._attn_implementation == name:
+    if config._attn_implementation == name:
         return
     AttentionInterface.register(name, partial(tree_attention_forward, ajet_base=base))
     AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[base])
-    model.config._attn_implementation = name
+    config._attn_implementation = name
     log.debug("tree attention installed over %s attention", base)
