@@ -7,8 +7,8 @@ Training stages write their own run directory under `RUN/stages/`; eval stages w
 With `--resume`, stages whose outputs exist are skipped and the first unfinished one resumes.
 
 `run` is what `ajet train` and `ajet.tune` call: a staged config on a backbone that runs
-stages (`RUNS_STAGES`: the debug backbone) runs here, stage by stage, each stage through the
-backbone's own `run`; anything else is the backbone's `run` directly. The stage checks that
+stages (`Capabilities.stages`: the debug backbone) runs here, stage by stage, each stage through
+the backbone's own `run`; anything else is the backbone's `run` directly. The stage checks that
 run at config load are in `ajet.config.stages`.
 """
 
@@ -19,12 +19,14 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ajet.algorithms.registry import EVAL_STAGE
+from ajet.algorithms.registry import EVAL_STAGE, get_algorithm
+from ajet.backbones.contract import Backbone, ray_problem
 from ajet.config.schema import AjetConfig
 from ajet.config.validate import single_stage_config
 from ajet.errors import UserError
 from ajet.eval.runner import evaluate, metrics_table
 from ajet.files import write_json_atomic
+from ajet.rollout.workflow_loader import WorkflowArg
 from ajet.training.memory import release_memory
 from ajet.training.run_dir import refuse_earlier_pipeline_run, run_dir_of
 
@@ -47,8 +49,8 @@ def stage_config(cfg: AjetConfig, stage: str, index: int, model_path: str) -> Aj
     return stage_cfg
 
 
-def run(cfg: AjetConfig, runner: Any, *, backbone: str, with_ray: bool = False, resume: bool = False,
-        workflow: Any = None) -> None:
+def run(cfg: AjetConfig, runner: Backbone, *, backbone: str, with_ray: bool = False, resume: bool = False,
+        workflow: WorkflowArg | None = None) -> None:
     """Train `cfg` on a backbone (`runner`: its module from `ajet.backbones.registry`)."""
     if cfg.sandbox.enabled:  # before anything runs model code: a sandbox, or the error with the fix
         from ajet.sandbox.shared import configure
@@ -57,15 +59,19 @@ def run(cfg: AjetConfig, runner: Any, *, backbone: str, with_ray: bool = False, 
             raise UserError("sandbox.backend=ray runs the sandboxes in Ray actors: run with --with-ray "
                             "(or --with-ray-cluster ADDRESS), or set sandbox.backend=bwrap")
         log.info(configure(cfg.sandbox))
-    if cfg.pipeline.stages and getattr(runner, "RUNS_STAGES", False):
-        if with_ray:
-            raise UserError("--with-ray is not implemented for sft, dpo or staged runs; run without it.")
+    if with_ray and (problem := ray_problem(backbone, runner.CAPABILITIES, get_algorithm(cfg.algorithm.name).recipe,
+                                            staged=bool(cfg.pipeline.stages))):
+        raise UserError(problem)
+    if cfg.pipeline.stages:
+        if not runner.CAPABILITIES.stages:  # checked_backbone refuses it first
+            raise UserError(f"--backbone={backbone} does not run pipeline.stages")
         run_pipeline(cfg, runner, workflow=workflow, resume=resume)
         return
     runner.run(cfg, with_ray=with_ray, resume=resume, workflow=workflow)
 
 
-def run_pipeline(cfg: AjetConfig, runner: Any, *, workflow: Any = None, resume: bool = False) -> Path:
+def run_pipeline(cfg: AjetConfig, runner: Backbone, *, workflow: WorkflowArg | None = None,
+                 resume: bool = False) -> Path:
     """Run every stage in order; return the pipeline's run directory."""
     run_dir = run_dir_of(cfg)
     refuse_earlier_pipeline_run(run_dir, resume=resume)

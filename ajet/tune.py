@@ -55,7 +55,7 @@ def tune(
         logger.info(
             "ajet.tune: using the workflow passed in, not workflow.target=%s", cfg.workflow.target
         )
-    runner = checked_backbone(backbone, cfg, str(config_path))
+    runner = checked_backbone(backbone, cfg, str(config_path), with_ray=with_ray)
     if not logging.getLogger().handlers:  # a script, not an app with its own logging setup
         configure_logging(cfg.logging.level, quiet=cfg.logging.quiet)
     from ajet.pipeline import run  # imports torch: ajet.tune stays light until a run starts

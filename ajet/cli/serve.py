@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from ajet.algorithms.registry import get_algorithm, names
-from ajet.backbones.registry import checked_backbone
+from ajet.backbones.registry import all_capabilities, checked_backbone
 from ajet.cli.common import (
     Conf,
     ExpDir,
@@ -74,11 +74,17 @@ def serve(
         from ajet.rl.recipe import train  # imports torch: not for --help
         from ajet.serve.broker import RemoteWorkflow  # imports agentscope: not for --help
 
-        checked_backbone("debug", cfg, str(conf))
+        checked_backbone(serving_backbone(), cfg, str(conf))
         fresh_start(run_dir_of(cfg), fresh=fresh, resume=resume)
         configure_logging(cfg.logging.level, quiet=cfg.logging.quiet)
         with clean_stop(run_dir_of(cfg), f"ajet serve --conf {conf} --resume (and the same overrides)"):
             train(cfg, resume=resume, workflow=RemoteWorkflow(), episode_source=served_episodes)
+
+
+def serving_backbone() -> str:
+    """The backbone whose capabilities include `serve` (the debug backbone: the engine and the
+    trainer in this process, which the episode API's clients call)."""
+    return next(name for name, caps in all_capabilities().items() if caps.serve)
 
 
 def served_episodes(recipe: Any) -> Any:

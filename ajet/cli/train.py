@@ -89,7 +89,7 @@ def train(
         cfg = load_config(conf, extra)
         if not dry_run:
             configure_logging(cfg.logging.level, quiet=cfg.logging.quiet)
-        runner = checked_backbone(backbone.value, cfg, str(conf))
+        runner = checked_backbone(backbone.value, cfg, str(conf), with_ray=with_ray)
         services = env_service_specs(cfg.env_services, with_env or [])
         if with_vllm and not dry_run:
             services.update(vllm_services(cfg, with_vllm))

@@ -52,7 +52,7 @@ def test_plugin_runs_an_episode_into_trinity_experiences(prepared: tuple[Path, P
     from trinity.common.config import load_config
     from trinity.common.experience import Experience, gather_action_masks, gather_token_ids
 
-    from ajet.backbones.gpu_shared import EpisodeRuntime
+    from ajet.backbones.gpu_worker import EpisodeRuntime
     from ajet.backbones.trinity.workflow import AjetTrinityWorkflow
     from ajet.engine.local import LocalEngine
     from ajet.models.load import load_model_and_tokenizer

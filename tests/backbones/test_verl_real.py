@@ -81,7 +81,7 @@ def test_agent_loop_runs_an_episode_into_verl_outputs(prepared: tuple[Any, Path]
     )
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
-    from ajet.backbones.gpu_shared import EpisodeRuntime
+    from ajet.backbones.gpu_worker import EpisodeRuntime
     from ajet.backbones.verl.agent_loop import AjetAgentLoop
     from ajet.backbones.verl.convert import task_from_extra_info
     from ajet.engine.local import LocalEngine

@@ -78,12 +78,12 @@ def test_a_toy_algorithm_in_one_file_and_one_entry_trains_a_step(
 
 def test_the_toy_needs_no_groups_and_the_gpu_backbones_refuse_it_by_name(
         toy: AlgorithmSpec, two_calls_conf: Path, tmp_path: Path) -> None:
-    from ajet.backbones.gpu_shared import common_refusals
+    from ajet.backbones.registry import backbone_problems
 
     cfg = _cfg(two_calls_conf, tmp_path, f"algorithm.name={toy.name}", "rollout.n=1")  # no group check
-    problems = dict(common_refusals(cfg, "verl"))
+    problems = dict(backbone_problems("verl", cfg))
     assert problems["algorithm.name"].startswith("=toy_reinforce does not run on --backbone=verl")
-    assert "trains grpo, rloo, reinforce_pp" in problems["algorithm.name"]
+    assert "(the verl backbone trains grpo, rloo, reinforce_pp)" in problems["algorithm.name"]
     with pytest.raises(ConfigError, match="rollout.n.*grpo compares episodes of the same task.*reinforce_pp, ppo, "
                                           "distill, toy_reinforce"):
         _cfg(two_calls_conf, tmp_path, "algorithm.name=grpo", "rollout.n=1")

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from ajet.backbones.gpu_shared import flatten
+from ajet.backbones.gpu_config import flatten
+from ajet.backbones.registry import backbone_problems
 from ajet.backbones.trinity.convert import (
     episode_experience_fields,
     sample_to_experience_fields,
@@ -20,7 +21,7 @@ from ajet.backbones.trinity.convert import (
     write_taskset,
 )
 from ajet.backbones.trinity.engine import completion_request, parse_choice
-from ajet.backbones.trinity.translation import WORKFLOW_TYPE, check_config, to_trinity_config
+from ajet.backbones.trinity.translation import WORKFLOW_TYPE, to_trinity_config
 from ajet.cli import train as train_cmd
 from ajet.config.schema import AjetConfig, LossAgg, ReaderType
 from ajet.context.types import Sample
@@ -186,6 +187,11 @@ def keys(problems: list[tuple[str, str]]) -> set[str]:
     return {k for k, _ in problems}
 
 
+def check_config(cfg: AjetConfig) -> list[tuple[str, str]]:
+    """What --backbone=trinity refuses: its capabilities, then its own checks."""
+    return backbone_problems("trinity", cfg)
+
+
 def test_check_config_refuses_settings_trinity_would_ignore() -> None:
     assert check_config(AjetConfig()) == []
     cfg = AjetConfig()
@@ -334,7 +340,7 @@ def test_episode_runtime_turns_an_episode_into_experiences(two_calls_conf: Path)
     standing in for Trinity's vLLM endpoint."""
     import asyncio
 
-    from ajet.backbones.gpu_shared import EpisodeRuntime
+    from ajet.backbones.gpu_worker import EpisodeRuntime
     from ajet.config import load_config
     from ajet.engine.local import LocalEngine
     from ajet.models.load import load_model_and_tokenizer

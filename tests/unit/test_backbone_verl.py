@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from ajet.backbones.gpu_shared import flatten
+from ajet.backbones.gpu_config import flatten
+from ajet.backbones.registry import backbone_problems
 from ajet.backbones.verl.convert import (
     SampleTooLongError,
     pick_episode_sample,
@@ -24,7 +25,6 @@ from ajet.backbones.verl.translation import (
     AGENT_LOOP_TARGET,
     AGENT_NAME,
     agent_loop_registry,
-    check_config,
     hydra_overrides,
     to_verl_config,
 )
@@ -171,6 +171,11 @@ def test_overrides_compose_with_real_verl_config_when_installed(tmp_path: Path) 
 
 def keys(problems: list[tuple[str, str]]) -> set[str]:
     return {k for k, _ in problems}
+
+
+def check_config(cfg: AjetConfig) -> list[tuple[str, str]]:
+    """What --backbone=verl refuses: its capabilities, then its own checks."""
+    return backbone_problems("verl", cfg)
 
 
 def test_check_config_refuses_settings_verl_would_ignore() -> None:

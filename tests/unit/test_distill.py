@@ -317,12 +317,12 @@ def test_dry_run_checks_the_teacher_directory(tmp_path) -> None:
 
 
 def test_gpu_backbones_refuse_distillation(tmp_path) -> None:
-    from ajet.backbones.gpu_shared import common_refusals
+    from ajet.backbones.registry import backbone_problems
     from ajet.config import load_config
 
     cfg = load_config(distill_conf(tmp_path), ["distill.teacher=http://t:8000/v1"])
     for backbone in ("trinity", "verl"):
-        problems = dict(common_refusals(cfg, backbone))
+        problems = dict(backbone_problems(backbone, cfg))
         assert "runs on the debug backbone only" in problems["algorithm.name"]
 
 

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from ajet.algorithms.grpo import grpo_advantages
-from ajet.backbones.gpu_shared import EpisodeRuntime
+from ajet.backbones.gpu_worker import EpisodeRuntime
 from ajet.backbones.trinity.convert import episode_experience_fields
 from ajet.backbones.verl.convert import episode_outputs, task_to_verl_row
 from ajet.config.schema import AjetConfig

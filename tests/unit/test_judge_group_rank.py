@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from ajet.backbones.gpu_shared import common_refusals
+from ajet.backbones.registry import backbone_problems
 from ajet.cli import serve as serve_cmd
 from ajet.cli import train as train_cmd
 from ajet.config import load_config
@@ -292,8 +292,8 @@ def test_gpu_backbones_and_serve_refuse_it(tmp_path: Path, stub_run_conf: Callab
     cfg = AjetConfig()
     cfg.judge.type = "group_rank"
     for backbone in ("trinity", "verl"):
-        problems = dict(common_refusals(cfg, backbone))
-        assert "=group_rank scores a group's episodes together" in problems["judge.type"]
+        problems = dict(backbone_problems(backbone, cfg))
+        assert "=group_rank (a judge that scores a group's episodes together) runs on --backbone=debug only" in problems["judge.type"]
     conf = stub_run_conf("judge: {type: group_rank}\n")
     dry = CliRunner().invoke(train_cmd.app, ["--conf", str(conf), "--backbone=verl", "--dry-run"])
     assert dry.exit_code == 2 and "judge.type" in dry.output and "Traceback" not in dry.output

@@ -291,7 +291,7 @@ def test_load_trainable_model_gives_each_role_an_adapter(tiny_model_dir):
 
 
 def test_per_role_needs_lora_and_gpu_backbones_refuse_it():
-    from ajet.backbones.gpu_shared import common_refusals
+    from ajet.backbones.registry import backbone_problems
     from ajet.config.schema import AjetConfig, LoraConfig, ModelConfig
     from ajet.config.validate import validate
 
@@ -302,7 +302,7 @@ def test_per_role_needs_lora_and_gpu_backbones_refuse_it():
     assert not [k for k, _ in validate(on, require_workflow=False) if k == "model.lora.per_role"]
     for backbone in ("trinity", "verl"):
         assert any(key == "model.lora.per_role" and "--backbone=debug" in msg
-                   for key, msg in common_refusals(on, backbone))
+                   for key, msg in backbone_problems(backbone, on))
     # the sft and dpo recipes train the active adapter only: per_role is refused there
     staged = AjetConfig(model=ModelConfig(lora=LoraConfig(enabled=True, per_role=True)))
     staged.pipeline.stages = ["sft", "grpo"]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ajet.backbones.gpu_shared import common_refusals
+from ajet.backbones.registry import backbone_problems
 from ajet.config.loader import load_config
 from ajet.task_reader import TaskReader, build_reader
 from ajet.task_reader.curriculum import Curriculum, CurriculumError
@@ -79,7 +79,7 @@ def test_the_config_key_turns_it_on_and_gpu_backbones_refuse_it(tmp_path: Path) 
     reader = build_reader(cfg.task_reader, seed=0)
     assert reader.curriculum is not None
     assert {t.metadata["ops"] for _ in range(10) for t in reader.next_batch(2, step=1)} == {0}
-    assert [k for k, _ in common_refusals(cfg, "verl")] == ["task_reader.curriculum.key"]
+    assert [k for k, _ in backbone_problems("verl", cfg)] == ["task_reader.curriculum.key"]
 
 
 def test_a_curriculum_reader_numbers_its_draws_for_the_serve_broker() -> None:

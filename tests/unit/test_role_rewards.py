@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from test_episode_api import chat, make_server  # noqa: F401 - make_server is a fixture
 
 from ajet.algorithms.advantages import compute_role_advantages
-from ajet.backbones.gpu_shared import refuse_role_rewards
+from ajet.backbones.gpu_worker import refuse_role_rewards
 from ajet.config.schema import AlgorithmConfig, ContextConfig, RolloutConfig
 from ajet.context.types import LLMCall, Timeline
 from ajet.errors import UserError

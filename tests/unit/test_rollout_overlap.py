@@ -158,7 +158,7 @@ def test_kept_stale_episodes_train_with_the_tis_ratio_of_their_sampling_weights(
 
 
 def test_gpu_backbones_refuse_the_overlap(tmp_path) -> None:
-    from ajet.backbones.gpu_shared import common_refusals
+    from ajet.backbones.registry import backbone_problems
     from ajet.config import load_config
 
     (tmp_path / "agent.py").write_text("class W: pass\n")
@@ -167,4 +167,4 @@ def test_gpu_backbones_refuse_the_overlap(tmp_path) -> None:
     conf.write_text("workflow: {target: agent.py:W}\ntask_reader: {jsonl: {train_path: train.jsonl}}\n")
     cfg = load_config(conf, ["rollout.max_staleness=1", "rollout.engine_dtype=float16", "algorithm.tis_cap=2"])
     for backbone in ("trinity", "verl"):
-        assert "debug backbone's" in dict(common_refusals(cfg, backbone))["rollout.max_staleness"]
+        assert "runs on --backbone=debug only" in dict(backbone_problems(backbone, cfg))["rollout.max_staleness"]

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 import ajet.backbones.registry as registry
+from ajet.backbones import debug as debug_backbone
 from ajet.config import ConfigError
 from ajet.config.schema import AjetConfig
 from ajet.rollout.workflow_loader import FunctionWorkflow, WorkflowLoadError, WorkflowSignatureError
@@ -66,6 +67,8 @@ def test_bad_function_fails_before_config_and_without_heavy_imports(
 
 
 class FakeBackbone:
+    CAPABILITIES = debug_backbone.CAPABILITIES
+
     def __init__(self, problems: list[tuple[str, str]] | None = None) -> None:
         self.problems = problems or []
         self.calls: list[dict[str, Any]] = []
@@ -73,7 +76,7 @@ class FakeBackbone:
     def check_config(self, cfg: AjetConfig) -> list[tuple[str, str]]:
         return self.problems
 
-    def translate(self, cfg: AjetConfig) -> str | None:
+    def translate(self, cfg: AjetConfig, *, resume: bool = False) -> str | None:
         return None
 
     def run(self, cfg: AjetConfig, *, with_ray: bool, resume: bool, workflow: Workflow) -> None:

@@ -4,17 +4,29 @@ runner as a Trinity workflow plugin (`ajet.backbones.trinity.workflow`)."""
 from __future__ import annotations
 
 import logging
-from typing import Any
+from pathlib import Path
 
-from ajet.backbones.gpu_shared import dump_yaml, model_path_for, require_gpus, with_workflow
+from ajet.algorithms.base import Problems
+from ajet.algorithms.registry import backbone_algorithms
+from ajet.backbones.contract import Capabilities
+from ajet.backbones.gpu_checks import require_gpus
+from ajet.backbones.gpu_config import dump_yaml, model_path_for, with_workflow
 from ajet.backbones.trinity import translation
 from ajet.backbones.trinity.driver import run_trinity
 from ajet.config.schema import AjetConfig
+from ajet.rollout.workflow_loader import WorkflowArg
 
 log = logging.getLogger(__name__)
 
 
-def check_config(cfg: AjetConfig) -> list[tuple[str, str]]:
+CAPABILITIES = Capabilities(
+    algorithms=tuple(backbone_algorithms("trinity")), stages=False, overlap=False, serve=False, ray_recipes=("rl",),
+    per_role_adapters=False, group_judges=False, curriculum=False, generated_tasks=False, cpu=False,
+    section="trinity",
+)
+
+
+def check_config(cfg: AjetConfig) -> Problems:
     return translation.check_config(cfg)
 
 
@@ -27,7 +39,8 @@ def translate(cfg: AjetConfig, *, resume: bool = False) -> str:
     return header + dump_yaml(translation.to_trinity_config(cfg, model_path=model_path, resume=resume))
 
 
-def run(cfg: AjetConfig, *, with_ray: bool, resume: bool, workflow: Any = None) -> None:
+def run(cfg: AjetConfig, *, with_ray: bool, resume: bool, workflow: WorkflowArg | None = None) -> Path | None:
     """Export the tasks, write Trinity's config, and run Trinity (needs GPUs)."""
     require_gpus("trinity", "trinity", "trinity")
     run_trinity(with_workflow(cfg, workflow), resume=resume)
+    return None  # its outputs are Trinity's, under the run directory

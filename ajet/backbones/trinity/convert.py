@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ajet.backbones.gpu_shared import first_trained
+from ajet.backbones.gpu_worker import first_trained
 from ajet.context.types import Sample
 from ajet.workflow import WorkflowTask
 
@@ -49,7 +49,7 @@ def episode_experience_fields(samples: list[Sample], metrics: dict[str, float] |
     the runs of a task that returned experiences, so the failed run stays out of its group's
     mean and std, as on the debug backbone.
     """
-    out = []
+    out: list[dict[str, Any]] = []
     for sample in samples:
         fields = sample_to_experience_fields(sample, step=len(out))
         if fields is None:

@@ -15,7 +15,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from ajet.backbones.gpu_shared import dump_yaml, model_path_for, run_dir
+from ajet.backbones.gpu_config import dump_yaml, model_path_for, run_dir
 from ajet.backbones.trinity.convert import write_taskset
 from ajet.backbones.trinity.translation import to_trinity_config
 from ajet.config import AjetConfig

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ajet.backbones.gpu_shared import vllm_sampling
+from ajet.backbones.gpu_worker import vllm_sampling
 from ajet.engine.base import Completion, EngineFeatures, SamplingParams
 from ajet.errors import InfrastructureError
 

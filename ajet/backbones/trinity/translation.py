@@ -15,7 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 from ajet.algorithms.registry import get_algorithm
-from ajet.backbones.gpu_shared import common_refusals, lora_target_regex, run_dir
+from ajet.backbones.gpu_checks import fsdp_problems
+from ajet.backbones.gpu_config import lora_target_regex, run_dir
 from ajet.config.schema import AjetConfig, LossAgg
 
 WORKFLOW_TYPE = "ajet.backbones.trinity.workflow.AjetTrinityWorkflow"
@@ -31,7 +32,7 @@ LOSS_AGG = {
 
 def check_config(cfg: AjetConfig) -> list[tuple[str, str]]:
     """Settings that would do nothing (or cannot work) on the trinity backbone (pure)."""
-    problems = common_refusals(cfg, "trinity")
+    problems = fsdp_problems(cfg, "trinity")
     t = cfg.trinity
     if t.explorer_gpus < 1:
         problems.append(("trinity.explorer_gpus", "must be >= 1 (the rollout engine needs a GPU)"))
@@ -66,70 +67,8 @@ def algorithm_type(cfg: AjetConfig) -> str:
 
 def to_trinity_config(cfg: AjetConfig, *, model_path: str, resume: bool = False) -> dict[str, Any]:
     """The Trinity `Config` for this run as a nested dict (YAML-ready)."""
-    t, r, tr, alg = cfg.trinity, cfg.rollout, cfg.trainer, cfg.algorithm
+    t, r, tr = cfg.trinity, cfg.rollout, cfg.trainer
     colocate = t.trainer_gpus == 0
-    generation = {
-        "temperature": r.temperature,
-        "top_p": r.top_p,
-        "top_k": r.top_k if r.top_k > 0 else -1,
-        "logprobs": 0,
-        "max_tokens": r.max_tokens,
-    }
-    workflow_args = {"ajet_config": str(run_dir(cfg) / "config.yaml")}
-    taskset = {
-        "name": "ajet_train",
-        "storage_type": "file",
-        "path": str(run_dir(cfg) / "tasks"),
-        "split": "train",
-        "default_workflow_type": WORKFLOW_TYPE,
-        "workflow_args": workflow_args,
-        "rollout_args": generation,
-    }
-    explorer_input: dict[str, Any] = {"taskset": taskset}
-    if tr.val_every:
-        explorer_input["eval_tasksets"] = [{
-            **taskset, "name": "ajet_val", "split": "validation", "repeat_times": tr.val_n,
-        }]
-    algorithm: dict[str, Any] = {
-        "algorithm_type": algorithm_type(cfg),
-        "repeat_times": r.n,
-        "optimizer": {
-            "lr": tr.lr,
-            "lr_warmup_steps": tr.warmup_steps,
-            "lr_scheduler_type": tr.lr_schedule.value,
-            "weight_decay": tr.weight_decay,
-            "clip_grad": tr.grad_clip,
-        },
-        "policy_loss_fn": "ppo",
-        "policy_loss_fn_args": {
-            "clip_range_low": alg.clip_ratio_low,
-            "clip_range_high": alg.clip_ratio_high,
-        },
-        "kl_loss_fn": "k3" if alg.kl_coef > 0 else "none",
-        "kl_loss_fn_args": {"kl_coef": alg.kl_coef},
-        "entropy_loss_fn": "default",
-        "entropy_loss_fn_args": {"entropy_coef": alg.entropy_coef},
-        "loss_agg_mode": LOSS_AGG.get(cfg.context.loss_agg, "token-mean"),
-    }
-    if stepwise_grpo(cfg) and r.drop_equal_reward_groups:
-        # Groups whose reward std is 0 carry no signal: the step-wise GRPO skips them.
-        algorithm["advantage_fn_args"] = {"std_threshold": 0.0}
-    model: dict[str, Any] = {
-        "model_path": model_path,
-        "max_response_tokens": r.max_tokens,
-        "max_model_len": cfg.context.max_model_len or cfg.context.max_sample_tokens,
-        "temperature": r.temperature,
-        "top_p": r.top_p,
-        "top_k": r.top_k if r.top_k > 0 else -1,
-    }
-    lora = cfg.model.lora
-    if lora.enabled:
-        model["lora_configs"] = [{
-            "name": "ajet_lora",
-            "lora_rank": lora.r,
-            "lora_alpha": lora.alpha,
-            "target_modules": lora_target_regex(list(lora.target_modules)),
-        }]
     monitor = "wandb" if cfg.logging.wandb else "swanlab" if cfg.logging.swanlab else "tensorboard"
     return {
         "mode": "colocate" if colocate else "both",
@@ -139,8 +78,8 @@ def to_trinity_config(cfg: AjetConfig, *, model_path: str, resume: bool = False)
         # checkpoint_job_dir = checkpoint_root_dir/project/group/name = RUN/trinity
         "checkpoint_root_dir": str(run_dir(cfg).parent),
         "continue_from_checkpoint": resume,
-        "algorithm": algorithm,
-        "model": model,
+        "algorithm": _algorithm(cfg),
+        "model": _model(cfg, model_path),
         "cluster": {
             "ray_address": cfg.ray.address or "auto",
             "node_num": 1,
@@ -150,7 +89,7 @@ def to_trinity_config(cfg: AjetConfig, *, model_path: str, resume: bool = False)
             "batch_size": tr.batch_size,
             "total_steps": tr.total_steps,
             "total_epochs": 1_000_000,  # total_steps ends the run, not epochs
-            "explorer_input": explorer_input,
+            "explorer_input": _explorer_input(cfg),
             "trainer_input": {
                 "experience_buffer": {"name": "ajet_experiences", "storage_type": "queue"},
             },
@@ -187,3 +126,83 @@ def to_trinity_config(cfg: AjetConfig, *, model_path: str, resume: bool = False)
         "monitor": {"monitor_type": monitor},
         "log": {"level": cfg.logging.level},
     }
+
+
+def _explorer_input(cfg: AjetConfig) -> dict[str, Any]:
+    """The train taskset (the tasks ajet exported, run by our workflow plugin) and the validation one."""
+    r, tr = cfg.rollout, cfg.trainer
+    generation = {
+        "temperature": r.temperature,
+        "top_p": r.top_p,
+        "top_k": r.top_k if r.top_k > 0 else -1,
+        "logprobs": 0,
+        "max_tokens": r.max_tokens,
+    }
+    workflow_args = {"ajet_config": str(run_dir(cfg) / "config.yaml")}
+    taskset = {
+        "name": "ajet_train",
+        "storage_type": "file",
+        "path": str(run_dir(cfg) / "tasks"),
+        "split": "train",
+        "default_workflow_type": WORKFLOW_TYPE,
+        "workflow_args": workflow_args,
+        "rollout_args": generation,
+    }
+    explorer_input: dict[str, Any] = {"taskset": taskset}
+    if tr.val_every:
+        explorer_input["eval_tasksets"] = [{
+            **taskset, "name": "ajet_val", "split": "validation", "repeat_times": tr.val_n,
+        }]
+    return explorer_input
+
+
+def _algorithm(cfg: AjetConfig) -> dict[str, Any]:
+    """Trinity's algorithm section: the algorithm's name for it, the optimizer, the loss terms."""
+    r, tr, alg = cfg.rollout, cfg.trainer, cfg.algorithm
+    algorithm: dict[str, Any] = {
+        "algorithm_type": algorithm_type(cfg),
+        "repeat_times": r.n,
+        "optimizer": {
+            "lr": tr.lr,
+            "lr_warmup_steps": tr.warmup_steps,
+            "lr_scheduler_type": tr.lr_schedule.value,
+            "weight_decay": tr.weight_decay,
+            "clip_grad": tr.grad_clip,
+        },
+        "policy_loss_fn": "ppo",
+        "policy_loss_fn_args": {
+            "clip_range_low": alg.clip_ratio_low,
+            "clip_range_high": alg.clip_ratio_high,
+        },
+        "kl_loss_fn": "k3" if alg.kl_coef > 0 else "none",
+        "kl_loss_fn_args": {"kl_coef": alg.kl_coef},
+        "entropy_loss_fn": "default",
+        "entropy_loss_fn_args": {"entropy_coef": alg.entropy_coef},
+        "loss_agg_mode": LOSS_AGG.get(cfg.context.loss_agg, "token-mean"),
+    }
+    if stepwise_grpo(cfg) and r.drop_equal_reward_groups:
+        # Groups whose reward std is 0 carry no signal: the step-wise GRPO skips them.
+        algorithm["advantage_fn_args"] = {"std_threshold": 0.0}
+    return algorithm
+
+
+def _model(cfg: AjetConfig, model_path: str) -> dict[str, Any]:
+    """Trinity's model section: the checkpoint, the generation window and sampling, LoRA."""
+    r = cfg.rollout
+    model: dict[str, Any] = {
+        "model_path": model_path,
+        "max_response_tokens": r.max_tokens,
+        "max_model_len": cfg.context.max_model_len or cfg.context.max_sample_tokens,
+        "temperature": r.temperature,
+        "top_p": r.top_p,
+        "top_k": r.top_k if r.top_k > 0 else -1,
+    }
+    lora = cfg.model.lora
+    if lora.enabled:
+        model["lora_configs"] = [{
+            "name": "ajet_lora",
+            "lora_rank": lora.r,
+            "lora_alpha": lora.alpha,
+            "target_modules": lora_target_regex(list(lora.target_modules)),
+        }]
+    return model

@@ -16,7 +16,7 @@ from typing import Any
 
 from trinity.common.workflows.workflow import Workflow as TrinityWorkflow
 
-from ajet.backbones.gpu_shared import EpisodeRuntime
+from ajet.backbones.gpu_worker import EpisodeRuntime
 from ajet.backbones.trinity.convert import episode_experience_fields, task_from_row, to_experiences
 from ajet.backbones.trinity.engine import OpenAICompletionsEngine
 

@@ -3,15 +3,26 @@ runner as a verl agent loop (`ajet.backbones.verl.agent_loop`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
 
-from ajet.backbones.gpu_shared import dump_yaml, model_path_for, require_gpus, with_workflow
+from ajet.algorithms.base import Problems
+from ajet.algorithms.registry import backbone_algorithms
+from ajet.backbones.contract import Capabilities
+from ajet.backbones.gpu_checks import require_gpus
+from ajet.backbones.gpu_config import dump_yaml, model_path_for, with_workflow
 from ajet.backbones.verl import translation
 from ajet.backbones.verl.driver import run_verl
 from ajet.config.schema import AjetConfig
+from ajet.rollout.workflow_loader import WorkflowArg
+
+CAPABILITIES = Capabilities(
+    algorithms=tuple(backbone_algorithms("verl")), stages=False, overlap=False, serve=False, ray_recipes=("rl",),
+    per_role_adapters=False, group_judges=False, curriculum=False, generated_tasks=False, cpu=False,
+    section="verl",
+)
 
 
-def check_config(cfg: AjetConfig) -> list[tuple[str, str]]:
+def check_config(cfg: AjetConfig) -> Problems:
     return translation.check_config(cfg)
 
 
@@ -25,7 +36,8 @@ def translate(cfg: AjetConfig, *, resume: bool = False) -> str:
     return header + dump_yaml(translation.to_verl_config(cfg, model_path=model_path, resume=resume))
 
 
-def run(cfg: AjetConfig, *, with_ray: bool, resume: bool, workflow: Any = None) -> None:
+def run(cfg: AjetConfig, *, with_ray: bool, resume: bool, workflow: WorkflowArg | None = None) -> Path | None:
     """Export the tasks, write verl's overrides, and run verl's trainer (needs GPUs)."""
     require_gpus("verl", "verl", "verl")
     run_verl(with_workflow(cfg, workflow), resume=resume)
+    return None  # its outputs are verl's, under the run directory

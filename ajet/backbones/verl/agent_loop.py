@@ -17,7 +17,7 @@ from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
 
-from ajet.backbones.gpu_shared import EpisodeRuntime
+from ajet.backbones.gpu_worker import EpisodeRuntime
 from ajet.backbones.verl.convert import episode_outputs, task_from_extra_info
 from ajet.backbones.verl.engine import VerlServerEngine
 

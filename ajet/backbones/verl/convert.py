@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ajet.backbones.gpu_shared import first_trained
+from ajet.backbones.gpu_worker import first_trained
 from ajet.backbones.verl.translation import AGENT_NAME
 from ajet.context.types import Sample
 from ajet.workflow import WorkflowTask

@@ -14,7 +14,7 @@ import logging
 import sys
 from pathlib import Path
 
-from ajet.backbones.gpu_shared import dump_yaml, model_path_for, run_dir
+from ajet.backbones.gpu_config import dump_yaml, model_path_for, run_dir
 from ajet.backbones.verl.convert import task_to_verl_row, write_parquet
 from ajet.backbones.verl.translation import (
     agent_loop_registry,

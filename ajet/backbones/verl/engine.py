@@ -11,7 +11,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from ajet.backbones.gpu_shared import vllm_sampling
+from ajet.backbones.gpu_worker import vllm_sampling
 from ajet.engine.base import Completion, EngineFeatures, SamplingParams
 from ajet.errors import InfrastructureError
 

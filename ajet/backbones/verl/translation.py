@@ -18,7 +18,8 @@ from __future__ import annotations
 from typing import Any
 
 from ajet.algorithms.registry import get_algorithm
-from ajet.backbones.gpu_shared import common_refusals, flatten, run_dir
+from ajet.backbones.gpu_checks import fsdp_problems
+from ajet.backbones.gpu_config import flatten, run_dir
 from ajet.config.schema import AjetConfig, LossAgg
 
 AGENT_NAME = "ajet_agent"
@@ -34,7 +35,7 @@ def verl_dir(cfg: AjetConfig) -> str:
 
 def check_config(cfg: AjetConfig) -> list[tuple[str, str]]:
     """Settings that would do nothing (or cannot work) on the verl backbone (pure)."""
-    problems = common_refusals(cfg, "verl")
+    problems = fsdp_problems(cfg, "verl")
     if not cfg.context.merge:
         problems.append(("context.merge", "=false cannot work on verl: its agent loop takes one "
                                           "sequence per episode, which merging provides"))
@@ -53,9 +54,8 @@ def _top_k(k: int) -> int:
 
 def to_verl_config(cfg: AjetConfig, *, model_path: str, resume: bool = False) -> dict[str, Any]:
     """verl overrides for this run as a nested dict (YAML-ready)."""
-    r, tr, alg, ctx, v = cfg.rollout, cfg.trainer, cfg.algorithm, cfg.context, cfg.verl
+    tr, alg, ctx, v = cfg.trainer, cfg.algorithm, cfg.context, cfg.verl
     out_dir = verl_dir(cfg)
-    lora = cfg.model.lora
     # verl pads prompts (left) to max_prompt_length and responses (right) to
     # max_response_length; one merged sample never exceeds context.max_sample_tokens.
     max_len = ctx.max_sample_tokens
@@ -63,14 +63,6 @@ def to_verl_config(cfg: AjetConfig, *, model_path: str, resume: bool = False) ->
     loggers += ["tensorboard"] if cfg.logging.tensorboard else []
     loggers += ["wandb"] if cfg.logging.wandb else []
     loggers += ["swanlab"] if cfg.logging.swanlab else []
-    model: dict[str, Any] = {
-        "path": model_path,
-        "enable_gradient_checkpointing": tr.gradient_checkpointing,
-        "use_remove_padding": True,
-    }
-    if lora.enabled:
-        model.update({"lora_rank": lora.r, "lora_alpha": lora.alpha,
-                      "target_modules": list(lora.target_modules)})
     return {
         "algorithm": {
             "adv_estimator": get_algorithm(alg.name).backbone_names["verl"],
@@ -90,49 +82,7 @@ def to_verl_config(cfg: AjetConfig, *, model_path: str, resume: bool = False) ->
             "seed": cfg.project.seed,
             "truncation": "error",
         },
-        "actor_rollout_ref": {
-            "model": model,
-            "actor": {
-                "strategy": v.strategy,
-                "optim": {
-                    "lr": tr.lr,
-                    "weight_decay": tr.weight_decay,
-                    "lr_warmup_steps": tr.warmup_steps if tr.warmup_steps > 0 else -1,
-                    "lr_scheduler_type": tr.lr_schedule.value,
-                    "clip_grad": tr.grad_clip,
-                },
-                "ppo_mini_batch_size": tr.batch_size,
-                "use_dynamic_bsz": True,
-                "ppo_max_token_len_per_gpu": max(tr.micro_batch_tokens, 2 * max_len),
-                "ppo_epochs": tr.ppo_epochs,
-                "clip_ratio_low": alg.clip_ratio_low,
-                "clip_ratio_high": alg.clip_ratio_high,
-                "use_kl_loss": alg.kl_coef > 0,
-                "kl_loss_coef": alg.kl_coef,
-                "kl_loss_type": "low_var_kl",
-                "entropy_coeff": alg.entropy_coef,
-                "loss_agg_mode": LOSS_AGG.get(ctx.loss_agg, "token-mean"),
-                "grad_clip": tr.grad_clip,
-            },
-            "rollout": {
-                "name": "vllm",
-                "mode": "async",
-                "n": r.n,
-                "temperature": r.temperature,
-                "top_p": r.top_p,
-                "top_k": _top_k(r.top_k),
-                "tensor_model_parallel_size": v.tensor_model_parallel_size,
-                "gpu_memory_utilization": v.gpu_memory_utilization,
-                "max_model_len": ctx.max_model_len or None,
-                "calculate_log_probs": True,
-                "val_kwargs": {"n": tr.val_n, "temperature": r.temperature, "do_sample": True},
-                "agent": {
-                    "num_workers": max(1, cfg.ray.num_rollout_workers),
-                    "default_agent_loop": AGENT_NAME,
-                    "agent_loop_config_path": f"{out_dir}/agent_loops.yaml",
-                },
-            },
-        },
+        "actor_rollout_ref": _actor_rollout_ref(cfg, model_path, max_len),
         "trainer": {
             "project_name": cfg.project.name,
             "experiment_name": "verl",
@@ -153,6 +103,64 @@ def to_verl_config(cfg: AjetConfig, *, model_path: str, resume: bool = False) ->
             "use_v1": True,
         },
     }
+
+
+def _actor_rollout_ref(cfg: AjetConfig, model_path: str, max_len: int) -> dict[str, Any]:
+    """verl's actor (the FSDP trainer: optimizer, loss terms) and its vLLM rollout with our agent loop."""
+    r, tr, alg, ctx, v = cfg.rollout, cfg.trainer, cfg.algorithm, cfg.context, cfg.verl
+    out_dir = verl_dir(cfg)
+    lora = cfg.model.lora
+    model: dict[str, Any] = {
+        "path": model_path,
+        "enable_gradient_checkpointing": tr.gradient_checkpointing,
+        "use_remove_padding": True,
+    }
+    if lora.enabled:
+        model.update({"lora_rank": lora.r, "lora_alpha": lora.alpha,
+                      "target_modules": list(lora.target_modules)})
+    return {
+    "model": model,
+    "actor": {
+        "strategy": v.strategy,
+        "optim": {
+            "lr": tr.lr,
+            "weight_decay": tr.weight_decay,
+            "lr_warmup_steps": tr.warmup_steps if tr.warmup_steps > 0 else -1,
+            "lr_scheduler_type": tr.lr_schedule.value,
+            "clip_grad": tr.grad_clip,
+        },
+        "ppo_mini_batch_size": tr.batch_size,
+        "use_dynamic_bsz": True,
+        "ppo_max_token_len_per_gpu": max(tr.micro_batch_tokens, 2 * max_len),
+        "ppo_epochs": tr.ppo_epochs,
+        "clip_ratio_low": alg.clip_ratio_low,
+        "clip_ratio_high": alg.clip_ratio_high,
+        "use_kl_loss": alg.kl_coef > 0,
+        "kl_loss_coef": alg.kl_coef,
+        "kl_loss_type": "low_var_kl",
+        "entropy_coeff": alg.entropy_coef,
+        "loss_agg_mode": LOSS_AGG.get(ctx.loss_agg, "token-mean"),
+        "grad_clip": tr.grad_clip,
+    },
+    "rollout": {
+        "name": "vllm",
+        "mode": "async",
+        "n": r.n,
+        "temperature": r.temperature,
+        "top_p": r.top_p,
+        "top_k": _top_k(r.top_k),
+        "tensor_model_parallel_size": v.tensor_model_parallel_size,
+        "gpu_memory_utilization": v.gpu_memory_utilization,
+        "max_model_len": ctx.max_model_len or None,
+        "calculate_log_probs": True,
+        "val_kwargs": {"n": tr.val_n, "temperature": r.temperature, "do_sample": True},
+        "agent": {
+            "num_workers": max(1, cfg.ray.num_rollout_workers),
+            "default_agent_loop": AGENT_NAME,
+            "agent_loop_config_path": f"{out_dir}/agent_loops.yaml",
+        },
+    },
+}
 
 
 def agent_loop_registry() -> list[dict[str, str]]:
