@@ -11,6 +11,7 @@ import dataclasses
 import math
 from pathlib import Path
 
+from ajet.algorithms.base import Problems
 from ajet.algorithms.registry import EVAL_STAGE, get_algorithm, names
 from ajet.algorithms.registry import stage_names as known_stages
 from ajet.config.ranges import range_problems
@@ -34,167 +35,221 @@ from ajet.config.stages import (
 from ajet.errors import ConfigError
 
 
-def validate(cfg: AjetConfig, *, require_workflow: bool = True) -> list[tuple[str, str]]:
+def validate(cfg: AjetConfig, *, require_workflow: bool = True) -> Problems:
     if unknown := name_problems(cfg):  # the other checks read the algorithms' specs
         return range_problems(cfg) + unknown
-    problems: list[tuple[str, str]] = range_problems(cfg) + stage_problems(cfg)
     require_workflow = require_workflow and needs_workflow(cfg)
+    return (
+        range_problems(cfg)
+        + stage_problems(cfg)
+        + run_problems(cfg)
+        + workflow_problems(cfg, require_workflow=require_workflow)
+        + judge_problems(cfg)
+        + budget_problems(cfg)
+        + staleness_problems(cfg, require_workflow=require_workflow)
+        + algorithm_problems(cfg)
+        + distill_problems(cfg)
+        + lora_problems(cfg)
+        + sandbox_problems(cfg)
+        + task_reader_problems(cfg, require_workflow=require_workflow)
+    )
 
-    def need(ok: bool, key: str, msg: str) -> None:
-        if not ok:
-            problems.append((key, msg))
 
-    need(bool(cfg.model.path), "model.path", "empty; use 'smollm2-135m-instruct' or a local checkpoint dir")
+def _need(ok: bool, key: str, msg: str) -> Problems:
+    """[(key, msg)] unless `ok`."""
+    return [] if ok else [(key, msg)]
+
+
+def run_problems(cfg: AjetConfig) -> Problems:
+    """The model, a deterministic run's settings, the run's names and what it saves."""
+    problems = _need(bool(cfg.model.path), "model.path",
+                     "empty; use 'smollm2-135m-instruct' or a local checkpoint dir")
     if cfg.trainer.deterministic:
-        need(cfg.rollout.max_concurrency == 1, "rollout.max_concurrency",
-             f"={cfg.rollout.max_concurrency} with trainer.deterministic: episodes decoded in shared batches "
-             "give float results that depend on the batch (a resumed run differed by 5e-4); set it to 1")
-        need(cfg.rollout.max_staleness == 0, "rollout.max_staleness",
-             "> 0 with trainer.deterministic: the overlap makes what a step trains on depend on timing; set it to 0")
+        problems += _need(cfg.rollout.max_concurrency == 1, "rollout.max_concurrency",
+                          f"={cfg.rollout.max_concurrency} with trainer.deterministic: episodes decoded in shared "
+                          "batches give float results that depend on the batch (a resumed run differed by 5e-4); "
+                          "set it to 1")
+        problems += _need(cfg.rollout.max_staleness == 0, "rollout.max_staleness",
+                          "> 0 with trainer.deterministic: the overlap makes what a step trains on depend on "
+                          "timing; set it to 0")
     if (problem := project_name_problem(cfg.project.name)) is not None:
         problems.append(("project.name", problem))
     if cfg.eval.name and (problem := eval_name_problem(cfg.eval.name)) is not None:  # "" = from the model
         problems.append(("eval.name", problem))
-    need(cfg.trainer.save_final_model or cfg.trainer.save_last_checkpoint, "trainer.save_last_checkpoint",
-         "false with trainer.save_final_model=false: the trained model would not be saved; set either to true")
+    problems += _need(cfg.trainer.save_final_model or cfg.trainer.save_last_checkpoint, "trainer.save_last_checkpoint",
+                      "false with trainer.save_final_model=false: the trained model would not be saved; "
+                      "set either to true")
     marks = cfg.trainer.export_at_minutes
-    need(all(m > 0 and math.isfinite(m) for m in marks), "trainer.export_at_minutes",
-         f"{marks}: give minutes > 0 (finite), e.g. [5, 10]")
+    problems += _need(all(m > 0 and math.isfinite(m) for m in marks), "trainer.export_at_minutes",
+                      f"{marks}: give minutes > 0 (finite), e.g. [5, 10]")
+    return problems
 
+
+def workflow_problems(cfg: AjetConfig, *, require_workflow: bool) -> Problems:
+    """`workflow.target`: given when a stage runs the workflow, well formed, its file there."""
+    problems: Problems = []
+    target = cfg.workflow.target
     if require_workflow:
-        need(
-            bool(cfg.workflow.target),
-            "workflow.target",
-            "required: 'package.module:ClassName' or 'file.py:ClassName' (relative to the YAML)",
-        )
-    if cfg.workflow.target:
-        need(
-            ":" in cfg.workflow.target,
-            "workflow.target",
-            f"'{cfg.workflow.target}' must be 'package.module:ClassName' or 'file.py:ClassName'",
-        )
-        file_part = cfg.workflow.target.rpartition(":")[0]
+        problems += _need(bool(target), "workflow.target",
+                          "required: 'package.module:ClassName' or 'file.py:ClassName' (relative to the YAML)")
+    if target:
+        problems += _need(":" in target, "workflow.target",
+                          f"'{target}' must be 'package.module:ClassName' or 'file.py:ClassName'")
+        file_part = target.rpartition(":")[0]
         if file_part.endswith(".py"):
-            need(Path(file_part).is_file(), "workflow.target", f"file not found: {file_part}")
+            problems += _need(Path(file_part).is_file(), "workflow.target", f"file not found: {file_part}")
+    return problems
 
+
+def judge_problems(cfg: AjetConfig) -> Problems:
+    """`judge.type` is a built-in judge or 'module:ClassName'; group_rank's own checks."""
     judge = cfg.judge.type
-    need(
-        judge in BUILTIN_JUDGES or ":" in judge,
-        "judge.type",
-        f"'{judge}' is not one of {BUILTIN_JUDGES} nor 'module:ClassName'",
-    )
+    problems = _need(judge in BUILTIN_JUDGES or ":" in judge, "judge.type",
+                     f"'{judge}' is not one of {BUILTIN_JUDGES} nor 'module:ClassName'")
     if judge == "group_rank":
-        problems.extend(group_rank_problems(cfg))
+        problems += group_rank_problems(cfg)
+    return problems
 
-    r = cfg.rollout
-    need(
-        r.max_tokens <= cfg.context.max_call_tokens,
+
+def budget_problems(cfg: AjetConfig) -> Problems:
+    """A call's reply fits context.max_call_tokens, and a call fits a sample."""
+    max_tokens, context = cfg.rollout.max_tokens, cfg.context
+    return _need(
+        max_tokens <= context.max_call_tokens,
         "rollout.max_tokens",
-        f"{r.max_tokens} exceeds context.max_call_tokens={cfg.context.max_call_tokens}; "
+        f"{max_tokens} exceeds context.max_call_tokens={context.max_call_tokens}; "
         "raise context.max_call_tokens or lower rollout.max_tokens",
-    )
-    need(
-        cfg.context.max_call_tokens <= cfg.context.max_sample_tokens,
+    ) + _need(
+        context.max_call_tokens <= context.max_sample_tokens,
         "context.max_call_tokens",
         "must be <= context.max_sample_tokens",
     )
 
-    if r.max_staleness > 0:
-        # In-process, the next step rolls out during the update: the engine needs its own copy of
-        # the weights. Under `ajet serve` (no workflow) clients' calls wait out an update instead.
-        need(
-            r.engine_dtype != "float32" or not require_workflow,
-            "rollout.max_staleness",
-            f"={r.max_staleness} rolls out the next step while the trainer updates the weights, so the engine "
-            "must decode with its own copy of them: set rollout.engine_dtype=float16 (x86 CPUs), bfloat16 (GPUs) or auto, "
-            "or max_staleness=0",
-        )
-        need(
-            cfg.algorithm.tis_cap > 0,
-            "algorithm.tis_cap",
-            f"is 0, but rollout.max_staleness={r.max_staleness} trains on episodes sampled by older weights: "
-            "set algorithm.tis_cap (e.g. 2) so the update corrects for it, or rollout.max_staleness=0",
-        )
 
+def staleness_problems(cfg: AjetConfig, *, require_workflow: bool) -> Problems:
+    """rollout.max_staleness > 0: an engine with its own copy of the weights, and TIS."""
+    r = cfg.rollout
+    if r.max_staleness <= 0:  # 0 = on-policy (a negative value is a range problem)
+        return []
+    # In-process, the next step rolls out during the update: the engine needs its own copy of
+    # the weights. Under `ajet serve` (no workflow) clients' calls wait out an update instead.
+    return _need(
+        r.engine_dtype != "float32" or not require_workflow,
+        "rollout.max_staleness",
+        f"={r.max_staleness} rolls out the next step while the trainer updates the weights, so the engine "
+        "must decode with its own copy of them: set rollout.engine_dtype=float16 (x86 CPUs), bfloat16 (GPUs) or auto, "
+        "or max_staleness=0",
+    ) + _need(
+        cfg.algorithm.tis_cap > 0,
+        "algorithm.tis_cap",
+        f"is 0, but rollout.max_staleness={r.max_staleness} trains on episodes sampled by older weights: "
+        "set algorithm.tis_cap (e.g. 2) so the update corrects for it, or rollout.max_staleness=0",
+    )
+
+
+def algorithm_problems(cfg: AjetConfig) -> Problems:
+    """What `algorithm.name` needs: groups of episodes, its step credit, a LoRA base as reference."""
+    problems: Problems = []
     a = cfg.algorithm
     spec = get_algorithm(a.name)
     if spec.needs_groups:
-        need(
-            r.n >= 2,
+        problems += _need(
+            cfg.rollout.n >= 2,
             "rollout.n",
             f"{a.name} compares episodes of the same task, so rollout.n must be >= 2 "
             f"(e.g. rollout.n=4), or use an algorithm without groups ({', '.join(no_groups())})",
         )
     if a.step_credit != StepCredit.none:
         with_credit = [name for name in names() if a.step_credit.value in get_algorithm(name).step_credit]
-        need(
+        problems += _need(
             a.step_credit.value in spec.step_credit,
             "algorithm.step_credit",
             f"{a.step_credit.value} adds step credit to the episode advantage of {' or '.join(with_credit)}; it "
             f"needs algorithm.name={' or '.join(with_credit)} (not {a.name}), or set algorithm.step_credit=none",
         )
     if a.kl_coef > 0 and a.kl_reference == ReferenceModel.lora_base:
-        need(
+        problems += _need(
             cfg.model.lora.enabled,
             "algorithm.kl_reference",
             "'lora_base' needs model.lora.enabled=true; use 'frozen' for full fine-tuning",
         )
+    return problems
 
+
+def distill_problems(cfg: AjetConfig) -> Problems:
+    """`distill.teacher` is read only when a trained stage distills."""
     trained_stages = set(stage_names(cfg)) - {EVAL_STAGE}
-    if cfg.distill.teacher and trained_stages:  # an evaluation of a distill config is fine
-        with_teacher = [name for name in names() if get_algorithm(name).teacher]
-        need(
-            any(get_algorithm(stage).teacher for stage in trained_stages),
-            "distill.teacher",
-            f"is read only by on-policy distillation; set algorithm.name={' or '.join(with_teacher)} (or add such "
-            "a stage to pipeline.stages), or remove distill.teacher",
-        )
-    if cfg.model.lora.per_role:
-        need(
-            cfg.model.lora.enabled,
+    if not (cfg.distill.teacher and trained_stages):  # an evaluation of a distill config is fine
+        return []
+    with_teacher = [name for name in names() if get_algorithm(name).teacher]
+    return _need(
+        any(get_algorithm(stage).teacher for stage in trained_stages),
+        "distill.teacher",
+        f"is read only by on-policy distillation; set algorithm.name={' or '.join(with_teacher)} (or add such "
+        "a stage to pipeline.stages), or remove distill.teacher",
+    )
+
+
+def lora_problems(cfg: AjetConfig) -> Problems:
+    """Per-role adapters: LoRA on, RL stages only; merged exports of per-role adapters only."""
+    problems: Problems = []
+    lora = cfg.model.lora
+    if lora.per_role:
+        problems += _need(
+            lora.enabled,
             "model.lora.per_role",
             "gives each trainable role its own LoRA adapter, so it needs model.lora.enabled=true; "
             "set model.lora.enabled=true, or per_role=false to train one model for every role",
         )
         trained = set(stage_names(cfg)) - {EVAL_STAGE}
-        need(
+        problems += _need(
             not trained & {"sft", "dpo"},
             "model.lora.per_role",
             "trains one adapter per role in the RL recipes only; the sft and dpo stages would train "
             "just the active adapter. Run those stages without per_role (then start RL from their model)",
         )
-    if cfg.model.lora.export_merged:
-        need(
-            cfg.model.lora.per_role,
+    if lora.export_merged:
+        problems += _need(
+            lora.per_role,
             "model.lora.export_merged",
             "exports each role's adapter merged into the base (final_model/merged/<role>/), so it needs "
             "model.lora.per_role=true; without per-role adapters final_model/ is already the merged model",
         )
+    return problems
 
+
+def sandbox_problems(cfg: AjetConfig) -> Problems:
+    """The sandbox service's URL when the sandbox runs as a service."""
     sandbox = cfg.sandbox
-    if sandbox.enabled and sandbox.backend == SandboxBackend.service:
-        need(bool(sandbox.service_url), "sandbox.service_url",
-             "required with sandbox.backend=service: the URL of `python -m ajet.sandbox.service`")
+    if not (sandbox.enabled and sandbox.backend == SandboxBackend.service):
+        return []
+    return _need(bool(sandbox.service_url), "sandbox.service_url",
+                 "required with sandbox.backend=service: the URL of `python -m ajet.sandbox.service`")
 
+
+def task_reader_problems(cfg: AjetConfig, *, require_workflow: bool) -> Problems:
+    """The chosen reader's files: given where required, and there (nothing is downloaded)."""
+    problems: Problems = []
     tr = cfg.task_reader
     if tr.type == ReaderType.jsonl and require_workflow:
-        need(bool(tr.jsonl.train_path), "task_reader.jsonl.train_path", "required for the jsonl reader")
+        problems += _need(bool(tr.jsonl.train_path), "task_reader.jsonl.train_path", "required for the jsonl reader")
     for key, value in (
         ("task_reader.jsonl.train_path", tr.jsonl.train_path),
         ("task_reader.jsonl.val_path", tr.jsonl.val_path),
         ("task_reader.jsonl.test_path", tr.jsonl.test_path),
     ):
         if tr.type == ReaderType.jsonl and value:
-            need(Path(value).is_file(), key, f"file not found: {value}")
+            problems += _need(Path(value).is_file(), key, f"file not found: {value}")
     if tr.type == ReaderType.hf_dataset:
-        need(bool(tr.hf_dataset.path), "task_reader.hf_dataset.path", "required for hf_dataset")
+        problems += _need(bool(tr.hf_dataset.path), "task_reader.hf_dataset.path", "required for hf_dataset")
         if tr.hf_dataset.path:
-            need(Path(tr.hf_dataset.path).exists(), "task_reader.hf_dataset.path",
-                 f"not found: {tr.hf_dataset.path} (only local files; nothing is downloaded)")
+            problems += _need(Path(tr.hf_dataset.path).exists(), "task_reader.hf_dataset.path",
+                              f"not found: {tr.hf_dataset.path} (only local files; nothing is downloaded)")
     if tr.type == ReaderType.generate:
-        need(bool(tr.generate.documents), "task_reader.generate.documents", "list at least one text file")
+        problems += _need(bool(tr.generate.documents), "task_reader.generate.documents",
+                          "list at least one text file")
         for doc in tr.generate.documents:
-            need(Path(doc).is_file(), "task_reader.generate.documents", f"file not found: {doc}")
+            problems += _need(Path(doc).is_file(), "task_reader.generate.documents", f"file not found: {doc}")
     return problems
 
 
@@ -203,9 +258,9 @@ def no_groups() -> list[str]:
     return [name for name in names(recipe="rl") if not get_algorithm(name).needs_groups]
 
 
-def group_rank_problems(cfg: AjetConfig) -> list[tuple[str, str]]:
+def group_rank_problems(cfg: AjetConfig) -> Problems:
     """judge.type=group_rank: a group to compare, its own settings, a reply that fits the engine."""
-    problems: list[tuple[str, str]] = []
+    problems: Problems = []
     g = cfg.judge.group_rank
     if cfg.rollout.n < 2:
         problems.append(("rollout.n", f"is {cfg.rollout.n}, but judge.type=group_rank scores the rollout.n "
