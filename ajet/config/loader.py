@@ -11,7 +11,7 @@ import difflib
 from collections.abc import Hashable
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import get_type_hints
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -116,7 +116,7 @@ def _remember_env_values(cfg: DictConfig) -> None:
     raw = OmegaConf.to_container(cfg, resolve=False)
     resolved = OmegaConf.to_container(cfg, resolve=True)
 
-    def walk(a: Any, b: Any) -> None:
+    def walk(a: object, b: object) -> None:
         if isinstance(a, dict) and isinstance(b, dict):
             for key in a:
                 walk(a[key], b.get(key))
@@ -136,14 +136,16 @@ def to_yaml(config: AjetConfig) -> str:
     config is loaded), and every other secret redacted (`ajet.config.redact`)."""
     tree = OmegaConf.to_container(OmegaConf.structured(config), resolve=True)
 
-    def unresolve(node: Any) -> Any:
+    def unresolve(node: object) -> object:
         if isinstance(node, dict):
             return {k: unresolve(v) for k, v in node.items()}
         if isinstance(node, list):
             return [unresolve(v) for v in node]
         return _env_values.get(node, node) if isinstance(node, str) and node else node
 
-    return OmegaConf.to_yaml(OmegaConf.create(redact_config(unresolve(tree))))
+    redacted = redact_config(unresolve(tree))
+    assert isinstance(redacted, dict)  # a structured config's container is a mapping
+    return OmegaConf.to_yaml(OmegaConf.create(redacted))
 
 
 def defaults_yaml() -> str:
@@ -182,7 +184,7 @@ def _read_yaml(path: Path) -> DictConfig:
 
 
 class _DuplicateKey(Exception):
-    def __init__(self, key: Any, line: int, first_line: int) -> None:
+    def __init__(self, key: Hashable, line: int, first_line: int) -> None:
         super().__init__(key)
         self.key, self.line, self.first_line = key, line, first_line
 
@@ -192,7 +194,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     silently, so a second `trainer:` block replaced the first without a word."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
-        seen: dict[Any, int] = {}
+        seen: dict[Hashable, int] = {}
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":  # `<<:` merges are not duplicates
                 continue
@@ -287,8 +289,9 @@ def _first_line(exc: Exception) -> str:
     return str(exc).strip().splitlines()[0]
 
 
-def _schema_node(dotted: str) -> Any:
-    node: Any = AjetConfig
+def _schema_node(dotted: str) -> object:
+    """The type the schema declares at `dotted` (a section's class, a field's type), or None."""
+    node: object = AjetConfig
     for part in [p for p in dotted.split(".") if p]:
         fields = {f.name: f for f in dataclasses.fields(node)} if dataclasses.is_dataclass(node) else {}
         if part not in fields:
@@ -297,10 +300,8 @@ def _schema_node(dotted: str) -> Any:
     return node
 
 
-def _field_type(cls: type, name: str) -> Any:
-    import typing
-
-    return typing.get_type_hints(cls)[name]
+def _field_type(cls: object, name: str) -> object:
+    return get_type_hints(cls)[name]
 
 
 def _valid_keys(parent: str) -> list[str]:

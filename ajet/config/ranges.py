@@ -1,27 +1,33 @@
 """Declared ranges and finite floats: every float setting must be finite, and every value
-must lie in the range its schema field declares (`ajet.config.schema.bounded`)."""
+must lie in the range its schema field declares (`bounded`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 from dataclasses import field
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
 from annotated_types import Ge, Gt, Interval
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
-def bounded(default: Any, constraint: Ge | Gt | Interval) -> Any:
+T = TypeVar("T")
+Range = Ge | Gt | Interval
+
+
+def bounded(default: T, constraint: Range) -> T:
     """A field whose allowed range is declared here, with pydantic's constraint types
     (`Field(ge=0)` builds `Ge(0)`). `range_problems` checks every declared range, and that
     every float setting is finite, at load time."""
     return field(default=default, metadata={"range": constraint})
 
 
-def range_problems(node: Any, prefix: str = "") -> list[tuple[str, str]]:
+def range_problems(node: DataclassInstance | type[DataclassInstance], prefix: str = "") -> list[tuple[str, str]]:
     """Every float setting must be finite (inf/nan would pass a `>= 0` check: a temperature
     of inf makes sampling uniform), and every value must lie in the range its schema field
-    declares (`ajet.config.schema.bounded`). Walks nested sections and named sub-configs."""
+    declares (`bounded`). Walks nested sections and named sub-configs."""
     problems: list[tuple[str, str]] = []
     for f in dataclasses.fields(node):
         key, value = f"{prefix}{f.name}", getattr(node, f.name)
@@ -44,15 +50,15 @@ def range_problems(node: Any, prefix: str = "") -> list[tuple[str, str]]:
     return problems
 
 
-def _non_finite(value: Any) -> bool:
+def _non_finite(value: object) -> bool:
     return isinstance(value, float) and not math.isfinite(value)
 
 
-def _limits(bounds: Any) -> dict[str, Any]:
+def _limits(bounds: Range) -> dict[str, float]:
     return {k: v for k in ("gt", "ge", "lt", "le") if (v := getattr(bounds, k, None)) is not None}
 
 
-def _within(value: float, bounds: Any) -> bool:
+def _within(value: float, bounds: Range) -> bool:
     limits = _limits(bounds)
     return all((
         value > limits.get("gt", -math.inf), value >= limits.get("ge", -math.inf),
@@ -60,7 +66,7 @@ def _within(value: float, bounds: Any) -> bool:
     ))
 
 
-def _describe(bounds: Any) -> str:
+def _describe(bounds: Range) -> str:
     limits = _limits(bounds)
     low = ("(", limits["gt"]) if "gt" in limits else ("[", limits["ge"]) if "ge" in limits else None
     high = (")", limits["lt"]) if "lt" in limits else ("]", limits["le"]) if "le" in limits else None

@@ -23,7 +23,6 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Sequence
-from typing import Any
 
 REDACTED = "<redacted>"
 # The words of a setting's or a flag's name that make its value a secret.
@@ -94,10 +93,10 @@ def redact_command(command: str) -> str:
     return command if redacted == argv else shlex.join(redacted)
 
 
-def redact_config(tree: Any, path: str = "") -> Any:
+def redact_config(tree: object, path: str = "") -> object:
     """A plain config tree (dicts, lists, scalars) with its secrets hidden (the module's rule)."""
     if isinstance(tree, dict):
-        out: dict[Any, Any] = {}
+        out: dict[object, object] = {}
         for key, value in tree.items():
             child = f"{path}.{key}" if path else str(key)
             if str(key) in ENV_MAP_KEYS and isinstance(value, dict):
@@ -116,7 +115,7 @@ def redact_config(tree: Any, path: str = "") -> Any:
     return hide_url_passwords(tree) if isinstance(tree, str) else tree
 
 
-def _hide_any(value: Any) -> Any:
+def _hide_any(value: object) -> object:
     """Every string under a secret's setting hidden (a number or a bool is no secret)."""
     if isinstance(value, str):
         return hide(value)

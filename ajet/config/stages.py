@@ -7,7 +7,8 @@ at load time (`ajet.config.validate`); `ajet.pipeline` builds each stage's confi
 
 from __future__ import annotations
 
-from typing import Any
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from ajet.algorithms.registry import EVAL_STAGE, get_algorithm
 from ajet.algorithms.registry import stage_names as known_stages
@@ -64,17 +65,14 @@ def stage_problems(cfg: AjetConfig) -> list[tuple[str, str]]:
     return problems
 
 
-def stage_overrides(cfg: AjetConfig) -> dict[str, Any]:
+def stage_overrides(cfg: AjetConfig) -> dict[str, object]:
     """`pipeline.overrides` without the stages set to null (`pipeline.overrides.sft=null` on the
     command line drops a YAML's override, e.g. when `pipeline.stages` leaves that stage out)."""
     return {name: override for name, override in cfg.pipeline.overrides.items() if override is not None}
 
 
-def apply_override(cfg: AjetConfig, override: Any) -> AjetConfig:
+def apply_override(cfg: AjetConfig, override: object) -> AjetConfig:
     """`cfg` with a nested mapping merged over it (ValueError naming the bad key)."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
     if not isinstance(override, dict):
         raise ValueError(f"must be a mapping of config sections, got {type(override).__name__}")
     if "pipeline" in override:
