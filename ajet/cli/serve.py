@@ -94,7 +94,7 @@ def served_episodes(recipe: Any) -> Any:
 
     return ServedEpisodes.start(
         recipe.cfg, rollout=recipe.rollout, reader=recipe.reader, judge=recipe.judge, run_dir=recipe.run_dir,
-        start_step=recipe.loop.step, announce=lambda text: typer.echo(text, err=True))
+        start_step=recipe.training_loop.step, announce=lambda text: typer.echo(text, err=True))
 
 
 def task_visibility(cfg: Any) -> list[str]:

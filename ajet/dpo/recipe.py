@@ -42,27 +42,27 @@ class DpoRecipe:
     def setup(self, closers: Closers) -> None:
         cfg = self.cfg
         run = RolloutRun.start(cfg, closers, resume=self.resume, workflow=self.workflow_arg)
-        self.run_dir, self.reader, self.loop, self.model = run.run_dir, run.reader, run.loop, run.model
+        self.run_dir, self.reader, self.training_loop, self.model = run.run_dir, run.reader, run.training_loop, run.model
         self.window, self.rollout = run.window, run.rollout
         a = cfg.algorithm
         # Built before any update (and before a resumed run's weights load): the stage's initial policy.
         self.reference = None if a.dpo_reference_free else ReferencePolicy(self.model, a.dpo_reference.value)
         self.optimizer_step = OptimizerStep(self.model, run.optimizer, cfg.trainer)
-        self.optimizer_step.keep_in(self.loop)
+        self.optimizer_step.keep_in(self.training_loop)
         if self.resume:
             run.restore()
 
     def train(self) -> Path:
-        with self.loop.steps(validate=self.validate) as steps:
+        with self.training_loop.steps(validate=self.validate) as steps:
             for step in steps:  # roll out -> pairs -> one DPO optimizer step -> commit
-                self.loop.commit(self.train_step(step))
+                self.training_loop.commit(self.train_step(step))
         return self.run_dir
 
     def train_step(self, step: int) -> dict[str, float]:
         cfg = self.cfg
         start = time.monotonic()
         tasks = self.reader.next_batch(cfg.trainer.batch_size)
-        self.loop.phase(f"step {step}: rollout of {len(tasks)} tasks × {cfg.rollout.n}")
+        self.training_loop.phase(f"step {step}: rollout of {len(tasks)} tasks × {cfg.rollout.n}")
         result = self.rollout.rollout(tasks, cfg.rollout.n, episode_prefix=f"s{step}-")
         metrics = dict(result.metrics())
         metrics["perf/rollout_s"] = time.monotonic() - start
@@ -72,7 +72,7 @@ class DpoRecipe:
             metrics["actor/skipped_update"] = 1.0
             log.info("dpo step %d: no pair (every task's episodes scored the same); weights unchanged", step)
         else:
-            self.loop.phase(f"step {step}: update on {batch.num_pairs} pairs")
+            self.training_loop.phase(f"step {step}: update on {batch.num_pairs} pairs")
             micro = cfg.trainer.micro_batch_tokens if cfg.context.tree_packing else 0
             with updating_weights(self.rollout.engine):
                 # In a thread of its own, whose OpenMP pool ends with it (ajet/own_thread.py).
@@ -83,4 +83,4 @@ class DpoRecipe:
         return metrics
 
     def validate(self) -> dict[str, float]:
-        return validate_on_rollout(self.loop, self.reader, self.rollout.rollout, self.cfg.trainer.val_n)
+        return validate_on_rollout(self.training_loop, self.reader, self.rollout.rollout, self.cfg.trainer.val_n)

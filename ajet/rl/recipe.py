@@ -78,14 +78,14 @@ class RLRecipe:
                             f"{', '.join(names(recipe='rl'))}); use `ajet sft` / the staged pipeline for sft and dpo.")
         run = RolloutRun.start(cfg, closers, resume=self.resume, workflow=self.workflow_arg)
         self.run_dir, self.workflow, self.reader, self.judge = run.run_dir, run.workflow, run.reader, run.judge
-        self.loop, self.model, self.tokenizer, self.window = run.loop, run.model, run.tokenizer, run.window
+        self.training_loop, self.model, self.tokenizer, self.window = run.training_loop, run.model, run.tokenizer, run.window
         self.rollout = run.rollout
         self.manager = self._ray_manager(closers) if self.with_ray else self.rollout.manager
         # Built before the first update (and before a resumed run's weights load): the KL reference.
         self.updater = PolicyUpdater(self.model, run.optimizer, cfg.trainer, cfg.algorithm,
                                      temperature=policy_temperature(cfg.rollout.temperature),
                                      per_role_adapters=self.per_role)
-        self.updater.optimizer_step.keep_in(self.loop)
+        self.updater.optimizer_step.keep_in(self.training_loop)
         if self.resume:
             run.restore()
         # On-policy distillation: built last, after the optimizer (an adapter teacher is never in it).
@@ -98,7 +98,7 @@ class RLRecipe:
             self.source = self.episode_source(self)
         else:
             self.source = managed_episodes(self.manager, self.reader, cfg.rollout, batch_size=cfg.trainer.batch_size,
-                                           phase=self.loop.phase)
+                                           phase=self.training_loop.phase)
             if cfg.rollout.max_staleness > 0:
                 self.source = self._overlapped(self.source)
         closers.push(self.source.close, "episode source")
@@ -132,7 +132,7 @@ class RLRecipe:
         cfg = self.cfg
         # Stops the run after `rollout.max_failed_steps` steps in which every episode failed.
         failed = FailedSteps(cfg.rollout.max_failed_steps)
-        with self.loop.steps(validate=self.validate) as steps:
+        with self.training_loop.steps(validate=self.validate) as steps:
             for step in steps:
                 start = time.monotonic()
                 result, metrics = self.roll_out(step)  # the reader's next batch, rollout.n episodes each
@@ -147,14 +147,14 @@ class RLRecipe:
                     log.info("step %d: no learning signal (no trainable tokens or all advantages 0); "
                              "weights unchanged", step)
                 else:
-                    self.loop.phase(f"step {step}: update on {len(batch.samples)} samples")
+                    self.training_loop.phase(f"step {step}: update on {len(batch.samples)} samples")
                     metrics.update(self._update_step(batch, step))  # pack -> loss -> optimizer.step()
                 if cfg.logging.token_records and batch.samples:
                     self._write_records(step, batch.samples, result.ok_episodes)
                 metrics["perf/step_time_s"] = time.monotonic() - start
                 metrics["policy_version"] = float(self.rollout.engine.policy_version)
                 self.source.record_metrics(step, metrics)
-                self.loop.commit(metrics)
+                self.training_loop.commit(metrics)
                 failed.observe(step, result.episodes)
         return self.run_dir
 
@@ -166,7 +166,7 @@ class RLRecipe:
         previous = self._batch_arrived if self.source.overlaps_update else None  # None: the window starts now
         if previous is None:
             self._decoded_then = engine.decoded_tokens()
-        self.loop.phase(f"step {step}: waiting for {cfg.trainer.batch_size} groups of episodes")
+        self.training_loop.phase(f"step {step}: waiting for {cfg.trainer.batch_size} groups of episodes")
         result = self.rollout.event_loop.run_until_complete(self.source.next_batch(step))
         arrived = time.monotonic()
         rollout_s = arrived - start
@@ -190,7 +190,7 @@ class RLRecipe:
         """The teacher scores the step's samples (engine paused: an adapter teacher forwards the
         engine's module); their advantages become teacher - student (+ reward_coef x reward's)."""
         assert self.teacher is not None
-        self.loop.phase(f"teacher scores {len(samples)} samples")
+        self.training_loop.phase(f"teacher scores {len(samples)} samples")
         start = time.monotonic()
         with self.rollout.engine.paused():
             teacher_logprobs = in_own_thread(self.teacher.score, samples)  # see ajet/own_thread.py
@@ -263,7 +263,7 @@ class RLRecipe:
         return metrics
 
     def validate(self) -> dict[str, float]:
-        metrics = validate_on_rollout(self.loop, self.reader, self._rollout, self.cfg.trainer.val_n)
+        metrics = validate_on_rollout(self.training_loop, self.reader, self._rollout, self.cfg.trainer.val_n)
         self.rollout.engine.take_metrics()  # validation's prefills do not count towards the next step
         return metrics
 

@@ -64,11 +64,11 @@ class SftRecipe:
         optimizer, scheduler = build_optimizer(self.model, trainer_cfg, seed=cfg.project.seed)
         self.optimizer = optimizer
         self.optimizer_step = OptimizerStep(self.model, optimizer, trainer_cfg)
-        self.loop = TrainingLoop(cfg, self.run_dir, closers, total_steps=len(self.schedule), resume=self.resume)
-        self.loop.attach(self.model, self.tokenizer, optimizer, scheduler,
+        self.training_loop = TrainingLoop(cfg, self.run_dir, closers, total_steps=len(self.schedule), resume=self.resume)
+        self.training_loop.attach(self.model, self.tokenizer, optimizer, scheduler,
                          state=lambda step: {"schedule_len": len(self.schedule)})
-        self.optimizer_step.keep_in(self.loop)
-        if self.resume and (state := self.loop.restore()) is not None:
+        self.optimizer_step.keep_in(self.training_loop)
+        if self.resume and (state := self.training_loop.restore()) is not None:
             if state.get("schedule_len") != len(self.schedule):
                 raise DialogDataError(
                     f"the checkpoint was written for a schedule of {state.get('schedule_len')} steps, this "
@@ -146,11 +146,11 @@ class SftRecipe:
 
     # ------------------------------------------------------------------ train
     def train(self) -> Path:
-        if self.loop.step == 0:
-            self.loop.log(self.setup_metrics)
-        with self.loop.steps(validate=self.dev_loss, validate_at=self.dev_loss_at) as steps:
+        if self.training_loop.step == 0:
+            self.training_loop.log(self.setup_metrics)
+        with self.training_loop.steps(validate=self.dev_loss, validate_at=self.dev_loss_at) as steps:
             for step in steps:  # one optimizer step on each planned batch of dialogs
-                self.loop.commit(self.train_step(step))
+                self.training_loop.commit(self.train_step(step))
         return self.run_dir
 
     def dev_loss_at(self, step: int) -> bool:
@@ -186,6 +186,6 @@ class SftRecipe:
         loss = mean_nll(in_own_thread(sample_nll, self.model, flat, micro_batch_tokens=self._pack_tokens(),
                                           bf16=self.cfg.trainer.bf16,
                                           logits_chunk=self.cfg.trainer.logits_chunk_tokens))
-        self.loop.log({"val/sft/loss": loss, "val/sft/dialogs": float(len(self.dev_samples))}, split="val")
-        log.info("sft dev loss at step %d: %.4f", self.loop.step, loss)
+        self.training_loop.log({"val/sft/loss": loss, "val/sft/dialogs": float(len(self.dev_samples))}, split="val")
+        log.info("sft dev loss at step %d: %.4f", self.training_loop.step, loss)
         return loss

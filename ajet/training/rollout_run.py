@@ -38,7 +38,7 @@ class RolloutRun:
     workflow: Workflow
     reader: TaskReader
     judge: Judge | None  # None: `judge.type: none` (the workflow's reward)
-    loop: TrainingLoop
+    training_loop: TrainingLoop
     model: torch.nn.Module
     tokenizer: PreTrainedTokenizerBase
     window: int  # the model's context window for this run (tokens)
@@ -68,7 +68,7 @@ class RolloutRun:
 
     def restore(self) -> None:
         """Continue a resumed run from its newest checkpoint: weights, optimizer, schedule, reader."""
-        state = self.loop.restore()
+        state = self.training_loop.restore()
         if state is not None:
-            self.reader.load_state_dict(state["reader"], allow_changed=self.loop.cfg.project.resume_changed)
+            self.reader.load_state_dict(state["reader"], allow_changed=self.training_loop.cfg.project.resume_changed)
             self.rollout.engine.bump_version()
