@@ -21,7 +21,8 @@ The local engine runs a `Constraint` per constrained sequence:
 - **End.** When the grammar is complete the next token is EOS, forced.
 
 Builders: `tool_call_grammar` (hermes `<tool_call>` markup, one JSON-schema-valid call of
-the named tool, or of any offered tool) and `json_grammar` (`response_format`).
+the named tool, or of any offered tool; or several, one per line), `json_grammar`
+(`response_format`) and `call_or_json_grammar` (either: tool_choice "auto" with a format).
 JSON is written with the separators `json.dumps` uses (", " and ": ") and no other
 whitespace, so a constrained call tokenises like the history that later renders it.
 """
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -60,11 +62,38 @@ class Grammar:
     trigger: str = ""
 
 
-def tool_call_grammar(tools: list[dict[str, Any]], name: str | None = None, *, triggered: bool = False) -> Grammar:
-    """One hermes tool call, `<tool_call>\\n{"name": NAME, "arguments": ARGS}\\n</tool_call>`,
+_OPEN = '<tool_call>\n{"name": '
+_CLOSE = "}\n</tool_call>"
+
+
+def tool_call_grammar(tools: list[dict[str, Any]], name: str | None = None, *, triggered: bool = False,
+                      schemas: Collection[str] | None = None, several: bool = False) -> Grammar:
+    """One hermes tool call, `<tool_call>\n{"name": NAME, "arguments": ARGS}\n</tool_call>`,
     with ARGS valid under the tool's parameter schema: of the tool `name`, or of any of
     `tools` when `name` is None (tool_choice "required"). `triggered`: free text until the
-    model writes `<tool_call>`, then one call (tool_choice "auto")."""
+    model writes `<tool_call>`, then the call (tool_choice "auto"). `schemas`: the tools whose
+    arguments follow their schema (None: all); the others' are any JSON object. `several`:
+    more calls may follow, each on its own line (parallel_tool_calls); else one, then the end."""
+    trigger = "<tool_call>" if triggered else ""
+    calls, rules, what = _calls(tools, name, schemas, several, skip=len(trigger))
+    return Grammar("\n".join([f"start: {calls}", *rules]) + "\n", what, trigger)
+
+
+def call_or_json_grammar(tools: list[dict[str, Any]], schema: dict[str, Any] | None, *, strict: bool = False,
+                         schemas: Collection[str] | None = None, several: bool = False) -> Grammar:
+    """Tool calls (as `tool_call_grammar`) or one JSON value valid under `schema` (any JSON
+    object when None): tool_choice "auto" with a `response_format`, whose format applies to a
+    reply that is not a call."""
+    calls, rules, what = _calls(tools, None, schemas, several)
+    answer = json.dumps(_schema(schema, strict))
+    lark = "\n".join(["start: calls | answer", f"calls: {calls}", f"answer: %json {answer}", *rules])
+    return Grammar(lark + "\n", f"{what} or JSON under the response_format schema")
+
+
+def _calls(tools: list[dict[str, Any]], name: str | None, schemas: Collection[str] | None, several: bool,
+           skip: int = 0) -> tuple[str, list[str], str]:
+    """(the expression of the calls, the rules it uses, what it is): the first call's opening
+    without its first `skip` characters (a trigger already written)."""
     specs = {_function(t).get("name"): _function(t) for t in tools}
     if name is not None and name not in specs:
         raise GrammarError(f"tool {name!r} is not among the offered tools {sorted(specs, key=str)}")
@@ -72,13 +101,16 @@ def tool_call_grammar(tools: list[dict[str, Any]], name: str | None = None, *, t
     rules = []
     for i, fn in enumerate(chosen):
         head = json.dumps(fn["name"], ensure_ascii=False) + ', "arguments": '
-        rules.append(f"call_{i}: {_literal(head)} %json {json.dumps(_schema(fn.get('parameters'), strict=True))}")
-    trigger = "<tool_call>" if triggered else ""
-    opening, closing = _literal('<tool_call>\n{"name": '[len(trigger):]), _literal("}\n</tool_call>")
-    alternatives = " | ".join(f"call_{i}" for i in range(len(chosen)))
-    lark = "\n".join([f"start: {opening} call {closing}", f"call: {alternatives}", *rules])
+        follows = schemas is None or fn["name"] in schemas
+        arguments = _schema(fn.get("parameters"), strict=True) if follows else _schema(None)
+        rules.append(f"call_{i}: {_literal(head)} %json {json.dumps(arguments)}")
+    rules.append("call: " + " | ".join(f"call_{i}" for i in range(len(chosen))))
+    block = f"call {_literal(_CLOSE)}"
+    calls = f"{_literal(_OPEN[skip:])} {block}"
+    if several:
+        calls += f" ({_literal(chr(10) + _OPEN)} {block})*"
     what = f"a call of {name}" if name is not None else f"a call of one of {sorted(specs, key=str)}"
-    return Grammar(lark + "\n", what, trigger)
+    return calls, rules, what
 
 
 def json_grammar(schema: dict[str, Any] | None, strict: bool = False) -> Grammar:
