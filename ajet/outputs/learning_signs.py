@@ -20,6 +20,7 @@ The signs (k = `STEPS` steps that logged the metric, in a row, ending at the ste
 | `kl_grows_reward_flat` | over the last k + 1 steps logging both: the mean KL of the later half >= `KL_GROWTH` x that of the earlier half and >= `KL_FLOOR`, while the mean reward rose by <= `REWARD_FLAT` | `actor/kl` (only with `algorithm.kl_coef` > 0), `reward/mean` |
 | `all_truncated` | in each of k steps, >= `TRUNCATED_RATE_HIGH` of the episodes ended on a reply cut at its token limit | `rollout/truncated_rate` |
 | `step_credit_idle` | in each of k steps with step credit on, no step shared its state with another step of its task | `credit/state_grouped_share` = 0 |
+| `zero_call_episodes` | at one step, >= 1 episode made no LLM call (nothing of it is trained) | `rollout/zero_call_episodes` > 0 |
 
 A sign whose metrics a run did not log (an older run, another backbone, no KL reference) is
 not checked. `no_reward_variance` is about group baselines (grpo, rloo, ppo): with
@@ -180,6 +181,17 @@ def _step_credit_idle(rows: Sequence[Row], i: int) -> str | None:
             "rollouts, so step credit added nothing to the episode advantage")
 
 
+def _zero_call_episodes(rows: Sequence[Row], i: int) -> str | None:
+    # One step is enough: an episode without a call is never noise, and trains nothing.
+    window = _last(rows, i, ("rollout/zero_call_episodes",), 1)
+    if window is None or _num(window[0], "rollout/zero_call_episodes") <= 0:
+        return None
+    refused = sorted(k for k in window[0] if k.startswith("gateway/refused/") and (_num(window[0], k) or 0) > 0)
+    return (f"rollout/zero_call_episodes {_fmt(_num(window[0], 'rollout/zero_call_episodes'))} at step "
+            f"{_step(window[0])}: episodes that made no LLM call"
+            + (f" (refused calls: {', '.join(f'{k} {_fmt(_num(window[0], k))}' for k in refused)})" if refused else ""))
+
+
 Check = Callable[[Sequence[Row], int], "str | None"]
 
 # (name, check, lever): the order in which they are reported.
@@ -206,6 +218,10 @@ SIGNS: tuple[tuple[str, Check, str], ...] = (
     ("step_credit_idle", _step_credit_idle,
      "mark states that repeat (WorkflowOutput.step_states: the situation, not the step number or "
      "the history), a larger rollout.n, or algorithm.step_credit=none"),
+    ("zero_call_episodes", _zero_call_episodes,
+     "turn off the agent framework's response cache, which answers a repeated prompt without a call (DSPy: "
+     "dspy.LM(..., cache=False)); read the run's log and gateway/refused/<field> for calls the gateway refused "
+     "(docs/gateway.md)"),
     ("all_truncated", _all_truncated,
      "a higher rollout.max_tokens (and context.max_call_tokens / context.max_model_len where the call "
      "budget caps it), or ask for shorter replies in the prompt"),

@@ -15,6 +15,8 @@ alike. Two pure steps:
 | `agent/calls_per_episode` | LLM calls per episode |
 | `agent/success_with_tool` | successful episodes with >= 1 valid call / successful episodes (absent without successes) |
 | `agent/tool_offer_rate` | episodes with >= 1 call that offered tools / episodes (absent when none did: not a tool task) |
+| `rollout/zero_call_episodes` | episodes that made no LLM call (a framework's response cache, refused calls): nothing of them is trained |
+| `gateway/refused/<field>` | calls refused for that field, summed over the episodes (`Episode.refused`) |
 
 An attempt is a call the engine parsed (`response_message.tool_calls`) or a tool-call block it
 could not parse (the chat format keeps a malformed `<tool_call>` block verbatim in the
@@ -53,8 +55,8 @@ def count_tool_calls(calls: Sequence[Any]) -> tuple[int, int]:
 def agent_metrics(episodes: Iterable[Any]) -> dict[str, float]:
     """The `agent/*` metrics of a step (see the module docstring); {} without episodes.
 
-    Reads `num_calls`, `tool_calls`, `valid_tool_calls`, `offered_tools` and `is_success` of
-    each `Episode` (the runner fills the counts from `count_tool_calls`)."""
+    Reads `num_calls`, `tool_calls`, `valid_tool_calls`, `offered_tools`, `refused` and `is_success`
+    of each `Episode` (the runner fills the counts from `count_tool_calls`)."""
     episodes = list(episodes)
     if not episodes:
         return {}
@@ -72,6 +74,10 @@ def agent_metrics(episodes: Iterable[Any]) -> dict[str, float]:
     offered = sum(bool(e.offered_tools) for e in episodes)
     if offered:
         out["agent/tool_offer_rate"] = offered / n
+    out["rollout/zero_call_episodes"] = float(sum(e.num_calls == 0 for e in episodes))
+    for e in episodes:
+        for name, count in e.refused.items():
+            out[f"gateway/refused/{name}"] = out.get(f"gateway/refused/{name}", 0.0) + count
     return out
 
 

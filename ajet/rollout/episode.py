@@ -64,6 +64,9 @@ class Episode:
     # limit (finish_reason "length"): `agent/tool_offer_rate`, `rollout/truncated_rate`.
     offered_tools: bool = False
     truncated: bool = False
+    # The calls its session refused with a 400, by the field to blame ("request" when none):
+    # `gateway/refused/<field>` (`ajet.tuner.session.EpisodeSession.refusals`).
+    refused: dict[str, int] = field(default_factory=dict)
     # The policy versions that produced the episode's completions (several when its calls
     # spanned a weight update; see `ajet.serve.broker`).
     policy_versions: list[int] = field(default_factory=list)

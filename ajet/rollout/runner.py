@@ -167,6 +167,7 @@ class TaskRunner:
                 await score_episode(episode, result, self.judge, self.config.episode_timeout_s,
                                     workflow=self.workflow.name, roles=episode_roles(handle))
             collect_tracker(episode, handle.tracker)
+            episode.refused = _refusals(handle)
         finally:
             await close_handle(handle, episode.episode_id)
         return None
@@ -203,6 +204,13 @@ class TaskRunner:
             return
         fail(episode, f"workflow_error:{type(exc).__name__}", exc)
         log_failure(episode, exc)
+
+
+def _refusals(handle: Any) -> dict[str, int]:
+    """The calls the episode's session refused, by field; {} for a handle without a session
+    (duck-typed like `collect_tracker`: test doubles and other factories may have none)."""
+    refusals = getattr(getattr(handle, "session", None), "refusals", None)
+    return dict(refusals()) if callable(refusals) else {}
 
 
 def _infrastructure_types() -> tuple[type[BaseException], ...]:

@@ -82,12 +82,13 @@ def test_agent_metrics_known_counts() -> None:
         "agent/valid_tool_call_rate": 2 / 4,
         "agent/calls_per_episode": 8 / 4,
         "agent/success_with_tool": 1 / 2,
+        "rollout/zero_call_episodes": 0.0,
     })
 
 
 def test_agent_metrics_leave_out_undefined_rates() -> None:
     metrics = agent_metrics([episode(0, calls=1, tools=0, valid=0, success=False)])
-    assert metrics == {"agent/tool_call_rate": 0.0, "agent/calls_per_episode": 1.0}
+    assert metrics == {"agent/tool_call_rate": 0.0, "agent/calls_per_episode": 1.0, "rollout/zero_call_episodes": 0.0}
     assert agent_metrics([]) == {}
 
 
