@@ -28,6 +28,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from ajet.net import is_loopback
+from ajet.sandbox import relay
 from ajet.sandbox.box import RELAY_AT
 
 INSIDE_PORT = 18080
@@ -67,8 +68,6 @@ class ModelBridge:
         return f"http://127.0.0.1:{self.inside_port}{self.path}"
 
     def start(self) -> ModelBridge:
-        from ajet.sandbox import relay
-
         ready = threading.Event()
         failed: list[BaseException] = []
 

@@ -32,6 +32,8 @@ namespace except this server is SIGKILLed (`kill(-1)` spares the caller) and rea
 the call started outlives it.
 """
 
+from __future__ import annotations
+
 import base64
 import ctypes
 import errno
@@ -47,25 +49,31 @@ import struct
 import sys
 import time
 import traceback
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the annotations are never evaluated: any interpreter the sandbox has runs this
+    from typing import Any, NoReturn
+
+    Message = dict[str, Any]  # a request or an answer: one JSON object
 
 WORK = "/sandbox"
 PR_SET_DUMPABLE = 4
 
 
-def not_dumpable():
+def not_dumpable() -> None:
     """prctl(PR_SET_DUMPABLE, 0): /proc/<pid>/fd, mem, environ and ptrace refused to the code."""
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
 
 
-def send(fd, obj):
+def send(fd: int, obj: Message) -> None:
     data = json.dumps(obj).encode()
     os.write(fd, struct.pack(">I", len(data)) + data)
 
 
-def read_exact(fd, n):
-    chunks = []
+def read_exact(fd: int, n: int) -> bytes | None:
+    chunks: list[bytes] = []
     while n:
         chunk = os.read(fd, n)
         if not chunk:
@@ -75,7 +83,7 @@ def read_exact(fd, n):
     return b"".join(chunks)
 
 
-def recv(fd):
+def recv(fd: int) -> Message | None:
     head = read_exact(fd, 4)
     if head is None:
         return None
@@ -83,7 +91,7 @@ def recv(fd):
     return None if body is None else json.loads(body)
 
 
-def other_pids(me):
+def other_pids(me: int) -> list[int]:
     pids = []
     for name in os.listdir("/proc"):
         if name.isdigit() and int(name) not in (1, me):
@@ -91,7 +99,7 @@ def other_pids(me):
     return pids
 
 
-def kill_all(me, call):
+def kill_all(me: int, call: int) -> tuple[int, int | None]:
     """SIGKILL every process of the namespace but this server (its pid 1); the number that were
     alive, and the wait status of the call's child `call` if it was reaped here (else None). A
     fork loop can add processes while the kill runs, so repeat."""
@@ -109,7 +117,7 @@ def kill_all(me, call):
     return first, status
 
 
-def reap(call, status=None):
+def reap(call: int | None, status: int | None = None) -> int | None:
     """Wait for every child that has exited: as the namespace's pid 1, the server is the parent
     of every orphan the code leaves, and an unreaped zombie would count against the process cap
     and outlive the call. The wait status of `call` if it is among them, else `status`."""
@@ -124,7 +132,7 @@ def reap(call, status=None):
             status = raw
 
 
-def set_limits(limits):
+def set_limits(limits: Message) -> None:
     cpu = int(limits["cpu_s"])
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     if limits.get("address_space", True):
@@ -138,7 +146,7 @@ def set_limits(limits):
     resource.setrlimit(resource.RLIMIT_NPROC, (processes, processes))
 
 
-def child(req, out_w, err_w, in_r):
+def child(req: Message, out_w: int, err_w: int, in_r: int) -> NoReturn:
     """In the forked child: never returns."""
     code = 1
     try:
@@ -183,7 +191,7 @@ def child(req, out_w, err_w, in_r):
         os._exit(code)
 
 
-def run(req, me):
+def run(req: Message, me: int) -> Message:
     limits = req["limits"]
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
@@ -203,7 +211,7 @@ def run(req, me):
         except OSError:
             pass
     os.close(in_w)
-    chunks = {out_r: [], err_r: []}
+    chunks: dict[int, list[bytes]] = {out_r: [], err_r: []}
     total = 0
     cap = int(limits["output_bytes"])
     deadline = started + float(limits["wall_s"])
@@ -284,7 +292,7 @@ def run(req, me):
     }
 
 
-def inside(path):
+def inside(path: str) -> list[str]:
     """`path` (relative to /sandbox) as its components, or ValueError if it leaves /sandbox."""
     full = os.path.normpath(os.path.join(WORK, path))
     if full != WORK and not full.startswith(WORK + "/"):
@@ -295,7 +303,7 @@ def inside(path):
     return parts
 
 
-def open_regular(path, flags, create_dirs=False):
+def open_regular(path: str, flags: int, create_dirs: bool = False) -> int:
     """A descriptor of the regular file `path` under /sandbox, each component opened without
     following a link; a link, FIFO, socket or device is refused (ValueError) without blocking."""
     parts = inside(path)
@@ -330,7 +338,7 @@ def open_regular(path, flags, create_dirs=False):
     return target
 
 
-def write(req):
+def write(req: Message) -> Message:
     for path, data in req["files"].items():
         fd = open_regular(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, create_dirs=True)
         with open(fd, "wb") as fh:
@@ -338,14 +346,14 @@ def write(req):
     return {"written": len(req["files"])}
 
 
-def read(req):
+def read(req: Message) -> Message:
     limit = int(req.get("max_bytes", 1 << 20))
     with open(open_regular(req["path"], os.O_RDONLY), "rb") as fh:
         data = fh.read(limit + 1)
     return {"data": base64.b64encode(data[:limit]).decode(), "truncated": len(data) > limit}
 
 
-def low_fd(fd):
+def low_fd(fd: int) -> int:
     """`fd` moved to the lowest free descriptor above 2, close-on-exec (the host's numbers may
     be high; a call's child closes 3..4095)."""
     new = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
@@ -354,7 +362,7 @@ def low_fd(fd):
     return new
 
 
-def main():
+def main() -> None:
     not_dumpable()
     # The server is the namespace's pid 1 (bubblewrap's --as-pid-1): the kernel drops a signal
     # sent to it from inside unless it has a handler, so it keeps none. Python's SIGINT handler

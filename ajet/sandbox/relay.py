@@ -10,12 +10,21 @@ loopback and forwards each connection to a Unix socket bound into the sandbox; o
 else of the host's network is reachable.
 """
 
+from __future__ import annotations
+
 import asyncio
 import os
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the annotations are never evaluated: any interpreter the sandbox has runs this
+    from collections.abc import Callable
+    from typing import Literal
+
+    Address = tuple[Literal["unix"], str] | tuple[Literal["tcp"], tuple[str, int]]  # (kind, path or (host, port))
 
 
-def parse(address):
+def parse(address: str) -> Address:
     kind, _, rest = address.partition(":")
     if kind == "unix" and rest:
         return ("unix", rest)
@@ -25,14 +34,13 @@ def parse(address):
     raise ValueError(f"not an address: {address!r} (tcp:HOST:PORT or unix:PATH)")
 
 
-async def open_to(address):
-    kind, where = address
-    if kind == "unix":
-        return await asyncio.open_unix_connection(where)
-    return await asyncio.open_connection(*where)
+async def open_to(address: Address) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    if address[0] == "unix":
+        return await asyncio.open_unix_connection(address[1])
+    return await asyncio.open_connection(*address[1])
 
 
-async def pipe(reader, writer):
+async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     try:
         while True:
             data = await reader.read(65536)
@@ -49,12 +57,13 @@ async def pipe(reader, writer):
             pass
 
 
-async def start(listen, connect, on_connect=None):
+async def start(listen: str | Address, connect: str | Address,
+                on_connect: Callable[[], None] | None = None) -> asyncio.Server:
     """The listening server: each connection to `listen` is piped to a new one to `connect`
     (`on_connect()` is called for each)."""
     target = parse(connect) if isinstance(connect, str) else connect
 
-    async def handle(reader, writer):
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if on_connect is not None:
             on_connect()
         try:
@@ -64,13 +73,13 @@ async def start(listen, connect, on_connect=None):
             return
         await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
 
-    kind, where = parse(listen) if isinstance(listen, str) else listen
-    if kind == "unix":
-        return await asyncio.start_unix_server(handle, path=where)
-    return await asyncio.start_server(handle, *where)
+    address = parse(listen) if isinstance(listen, str) else listen
+    if address[0] == "unix":
+        return await asyncio.start_unix_server(handle, path=address[1])
+    return await asyncio.start_server(handle, *address[1])
 
 
-async def serve(listen, connect):
+async def serve(listen: str, connect: str) -> None:
     server = await start(listen, connect)
     ready = os.environ.get("AJET_RELAY_READY")
     if ready:  # a file that says "listening" to the shell that waits for it

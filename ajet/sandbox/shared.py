@@ -29,6 +29,7 @@ from ajet.config.deploy import SandboxConfig
 from ajet.errors import SandboxUnavailableError
 from ajet.sandbox.box import Limits, probe
 from ajet.sandbox.pool import SandboxPool, Sessions
+from ajet.sandbox.ray_pool import RayPool
 
 ENV = "AJET_SANDBOX"
 TOKEN_FILE_ENV = "AJET_SANDBOX_TOKEN_FILE"  # the path of a 0600 file holding sandbox.service_token
@@ -45,6 +46,7 @@ def check(cfg: SandboxConfig) -> str:
     """Start one sandbox (or reach the service) and run a call; a line saying what isolates the
     code, or `SandboxUnavailableError` naming the cause and the fix."""
     if cfg.backend == SandboxBackend.service:
+        # imports fastapi and ajet.tuner (agentscope): only for sandbox.backend=service
         from ajet.sandbox.service import RemoteSandbox
 
         box = RemoteSandbox(cfg.service_url, cfg.service_token).start()
@@ -126,6 +128,7 @@ class ServicePool(Sessions):
         self.url, self.token = url, token
 
     def acquire(self, files: Mapping[str, str | bytes] | None = None) -> Any:
+        # imports fastapi and ajet.tuner (agentscope): only for sandbox.backend=service
         from ajet.sandbox.service import RemoteSandbox
 
         box = RemoteSandbox(self.url, self.token).start()
@@ -147,8 +150,6 @@ def shared_pool() -> Any:
             if cfg.backend == SandboxBackend.service:
                 _pool = ServicePool(cfg.service_url, cfg.service_token)
             elif cfg.backend == SandboxBackend.ray:
-                from ajet.sandbox.ray_pool import RayPool
-
                 _pool = RayPool(cfg.ray_hosts, cfg.pool_size, limits_of(cfg), python=cfg.python)
             else:
                 _pool = SandboxPool(size=cfg.pool_size, limits=limits_of(cfg), python=cfg.python)
