@@ -151,7 +151,8 @@ _MODEL = "honoured; `model` may name a role's model in multi-agent runs (docs/mu
 _TOOLS = ("honoured: hermes `<tool_call>` markup; `required`, `{\"type\": \"function\", ...}` or a name forces a "
           "call (its forced start is prompt, never trained)")
 _SAMPLING = "honoured"
-_MAX_TOKENS = "honoured, capped by `context.max_call_tokens` and the model window"
+_MAX_TOKENS = ("honoured, capped by `context.max_call_tokens` and the model window; when both are sent, "
+               "`max_completion_tokens` wins (as vLLM and SGLang)")
 _STREAM = "honoured: text as it is written, tool calls when complete, `include_usage`"
 _PENALTIES = (
     "honoured on the debug backbone's engine, as OpenAI defines them: each token's logit, minus "

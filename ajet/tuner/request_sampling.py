@@ -48,9 +48,8 @@ def resolve_sampling(rollout: RolloutConfig, overrides: dict[str, Any]) -> Sampl
             checked[spec.name] = spec.check(value)
         except ValueError as err:
             raise InvalidRequestError(str(err), spec.name) from None
-    if "max_completion_tokens" in checked:  # its alias; max_tokens wins when both are sent
-        checked.setdefault("max_tokens", checked["max_completion_tokens"])
-        del checked["max_completion_tokens"]
+    if "max_completion_tokens" in checked:  # OpenAI's newer name: it wins when both are sent (vLLM, SGLang)
+        checked["max_tokens"] = checked.pop("max_completion_tokens")
     for name, value in checked.items():
         setattr(params, name, value)
     # Logprobs are always computed at the rollout temperature, the one the trainer

@@ -65,3 +65,11 @@ def test_a_bound_is_one_check_over_http_and_through_the_session(spec: Any) -> No
     message = str(in_session.value)
     assert "out of range" in message and message in str(over_http.value)
     assert in_session.value.param == spec.name
+
+
+def test_max_completion_tokens_wins_when_both_are_sent() -> None:
+    """As vLLM and SGLang (issue 71): OpenAI's newer name is the one a client means."""
+    rollout = RolloutConfig(max_tokens=100)
+    assert resolve_sampling(rollout, {"max_tokens": 9, "max_completion_tokens": 4}).max_tokens == 4
+    assert resolve_sampling(rollout, {"max_tokens": 9, "max_completion_tokens": None}).max_tokens == 9
+    assert resolve_sampling(rollout, {"max_completion_tokens": 7}).max_tokens == 7
