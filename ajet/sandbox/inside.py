@@ -192,7 +192,36 @@ def child(req: Message, out_w: int, err_w: int, in_r: int) -> NoReturn:
 
 
 def run(req: Message, me: int) -> Message:
+    """One call: its child forked, watched until it ends or breaks a cap, then every process of
+    the namespace but this server killed."""
     limits = req["limits"]
+    pid, out_r, err_r, started = fork_call(req)
+    output = Output(out_r, err_r, int(limits["output_bytes"]))
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    verdict, status = watch(pid, me, output, limits, started)
+    wall = time.monotonic() - started
+    survivors, status = end_call(pid, me, status)
+    for fd in (out_r, err_r):
+        os.close(fd)
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    exit_code, signal_no = exit_code_and_signal(status)
+    return {
+        "stdout": output.text(out_r),
+        "stderr": output.text(err_r),
+        "exit_code": exit_code,
+        "signal": signal_no,
+        "verdict": verdict,
+        "wall_s": wall,
+        "cpu_s": usage.ru_utime + usage.ru_stime - before.ru_utime - before.ru_stime,
+        "output_bytes": output.total,
+        "leftover": survivors,
+    }
+
+
+def fork_call(req: Message) -> tuple[int, int, int, float]:
+    """Fork the call's child (which never comes back from `child`) on three new pipes and write
+    its stdin (64 KiB at most, without blocking); (its pid, the read ends of its stdout and
+    stderr, when it was forked)."""
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     in_r, in_w = os.pipe()
@@ -211,42 +240,51 @@ def run(req: Message, me: int) -> Message:
         except OSError:
             pass
     os.close(in_w)
-    chunks: dict[int, list[bytes]] = {out_r: [], err_r: []}
-    total = 0
-    cap = int(limits["output_bytes"])
+    return pid, out_r, err_r, started
+
+
+class Output:
+    """A call's stdout and stderr as read from their pipes: kept up to the cap in all, counted
+    beyond it (`total`)."""
+
+    def __init__(self, out_r: int, err_r: int, cap: int) -> None:
+        self.chunks: dict[int, list[bytes]] = {out_r: [], err_r: []}
+        self.total = 0
+        self.cap = cap
+
+    def add(self, fd: int, data: bytes) -> bool:
+        """Keep what fits under the cap; True when the call has now written more than the cap."""
+        room = self.cap - self.total
+        self.chunks[fd].append(data[:max(0, room)])
+        self.total += len(data)
+        return self.total > self.cap
+
+    def text(self, fd: int) -> str:
+        return b"".join(self.chunks[fd]).decode("utf-8", "replace")
+
+
+def watch(pid: int, me: int, output: Output, limits: Message, started: float) -> tuple[str, int | None]:
+    """Read the call's output and reap as it runs, until its child has exited and its pipes are
+    closed (or 50 ms after the exit: a background process may hold them open) or a cap is broken:
+    the wall clock, the process count (every 5 ms) or the output. (The verdict, "" when no cap
+    was broken; the child's wait status, None when it has not exited.)"""
     deadline = started + float(limits["wall_s"])
-    verdict = ""
     status = None
-    open_fds = [out_r, err_r]
+    open_fds = list(output.chunks)  # the read ends of stdout and stderr, until each is at its end
     next_count = 0.0
     exited_at = None
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     while open_fds or status is None:
         now = time.monotonic()
         if exited_at is not None and now - exited_at > 0.05:
             break  # the call is over; a background process still holds its output open
         if now > deadline:
-            verdict = "timeout"
-            break
+            return "timeout", status
         if now >= next_count:
             next_count = now + 0.005
             if len(other_pids(me)) > int(limits["processes"]):
-                verdict = "process_limit"
-                break
-        if open_fds:
-            ready, _, _ = select.select(open_fds, [], [], 0.005)
-            for fd in ready:
-                data = os.read(fd, 65536)
-                if not data:
-                    open_fds.remove(fd)
-                    continue
-                room = cap - total
-                chunks[fd].append(data[:max(0, room)])
-                total += len(data)
-                if total > cap:
-                    verdict = "output_limit"
-            if verdict:
-                break
+                return "process_limit", status
+        if open_fds and read_ready(open_fds, output):
+            return "output_limit", status
         if status is None:
             status = reap(pid)
             if status is not None:
@@ -255,7 +293,27 @@ def run(req: Message, me: int) -> Message:
                 time.sleep(0.002)
         else:
             reap(None)  # orphans the call left behind
-    wall = time.monotonic() - started
+    return "", status
+
+
+def read_ready(open_fds: list[int], output: Output) -> bool:
+    """Read the pipes of `open_fds` that hold data (waiting 5 ms at most); a pipe at its end
+    leaves `open_fds`. True when the call has written more than the output cap."""
+    over = False
+    ready, _, _ = select.select(open_fds, [], [], 0.005)
+    for fd in ready:
+        data = os.read(fd, 65536)
+        if not data:
+            open_fds.remove(fd)
+            continue
+        if output.add(fd, data):
+            over = True
+    return over
+
+
+def end_call(pid: int, me: int, status: int | None) -> tuple[int, int | None]:
+    """Kill the call's child if it has not exited, then every other process of the namespace
+    but this server, and reap them; (how many were alive, the child's wait status)."""
     if status is None:
         try:
             os.kill(pid, signal.SIGKILL)
@@ -269,27 +327,17 @@ def run(req: Message, me: int) -> Message:
             _, status = os.waitpid(pid, 0)
         except ChildProcessError:
             status = None
-    for fd in (out_r, err_r):
-        os.close(fd)
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    exit_code = None
-    signal_no = None
+    return survivors, status
+
+
+def exit_code_and_signal(status: int | None) -> tuple[int | None, int | None]:
+    """(The exit code, the signal that ended it) of a wait status; None for what it does not say."""
     if status is not None:
         if os.WIFEXITED(status):
-            exit_code = os.WEXITSTATUS(status)
-        elif os.WIFSIGNALED(status):
-            signal_no = os.WTERMSIG(status)
-    return {
-        "stdout": b"".join(chunks[out_r]).decode("utf-8", "replace"),
-        "stderr": b"".join(chunks[err_r]).decode("utf-8", "replace"),
-        "exit_code": exit_code,
-        "signal": signal_no,
-        "verdict": verdict,
-        "wall_s": wall,
-        "cpu_s": usage.ru_utime + usage.ru_stime - before.ru_utime - before.ru_stime,
-        "output_bytes": total,
-        "leftover": survivors,
-    }
+            return os.WEXITSTATUS(status), None
+        if os.WIFSIGNALED(status):
+            return None, os.WTERMSIG(status)
+    return None, None
 
 
 def inside(path: str) -> list[str]:
