@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+UNSUPPORTED = "unsupported_parameter"  # `error.code` of a field or value ajet does not honour
+
 
 class SessionError(Exception):
     """Base class for errors a chat call reports to the agent."""
@@ -13,11 +15,13 @@ class SessionClosedError(SessionError):
 
 class InvalidRequestError(SessionError, ValueError):
     """A request parameter is unknown, unsupported or out of range. `param` names the field
-    when one field is to blame (the gateway's `error.param`)."""
+    when one field is to blame (the gateway's `error.param`); `code` is the gateway's
+    `error.code` ("unsupported_parameter": a field or value ajet does not honour)."""
 
-    def __init__(self, message: str, param: str | None = None) -> None:
+    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+        self.code = code
 
 
 class ContextBudgetError(SessionError, ValueError):

@@ -149,7 +149,11 @@ class GatewayField:
 # The texts of rows that several fields share.
 _MODEL = "honoured; `model` may name a role's model in multi-agent runs (docs/multi_agent.md)"
 _TOOLS = ("honoured: hermes `<tool_call>` markup; `required`, `{\"type\": \"function\", ...}` or a name forces a "
-          "call (its forced start is prompt, never trained)")
+          "call (its forced start is prompt, never trained). A tool sent with `\"strict\": true` has its arguments "
+          "decoded under its schema, whether the call was forced or the model started it (recorded logprobs "
+          "exact, as for forced calls; an engine that cannot constrain decoding decodes it freely and logs so "
+          "once). With `response_format`, a forced choice wins (the reply is the call, as in vLLM); with "
+          "`auto` the reply is a call or an answer in the format")
 _SAMPLING = "honoured"
 _MAX_TOKENS = ("honoured, capped by `context.max_call_tokens` and the model window; when both are sent, "
                "`max_completion_tokens` wins (as vLLM and SGLang)")
@@ -182,8 +186,9 @@ FIELDS: tuple[GatewayField, ...] = (
     GatewayField("messages", H, _MODEL, list[dict[str, Any]], REQUIRED, parse=message_list),
     GatewayField("tools", H, _TOOLS, list[dict[str, Any]] | None),
     GatewayField("tool_choice", H, _TOOLS, str | dict[str, Any] | None),
-    GatewayField("response_format", H, "honoured: `json_schema` / `json_object` constrain the reply (docs/grammar.md)",
-                 dict[str, Any] | None),
+    GatewayField("response_format", H, "honoured: `json_schema` / `json_object` constrain the reply (docs/grammar.md); "
+                 "with tools see above. With tools the model may call (`auto`), an engine that cannot constrain "
+                 "decoding refuses it with a 400 naming the field", dict[str, Any] | None),
     GatewayField("temperature", H, _SAMPLING, float | None, bounds=Bounds(0.0, 2.0), parse=number, sampling=True),
     GatewayField("top_p", H, _SAMPLING, float | None, bounds=Bounds(0.0, 1.0, low_open=True), parse=number,
                  sampling=True),
@@ -210,10 +215,10 @@ FIELDS: tuple[GatewayField, ...] = (
                  "own; make n calls (they share the prompt's prefix cache)", int, 1, parse=integer, sampling=True,
                  honoured_values=(1,), why="each completion is an episode's own call; make n calls (they share "
                  "the prompt's prefix cache) or use n=1"),
-    GatewayField("parallel_tool_calls", H, "`true` honoured (every call the model writes is returned and trained); "
-                 "`false` is refused: ajet cannot stop the model from writing several", bool | None,
-                 honoured_values=(None, True), why="ajet cannot stop the model from writing several tool calls in "
-                 "one reply (all are returned and trained); leave it out or send true"),
+    GatewayField("parallel_tool_calls", H, "honoured: `true` (the default): every call the model writes is returned "
+                 "and trained; `false`: at most one call per reply, enforced by the grammar (an engine "
+                 "that cannot constrain decoding refuses it with a 400 naming the field, when tools are offered)",
+                 bool | None),
     GatewayField("frequency_penalty", H, _PENALTIES, float | None, bounds=Bounds(-2.0, 2.0), parse=number,
                  sampling=True, needs=_penalties, without=_NO_PENALTIES),
     GatewayField("presence_penalty", H, _PENALTIES, float | None, bounds=Bounds(-2.0, 2.0), parse=number,

@@ -31,7 +31,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ajet.http_server import ServerLimits, uvicorn_config, uvicorn_server
 from ajet.tuner import openai_compat as wire
-from ajet.tuner.errors import CallLimitError, ContextBudgetError, EngineBusy, SessionClosedError
+from ajet.tuner.errors import (
+    CallLimitError,
+    ContextBudgetError,
+    EngineBusy,
+    InvalidRequestError,
+    SessionClosedError,
+)
 from ajet.tuner.http_guard import BodyGuard, KeyCheck
 from ajet.tuner.session import EpisodeSession
 
@@ -249,7 +255,14 @@ class Gateway:
         async def chat_completions(request: Request) -> Any:
             try:
                 session, role = self._lookup(request)
+            except _RequestError as err:
+                return err.response()
+            try:
                 body = await self._read_json(request)
+            except _RequestError as err:  # refused before it reached the session: counted there too
+                session.refuse(err.message, err.param or "request")
+                return err.response()
+            try:
                 return await self._complete(session, role, body)
             except _RequestError as err:
                 return err.response()
@@ -273,7 +286,8 @@ class Gateway:
         try:
             req = wire.ChatCompletionRequest.model_validate(payload)
         except ValidationError as err:
-            raise _RequestError(400, _validation_message(err), "invalid_request_error") from err
+            raise _RequestError(400, _validation_message(err), "invalid_request_error", None,
+                                _validation_field(err)) from err
         if req.top_logprobs and not req.logprobs:
             raise _RequestError(400, "top_logprobs needs logprobs=true (as OpenAI and vLLM)", "invalid_request_error",
                                 "invalid_value", "top_logprobs")
@@ -301,6 +315,7 @@ class Gateway:
                 req.tools,
                 tool_choice=req.tool_choice,
                 response_format=req.response_format,
+                parallel_tool_calls=req.parallel_tool_calls,
                 on_text=on_text,
                 **req.sampling_overrides(),
             )
@@ -311,12 +326,10 @@ class Gateway:
         except EngineBusy as err:
             raise _RequestError(429, str(err), "rate_limit_error", "engine_busy") from err
         except ContextBudgetError as err:
-            raise _RequestError(
-                400, str(err), "invalid_request_error", "context_length_exceeded"
-            ) from err
-        except (
-            ValueError
-        ) as err:  # bad parameters (InvalidRequestError) or a prompt the engine rejects
+            raise _RequestError(400, str(err), "invalid_request_error", "context_length_exceeded", "messages") from err
+        except InvalidRequestError as err:  # a field the session refused (counted there, by the field)
+            raise _RequestError(400, str(err), "invalid_request_error", err.code, err.param) from err
+        except ValueError as err:  # a prompt the engine rejects
             raise _RequestError(400, str(err), "invalid_request_error") from err
         except Exception as err:  # noqa: BLE001 - reported to the client as a 500, and logged
             log.exception("gateway: chat call of episode %s failed", session.episode_id)
@@ -405,6 +418,13 @@ class Gateway:
                 yield line
 
         return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def _validation_field(err: ValidationError) -> str | None:
+    """The top-level field of a pydantic error's first problem (None: the body as a whole)."""
+    errors = err.errors()
+    where = errors[0].get("loc", ()) if errors else ()
+    return where[0] if where and isinstance(where[0], str) else None
 
 
 def _validation_message(err: Any) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 from ajet.config.schema import RolloutConfig
 from ajet.engine.base import InferenceEngine, SamplingParams
 from ajet.engine.sampling import policy_temperature
-from ajet.tuner.errors import InvalidRequestError
+from ajet.tuner.errors import UNSUPPORTED, InvalidRequestError
 from ajet.tuner.fields import FIELDS, SAMPLING_FIELDS, missing_feature
 
 
@@ -43,7 +43,7 @@ def resolve_sampling(rollout: RolloutConfig, overrides: dict[str, Any]) -> Sampl
             continue
         value = values[spec.name]
         if spec.honoured_values is not None and value not in spec.honoured_values:
-            raise InvalidRequestError(f"{spec.name}={value!r}: {spec.why}"[:300], spec.name)
+            raise InvalidRequestError(f"{spec.name}={value!r}: {spec.why}"[:300], spec.name, UNSUPPORTED)
         try:
             checked[spec.name] = spec.check(value)
         except ValueError as err:
@@ -65,7 +65,7 @@ def check_engine_features(engine: InferenceEngine, params: SamplingParams, vocab
     values = {spec.name: getattr(params, spec.name) for spec in FIELDS if spec.needs is not None}
     if (missing := missing_feature(engine, values)) is not None:
         name, why = missing
-        raise InvalidRequestError(why, name)
+        raise InvalidRequestError(why, name, UNSUPPORTED)
     if params.logit_bias and max(params.logit_bias) >= vocab_size:
         raise InvalidRequestError(f"logit_bias: token id {max(params.logit_bias)} is not in the model's "
                                   f"vocabulary of {vocab_size} tokens", "logit_bias")

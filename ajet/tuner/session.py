@@ -102,6 +102,8 @@ class SessionCounters:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     per_role_calls: dict[str, int] = field(default_factory=dict)
+    refused_calls: int = 0  # failed calls the client got as an error with its reason (400, 429)
+    refused_fields: dict[str, int] = field(default_factory=dict)  # of those, per field to blame
 
 
 class EpisodeSession:
@@ -130,7 +132,7 @@ class EpisodeSession:
         self.counters = SessionCounters()
         self._calls_begun = 0  # against rollout.max_calls_per_episode
         self._lock = threading.Lock()
-        self._refusal_logged = False  # the first refused call of the episode is logged
+        self._refusal_logged = False  # the first refused call of the episode is logged, the rest counted
         self._closed = False
         # The policy's adapters by name (per_role: one per trainable role); none on other engines.
         self._adapters = frozenset(engine.adapters) if engine.supports_models else frozenset()
@@ -142,9 +144,25 @@ class EpisodeSession:
         return self._closed
 
     def close(self) -> None:
-        """Mark the session dead: later (and still running) calls raise SessionClosedError."""
+        """Mark the session dead: later (and still running) calls raise SessionClosedError. When
+        more than one call was refused, the log gets their count (the first was logged as it came)."""
         with self._lock:
-            self._closed = True
+            was_closed, self._closed = self._closed, True
+            refused, fields = self.counters.refused_calls, dict(self.counters.refused_fields)
+        if not was_closed and refused > 1:
+            by_field = ", ".join(f"{name}: {count}" for name, count in sorted(fields.items()))
+            log.warning("episode %s: %d calls were refused in all%s (the client got each as an error)",
+                        self.episode_id, refused, f" ({by_field})" if by_field else "")
+
+    def refusals(self) -> dict[str, int]:
+        """How many calls were refused for each field (`gateway/refused/<field>`)."""
+        with self._lock:
+            return dict(self.counters.refused_fields)
+
+    def refuse(self, message: str, field: str | None = None) -> None:
+        """Count (and, the episode's first, log) a call the gateway refused before it reached
+        `chat`: a body that does not parse, a refused or invalid field."""
+        self._count_failure(f"episode {self.episode_id}: refused a call: {message}", field)
 
     def is_trainable(self, role: str) -> bool:
         return self.trainable_targets is None or role in self.trainable_targets
@@ -185,6 +203,7 @@ class EpisodeSession:
                 "tuner/failed_calls": c.failed_calls,
                 "tuner/prompt_tokens": c.prompt_tokens,
                 "tuner/completion_tokens": c.completion_tokens,
+                **{f"gateway/refused/{name}": count for name, count in c.refused_fields.items()},
             }
 
     def _check_open(self) -> None:
@@ -203,28 +222,34 @@ class EpisodeSession:
         *,
         tool_choice: str | dict | None = None,
         response_format: dict | None = None,
+        parallel_tool_calls: bool | None = None,
         on_text: Callable[[str], None] | None = None,
         **sampling_overrides: Any,
     ) -> ChatResult:
         """One chat call: prompt through the tracker, budget, sample, parse, record.
 
         `tool_choice="none"` leaves the reply unparsed (tool-call markup stays text);
-        "required" / "any" / a function name force a tool call, and `response_format`
-        constrains the reply to JSON (`ajet.tuner.constraints`).
-        `on_text` receives content deltas while the reply is generated, when the engine can
-        stream and no tool call is forced (`ajet.tuner.streaming`).
+        "required" / "any" / a function name force a tool call; `response_format`,
+        `parallel_tool_calls=False` and tools sent with `strict: true` constrain the reply
+        (`ajet.tuner.constraints`). A refused request (InvalidRequestError) is counted by the
+        field to blame. `on_text` receives content deltas while the reply is generated, when the
+        engine can stream and no tool call is forced (`ajet.tuner.streaming`).
         """
         self._begin_call()
-        if not isinstance(messages, list) or not messages:
-            raise InvalidRequestError("messages must be a non-empty list of message dicts", "messages")
-        params = resolve_sampling(self.rollout, sampling_overrides)
-        if params.seed is None and self.rollout.seed is not None:
-            params.seed = call_seed(self.rollout.seed, self.episode_id, self._calls_begun)
         tools = tools or None
         tool_choice = self._first_call_tool_choice(role, tools, tool_choice)
-        how = decoding(self.engine, self.rollout, tools, tool_choice, response_format)
-        params.grammar = how.grammar
-        check_engine_features(self.engine, params, self.chat_format.vocab_size)
+        try:
+            if not isinstance(messages, list) or not messages:
+                raise InvalidRequestError("messages must be a non-empty list of message dicts", "messages")
+            params = resolve_sampling(self.rollout, sampling_overrides)
+            how = decoding(self.engine, self.rollout, tools, tool_choice, response_format, parallel_tool_calls)
+            params.grammar = how.grammar
+            check_engine_features(self.engine, params, self.chat_format.vocab_size)
+        except InvalidRequestError as err:
+            self._count_failure(f"episode {self.episode_id}: refused a call: {err}", err.param or "request")
+            raise
+        if params.seed is None and self.rollout.seed is not None:
+            params.seed = call_seed(self.rollout.seed, self.episode_id, self._calls_begun)
         self._check_prompt_chars(messages)
         # Rendering and tokenising a long prompt takes CPU time: off the loop that runs the
         # episodes (the tracker is thread-safe), so one long prompt stalls only its own call.
@@ -287,17 +312,24 @@ class EpisodeSession:
         """Each token's own text (`logprobs` of the chat-completions protocol)."""
         return [self.chat_format.decode([i]) for i in ids]
 
-    def _count_failure(self, refusal: str | None = None) -> None:
-        """Count a failed call; the episode's first refused call is also logged with its reason,
-        since a client (a CLI harness most of all) may retry it quietly or swallow the error."""
+    def _count_failure(self, refusal: str | None = None, field: str | None = None) -> None:
+        """Count a failed call; a refused one (`refusal`: why) also by the `field` to blame. The
+        episode's first refused call is logged with its reason, since a client (a CLI harness most
+        of all) may retry it quietly or swallow the error; the rest are counted (`close` logs the count)."""
         with self._lock:
-            self.counters.failed_calls += 1
+            c = self.counters
+            c.failed_calls += 1
+            if refusal is not None:
+                c.refused_calls += 1
+            if field is not None:
+                c.refused_fields[field] = c.refused_fields.get(field, 0) + 1
             first = refusal is not None and not self._refusal_logged
             if first:
                 self._refusal_logged = True
         if first:
             log.warning("%s (the client got it as an error; this episode's later refused calls are "
-                        "counted in tuner/failed_calls, not logged)", refusal)
+                        "counted in tuner/failed_calls and gateway/refused/<field>, and logged as a count "
+                        "when it ends)", refusal)
 
     def _check_prompt_chars(self, messages: list[dict]) -> None:
         """Refuse a prompt that cannot fit the model window, judged by its length in
@@ -320,7 +352,7 @@ class EpisodeSession:
                 f"window ({window} tokens); refused before tokenising. Shorten the conversation "
                 "(summarise or drop old turns, cut long documents) or raise context.max_model_len."
             )
-            self._count_failure(message)
+            self._count_failure(message, "messages")
             raise ContextBudgetError(message)
 
     def _budget(self, prompt_len: int, requested: int) -> int:
@@ -331,7 +363,7 @@ class EpisodeSession:
                 f"for a completion within the model window ({self.model_max_len} tokens). Shorten the "
                 "conversation (summarise or drop old turns) or raise context.max_model_len."
             )
-            self._count_failure(message)
+            self._count_failure(message, "messages")
             raise ContextBudgetError(message)
         return min(allowed, requested)
 

@@ -237,7 +237,7 @@ def test_a_full_engine_queue_is_429_engine_busy(gateway: Gateway) -> None:
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("parallel_tool_calls", False),
+        ("verbosity", "low"),
         ("audio", {"voice": "alloy", "format": "wav"}),
         ("modalities", ["text", "audio"]),
         ("functions", [{"name": "f"}]),
@@ -250,6 +250,20 @@ def test_a_field_ajet_cannot_honour_is_a_400_naming_it(gateway: Gateway, field: 
     error = assert_openai_error(post(gateway, {**BODY, field: value}, key), 400, "unsupported_parameter")
     assert error["param"] == field and field in error["message"] and "docs/gateway.md" in error["message"]
     assert engine.seen == []
+    gateway.unregister_session(session)
+
+
+def test_parallel_tool_calls_false_is_refused_by_an_engine_without_grammars(gateway: Gateway) -> None:
+    """Only a grammar stops a second call (issue 71); an engine without one says so by name, and
+    the refusal is counted by the field (the fake engine, like vLLM's here, has no grammar)."""
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+    session, engine, _, _ = make_session(["a"])
+    key = gateway.register(session, "default")
+    body = {**BODY, "tools": tools, "parallel_tool_calls": False}
+    error = assert_openai_error(post(gateway, body, key), 400, "unsupported_parameter")
+    assert error["param"] == "parallel_tool_calls" and "constrains decoding" in error["message"]
+    assert engine.seen == [] and session.stats()["gateway/refused/parallel_tool_calls"] == 1
+    assert post(gateway, {**BODY, "parallel_tool_calls": False}, key).status_code == 200  # no tools: nothing to stop
     gateway.unregister_session(session)
 
 
