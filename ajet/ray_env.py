@@ -28,14 +28,16 @@ def keep_ray_local(node_ip: str) -> None:
     if not is_loopback(node_ip):
         return
     os.environ[_RAY_LOCAL_SWITCH] = "0"
-    constants = sys.modules.get("ray._private.ray_constants")
-    if constants is not None:
-        constants.ENABLE_RAY_CLUSTER = False
+    if "ray._private.ray_constants" in sys.modules:  # Ray imported already: this import is free
+        from ray._private import ray_constants
+
+        ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 def listening_addresses(pid: int) -> list[str]:
     """`host:port` of every TCP socket that process `pid` and its descendants listen on."""
-    import psutil  # Ray's dependency; only tests and diagnostics ask
+    # Ray's dependency; only tests and diagnostics ask. It ships no types (nor is types-psutil installed).
+    import psutil  # type: ignore[import-untyped]
 
     found = []
     root = psutil.Process(pid)
