@@ -48,8 +48,11 @@ def reply(chat: ReplyParser, text: str, finish_reason: str, *, parse: bool, forc
     if cut and malformed:
         # A forced call cut at max_tokens says so (finish "length"), in the protocol's own
         # shape: closed where its arguments so far parse once closed, else the call so far
-        # (its name, its arguments as written), never ajet's markup as content.
+        # (its name, its arguments as written), never ajet's markup as content; the complete
+        # calls before it (parallel calls under a grammar) are kept.
+        done = message.get("tool_calls") or []
         message = cut_tool_call(text)
+        message["tool_calls"] = [*done, *message["tool_calls"]]
     finish = "tool_calls" if message.get("tool_calls") and not cut else finish_reason
     return Reply(message, finish, malformed, len(parsed.repaired), closed)
 

@@ -317,3 +317,21 @@ def test_max_completion_tokens_wins_over_max_tokens(client: Client) -> None:
         assert reply.status_code == 200, reply.text
         assert reply.json()["usage"]["completion_tokens"] == max_completion_tokens
         assert reply.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_a_reply_cut_in_its_second_call_keeps_the_first() -> None:
+    """Parallel calls under a grammar: the complete call stays, the cut one comes as OpenAI cuts it."""
+    from ajet.engine import chat
+    from ajet.tuner.replies import reply
+
+    class Parser:
+        parse_completion = staticmethod(chat.parse_completion)
+        to_openai_message = staticmethod(chat.to_openai_message)
+
+    text = ('<tool_call>\n{"name": "calculate", "arguments": {"expression": "2"}}\n</tool_call>\n'
+            '<tool_call>\n{"name": "calculate", "arguments": {"expression": "3*')
+    out = reply(Parser(), text, "length", parse=True, forced=True)
+    first, second = out.message["tool_calls"]
+    assert out.finish_reason == "length" and out.message["content"] is None
+    assert json.loads(first["function"]["arguments"]) == {"expression": "2"}
+    assert second["function"] == {"name": "calculate", "arguments": '{"expression": "3*'}
