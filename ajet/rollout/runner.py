@@ -38,6 +38,7 @@ from ajet.rollout.episode import TIMEOUT, Episode
 from ajet.rollout.scoring import (
     bad_output,
     close_handle,
+    collect_refusals,
     collect_tracker,
     episode_roles,
     fail,
@@ -167,7 +168,7 @@ class TaskRunner:
                 await score_episode(episode, result, self.judge, self.config.episode_timeout_s,
                                     workflow=self.workflow.name, roles=episode_roles(handle))
             collect_tracker(episode, handle.tracker)
-            episode.refused = _refusals(handle)
+            collect_refusals(episode, handle)
         finally:
             await close_handle(handle, episode.episode_id)
         return None
@@ -204,13 +205,6 @@ class TaskRunner:
             return
         fail(episode, f"workflow_error:{type(exc).__name__}", exc)
         log_failure(episode, exc)
-
-
-def _refusals(handle: Any) -> dict[str, int]:
-    """The calls the episode's session refused, by field; {} for a handle without a session
-    (duck-typed like `collect_tracker`: test doubles and other factories may have none)."""
-    refusals = getattr(getattr(handle, "session", None), "refusals", None)
-    return dict(refusals()) if callable(refusals) else {}
 
 
 def _infrastructure_types() -> tuple[type[BaseException], ...]:

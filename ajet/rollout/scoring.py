@@ -216,6 +216,14 @@ def bad_output(episode: Episode, what: str, *, workflow: str = "") -> None:
     log_failure(episode, None)
 
 
+def collect_refusals(episode: Episode, handle: Any) -> None:
+    """The calls the episode's session refused, by field (`gateway/refused/<field>`); none for a
+    handle without a session (duck-typed like `collect_tracker`: test doubles and other factories
+    may have none)."""
+    refusals = getattr(getattr(handle, "session", None), "refusals", None)
+    episode.refused = dict(refusals()) if callable(refusals) else {}
+
+
 def collect_tracker(episode: Episode, tracker: Any) -> None:
     """Copy the tracker's call count, tool-call counts, stats and policy versions into `episode`, and its timelines
     when the episode is ok or pending (a failed episode is never trained on); for a pending one,

@@ -64,6 +64,7 @@ from ajet.rollout.roles import has_signal
 from ajet.rollout.runner import SessionFactory
 from ajet.rollout.scoring import (
     close_handle,
+    collect_refusals,
     collect_tracker,
     episode_roles,
     log_failure,
@@ -232,6 +233,7 @@ class EpisodeBroker:
         await score_episode(episode, output, self.judge, self.rollout.episode_timeout_s,
                             roles=episode_roles(running.handle, also=(self.role,)))
         collect_tracker(episode, running.handle.tracker)
+        collect_refusals(episode, running.handle)
         if episode.reason.startswith(JUDGE_ERROR):  # the client gets one line (`_result`), the log all
             log.warning("episode %s: the judge failed (%s); the client is told only that:\n%s", episode_id,
                         episode.reason, episode.error_message)
@@ -248,6 +250,7 @@ class EpisodeBroker:
         episode.status, episode.reason = FAILED, ABORTED
         episode.error_message = f"aborted by the client: {reason}" if reason else "aborted by the client"
         collect_tracker(episode, running.handle.tracker)
+        collect_refusals(episode, running.handle)
         log_failure(episode, None)
         with self._lock:
             episode.duration_s = self._clock() - running.started
@@ -408,6 +411,7 @@ class EpisodeBroker:
                                      f"{self.rollout.episode_timeout_s}s (client gone?)")
             episode.duration_s = now - running.started
             collect_tracker(episode, running.handle.tracker)
+            collect_refusals(episode, running.handle)
             log_failure(episode, None)
             self._counts["timed_out"] += 1
             self._end_locked(episode, running.group)

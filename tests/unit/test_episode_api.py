@@ -474,3 +474,19 @@ def test_a_judges_traceback_stays_in_the_server_log(make_server: Any, caplog: py
     assert result["detail"] == "the judge failed (judge_error:ValueError); the details are in the server's log"
     assert "Traceback" in caplog.text and "reference answer 'ok'" in caplog.text  # the server keeps it all
 
+
+
+def test_a_served_episodes_refused_calls_are_counted_by_field(make_server: Any) -> None:
+    """A call the gateway refuses (400 naming the field) counts in the step's gateway/refused/<field>
+    under `ajet serve` too, as in-process (ajet.rollout.scoring.collect_refusals)."""
+    server = make_server(n=1, batch_size=1)
+    episode = server.client.begin()
+    refused = httpx.post(f"{episode.base_url}/chat/completions", timeout=10,
+                         headers={"Authorization": f"Bearer {episode.api_key}"},
+                         json={"model": episode.model, "messages": [{"role": "user", "content": "hi"}], "n": 2})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "n"
+    assert chat(episode).status_code == 200
+    server.client.finish(episode.episode_id, 1.0)
+    result = asyncio.run(server.broker.next_batch(1))
+    assert result.episodes[0].refused == {"n": 1}
+    assert result.metrics()["gateway/refused/n"] == 1
