@@ -101,7 +101,7 @@ def task_visibility(cfg: Any) -> list[str]:
     """What a client sees of the train tasks, and which of their metadata keys stay private."""
     from ajet.task_reader.build import build_reader
 
-    tasks = build_reader(cfg.task_reader, seed=cfg.project.seed).train_tasks()
+    tasks = build_reader(cfg.task_reader, seed=cfg.project.seed, env=cfg.env).train_tasks()
     keys = sorted({key for task in tasks for key in task.metadata})
     public = [k for k in keys if k in cfg.serve.public_metadata_keys]
     return [f"clients see: task_id, main_query, init_messages, env_type, metadata {public or 'none'} "

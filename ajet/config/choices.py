@@ -92,6 +92,16 @@ class ReaderType(str, Enum):
     hf_dataset = "hf_dataset"
     env_service = "env_service"
     generate = "generate"
+    env = "env"  # the tasks of the `env` section's environment (set when env.type is)
+
+
+class EnvType(str, Enum):
+    """An environment from the ecosystem that gives the tasks, the workflow and the reward
+    (`env.type`; its adapter is `ajet.envs.<type>`, docs/environments.md)."""
+
+    none = "none"  # no environment: task_reader gives the tasks, workflow.target the workflow
+    reasoning_gym = "reasoning_gym"  # a reasoning-gym dataset, scored by its score_answer
+    gymnasium = "gymnasium"  # a Gymnasium environment with a discrete action space, as text
 
 
 class OnError(str, Enum):

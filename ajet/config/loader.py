@@ -23,7 +23,7 @@ from omegaconf.errors import (
 )
 
 from ajet.config.redact import redact_config
-from ajet.config.schema import AjetConfig
+from ajet.config.schema import AjetConfig, EnvType, ReaderType
 from ajet.config.validate import validate
 from ajet.errors import ConfigError
 
@@ -89,11 +89,25 @@ def load_config(
     _remember_env_values(cfg)
     if config.trainer.deterministic and config.rollout.seed is None:
         config.rollout.seed = config.project.seed  # every call samples with a seed of its own
+    _expand_env(config)
     problems = validate(config, require_workflow=require_workflow)
     if problems:
         lines = "\n".join(f"  {key}: {msg}" for key, msg in problems)
         raise ConfigError(f"invalid config ({source}):\n{lines}")
     return config
+
+
+def _expand_env(config: AjetConfig) -> None:
+    """With `env.type` set, the environment gives the tasks (`task_reader.type: env`, unless the
+    YAML names another source: `validate` then refuses the pair) and, unless the YAML names its
+    own, the workflow: its adapter's `ajet.envs.<type>:EnvWorkflow` (docs/environments.md)."""
+    if config.env.type == EnvType.none:
+        return
+    if not config.workflow.target:
+        config.workflow.target = f"ajet.envs.{config.env.type.value}:EnvWorkflow"
+    reader = config.task_reader
+    if reader.type == ReaderType.jsonl and not reader.jsonl.train_path:  # the default: no source named
+        reader.type = ReaderType.env
 
 
 def _read_secret_file(path: str) -> str:
@@ -234,8 +248,8 @@ def _resolve_paths(cfg: DictConfig, base_dir: Path) -> None:
     teacher = OmegaConf.select(cfg, "distill.teacher", default=None)
     if isinstance(teacher, str) and teacher and "://" not in teacher and not Path(teacher).expanduser().is_absolute():
         OmegaConf.update(cfg, "distill.teacher", str((base_dir / teacher).resolve()))
-    # workflow.target / judge.type may name a file ("agent.py:MyWorkflow").
-    for key in ("workflow.target", "judge.type"):
+    # workflow.target / judge.type / env.gymnasium.renderer may name a file ("agent.py:MyWorkflow").
+    for key in ("workflow.target", "judge.type", "env.gymnasium.renderer"):
         value = OmegaConf.select(cfg, key, default=None)
         if isinstance(value, str) and ".py:" in value:
             file_part, _, name = value.rpartition(":")

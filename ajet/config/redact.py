@@ -30,7 +30,8 @@ SECRET_WORDS = frozenset({"key", "apikey", "token", "secret", "password", "passw
                           "credentials", "authorization", "auth", "cookie"})
 # Settings whose names match but that hold names, not secrets.
 NOT_SECRETS = frozenset({"task_reader.curriculum.key"})
-# Maps of environment variables: each of their values is treated as a secret.
+# Maps of environment variables: each of their values is treated as a secret (below the root: the
+# root's `env` is the environment section, docs/environments.md).
 ENV_MAP_KEYS = frozenset({"env"})
 # Settings holding a command line (a string): secrets in it are redacted like argv's.
 COMMAND_KEYS = frozenset({"command"})
@@ -99,7 +100,7 @@ def redact_config(tree: object, path: str = "") -> object:
         out: dict[object, object] = {}
         for key, value in tree.items():
             child = f"{path}.{key}" if path else str(key)
-            if str(key) in ENV_MAP_KEYS and isinstance(value, dict):
+            if str(key) in ENV_MAP_KEYS and path and isinstance(value, dict):
                 out[key] = {k: hide(v) if isinstance(v, str) else _hide_any(v) for k, v in value.items()}
             elif is_secret_name(child):
                 out[key] = _hide_any(value)

@@ -2,7 +2,7 @@
 
 Every setting and its default lives in a section module, beside the comment that documents it:
 `ajet.config.run` (project, model, workflow, trainer, logging, pipeline), `ajet.config.tasks`
-(task_reader, judge, eval), `ajet.config.learning` (rollout, context, algorithm, distill, sft)
+(task_reader, env, judge, eval), `ajet.config.learning` (rollout, context, algorithm, distill, sft)
 and `ajet.config.deploy` (ray, serve, sandbox, trinity, verl, services); the choices are in
 `ajet.config.choices`. All are re-exported here: the schema is where users look.
 
@@ -24,6 +24,7 @@ from ajet.config.choices import (
     DpoLoss,
     DType,
     EngineDType,
+    EnvType,
     EvalSplit,
     LossAgg,
     LrSchedule,
@@ -66,14 +67,18 @@ from ajet.config.run import (
     WorkflowConfig,
 )
 from ajet.config.tasks import (
+    SPLIT_SEED_STRIDE,
     CurriculumConfig,
+    EnvConfig,
     EnvServiceReaderConfig,
     EvalConfig,
     GenerateReaderConfig,
     GroupRankConfig,
+    GymnasiumEnvConfig,
     HfDatasetReaderConfig,
     JsonlReaderConfig,
     JudgeConfig,
+    ReasoningGymEnvConfig,
     TaskReaderConfig,
 )
 
@@ -83,6 +88,7 @@ __all__ = [
     "ProjectConfig", "ModelConfig", "LoraConfig", "WorkflowConfig",
     "TaskReaderConfig", "JsonlReaderConfig", "HfDatasetReaderConfig", "EnvServiceReaderConfig",
     "GenerateReaderConfig", "CurriculumConfig",
+    "EnvConfig", "ReasoningGymEnvConfig", "GymnasiumEnvConfig", "SPLIT_SEED_STRIDE",
     "JudgeConfig", "GroupRankConfig",
     "RolloutConfig", "DynamicSamplingConfig", "ContextConfig", "AlgorithmConfig", "DistillConfig",
     "TrainerConfig", "SftConfig", "CoresetConfig", "CoresetStrategy", "ReplayConfig",
@@ -90,7 +96,7 @@ __all__ = [
     "RayConfig", "ServeConfig", "SandboxConfig", "TrinityConfig", "VerlConfig", "EnvServiceConfig",
     "VllmServerConfig",
     # the choices (ajet.config.choices)
-    "BUILTIN_JUDGES", "Backbone", "ClientReward", "DpoLoss", "DType", "EngineDType", "EvalSplit", "LossAgg",
+    "BUILTIN_JUDGES", "Backbone", "ClientReward", "DpoLoss", "DType", "EngineDType", "EnvType", "EvalSplit", "LossAgg",
     "LrSchedule", "OnError", "OptimizerStateDType", "OverflowPolicy", "ReaderType", "ReferenceModel",
     "SandboxBackend", "StepCredit", "ToolCallGrammar",
 ]
@@ -102,6 +108,7 @@ class AjetConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     workflow: WorkflowConfig = field(default_factory=WorkflowConfig)
     task_reader: TaskReaderConfig = field(default_factory=TaskReaderConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     context: ContextConfig = field(default_factory=ContextConfig)

@@ -1,5 +1,6 @@
-"""The sections around the tasks: where they come from (`task_reader`), how an episode is
-scored when the workflow returns no reward (`judge`), and what an evaluation runs (`eval`).
+"""The sections around the tasks: where they come from (`task_reader`, or an environment of the
+ecosystem: `env`), how an episode is scored when the workflow returns no reward (`judge`), and
+what an evaluation runs (`eval`).
 
 Part of the one schema (`ajet.config.schema` re-exports them; defaults live here and nowhere else)."""
 
@@ -9,7 +10,7 @@ from dataclasses import dataclass, field
 
 from annotated_types import Ge, Gt, Interval
 
-from ajet.config.choices import EvalSplit, OnError, ReaderType
+from ajet.config.choices import EnvType, EvalSplit, OnError, ReaderType
 from ajet.config.ranges import bounded
 
 
@@ -76,6 +77,62 @@ class TaskReaderConfig:
     env_service: EnvServiceReaderConfig = field(default_factory=EnvServiceReaderConfig)
     generate: GenerateReaderConfig = field(default_factory=GenerateReaderConfig)
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+
+
+# A split's k-th task is built from seed `env.seed + split * SPLIT_SEED_STRIDE + k` (train 0, val 1,
+# test 2): no two splits share a seed while each holds fewer tasks than the stride.
+SPLIT_SEED_STRIDE = 1_000_000
+
+
+@dataclass
+class ReasoningGymEnvConfig:
+    # The system prompt: a name in reasoning_gym.utils.SYSTEM_PROMPTS (default, DeepSeekZero,
+    # simple, direct, chain_of_draft) or the text itself. The user turn is the dataset's question.
+    system_prompt: str = "default"
+    # The answer is the text in the reply's last <answer_tag>...</answer_tag>, extracted by
+    # reasoning_gym.utils.extract_answer, and scored by the dataset's own score_answer.
+    answer_tag: str = "answer"
+    # A reply without the tag: false = scores 0 (reasoning-gym's own rule: the format counts);
+    # true = the whole reply is scored (score_answer gives partial credit when the answer is in it).
+    score_untagged_reply: bool = False
+
+
+@dataclass
+class GymnasiumEnvConfig:
+    # The actions' names, in the action space's order (e.g. [left, down, right, up]); [] = from the
+    # environment's docstring ("- 0: Move left"), else their numbers. A reply names one of them.
+    actions: list[str] = field(default_factory=list)
+    # "package.module:function" or "file.py:function" (relative to the YAML), called as
+    # function(observation, env) -> str; "" = the env's ansi render (coloured cells in [brackets]:
+    # FrozenLake's player), or the observation itself when the env has no ansi render.
+    renderer: str = ""
+    # "" = one that names the environment, its actions and the answer's form.
+    system_prompt: str = ""
+
+
+@dataclass
+class EnvConfig:
+    # An environment that gives the tasks, the workflow and the reward (docs/environments.md):
+    # none, reasoning_gym or gymnasium. With one set, the YAML needs no task file (task_reader.type
+    # becomes env) and no workflow (workflow.target becomes ajet.envs.<type>:EnvWorkflow).
+    type: EnvType = EnvType.none
+    # reasoning_gym: a dataset name (basic_arithmetic, chain_sum, ...); gymnasium: an
+    # environment id (FrozenLake-v1, Taxi-v4, Blackjack-v1, ...). An unknown one lists the installed.
+    id: str = ""
+    # Keyword arguments: reasoning_gym: the dataset's config (min_terms, max_digits, ...; its size
+    # and seed are the splits' below); gymnasium: gym.make's (is_slippery, map_name, ...).
+    args: dict = field(default_factory=dict)
+    # Tasks per split (val: validated on during training; test: held out, `eval.split: test`).
+    train_size: int = bounded(64, Interval(ge=1, lt=SPLIT_SEED_STRIDE))
+    val_size: int = bounded(16, Interval(ge=0, lt=SPLIT_SEED_STRIDE))
+    test_size: int = bounded(16, Interval(ge=0, lt=SPLIT_SEED_STRIDE))
+    # The splits' seeds: train from seed, val from seed + SPLIT_SEED_STRIDE, test from
+    # seed + 2 * SPLIT_SEED_STRIDE (a dataset item's or reset's seed: disjoint between splits).
+    seed: int = bounded(0, Ge(0))
+    # gymnasium: environment steps (one model call each) per episode at most; then it is cut.
+    max_turns: int = bounded(20, Ge(1))
+    reasoning_gym: ReasoningGymEnvConfig = field(default_factory=ReasoningGymEnvConfig)
+    gymnasium: GymnasiumEnvConfig = field(default_factory=GymnasiumEnvConfig)
 
 
 @dataclass

@@ -18,6 +18,7 @@ from ajet.config.ranges import range_problems
 from ajet.config.schema import (
     BUILTIN_JUDGES,
     AjetConfig,
+    EnvType,
     PipelineConfig,
     ReaderType,
     ReferenceModel,
@@ -52,6 +53,7 @@ def validate(cfg: AjetConfig, *, require_workflow: bool = True) -> Problems:
         + lora_problems(cfg)
         + sandbox_problems(cfg)
         + task_reader_problems(cfg, require_workflow=require_workflow)
+        + env_problems(cfg)
     )
 
 
@@ -250,6 +252,28 @@ def task_reader_problems(cfg: AjetConfig, *, require_workflow: bool) -> Problems
                           "list at least one text file")
         for doc in tr.generate.documents:
             problems += _need(Path(doc).is_file(), "task_reader.generate.documents", f"file not found: {doc}")
+    return problems
+
+
+def env_problems(cfg: AjetConfig) -> Problems:
+    """`env`: an id when a type is set, and one source of tasks (the env or task_reader)."""
+    env, reader_type = cfg.env, cfg.task_reader.type
+    if env.type == EnvType.none:
+        return _need(reader_type != ReaderType.env, "task_reader.type",
+                     "env needs env.type (reasoning_gym or gymnasium) and env.id; see docs/environments.md")
+    problems = _need(bool(env.id), "env.id", f"required with env.type={env.type.value}: a "
+                     + ("dataset name, e.g. basic_arithmetic" if env.type == EnvType.reasoning_gym
+                        else "environment id, e.g. FrozenLake-v1"))
+    problems += _need(reader_type == ReaderType.env, "task_reader.type",
+                      f"{reader_type.value} with env.type={env.type.value}: the environment gives the tasks; "
+                      "remove task_reader.type and its files from the YAML (or env, to read them)")
+    renderer = env.gymnasium.renderer
+    if renderer:
+        problems += _need(":" in renderer, "env.gymnasium.renderer",
+                          f"'{renderer}' must be 'package.module:function' or 'file.py:function'")
+        file_part = renderer.rpartition(":")[0]
+        if file_part.endswith(".py"):
+            problems += _need(Path(file_part).is_file(), "env.gymnasium.renderer", f"file not found: {file_part}")
     return problems
 
 

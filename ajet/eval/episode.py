@@ -126,7 +126,7 @@ class Tryout:
         is left of the packing after the imports."""
         timings = {} if timings is None else timings
         with _timed(timings, "tasks"):
-            tasks = split_tasks(build_reader(cfg.task_reader, seed=cfg.project.seed), split)
+            tasks = split_tasks(build_reader(cfg.task_reader, seed=cfg.project.seed, env=cfg.env), split)
             if check_task is not None:
                 pick_task(tasks, check_task, split.value)
         with _timed(timings, "model load"):

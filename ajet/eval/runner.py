@@ -66,7 +66,7 @@ def evaluate(cfg: AjetConfig, *, workflow: Any = None, name: str | None = None,
     if (name or e.name) and (problem := eval_name_problem(name or e.name)):  # before the model loads
         raise ConfigError(f"eval.name (--name): {problem}")
     wf = as_workflow(workflow) if workflow is not None else load_workflow(cfg.workflow.target)
-    tasks = split_tasks(build_reader(cfg.task_reader, seed=cfg.project.seed), EvalSplit(e.split))
+    tasks = split_tasks(build_reader(cfg.task_reader, seed=cfg.project.seed, env=cfg.env), EvalSplit(e.split))
     if e.max_tasks:
         tasks = tasks[: e.max_tasks]
     temperature = cfg.rollout.temperature if e.temperature is None else e.temperature

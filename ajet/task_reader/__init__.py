@@ -1,5 +1,6 @@
-"""Task readers: where the tasks come from (JSONL, a local HF dataset, an env service, or an
-LLM writing them from documents). `build_reader(cfg.task_reader, seed=...)` is the entry point.
+"""Task readers: where the tasks come from (JSONL, a local HF dataset, an env service, an
+environment of the ecosystem (`ajet.envs`), or an LLM writing them from documents).
+`build_reader(cfg.task_reader, seed=..., env=cfg.env)` is the entry point.
 """
 
 from ajet.task_reader.base import TaskReader, TaskReaderError, holdout_split, split_tasks

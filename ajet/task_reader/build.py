@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from ajet.config.schema import OnError, ReaderType, TaskReaderConfig
+from ajet.config.schema import EnvConfig, OnError, ReaderType, TaskReaderConfig
+from ajet.envs import make_env_tasks
 from ajet.task_reader.base import TaskReader, TaskReaderError, holdout_split
 from ajet.task_reader.curriculum import Curriculum
 from ajet.task_reader.env_reader import load_env_tasks
@@ -16,16 +17,19 @@ from ajet.workflow import WorkflowTask
 logger = logging.getLogger(__name__)
 
 
-def build_reader(cfg: TaskReaderConfig, *, seed: int, llm: LLM | None = None) -> TaskReader:
-    """Read the tasks `cfg` names. `llm` (async prompt -> text) is needed only by `generate`.
+def build_reader(cfg: TaskReaderConfig, *, seed: int, llm: LLM | None = None,
+                 env: EnvConfig | None = None) -> TaskReader:
+    """Read the tasks `cfg` names. `llm` (async prompt -> text) is needed only by `generate`,
+    `env` (the config's `env` section) only by `env`.
 
     Callable from a running event loop too; a `generate` reader whose llm is bound to that
     loop should use `abuild_reader` instead.
     """
-    return run_sync(abuild_reader(cfg, seed=seed, llm=llm))
+    return run_sync(abuild_reader(cfg, seed=seed, llm=llm, env=env))
 
 
-async def abuild_reader(cfg: TaskReaderConfig, *, seed: int, llm: LLM | None = None) -> TaskReader:
+async def abuild_reader(cfg: TaskReaderConfig, *, seed: int, llm: LLM | None = None,
+                        env: EnvConfig | None = None) -> TaskReader:
     """`build_reader` for async callers: the `generate` reader awaits `llm` in this loop."""
     reader_type = ReaderType(cfg.type)
     skipped = 0
@@ -49,6 +53,11 @@ async def abuild_reader(cfg: TaskReaderConfig, *, seed: int, llm: LLM | None = N
     elif reader_type == ReaderType.env_service:
         train, val, test = load_env_tasks(cfg.env_service)
         source = f"{cfg.env_service.base_url} ({cfg.env_service.env_type})"
+    elif reader_type == ReaderType.env:
+        if env is None:
+            raise TaskReaderError("task_reader.type=env: pass the config's env section (build_reader(..., env=cfg.env))")
+        train, val, test = make_env_tasks(env)
+        source = f"env {env.type.value}:{env.id}"
     elif reader_type == ReaderType.generate:
         train, skipped = await aload_generated_tasks(cfg.generate, llm)
         source = cfg.generate.cache_path or ", ".join(cfg.generate.documents)

@@ -51,7 +51,7 @@ class RolloutRun:
         """Build everything in order; each thing that must be closed is pushed as it starts."""
         run_dir = prepare_run_dir(cfg, resume=resume)
         workflow = load_or_wrap_workflow(workflow, cfg.workflow.target)
-        reader = build_reader(cfg.task_reader, seed=cfg.project.seed)
+        reader = build_reader(cfg.task_reader, seed=cfg.project.seed, env=cfg.env)
         rollout: list[EngineRollout[LocalEngine]] = []  # LLM judges call the policy through the rollout's gateway
         judge = build_judge(cfg.judge, llm_client_factory=lambda: rollout[0].llm_client())
         loop = TrainingLoop(cfg, run_dir, closers, total_steps=cfg.trainer.total_steps, resume=resume)

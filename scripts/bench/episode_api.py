@@ -49,7 +49,7 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
     max_len = model_window(model, cfg.context.max_model_len)
     engine = LocalEngine(model, tokenizer, max_batch_size=args.concurrency, max_model_len=max_len)
     return {"cfg": cfg, "engine": engine, "tokenizer": tokenizer, "max_len": max_len,
-            "reader": build_reader(cfg.task_reader, seed=0), "judge": build_judge(cfg.judge)}
+            "reader": build_reader(cfg.task_reader, seed=0, env=cfg.env), "judge": build_judge(cfg.judge)}
 
 
 def agent_workflow() -> Any:

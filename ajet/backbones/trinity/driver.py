@@ -34,7 +34,7 @@ def prepare(cfg: AjetConfig, *, resume: bool) -> Path:
     if not found:
         raise UserError(f"model.path={cfg.model.path} is not a local checkpoint on this machine")
     run = prepare_run_dir(cfg, resume=resume, backbone_checkpoints="trinity/global_step_*").resolve()
-    reader = build_reader(cfg.task_reader, seed=cfg.project.seed)
+    reader = build_reader(cfg.task_reader, seed=cfg.project.seed, env=cfg.env)
     train, val = reader.train_tasks(), reader.val_tasks()
     write_taskset(run / "tasks", train, val if cfg.trainer.val_every else [])
     log.info("trinity: %d train / %d val tasks written to %s", len(train), len(val), run / "tasks")

@@ -40,7 +40,7 @@ def prepare(cfg: AjetConfig, *, resume: bool) -> list[str]:
         raise UserError(f"model.path={cfg.model.path} is not a local checkpoint on this machine")
     run = prepare_run_dir(cfg, resume=resume, backbone_checkpoints="verl/checkpoints/global_step_*").resolve()
     out, config_path = Path(verl_dir(cfg)), str(run / "config.yaml")
-    reader = build_reader(cfg.task_reader, seed=cfg.project.seed)
+    reader = build_reader(cfg.task_reader, seed=cfg.project.seed, env=cfg.env)
     train, val = reader.train_tasks(), reader.val_tasks() or reader.train_tasks()[:8]
     for name, tasks in (("train", train), ("val", val)):
         rows = [task_to_verl_row(t, index=i, split=name, config_path=config_path) for i, t in enumerate(tasks)]
