@@ -100,7 +100,7 @@ def build_step_batch(episodes: list[Episode], context: ContextConfig, algorithm:
         assign_token_advantages(samples, episode_advantages(episodes, algorithm, samples, metrics))
     metrics["context/samples"] = float(len(samples))
     for sample in samples:  # why the samples after an episode's first are separate (merge.BREAKS)
-        if name := sample.metadata.get("break"):
+        if isinstance(name := sample.metadata.get("break"), str) and name:
             key = f"context/breaks/{name.replace(' ', '_')}"
             metrics[key] = metrics.get(key, 0.0) + 1.0
     return StepBatch(samples=samples, weights=loss_weights(samples, context.loss_agg), metrics=metrics)

@@ -284,3 +284,18 @@ def test_build_step_batch_advantages_masks_and_weights_by_hand() -> None:
     per_token = {"e0": 1 / 12, "e1": 1 / 12, "e2": 1 / 12, "e3": 1 / 18, "e4": 1 / 6}
     for w, (eid, _, mask) in zip(seq.weights, expected, strict=True):
         assert w == pytest.approx([per_token[eid] * m for m in mask])
+
+
+def test_build_step_batch_counts_each_samples_break_by_name() -> None:
+    """A sample after an episode's first names why it is separate (merge.BREAKS); the step
+    counts them under context/breaks/<name>, spaces as underscores; the first sample is none."""
+    first = episode("e0", "g1", 1.0, [([1, 2], [3, 4], [-0.1, -0.2])])
+    rewritten = episode("e0", "g1", 1.0, [([5, 6], [7], [-0.3])]).timelines[0]
+    rewritten.timeline_id, rewritten.call_indices, rewritten.fork_cause = 1, [1], "history_rewritten"
+    changed = episode("e0", "g1", 1.0, [([8], [9], [-0.4])]).timelines[0]
+    changed.timeline_id, changed.call_indices, changed.fork_cause = 2, [2], "tools_changed"
+    first.timelines += [rewritten, changed]
+    batch = build_step_batch([first], ContextConfig(), AlgorithmConfig(), model_max_len=128)
+    assert [s.metadata["break"] for s in batch.samples] == ["", "rewrite", "tools changed"]
+    breaks = {k: v for k, v in batch.metrics.items() if k.startswith("context/breaks/")}
+    assert breaks == {"context/breaks/rewrite": 1.0, "context/breaks/tools_changed": 1.0}
