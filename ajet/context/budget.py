@@ -20,11 +20,14 @@ Counts (keys of the returned dict): `overflow/sample` (samples over max_sample_t
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TypeVar
 
 from ajet.config.schema import ContextConfig, OverflowPolicy
 from ajet.context.types import Sample
 
 __all__ = ["apply_budget", "call_budget", "model_window"]
+
+T = TypeVar("T")
 
 
 def model_window(config: ContextConfig, model_max_len: int) -> int:
@@ -108,7 +111,7 @@ def _split(s: Sample, limit: int) -> list[Sample]:
 def _slice(s: Sample, start: int, end: int, *, train_from: int) -> Sample:
     """Tokens [start, end) of `s`; tokens before `train_from` (absolute) become context."""
 
-    def cut(values: list, untrained: object) -> list:
+    def cut(values: list[T], untrained: T) -> list[T]:
         if not values:
             return []
         return [

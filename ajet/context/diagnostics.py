@@ -14,12 +14,13 @@ import logging
 import weakref
 from dataclasses import dataclass
 
+from ajet.context.types import JSON
 from ajet.engine.base import ChatRenderer
 
 log = logging.getLogger(__name__)
 
 _MARK = "ajet-probe-reply-7"
-_PROBE_USER = {"role": "user", "content": "ajet probe question"}
+_PROBE_USER: JSON = {"role": "user", "content": "ajet probe question"}
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class TemplateProbe:
 
 def probe_template(renderer: ChatRenderer) -> TemplateProbe:
     """Render a one-turn conversation and read how the assistant turn ends."""
-    messages = [_PROBE_USER, {"role": "assistant", "content": _MARK}]
+    messages: list[JSON] = [_PROBE_USER, {"role": "assistant", "content": _MARK}]
     text = renderer.render(messages, None, add_generation_prompt=False)
     at = text.rfind(_MARK)
     if at < 0:
@@ -98,9 +99,9 @@ def check_prefix_preserving(renderer: ChatRenderer) -> bool:
     probe = probe_template(renderer)
     if not probe.eos_text:
         return False
-    system = {"role": "system", "content": "You are a careful assistant."}
+    system: JSON = {"role": "system", "content": "You are a careful assistant."}
     reply_text = "The answer is 42."
-    follow_up = {"role": "user", "content": "Why?"}
+    follow_up: JSON = {"role": "user", "content": "Why?"}
     first = [system, _PROBE_USER]
     prompt_ids = renderer.encode(renderer.render(first, None, add_generation_prompt=True))
     eos_ids = renderer.encode(probe.eos_text)
@@ -117,7 +118,7 @@ def check_prefix_preserving(renderer: ChatRenderer) -> bool:
 
 
 # Per renderer object (weakly held): (probe, prefix-preserving?), computed once.
-_cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_cache: weakref.WeakKeyDictionary[ChatRenderer, tuple[TemplateProbe, bool]] = weakref.WeakKeyDictionary()
 
 
 def inspect_template(renderer: ChatRenderer) -> TemplateProbe:
@@ -140,7 +141,7 @@ def _check_and_warn(renderer: ChatRenderer) -> bool:
 
 # Per tokenizer (weakly held): the shapes where the template breaks, computed and logged once,
 # by whichever comes first: the run's start (`ajet.rollout.engine_rollout`) or a tracker's first prompt.
-_reported: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_reported: weakref.WeakKeyDictionary[object, list[TemplateBreak]] = weakref.WeakKeyDictionary()
 
 
 def report_template(renderer: ChatRenderer) -> list[TemplateBreak]:
@@ -161,25 +162,25 @@ def report_template(renderer: ChatRenderer) -> list[TemplateBreak]:
 
 
 # --- The shapes a workflow's history takes ------------------------------------------------------
-_CALC_TOOL = {"type": "function", "function": {
+_CALC_TOOL: JSON = {"type": "function", "function": {
     "name": "add", "description": "Add two integers.",
     "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
                    "required": ["a", "b"]}}}
 SHAPE_TOOLS = [_CALC_TOOL]  # the tools offered in every shape
-_SYSTEM = {"role": "system", "content": "You are a careful assistant."}
-_ASK = {"role": "user", "content": "What is 2 + 3?"}
-_CALL = {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "type": "function", "function": {
+_SYSTEM: JSON = {"role": "system", "content": "You are a careful assistant."}
+_ASK: JSON = {"role": "user", "content": "What is 2 + 3?"}
+_CALL: JSON = {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "type": "function", "function": {
     "name": "add", "arguments": '{"a": 2, "b": 3}'}}]}
-_RESULT = {"role": "tool", "tool_call_id": "call_1", "content": "5"}
-_ANSWER = {"role": "assistant", "content": "2 + 3 = 5."}
-_THANKS = {"role": "user", "content": "Thanks. And 4 + 4?"}
-_REASONED = {"role": "assistant", "content": "<think>2 plus 3 is 5.</think>2 + 3 = 5."}
+_RESULT: JSON = {"role": "tool", "tool_call_id": "call_1", "content": "5"}
+_ANSWER: JSON = {"role": "assistant", "content": "2 + 3 = 5."}
+_THANKS: JSON = {"role": "user", "content": "Thanks. And 4 + 4?"}
+_REASONED: JSON = {"role": "assistant", "content": "<think>2 plus 3 is 5.</think>2 + 3 = 5."}
 
 # A reply the engine cut at max_tokens: no end-of-turn token was sampled, so the tracker adds it
 # (as context) before the next turn.
 CUT_SHAPE = "a user turn after a reply cut at max_tokens"
 # (what is appended, the history before the model's reply, the reply, what the client sends next)
-SHAPES: tuple[tuple[str, list[dict], dict, list[dict]], ...] = (
+SHAPES: tuple[tuple[str, list[JSON], JSON, list[JSON]], ...] = (
     ("a user turn after a text reply (with a system prompt)", [_SYSTEM, _ASK], _ANSWER, [_THANKS]),
     (CUT_SHAPE, [_SYSTEM, _ASK], _ANSWER, [_THANKS]),
     ("a user turn after a text reply (no system prompt)", [_ASK], _ANSWER, [_THANKS]),
@@ -204,7 +205,7 @@ class TemplateBreak:
                 f"but {self.extended!r} when the earlier prompt is extended")
 
 
-def template_breaks(renderer: ChatRenderer, tools: list[dict] | None = None) -> list[TemplateBreak]:
+def template_breaks(renderer: ChatRenderer, tools: list[JSON] | None = None) -> list[TemplateBreak]:
     """For each of `SHAPES` (system prompts, text replies, tool calls, tool results, reasoning): build the
     next prompt as the tracker does (the earlier prompt's ids + the reply's ids + the extension
     the template renders after it) and compare it with the tokens of the whole conversation
@@ -232,8 +233,8 @@ def _token_at(renderer: ChatRenderer, ids: list[int], at: int) -> str:
     return renderer.decode([ids[at]]) if at < len(ids) else ""
 
 
-def _extended_and_full(renderer: ChatRenderer, probe: TemplateProbe, tools: list[dict], history: list[dict],
-                       reply: dict, following: list[dict], *, cut: bool = False) -> tuple[list[int], list[int]]:
+def _extended_and_full(renderer: ChatRenderer, probe: TemplateProbe, tools: list[JSON], history: list[JSON],
+                       reply: JSON, following: list[JSON], *, cut: bool = False) -> tuple[list[int], list[int]]:
     """(the next prompt as the tracker builds it, the whole conversation's tokens). Where the
     template changes earlier text, the first is what the tracker holds: the prompt and reply."""
     prompt = renderer.render(history, tools, add_generation_prompt=True)

@@ -56,7 +56,7 @@ def loss_weights(samples: list[Sample], mode: LossAgg | str) -> list[list[float]
     if mode is LossAgg.seq_mean:
         calls = len(per_call)
         return [[0.0 if k is None else 1.0 / (calls * per_call[k]) for k in ks] for ks in keys]
-    per_episode: Counter = Counter()
+    per_episode: Counter[str] = Counter()
     for (episode, _), n in per_call.items():
         per_episode[episode] += n
     episodes = len(per_episode)

@@ -18,8 +18,8 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from ajet.config.schema import ContextConfig
 from ajet.context.diagnostics import (
@@ -28,7 +28,7 @@ from ajet.context.diagnostics import (
     extension_ids,
     inspect_template,
 )
-from ajet.context.types import LLMCall, Timeline
+from ajet.context.types import JSON, LLMCall, Timeline
 from ajet.engine.base import ChatRenderer
 
 __all__ = ["ContextTracker", "check_prefix_preserving", "FORK_CAUSES"]
@@ -87,7 +87,7 @@ class ContextTracker:
 
     # ------------------------------------------------------------------ prompts
     def build_prompt(
-        self, role: str, messages: list[dict], tools: list[dict] | None, reply_prefix: str = ""
+        self, role: str, messages: list[JSON], tools: list[JSON] | None, reply_prefix: str = ""
     ) -> list[int]:
         """The prompt ids for a call; extends an earlier call's tokens where possible.
 
@@ -105,7 +105,7 @@ class ContextTracker:
             return list(ids)
 
     def _match(
-        self, role: str, messages: list[dict], tools: Any, tools_key: str, full: str
+        self, role: str, messages: list[JSON], tools: list[JSON] | None, tools_key: str, full: str
     ) -> tuple[list[int], int | None, str]:
         same_role = [
             n for n in reversed(self._nodes) if n.call.role == role and n.prompt_text is not None
@@ -156,11 +156,11 @@ class ContextTracker:
     def _extend(
         self,
         node: _Node,
-        messages: list[dict],
-        tools: Any,
+        messages: list[JSON],
+        tools: list[JSON] | None,
         tools_key: str,
         full: str,
-        history_same: Any,
+        history_same: Callable[[_Node], bool],
     ) -> list[int] | str:
         """The bridge ids that extend `node` to `messages`, or why it cannot be extended."""
         call, probe, prompt_text = node.call, self._probe, node.prompt_text
@@ -190,7 +190,7 @@ class ContextTracker:
         return "template_not_prefix_preserving" if bridge is None else bridge
 
     def _same_reply(
-        self, call: LLMCall, content: str, with_reply: str, messages: list[dict], tools: Any
+        self, call: LLMCall, content: str, with_reply: str, messages: list[JSON], tools: list[JSON] | None
     ) -> bool:
         """Is the reply the agent sent back the one generated? Compared as rendered text.
 
@@ -334,10 +334,10 @@ class ContextTracker:
             return out
 
 
-def _tools_key(tools: list[dict] | None) -> str:
+def _tools_key(tools: list[JSON] | None) -> str:
     return json.dumps(tools or [], sort_keys=True, default=str)
 
 
-def _canon(messages: list[dict]) -> str:
+def _canon(messages: list[JSON]) -> str:
     """Exact-equality fast path (identical dicts render identically)."""
     return json.dumps(messages, sort_keys=True, default=str)

@@ -6,8 +6,14 @@ pure functions over these, testable without a model.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypeAlias
+
+# A JSON value, and one JSON object: an OpenAI chat message, a tool spec, a reply as the agent
+# received it (this is the lowest layer that holds them).
+JSONValue: TypeAlias = str | int | float | bool | None | list["JSONValue"] | dict[str, "JSONValue"]
+JSON: TypeAlias = dict[str, JSONValue]
 
 
 @dataclass
@@ -20,9 +26,9 @@ class LLMCall:
     completion_logprobs: list[float]  # one per completion token
     finish_reason: str  # "stop" | "length" | "tool_calls" | ...
     policy_version: int  # version of the weights that produced the completion
-    messages: list[dict[str, Any]] = field(default_factory=list)  # the request's messages
-    tools: list[dict[str, Any]] | None = None  # OpenAI-style tool specs of the request
-    response_message: dict[str, Any] = field(default_factory=dict)  # what the agent received
+    messages: list[JSON] = field(default_factory=list)  # the request's messages
+    tools: list[JSON] | None = None  # OpenAI-style tool specs of the request
+    response_message: JSON = field(default_factory=dict)  # what the agent received
     trainable: bool = True  # False for roles outside trainable_targets
     call_index: int = 0  # order within the episode
     timeline_id: int = -1  # set by the tracker
@@ -74,4 +80,6 @@ class Sample:
     # Per token: the call_index (within the episode) of the call whose trained token it
     # is, -1 for untrained tokens. Lets loss normalisation count calls and episodes.
     token_call_ids: list[int] = field(default_factory=list)
-    metadata: dict[str, Any] = field(default_factory=dict)
+    # Read-only for its consumers (the records, the step's break counts): each stage that adds
+    # to it builds a new one (`ajet.context.budget`).
+    metadata: Mapping[str, JSONValue] = field(default_factory=dict)
