@@ -24,6 +24,7 @@ EXAMPLES = [
     "example_frozenlake/frozenlake.yaml",
     "example_frozenlake/frozenlake_compaction.yaml",
     "example_function_workflow/adder.yaml",
+    "example_gym_frozenlake/gym_frozenlake.yaml",
     "example_learn2ask/learn2ask.yaml",
     "example_math_agent/math_agent.yaml",
     "example_math_agent/code_agent.yaml",
