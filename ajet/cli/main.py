@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("ajet.cli.train", "Train (the default command)."),
     "episode": ("ajet.cli.episode", "Run one episode: its calls, tokens, samples, reward (the inner loop)."),
     "serve": ("ajet.cli.serve", "Train on episodes that agents run elsewhere (the episode API)."),
+    "tinker": ("ajet.cli.tinker", "Serve the engine and trainer as a Tinker-compatible API (docs/tinker.md)."),
     "config": ("ajet.cli.config_cmd", "Print the default config or a resolved config."),
     "view": ("ajet.cli.view", "Write a token-level HTML viewer of a run."),
     "report": ("ajet.cli.report", "Plot a run's metrics (or compare runs) into PNGs + HTML."),

@@ -78,13 +78,19 @@ class ServedModels:
         self.initial = initial  # a checkpoint directory "initial" names, else None (module docstring)
         source = policy.source
         self.lora = hasattr(source, "peft_config")
-        self.adapters: tuple[str, ...] = tuple(source.peft_config) if self.lora else ()
         active = getattr(source, "active_adapter", None) if self.lora else None
         self.policy_adapter: str | None = active if isinstance(active, str) else None
         self._units: dict[str, FrozenModel] = {}
         self._lock = threading.Lock()  # loading: one caller loads a checkpoint, the others wait
         if self.lora:
             install_row_adapters(policy.model)
+
+    @property
+    def adapters(self) -> tuple[str, ...]:
+        """The policy's LoRA adapters, read from peft each time: one added after the engine
+        started (an `ajet tinker` training client) is served at once, on LoRA layers that
+        already existed (the row hooks are installed once, at start)."""
+        return tuple(self.policy.source.peft_config) if self.lora else ()
 
     # ---------------------------------------------------------------- resolving
     def target(self, name: str | None) -> Target:

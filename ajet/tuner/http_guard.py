@@ -45,27 +45,34 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 # What `client_token(path)` may return for a route that checks its own keys: whether a bearer key
 # (the text after "Bearer ") is one the app would accept.
 KeyCheck = Callable[[str], bool]
+_TOKEN_HINT = ("send 'Authorization: Bearer <token>' with the server's client token (episode api_keys are "
+               "for model calls only)")
 _NO_BODY_METHODS = ("GET", "HEAD")
 
 
 class BodyGuard:
     def __init__(self, app: ASGIApp, *, max_body_bytes: int,
                  client_token: Callable[[str], str | KeyCheck | None],
-                 body_timeout_s: float = ServerLimits.body_timeout_s) -> None:
+                 body_timeout_s: float = ServerLimits.body_timeout_s,
+                 key_header: str = "authorization", token_hint: str = _TOKEN_HINT) -> None:
         """`client_token(path)`: the token the route at `path` needs, a `KeyCheck` for a route
         that checks its own keys (the model routes: a per-episode api_key), or None for a route
-        that needs none."""
+        that needs none. `key_header`: where a client token is sent (`Authorization: Bearer
+        <token>`, or the whole value of another header, e.g. the Tinker SDK's `X-API-Key`);
+        `token_hint`: what a 401 for a missing or wrong client token tells the client to do."""
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.client_token = client_token
         self.body_timeout_s = body_timeout_s
+        self.key_header = key_header.lower().encode("latin-1")
+        self.token_hint = token_hint
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         headers = {k.lower(): v for k, v in scope.get("headers", [])}
-        refusal = self._refusal(scope, headers.get(b"authorization", b""))
+        refusal = self._refusal(scope, headers.get(b"authorization", b""), headers.get(self.key_header, b""))
         if refusal is not None:
             await _reply(send, *refusal)
             return
@@ -90,13 +97,14 @@ class BodyGuard:
             return  # the client left: nothing to answer
         await self.app(scope, _replay(body, receive), send)
 
-    def _refusal(self, scope: Scope, authorization: bytes) -> tuple[int, str, str, list[tuple[bytes, bytes]]] | None:
+    def _refusal(self, scope: Scope, authorization: bytes,
+                 api_key: bytes) -> tuple[int, str, str, list[tuple[bytes, bytes]]] | None:
         """(status, message, code, headers) of a request answered before its body, or None."""
         path = scope.get("path", "")
         token = self.client_token(path)
-        if isinstance(token, str) and not _bearer_matches(authorization, token):
-            return (401, "missing or wrong client token: send 'Authorization: Bearer <token>' with the "
-                    "server's client token (episode api_keys are for model calls only)",
+        given = _bearer_key(authorization) if self.key_header == b"authorization" else api_key.decode("latin-1").strip()
+        if isinstance(token, str) and not _key_matches(given, token):
+            return (401, f"missing or wrong client token: {self.token_hint}",
                     "invalid_client_token", [(b"www-authenticate", b"Bearer")])
         if callable(token):
             key = _bearer_key(authorization)
@@ -157,9 +165,8 @@ def _bearer_key(header: bytes) -> str | None:
     return given.strip() if scheme.lower() == "bearer" else None
 
 
-def _bearer_matches(header: bytes, token: str) -> bool:
-    """Whether `Authorization: Bearer <given>` carries `token` (compared in constant time)."""
-    given = _bearer_key(header)
+def _key_matches(given: str | None, token: str) -> bool:
+    """Whether the key a request showed is `token` (compared in constant time)."""
     return given is not None and secrets.compare_digest(given.encode(), token.encode())
 
 
