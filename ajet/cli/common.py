@@ -41,6 +41,7 @@ def fresh_start(run_dir: Path | None, *, fresh: bool, resume: bool) -> None:
     if fresh and resume:
         raise UserError("--fresh starts a new run and --resume continues the earlier one: pass one of them.")
     if fresh and run_dir is not None:
+        # imports ajet.config (OmegaConf, ~0.15 s), which `ajet episode --help` does not load
         from ajet.training.run_dir import move_aside
 
         if moved := move_aside(run_dir):

@@ -8,11 +8,18 @@ import logging
 import os
 import sys
 import time
-from typing import Annotated, Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from ajet.cli.common import Conf, Overrides, user_errors
+from ajet.errors import ConfigError, WorkflowLoadError
+from ajet.outputs.setup import configure_logging
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ajet.config.schema import AjetConfig, EvalSplit
+    from ajet.eval.episode import Shown
 
 
 def _process_age() -> float:
@@ -67,10 +74,9 @@ def episode(
         "change shows in the seconds of one episode. Ctrl-C ends it."))] = False,
 ) -> None:
     with user_errors():
+        # OmegaConf (~0.15 s): not for `ajet episode --help`, the lightest command
         from ajet.config import load_config
         from ajet.config.schema import EvalSplit
-        from ajet.errors import ConfigError
-        from ajet.outputs.setup import configure_logging
 
         timings: dict[str, float] = {}
         if split not in {s.value for s in EvalSplit}:
@@ -81,7 +87,9 @@ def episode(
         configure_logging(cfg.logging.level, quiet=True)
         timings["start-up"] = time.monotonic() - START
         imported = time.monotonic()
-        from ajet.eval.episode import for_debugger, show_episodes  # the rest as each part needs it
+        # pydantic, httpx, the rollout, the task readers (~0.5 s; torch and the agent framework later, as each
+        # part needs them): timed as "imports", and not for --help
+        from ajet.eval.episode import for_debugger, show_episodes
 
         timings["imports"] = time.monotonic() - imported
 
@@ -96,10 +104,10 @@ def episode(
     _exit(0 if all(view.episode.ok for view in shown.views) else 1)
 
 
-def _watch(cfg: Any, *, task: str, n: int, split: Any, hook: Any, timings: dict[str, float], tokens: bool,
-           full: bool) -> None:
+def _watch(cfg: AjetConfig, *, task: str, n: int, split: EvalSplit, hook: Callable[[BaseException], None] | None,
+           timings: dict[str, float], tokens: bool, full: bool) -> None:
     """`--watch`: show the episode, then again after each change to the workflow's files."""
-    from ajet.errors import WorkflowLoadError
+    # imported already by `episode` (see there): not for --help
     from ajet.eval.episode import Tryout, file_stamps, wait_for_change, watched_files
 
     files = watched_files(cfg)
@@ -141,20 +149,32 @@ def _post_mortem(exc: BaseException) -> None:
     pdb.post_mortem(exc.__traceback__)
 
 
-def _clip(text: Any, full: bool) -> str:
+def _clip(text: object, full: bool) -> str:
     text = text if isinstance(text, str) else json.dumps(text, ensure_ascii=False, default=str)
     text = text.replace("\n", "\\n")
     return text if full or len(text) <= CLIP else text[:CLIP] + f"... ({len(text)} chars)"
 
 
-def _content(message: dict) -> str:
+def _content(message: Mapping[str, object]) -> object:
     content = message.get("content")
     if isinstance(content, list):
-        return "".join(b.get("text", "") for b in content if isinstance(b, dict))
+        return "".join(str(b.get("text", "")) for b in content if isinstance(b, dict))
     return content or ""
 
 
-def print_shown(shown: Any, *, tokens: bool = False, full: bool = False, since: float = START) -> None:
+def _tool_calls(message: Mapping[str, object]) -> list[tuple[object, object]]:
+    """(name, arguments) of each tool call of `message`. A workflow's messages are shown as they
+    are: a part that is not in the OpenAI shape shows as None (a name) or "" (arguments)."""
+    calls = message.get("tool_calls")
+    found: list[tuple[object, object]] = []
+    for call in calls if isinstance(calls, list) else []:
+        fn = call.get("function") if isinstance(call, dict) else None
+        fn = fn if isinstance(fn, dict) else {}
+        found.append((fn.get("name"), fn.get("arguments", "")))
+    return found
+
+
+def print_shown(shown: Shown, *, tokens: bool = False, full: bool = False, since: float = START) -> None:
     """Print `shown` (`ajet.eval.episode.Shown`); the total is the seconds since `since`."""
     echo = typer.echo
     echo(f"task {shown.task.task_id} ({shown.split} #{shown.index}): {_clip(shown.task.main_query, full)}")
@@ -175,14 +195,12 @@ def print_shown(shown: Any, *, tokens: bool = False, full: bool = False, since: 
                  f"{trained} trained{fork}")
             for message in new:
                 echo(f"    {message.get('role', '?'):>9} | {_clip(_content(message), full)}")
-                for tool_call in message.get("tool_calls") or []:
-                    fn = tool_call.get("function", {})
-                    echo(f"    {'':>9} | tool call {fn.get('name')}({_clip(fn.get('arguments', ''), full)})")
+                for name, arguments in _tool_calls(message):
+                    echo(f"    {'':>9} | tool call {name}({_clip(arguments, full)})")
             reply = call.response_message or {}
             echo(f"    {'reply':>9} > {_clip(_content(reply), full)}")
-            for tool_call in reply.get("tool_calls") or []:
-                fn = tool_call.get("function", {})
-                echo(f"    {'':>9} > tool call {fn.get('name')}({_clip(fn.get('arguments', ''), full)})")
+            for name, arguments in _tool_calls(reply):
+                echo(f"    {'':>9} > tool call {name}({_clip(arguments, full)})")
             if tokens:
                 forced = call.completion_forced or [False] * len(call.completion_ids)
                 pieces = [view.decode([t]) for t in call.completion_ids]
@@ -207,7 +225,7 @@ def print_shown(shown: Any, *, tokens: bool = False, full: bool = False, since: 
             echo(f"  log_metrics: {_clip(output.log_metrics, full)}")
         truth = shown.task.metadata.get("answer")
         if truth is not None and output is not None:
-            from ajet.judge.base import answer_text
+            from ajet.judge.base import answer_text  # loaded with ajet.eval.episode; not for --help
 
             echo(f"  answer {_clip(answer_text(output), full)!r}, expected {_clip(truth, full)!r}")
     parts = "  ".join(f"{name} {seconds:.2f} s" for name, seconds in shown.timings.items())

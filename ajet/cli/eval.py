@@ -9,6 +9,7 @@ import typer
 
 from ajet.cli.common import Conf, ExpDir, Overrides, config_overrides, user_errors
 from ajet.config import load_config
+from ajet.config.validate import single_stage_config
 from ajet.models.load import role_adapter_dir
 from ajet.outputs.setup import configure_logging
 from ajet.training.export import export_checkpoint, training_checkpoint
@@ -63,7 +64,6 @@ def eval_(
             cfg.model.path = str(role_adapter_dir(cfg.model.path, role).resolve())
         from rich.console import Console
 
-        from ajet.config.validate import single_stage_config
         from ajet.eval.runner import evaluate, metrics_table  # imports torch: not for --help
 
         cfg = single_stage_config(cfg, "eval")

@@ -16,6 +16,8 @@ from pathlib import Path
 from ajet.algorithms.registry import EVAL_STAGE, get_algorithm
 from ajet.config.schema import AjetConfig
 from ajet.config.stages import needs_workflow, stage_names
+from ajet.context.diagnostics import SHAPES, template_report
+from ajet.engine.chat import ChatFormat
 from ajet.errors import ConfigError
 from ajet.judge.build import BUILTINS, load_target
 from ajet.models.resolve import cache_root, check_model_path, checkpoint_at_hand
@@ -46,6 +48,7 @@ def preflight(cfg: AjetConfig) -> list[str]:
     if any(stage != EVAL_STAGE and get_algorithm(stage).teacher for stage in stage_names(cfg)):
         done.append(check_teacher(cfg))
     if cfg.sandbox.enabled:
+        # the sandbox package (~15 ms, 7 modules): only when it is enabled, not for `ajet --help`
         from ajet.sandbox.shared import check
 
         done.append(check(cfg.sandbox))
@@ -64,8 +67,6 @@ def check_chat_template(cfg: AjetConfig) -> str:
         return "chat template: checked when the run starts (the model is converted or fetched then)"
     if not any((checkpoint / name).is_file() for name in ("tokenizer_config.json", "tokenizer.json")):
         return f"chat template: not checked (no tokenizer files in {checkpoint})"
-    from ajet.context.diagnostics import SHAPES
-
     digest = hashlib.sha256(repr([shape for shape, *_ in SHAPES]).encode())
     for name in TOKENIZER_FILES:
         if (checkpoint / name).is_file():
@@ -74,9 +75,6 @@ def check_chat_template(cfg: AjetConfig) -> str:
     if cached.is_file():
         return cached.read_text()
     from transformers import AutoTokenizer
-
-    from ajet.context.diagnostics import template_report
-    from ajet.engine.chat import ChatFormat
 
     try:
         report = template_report(ChatFormat(AutoTokenizer.from_pretrained(checkpoint)))

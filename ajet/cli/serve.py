@@ -9,7 +9,7 @@ public gateway) is the trainer's episode source.
 from __future__ import annotations
 
 import logging
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -33,6 +33,11 @@ from ajet.config.schema import ClientReward
 from ajet.errors import UserError
 from ajet.outputs.setup import configure_logging
 from ajet.training.run_dir import run_dir_of
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ajet.config.schema import AjetConfig
+    from ajet.rl.recipe import RLRecipe
+    from ajet.serve.source import ServedEpisodes
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +77,7 @@ def serve(
             typer.echo("".join(f"# {line}\n" for line in task_visibility(cfg)), nl=False)
             return
         from ajet.rl.recipe import train  # imports torch: not for --help
-        from ajet.serve.broker import RemoteWorkflow  # imports agentscope: not for --help
+        from ajet.serve.broker import RemoteWorkflow  # pydantic, httpx (~0.25 s): not for --help
 
         checked_backbone(serving_backbone(), cfg, str(conf))
         fresh_start(run_dir_of(cfg), fresh=fresh, resume=resume)
@@ -87,7 +92,7 @@ def serving_backbone() -> str:
     return next(name for name, caps in all_capabilities().items() if caps.serve)
 
 
-def served_episodes(recipe: Any) -> Any:
+def served_episodes(recipe: RLRecipe) -> ServedEpisodes:
     """The RL recipe's episode source under `ajet serve`, built at the end of its setup."""
     # imports agentscope: not for `ajet serve --help`
     from ajet.serve.source import ServedEpisodes
@@ -97,9 +102,9 @@ def served_episodes(recipe: Any) -> Any:
         start_step=recipe.training_loop.step, announce=lambda text: typer.echo(text, err=True))
 
 
-def task_visibility(cfg: Any) -> list[str]:
+def task_visibility(cfg: AjetConfig) -> list[str]:
     """What a client sees of the train tasks, and which of their metadata keys stay private."""
-    from ajet.task_reader.build import build_reader
+    from ajet.task_reader.build import build_reader  # pydantic, httpx (~0.4 s): --dry-run only
 
     tasks = build_reader(cfg.task_reader, seed=cfg.project.seed, env=cfg.env).train_tasks()
     keys = sorted({key for task in tasks for key in task.metadata})
@@ -110,7 +115,7 @@ def task_visibility(cfg: Any) -> list[str]:
             f"(of {len(tasks)} train tasks)"]
 
 
-def _check(cfg: Any) -> None:
+def _check(cfg: AjetConfig) -> None:
     if get_algorithm(cfg.algorithm.name).recipe != "rl" or cfg.pipeline.stages:
         raise UserError(f"ajet serve trains with RL ({', '.join(names(recipe='rl'))}); "
                         f"algorithm.name={cfg.algorithm.name} / pipeline.stages are for `ajet train`.", 2)

@@ -18,6 +18,7 @@ from ajet.cli.common import (
     user_errors,
 )
 from ajet.config import load_config
+from ajet.config.validate import single_stage_config
 from ajet.outputs.setup import configure_logging
 from ajet.training.run_dir import run_dir_of
 
@@ -39,7 +40,6 @@ def sft(conf: Conf, overrides: Overrides = None, exp_dir: ExpDir = None, resume:
         extra = config_overrides(overrides, project__exp_dir=exp_dir, logging__quiet=quiet,
                                  project__resume_changed=resume_changed)
         cfg = load_config(conf, extra, require_workflow=False)
-        from ajet.config.validate import single_stage_config
         from ajet.sft.recipe import train_sft  # imports torch: not for --help
 
         cfg = single_stage_config(cfg, "sft")

@@ -39,13 +39,11 @@ class ServedEpisodes:
     """An `EpisodeBroker` and the public gateway that serves its episode API and the
     per-episode model endpoint."""
 
-    @property
-    def overlaps_update(self) -> bool:
-        """Clients may run episodes during an update when rollout.max_staleness > 0."""
-        return self.broker.max_staleness > 0
-
     def __init__(self, broker: EpisodeBroker, gateway: Gateway, token: str) -> None:
         self.broker, self.gateway, self.token = broker, gateway, token
+        # Clients may run episodes during an update when rollout.max_staleness > 0 (an attribute,
+        # as EpisodeSource declares it: the broker's max_staleness is set once).
+        self.overlaps_update = broker.max_staleness > 0
 
     @classmethod
     def start(cls, cfg: AjetConfig, *, rollout: EngineRollout, reader: Any, judge: Any, run_dir: Path,
