@@ -33,6 +33,7 @@ class Capabilities:
     per_role_adapters: bool  # one LoRA adapter per role (`model.lora.per_role`)
     group_judges: bool  # judges that score a task's episodes together (`judge.type: group_rank`)
     curriculum: bool  # the task reader's curriculum (`task_reader.curriculum.key`)
+    task_selection: bool  # passing over settled tasks (`task_reader.selection`)
     generated_tasks: bool  # tasks the local model writes (`task_reader.type: generate`)
     cpu: bool  # trains on a CPU (`model.device: cpu`)
     # Its own config section (`trinity`, `verl`), or "": another backbone's section set away from
@@ -84,6 +85,9 @@ NEEDS = (
          "no group): use a per-episode judge (e.g. judge.type=llm)"),
     Need("curriculum", "task_reader.curriculum.key", lambda cfg: bool(cfg.task_reader.curriculum.key),
          " (the task reader's curriculum)", "it reads the train tasks in its own order: set it to '' (off)"),
+    Need("task_selection", "task_reader.selection.enabled", lambda cfg: cfg.task_reader.selection.enabled,
+         " (passing over the tasks the policy always or never solves)", "it reads the train tasks in its own "
+         "order: set it to false"),
     Need("generated_tasks", "task_reader.type", lambda cfg: cfg.task_reader.type.value == "generate",
          "=generate (tasks the local model writes)", "generate them with --backbone=debug first, then "
          "point task_reader.jsonl at the result"),

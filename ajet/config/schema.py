@@ -80,6 +80,7 @@ from ajet.config.tasks import (
     JudgeConfig,
     ReasoningGymEnvConfig,
     TaskReaderConfig,
+    TaskSelectionConfig,
 )
 
 __all__ = [
@@ -87,7 +88,7 @@ __all__ = [
     "AjetConfig",
     "ProjectConfig", "ModelConfig", "LoraConfig", "WorkflowConfig",
     "TaskReaderConfig", "JsonlReaderConfig", "HfDatasetReaderConfig", "EnvServiceReaderConfig",
-    "GenerateReaderConfig", "CurriculumConfig",
+    "GenerateReaderConfig", "CurriculumConfig", "TaskSelectionConfig",
     "EnvConfig", "ReasoningGymEnvConfig", "GymnasiumEnvConfig", "SPLIT_SEED_STRIDE",
     "JudgeConfig", "GroupRankConfig",
     "RolloutConfig", "DynamicSamplingConfig", "ContextConfig", "AlgorithmConfig", "DistillConfig",

@@ -67,6 +67,19 @@ class CurriculumConfig:
 
 
 @dataclass
+class TaskSelectionConfig:
+    # Rollouts where they teach (ajet/task_reader/selection.py): pass over a train task whose
+    # last `window` groups (at least `min_seen` of them) all passed or all failed, until
+    # `revisit_epochs` epochs after it was last drawn. An episode passes when it is a success (its
+    # is_success; without one, a reward >= 1). Its metrics: reader/selection_skipped,
+    # reader/settled_share. Not with a curriculum; debug backbone only.
+    enabled: bool = False
+    window: int = bounded(2, Ge(1))
+    min_seen: int = bounded(2, Ge(1))
+    revisit_epochs: int = bounded(3, Ge(1))
+
+
+@dataclass
 class TaskReaderConfig:
     type: ReaderType = ReaderType.jsonl
     shuffle: bool = True
@@ -77,6 +90,7 @@ class TaskReaderConfig:
     env_service: EnvServiceReaderConfig = field(default_factory=EnvServiceReaderConfig)
     generate: GenerateReaderConfig = field(default_factory=GenerateReaderConfig)
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+    selection: TaskSelectionConfig = field(default_factory=TaskSelectionConfig)
 
 
 # A split's k-th task is built from seed `env.seed + split * SPLIT_SEED_STRIDE + k` (train 0, val 1,

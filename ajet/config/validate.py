@@ -233,6 +233,10 @@ def task_reader_problems(cfg: AjetConfig, *, require_workflow: bool) -> Problems
     """The chosen reader's files: given where required, and there (nothing is downloaded)."""
     problems: Problems = []
     tr = cfg.task_reader
+    if tr.selection.enabled and tr.curriculum.key:
+        problems += _need(False, "task_reader.selection.enabled", "true with task_reader.curriculum.key: the "
+                          "curriculum draws from its own pool, the selection passes over tasks of the epoch walk; "
+                          "use one of them")
     if tr.type == ReaderType.jsonl and require_workflow:
         problems += _need(bool(tr.jsonl.train_path), "task_reader.jsonl.train_path", "required for the jsonl reader")
     for key, value in (

@@ -36,6 +36,7 @@ from ajet.rollout.ray_rollout import build_ray_manager, workflow_spec
 from ajet.rollout.source import EpisodeSource, managed_episodes
 from ajet.rollout.workflow_loader import WorkflowArg, trainable_targets_of
 from ajet.signals import defer_stop
+from ajet.task_reader.selection import Outcome
 from ajet.training.recipe import Closers, run_recipe
 from ajet.training.rollout_run import RolloutRun
 from ajet.training.step import overlapped_update, updating_weights
@@ -136,6 +137,7 @@ class RLRecipe:
             for step in steps:
                 start = time.monotonic()
                 result, metrics = self.roll_out(step)  # the reader's next batch, rollout.n episodes each
+                metrics.update(self.reader.observe(outcomes(result.ok_episodes)))  # task_reader.selection
                 fault_point("rollout", step)
                 # Merged samples of the episodes that ended, each token's advantage (GRPO family).
                 batch = build_step_batch(result.ok_episodes, cfg.context, cfg.algorithm, model_max_len=self.window)
@@ -284,6 +286,11 @@ class RLRecipe:
             return cache[token]
 
         write_step_records(self.run_dir, step, samples, decode_token=decode, episode_info=info)
+
+
+def outcomes(episodes: list[Episode]) -> list[Outcome]:
+    """The step's episodes as the reader's task selection sees them: passed when a success."""
+    return [Outcome(ep.task.task_id, ep.is_success) for ep in episodes]
 
 
 def has_learning_signal(samples: list[Sample]) -> bool:

@@ -31,6 +31,7 @@ from ajet.config.schema import EvalSplit
 from ajet.errors import EvalError, TaskReaderError
 from ajet.faults import fault_point
 from ajet.task_reader.curriculum import Curriculum
+from ajet.task_reader.selection import Outcome, TaskSelection
 from ajet.workflow import WorkflowTask
 
 logger = logging.getLogger(__name__)
@@ -87,6 +88,7 @@ class TaskReader:
         source: str = "",
         curriculum: Curriculum | None = None,
         test: Sequence[WorkflowTask] = (),
+        selection: TaskSelection | None = None,
     ) -> None:
         if not train:
             raise TaskReaderError(f"no train tasks from {source or 'the task source'}; check the data")
@@ -103,6 +105,8 @@ class TaskReader:
         # With a curriculum, batches are drawn from its pool instead of walking epochs.
         self.curriculum = curriculum
         self._draws = 0
+        # `task_reader.selection`: the epoch walk passes over tasks the policy always or never solves.
+        self.selection = selection
         # For `state_at_end_of`: each step's state before its first draw, with the number of
         # tasks drawn by then, and every task drawn as (draw number, step, epoch, position).
         self._before_step: dict[int, tuple[dict, int]] = {}
@@ -161,6 +165,7 @@ class TaskReader:
             return [self._train[i] for i in idx]
         batch: list[WorkflowTask] = []
         self.last_draws = []
+        passed_over = 0
         while len(batch) < batch_size:
             if self._position >= len(self._order):
                 self._epoch += 1
@@ -171,13 +176,30 @@ class TaskReader:
             if at in self._skip:  # trained before the resume
                 self._skip.discard(at)
                 continue
+            task = self._train[self._order[at[1]]]
+            if self.selection is not None:
+                # Passed over only while the walk has drawn something this epoch pass: a train set
+                # the policy has settled entirely is still drawn from.
+                if passed_over < len(self._train) and self.selection.passes_over(task.task_id, at[0]):
+                    passed_over += 1
+                    continue
+                self.selection.drawn(task.task_id, at[0])
             if self._tracking:  # the state before this draw: where a resume begins while it is open
                 self._before_draw[self._draw_count] = {**self.state_dict(), "epoch": at[0], "position": at[1]}
             self.last_draws.append(self._draw_count)
             self._drawn.append((self._draw_count, step, *at))
             self._draw_count += 1
-            batch.append(self._train[self._order[at[1]]])
+            batch.append(task)
         return batch
+
+    def observe(self, outcomes: Sequence[Outcome]) -> dict[str, float]:
+        """A step's episodes, for `task_reader.selection`; its metrics (none without it)."""
+        if self.selection is None:
+            return {}
+        with self._lock:
+            self.selection.observe(outcomes)
+            return {"reader/selection_skipped": float(self.selection.take_skipped()),
+                    "reader/settled_share": self.selection.settled_share(len(self._train))}
 
     def state_dict(self) -> dict:
         return {
@@ -189,6 +211,7 @@ class TaskReader:
             "train_fingerprint": self._train_fingerprint,
             "curriculum_draws": self._draws,
             "skip": sorted([e, p] for e, p in self._skip),
+            **({"selection": self.selection.state_dict()} if self.selection is not None else {}),
         }
 
     def track_trained(self) -> None:
@@ -271,6 +294,8 @@ class TaskReader:
         self._position = int(state["position"])
         self._draws = int(state.get("curriculum_draws", 0))
         self._skip = {(int(e), int(p)) for e, p in state.get("skip", [])}
+        if self.selection is not None and "selection" in state:
+            self.selection.load_state_dict(state["selection"])
         self._order = self._epoch_order(self._epoch)
         self._before_step, self._drawn = {}, []
         self._trained, self._before_draw = {}, {}

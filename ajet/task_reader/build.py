@@ -12,6 +12,7 @@ from ajet.task_reader.env_reader import load_env_tasks
 from ajet.task_reader.generate import LLM, aload_generated_tasks, run_sync
 from ajet.task_reader.hf_dataset import load_hf_tasks
 from ajet.task_reader.jsonl import read_jsonl_tasks
+from ajet.task_reader.selection import TaskSelection
 from ajet.workflow import WorkflowTask
 
 logger = logging.getLogger(__name__)
@@ -75,7 +76,8 @@ async def abuild_reader(cfg: TaskReaderConfig, *, seed: int, llm: LLM | None = N
     if cfg.curriculum.key:
         c = cfg.curriculum
         curriculum = Curriculum(train, key=c.key, start=c.start, ramp_steps=c.ramp_steps, seed=seed)
+    selection = TaskSelection(cfg.selection) if cfg.selection.enabled else None
     reader = TaskReader(train, val, seed=seed, shuffle=cfg.shuffle, skipped=skipped, source=source,
-                        curriculum=curriculum, test=test)
+                        curriculum=curriculum, test=test, selection=selection)
     logger.info("%r", reader)
     return reader
