@@ -13,7 +13,7 @@ import copy
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Concatenate, ParamSpec, TypeVar, cast
 
 from ajet.algorithms.options import ReferenceModel
 
@@ -28,6 +28,7 @@ logger = logging.getLogger(__name__)
 
 REFERENCE_KINDS = tuple(kind.value for kind in ReferenceModel)
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 class ReferencePolicy:
@@ -68,7 +69,7 @@ class ReferencePolicy:
         finally:
             self._model.train(was_training)
 
-    def ref_logprobs(self, forward_fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    def ref_logprobs(self, forward_fn: Callable[Concatenate[nn.Module, P], T], *args: P.args, **kwargs: P.kwargs) -> T:
         """`forward_fn(reference_model, *args, **kwargs)` without gradients."""
         import torch
 
