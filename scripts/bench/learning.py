@@ -30,8 +30,17 @@ Writes OUT/bench_learning.json (merged: examples not run keep their last result)
 OUT/bench_learning_<name>.png (the metric against minutes) and OUT/bench_learning.md (the
 table as markdown); prints the table. After a run into docs/learning/,
 `scripts/tools/docs_results.py` regenerates docs/results/learning.md from the JSON (a unit test fails
-until it has). Exits 1 when a run failed or missed its threshold. Minutes over the budget are shown, not failed: the machine may be
+until it has). Minutes over the budget are shown, not failed: the machine may be
 shared, and a benchmark measures time, it does not assert it.
+
+A row's verdict (scripts/bench/learning_verdict.py): each test task's episode scores are recorded
+for base and trained (`scores`, from the eval reports' episodes), and a paired bootstrap over
+tasks (scripts/bench/stats.py) gives the 95 % intervals of base, trained and the gain
+(`intervals`). The row passes when the interval its threshold is about (the gain's for
+`>= base + X`, the trained score's for `>= X`) lies at or above the threshold, fails when it lies
+below, and is "inconclusive" when it straddles it: the run cannot tell, more episodes would. A row
+whose metric has no per-episode score, or that has one task, is judged on its point figures and
+says so (`judged`). Exits 1 when a run failed or its interval is below its threshold.
 
 The protocol: settings (steps, learning rates, ...) and thresholds were chosen from the val
 split and the runs documented on val, never by looking at a test split.
@@ -67,6 +76,7 @@ from scripts.bench.common import (
     save_figure,
 )
 from scripts.bench.learning_curve import points
+from scripts.bench.learning_verdict import Judgement, gain_text, judge, score_text, why_no_interval
 
 OUT = REPO / "docs" / "learning"
 # (GRPO train row, SFT train row): the trained samples' tokens, and what packing forwarded
@@ -369,17 +379,23 @@ class Result:
     minutes: float
     tokens_trained: int
     tokens_forwarded: int
-    threshold: float  # absolute: what `trained` had to reach
+    threshold: float  # absolute: what `trained` had to reach (on the point figures)
     threshold_text: str
     budget_min: float
     passed: bool
-    status: str  # "pass", "FAIL", or what went wrong
+    status: str  # "pass", "FAIL", "inconclusive" (the interval straddles the threshold), or what went wrong
     base_cached: bool = False
     also: dict[str, list[float | None]] = field(default_factory=dict)  # metric -> [base, trained] on test
     points: list[dict[str, Any]] = field(default_factory=list)  # minutes, label, split, value
     command: list[str] = field(default_factory=list)
     date: str = ""
     machine: dict[str, Any] = field(default_factory=dict)  # CPU, cores, AVX and AMX flags, load at start and end
+    # Since 2026-12-06 (learning_verdict.py): each test task's episode scores, "base"/"trained" ->
+    # task id -> scores; the 95 % intervals, "base"/"trained"/"gain" -> [low, high]; and how the
+    # status was reached: "interval", or why the point figures decided ("": recorded before).
+    scores: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    intervals: dict[str, list[float]] = field(default_factory=dict)
+    judged: str = ""
 
 
 Runner = Callable[[Example, Path, bool], Result]
@@ -616,6 +632,7 @@ def collect(example: Example, run_dir: Path, *, minutes: float, cached_base: boo
                           "value": float(value)})
     tests = [p for p in curve if p["split"] == "test"]
     tested = [p["metrics"] for p in every if p["split"] == "test"]
+    reports = [p["report"] for p in every if p["split"] == "test"]
     also = also_metrics(example, tested, cached_base) if finished else {}
     if cached_base:
         base = example.base
@@ -624,15 +641,19 @@ def collect(example: Example, run_dir: Path, *, minutes: float, cached_base: boo
         base = tests[0]["value"] if tests else None
     trained = tests[-1]["value"] if len(tests) >= (1 if cached_base else 2) else None
     threshold = (base or 0.0) + example.threshold if example.gain else example.threshold
-    passed = status == "ok" and trained is not None and base is not None and trained >= threshold
+    judgement = Judgement(status, "")
+    if trained is not None:
+        judgement = judge(metric=example.metric, threshold=example.threshold, gain=example.gain, base=base,
+                          trained=trained, base_report=None if cached_base else reports[0], trained_report=reports[-1])
     if status == "ok":
-        status = "pass" if passed else ("FAIL" if trained is not None else "error: no test evaluation")
+        status = judgement.status if trained is not None else "error: no test evaluation"
     return Result(name=example.name, metric=example.metric, base=base, trained=trained, minutes=round(minutes, 2),
                   tokens_trained=token_sum(run_dir, TRAINED_KEYS),
                   tokens_forwarded=token_sum(run_dir, FORWARDED_KEYS), threshold=round(threshold, 4),
-                  threshold_text=example.threshold_text(), budget_min=example.budget_min, passed=passed,
+                  threshold_text=example.threshold_text(), budget_min=example.budget_min, passed=status == "pass",
                   status=status, base_cached=cached_base, also=also, points=curve, command=list(cmd or []),
-                  date=date or time.strftime("%Y-%m-%d %H:%M"), machine=dict(machine or {}))
+                  date=date or time.strftime("%Y-%m-%d %H:%M"), machine=dict(machine or {}),
+                  scores=judgement.scores, intervals=judgement.intervals, judged=judgement.judged)
 
 
 def also_metrics(example: Example, tests: list[dict[str, Any]], cached_base: bool) -> dict[str, list[float | None]]:
@@ -666,20 +687,31 @@ def token_sum(run_dir: Path, keys: tuple[str, ...]) -> int:
 def table_rows(results: list[Result]) -> list[list[str]]:
     rows = []
     for r in results:
-        base = fmt(r.base) + (" (cached)" if r.base_cached else "")
+        base = score_text(r.base, r.intervals.get("base")) + (" (cached)" if r.base_cached else "")
         over = " (over budget)" if r.minutes > r.budget_min else ""
-        rows.append([r.name, f"test {r.metric}", f"{base} -> {fmt(r.trained)}",
-                     f"{r.minutes:.1f} / {r.budget_min:g}{over}", f"{r.tokens_trained:,}",
+        rows.append([r.name, f"test {r.metric}", f"{base} -> {score_text(r.trained, r.intervals.get('trained'))}",
+                     gain_text(r.base, r.trained, r.intervals), f"{r.minutes:.1f} / {r.budget_min:g}{over}",
+                     f"{r.tokens_trained:,}",
                      r.threshold_text + (f" ({r.threshold:.2f})" if "base" in r.threshold_text else ""),
                      r.status])
     return rows
 
 
-HEADERS = ["example", "metric", "base -> trained", "minutes / budget", "tokens trained", "threshold", "result"]
+HEADERS = ["example", "metric", "base -> trained [95% CI]", "gain [95% CI]", "minutes / budget", "tokens trained",
+           "threshold", "result"]
+
+
+def no_interval_lines(results: list[Result]) -> list[str]:
+    """One line a finished row without an interval: why, and that its result is the point rule's."""
+    return [f"{r.name}: no CI ({why_no_interval(r.judged)}); its result compares the point figures"
+            for r in results if r.trained is not None and why_no_interval(r.judged)]
 
 
 def markdown(results: list[Result], images: dict[str, str]) -> str:
     lines = markdown_table(HEADERS, table_rows(results))
+    lines += ["", "The 95 % intervals are a paired bootstrap over test tasks (scripts/bench/stats.py): pass when "
+              "the interval the threshold is about (the gain's for `>= base + X`) lies at or above it, FAIL "
+              "when below, inconclusive when it straddles it.", *no_interval_lines(results)]
     also = [[r.name, key, f"{fmt(base)} -> {fmt(trained)}"] for r in results for key, (base, trained) in r.also.items()]
     if also:
         lines += ["", "More test metrics of the same runs (base -> trained):", "",
@@ -765,8 +797,14 @@ def main(argv: list[str], runner: Runner = run_example) -> int:
     path = write_outputs(results, args.out)
     print_table("bench_learning: trained within a wall budget, scored on the test split", HEADERS,
                 table_rows(results))
+    for line in no_interval_lines(results):
+        print(line)
+    unresolved = [r.name for r in results if r.status == "inconclusive"]
+    if unresolved:
+        print(f"inconclusive (the interval straddles the threshold; more episodes would resolve it, not a "
+              f"failure): {', '.join(unresolved)}")
     print(f"wrote {path} and the PNGs and bench_learning.md beside it")
-    return 0 if all(r.passed for r in results) else 1
+    return 0 if all(r.status in ("pass", "inconclusive") for r in results) else 1
 
 
 if __name__ == "__main__":

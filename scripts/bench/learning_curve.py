@@ -62,7 +62,8 @@ def train(conf: Path, seed: int, name: str, exp_dir: str, overrides: list[str]) 
 
 
 def points(run_dir: Path) -> list[dict]:
-    """(minutes since launch, label, metrics) of every evaluation of the run, in time order."""
+    """(minutes since launch, label, split, metrics) of every evaluation of the run, in time order;
+    an eval stage's point also names its report (`report`: its episodes are the per-task scores)."""
     launch_file = run_dir / "launch.json"
     launch = json.loads(launch_file.read_text())["time"] if launch_file.is_file() else None
     out: list[dict] = []
@@ -74,7 +75,7 @@ def points(run_dir: Path) -> list[dict]:
             data = json.loads(report.read_text())
             split = str(data.get("split") or "val")
             out.append({"time": report.stat().st_mtime, "label": f"eval {report.stem[5:]} ({split})",
-                        "split": split, "metrics": data["metrics"]})
+                        "split": split, "metrics": data["metrics"], "report": report})
         elif stage.get("run_dir") and (Path(stage["run_dir"]) / "metrics.jsonl").is_file():
             out += _val_points(Path(stage["run_dir"]), stage.get("stage", "train"))
     out.sort(key=lambda p: p["time"])

@@ -6,7 +6,9 @@ benches commit under docs/learning/, so that a figure on the page cannot drift f
 
 Sources (every committed copy: docs/learning/ and its subfolders, one run or seed each):
 - bench_learning.json (scripts/bench/learning.py): one row a run: the test metric base ->
-  trained, minutes, the threshold, the date, the CPU, and the ajet argv it ran;
+  trained with their 95 % intervals and the gain's (rows since 2026-12-06; older rows recorded
+  no per-task scores and say so), minutes, the verdict against the threshold, the date, the
+  CPU, the ajet argv it ran, and the episodes that would resolve a +0.10 gain at its variance;
 - bench_vs_trl.json (scripts/bench/vs_trl.py): test success at each minute mark, per
   method, with the date and the CPU flags;
 - bench_distill.json (scripts/bench/distill.py): test success against training minutes, per
@@ -15,7 +17,8 @@ Sources (every committed copy: docs/learning/ and its subfolders, one run or see
 A row's command is the bench command that reruns it, rebuilt from what its JSON recorded (the
 example's name, the seed, the output folder); the exact argv of a bench_learning run is in its
 JSON. The speed benchmarks commit no JSON: docs/results/speed.md is written by hand.
-Standard library only (and the learning bench's registry and scripts.bench.common, which are).
+Standard library only (and the learning bench's registry, its verdict's text and
+scripts.bench.common, which are), but for numpy in scripts.bench.stats.
 """
 
 from __future__ import annotations
@@ -28,6 +31,14 @@ from typing import Any
 
 from scripts.bench.common import REPO, fmt, markdown_table
 from scripts.bench.learning import REGISTRY
+from scripts.bench.learning_verdict import (
+    RECORDED_BEFORE,
+    gain_text,
+    intervals,
+    score_text,
+    why_no_interval,
+)
+from scripts.bench.stats import episodes_to_resolve, paired_variance
 from scripts.tools.docs_blocks import run
 
 LEARNING = REPO / "docs" / "learning"
@@ -101,18 +112,23 @@ def learning_row(r: dict[str, Any], path: Path) -> list[str]:
                + (f" --seed {seed}" if seed else "") + (" --cached-base" if r["base_cached"] else "")
                + out_option(path) + "`")
     result = f"{base_name(r['name'])}" + (f" (seed {seed})" if seed else "")
-    score = f"{fmt(r['base'])}{' (cached)' if r['base_cached'] else ''} -> {fmt(r['trained'])}"
+    intervals = r.get("intervals", {})
+    score = (f"{score_text(r['base'], intervals.get('base'))}{' (cached)' if r['base_cached'] else ''} -> "
+             f"{score_text(r['trained'], intervals.get('trained'))}")
     also = [f"{label} {fmt(r['also'][key][0])} -> {fmt(r['also'][key][1])}"
             for key, label in ALSO_SHOWN.items() if key in r.get("also", {})]
     over = ", over" if r["minutes"] > r["budget_min"] else ""
     machine = r.get("machine") or {}
     return [result, what_ran(r["command"]), f"test {r['metric']}", "; ".join([score, *also]),
-            f"{r['minutes']:.1f} ({r['budget_min']:g}{over})", f"{r['status']} ({r['threshold_text']})",
-            cpu(machine.get("cpu", ""), machine.get("avx", [])), r["date"][:10] or "not recorded", command]
+            gain_text(r["base"], r["trained"], intervals), episodes_needed(r),
+            f"{r['minutes']:.1f} ({r['budget_min']:g}{over})",
+            f"{r['status']} ({r['threshold_text']})", cpu(machine.get("cpu", ""), machine.get("avx", [])),
+            r["date"][:10] or "not recorded", command]
 
 
-def bench_learning_block() -> str:
-    """One row a run of an example in the registry: the latest per run name and machine type."""
+def latest_learning_rows() -> tuple[list[tuple[dict[str, Any], Path]], list[str]]:
+    """The latest row per run name and machine type of every registry example, in registry order,
+    with the file it came from; and the names of rows no longer in the registry."""
     registry = [e.name for e in REGISTRY]
     latest: dict[tuple[str, str], tuple[dict[str, Any], Path]] = {}
     others = []
@@ -127,8 +143,15 @@ def bench_learning_block() -> str:
                 latest[key] = (r, path)
     order = sorted(latest.values(), key=lambda rp: (registry.index(base_name(rp[0]["name"])), rp[0]["name"],
                                                     rp[0]["date"]))
-    headers = ["run", "what ran (YAML: stages)", "metric", "base -> trained", "minutes (budget)", "result (threshold)",
-               "CPU", "date", "command"]
+    return order, others
+
+
+def bench_learning_block() -> str:
+    """One row a run of an example in the registry: the latest per run name and machine type."""
+    registry = [e.name for e in REGISTRY]
+    order, others = latest_learning_rows()
+    headers = ["run", "what ran (YAML: stages)", "metric", "base -> trained [95% CI]", "gain [95% CI]",
+               "±0.10 needs", "minutes (budget)", "result (threshold)", "CPU", "date", "command"]
     lines = markdown_table(headers, [learning_row(r, p) for r, p in order])
     cores = {(r.get("machine") or {}).get("cores") for r, _ in order}
     ran = {base_name(r["name"]) for r, _ in order}
@@ -140,7 +163,46 @@ def bench_learning_block() -> str:
     if others:
         lines.append(f"In the JSON but no longer in the registry (settings since replaced; the log has them): "
                      f"{', '.join(others)}.")
+    before = [r for r, _ in order if r["trained"] is not None and not r.get("judged")]
+    if before:
+        lines.append(f"No CI in {len(before)} of {len(order)} rows: {RECORDED_BEFORE} (2026-12-06); their result is "
+                     "the point rule's (trained >= threshold), and a rerun gives them an interval.")
+    lines += [f"No CI in {r['name']}: {why_no_interval(r['judged'])}; its result is the point rule's."
+              for r, _ in order if r["trained"] is not None and r.get("judged") and why_no_interval(r["judged"])]
     return "\n".join(lines)
+
+
+BOUND = "bound from the rates"
+
+
+def recomputed_intervals(r: dict[str, Any]) -> dict[str, list[float]] | None:
+    """A recorded row's intervals as the bootstrap gives them now, from its recorded per-task scores
+    (a test compares them with the recorded ones)."""
+    return intervals(r["scores"], r["base"] if r["base_cached"] else None)
+
+
+def pair_variance(r: dict[str, Any]) -> tuple[float, str] | None:
+    """The variance of one episode pair's gain (trained - base) of a row, and where it comes from:
+    its per-task scores (a task's gain variance times its episodes), or without them a bound from
+    its two rates (p(1 - p) each, the most a score in [0, 1] with mean p varies, base and trained
+    independent). None without both figures."""
+    scores = r.get("scores") or {}
+    if scores.get("base") and len(scores.get("trained", {})) >= 2:
+        variance, tasks, episodes = paired_variance(scores["base"], scores["trained"])
+        return variance * episodes, f"per-task scores, {tasks} tasks x {episodes:g}"
+    if r["base"] is None or r["trained"] is None or r["base_cached"]:
+        return None
+    rates = [min(1.0, max(0.0, v)) for v in (r["base"], r["trained"])]
+    return sum(p * (1 - p) for p in rates), BOUND
+
+
+def episodes_needed(r: dict[str, Any]) -> str:
+    """The episodes (tasks x episodes) whose 95 % gain interval is +-0.10 wide, at the row's variance
+    ("bound" when it comes from the rates); "—" without both figures or without any spread."""
+    found = pair_variance(r)
+    if found is None or found[0] <= 0:
+        return "—"
+    return f"{episodes_to_resolve(found[0]):,}" + (" (bound)" if found[1] == BOUND else "")
 
 
 # ---------------------------------------------------------------------- bench_vs_trl

@@ -1,6 +1,7 @@
 """scripts/bench/learning.py without training: its registry loads as configs with a test
-split, a finished run dir is read into base -> trained, minutes, tokens and pass/fail, and
-the table, JSON, PNGs and markdown are written (a fake runner stands in for the runs)."""
+split, a finished run dir is read into base -> trained, minutes, tokens, the per-task scores,
+their intervals and the verdict, and the table, JSON, PNGs and markdown are written (a fake
+runner stands in for the runs)."""
 
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ def test_registry_pins_loadable_configs_with_a_test_split(bench: Any, tmp_path: 
                 overrides = cmd[cmd.index("--backbone=debug") + 1:]
                 cfg = load_config(REPO / e.conf, [o for o in overrides if not o.startswith("project.exp_dir")])
                 assert cfg.eval.split.value == "test"
-                assert [s.value for s in cfg.pipeline.stages] == [*e.warmup, "eval", *e.stages, "eval"]
+                assert [getattr(s, "value", s) for s in cfg.pipeline.stages] == [*e.warmup, "eval", *e.stages, "eval"]
             assert build_reader(cfg.task_reader, seed=0).test_tasks(), f"{e.name}: no test tasks"
 
 
@@ -94,8 +95,14 @@ def _never(*args: Any) -> Any:
     raise AssertionError("no run expected")
 
 
-def fake_run(root: Path, *, base: float, trained: float | None, launch: float = 1000.0) -> Path:
-    """A pipeline run dir as ajet leaves it: [eval, grpo, eval], the reports on test."""
+Scores = dict[str, list[float]]
+
+
+def fake_run(root: Path, *, base: float, trained: float | None, launch: float = 1000.0,
+             scores: tuple[Scores, Scores] | None = None) -> Path:
+    """A pipeline run dir as ajet leaves it: [eval, grpo, eval], the reports on test; with
+    `scores` (base's, trained's: task -> episodes' success), the reports list their episodes
+    and their success/rate is the mean."""
     run = root / "run"
     grpo = run / "stages" / "02_grpo"
     grpo.mkdir(parents=True)
@@ -114,7 +121,13 @@ def fake_run(root: Path, *, base: float, trained: float | None, launch: float = 
             continue
         report = run / "eval" / f"eval_{name}.json"
         report.parent.mkdir(parents=True, exist_ok=True)
-        report.write_text(json.dumps({"name": name, "split": "test", "metrics": {"success/rate": value}}))
+        data: dict[str, Any] = {"name": name, "split": "test", "metrics": {"success/rate": value}}
+        if scores is not None:
+            by_task = scores[0 if index == 1 else 1]
+            data["episodes"] = [{"task_id": task, "episode_id": f"{task}-{i}", "success": bool(v), "reward": v}
+                                for task, values in by_task.items() for i, v in enumerate(values)]
+            data["metrics"]["success/rate"] = sum(sum(v) for v in by_task.values()) / len(data["episodes"])
+        report.write_text(json.dumps(data))
         os.utime(report, (launch + at, launch + at))
         stages.append({"stage": "eval", "index": index, "eval": str(report)})
         if index == 1:
@@ -128,6 +141,7 @@ def test_collect_reads_base_trained_tokens_and_the_curve(bench: Any, tmp_path: P
     result = bench.collect(adder, fake_run(tmp_path, base=0.1, trained=0.75), minutes=3.5, cached_base=False)
     assert (result.base, result.trained, result.tokens_trained, result.tokens_forwarded) == (0.1, 0.75, 5500, 2500)
     assert result.passed and result.status == "pass" and result.threshold == adder.threshold
+    assert result.judged == "an eval report lists no episodes" and not result.intervals  # judged on the points
     assert [(p["split"], p["value"]) for p in result.points] == [
         ("test", 0.1), ("val", 0.25), ("val", 0.5), ("test", 0.75)]
     assert result.points[0]["minutes"] == pytest.approx(0.5) and result.points[-1]["minutes"] == pytest.approx(3.0)
@@ -206,7 +220,7 @@ def test_main_writes_table_json_pngs_and_markdown(bench: Any, tmp_path: Path,
     data = json.loads((out / "bench_learning.json").read_text())
     assert list(data["results"]) == ["adder", "math_agent"]
     md = (out / "bench_learning.md").read_text()
-    assert "| adder | test success/rate | 0.000 -> 0.800 | 4.2 / 6 | 123,456 | >= 0.50 | pass |" in md
+    assert "| adder | test success/rate | 0.000 -> 0.800 | +0.800 (no CI) | 4.2 / 6 | 123,456 | >= 0.50 | pass |" in md
     assert "| math_agent |" in md and "FAIL" in md and "![adder](bench_learning_adder.png)" in md
 
 
@@ -284,3 +298,97 @@ def test_a_rows_checkpoints_go_once_it_is_read_unless_kept(bench: Any, tmp_path:
                       runner=runner) == 0
     assert len(list(stages.rglob("checkpoints"))) == 2
     assert bench.drop_checkpoints(exp / "adder") == 2000 and not list(stages.rglob("checkpoints"))
+
+
+def tasks(rates: list[float], episodes: int = 4) -> Scores:
+    """Task -> `episodes` 0/1 scores whose mean is as near the task's rate as `episodes` allow."""
+    return {f"t{i}": [1.0] * round(r * episodes) + [0.0] * (episodes - round(r * episodes))
+            for i, r in enumerate(rates)}
+
+
+def test_a_row_is_judged_on_its_gain_interval(bench: Any, tmp_path: Path) -> None:
+    """frozenlake_step_credit asks for >= base + 0.10: pass when the whole gain interval is at or
+    above 0.10, FAIL when below, inconclusive when it straddles it; the per-task scores and the
+    intervals are recorded."""
+    (e,) = bench.select("frozenlake_step_credit")
+    base = tasks([0.25, 0.5, 0.0, 0.25] * 4)  # 16 maps x 4 episodes
+    cases = {"pass": tasks([0.75, 1.0, 0.5, 0.75] * 4), "FAIL": base,
+             "inconclusive": tasks([0.5, 0.75, 0.0, 0.25] * 4)}
+    for want, trained in cases.items():
+        run = fake_run(tmp_path / want, base=0, trained=0, scores=(base, trained))
+        r = bench.collect(e, run, minutes=9, cached_base=False)
+        assert (r.status, r.passed, r.judged) == (want, want == "pass", "interval"), r.intervals
+        assert r.scores == {"base": base, "trained": trained}
+        assert set(r.intervals) == {"base", "trained", "gain"}
+        low, high = r.intervals["gain"]
+        assert low <= r.trained - r.base <= high
+    assert r.intervals["gain"][0] < 0.10 < r.intervals["gain"][1]  # the inconclusive one
+
+
+def test_an_absolute_threshold_is_judged_on_the_trained_interval(bench: Any, tmp_path: Path) -> None:
+    (adder,) = bench.select("adder")  # trained >= 0.50
+    base = tasks([0.0] * 16)
+    high = bench.collect(adder, fake_run(tmp_path / "a", base=0, trained=0, scores=(base, tasks([0.75, 1.0] * 8))),
+                         minutes=3, cached_base=False)
+    assert high.status == "pass" and high.intervals["trained"][0] >= 0.5
+    near = bench.collect(adder, fake_run(tmp_path / "b", base=0, trained=0, scores=(base, tasks([0.25, 0.75] * 8))),
+                         minutes=3, cached_base=False)
+    assert near.status == "inconclusive" and near.intervals["trained"][0] < 0.5 < near.intervals["trained"][1]
+
+
+def test_without_per_episode_scores_the_point_figures_decide_and_say_so(bench: Any, tmp_path: Path) -> None:
+    """A metric the eval report has no per-episode score for (a workflow's behaviour metric), or a
+    single test task: judged by the rule before intervals, and the row says why."""
+    (e,) = bench.select("frozenlake_grpo_after_warmup")  # >= base
+    run = fake_run(tmp_path / "a", base=0.25, trained=0.5, scores=(tasks([0.25] * 8), tasks([0.5] * 8)))
+    for report in (run / "eval").iterdir():
+        data, stamp = json.loads(report.read_text()), report.stat().st_mtime
+        data["metrics"]["workflow/vote_hit/villager"] = 0.5
+        report.write_text(json.dumps(data))
+        os.utime(report, (stamp, stamp))
+    behaviour = bench.collect(bench.replace(e, metric="workflow/vote_hit/villager"), run, minutes=9, cached_base=False)
+    assert behaviour.judged == "workflow/vote_hit/villager has no per-episode score" and not behaviour.intervals
+    one = bench.collect(e, fake_run(tmp_path / "b", base=0, trained=0, scores=({"t": [0.0, 1.0]}, {"t": [1.0, 1.0]})),
+                        minutes=9, cached_base=False)
+    assert (one.status, one.judged, one.intervals) == ("pass", "one test task", {})
+    assert one.scores == {"base": {"t": [0.0, 1.0]}, "trained": {"t": [1.0, 1.0]}}
+
+
+def test_the_tables_show_the_intervals_and_main_exits_1_only_on_a_fail(bench: Any, tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture) -> None:
+    (e,) = bench.select("frozenlake_step_credit")
+    base = tasks([0.25, 0.5, 0.0, 0.25] * 4)
+    runs = {"inconclusive": tasks([0.5, 0.75, 0.0, 0.25] * 4), "FAIL": base}
+    for want, trained in runs.items():
+        rows = bench.collect(e, fake_run(tmp_path / want, base=0, trained=0, scores=(base, trained)),
+                             minutes=9, cached_base=False)
+        assert bench.main(["--only", e.name, "--out", str(tmp_path / "out")],
+                          runner=lambda *a, row=rows: row) == (0 if want == "inconclusive" else 1)
+    printed = capsys.readouterr().out
+    assert "inconclusive (the interval straddles the threshold" in printed
+    (row,) = bench.table_rows([rows])
+    assert row[2] == "0.250 [0.16, 0.34] -> 0.250 [0.16, 0.34]" and row[3] == "+0.000 [0.00, 0.00]"
+    old = dataclasses.replace(rows, scores={}, intervals={}, judged="")  # a row recorded before intervals
+    (row,) = bench.table_rows([old])
+    assert row[2] == "0.250 -> 0.250" and row[3] == "+0.000 (no CI)"
+    assert ("frozenlake_step_credit: no CI (recorded before the bench kept per-task scores)"
+            in bench.markdown([old], {}))
+
+
+def test_per_task_scores_are_read_from_the_report_ajet_eval_writes(script: Any, tmp_path: Path) -> None:
+    """The verdict reads the episodes `ajet.eval.metrics.write_report` writes: their mean over
+    tasks of equal episodes is the report's success/rate and reward/mean (a failed episode 0)."""
+    from ajet.eval.metrics import EpisodeResult, summarize, write_report
+
+    verdict = script("bench.learning_verdict")
+    results = [EpisodeResult(task_id=f"t{i % 3}", episode_id=f"e{i}", status="ok" if i != 4 else "timeout",
+                             reward=[0.5, 1.0, 0.0][i % 3] if i != 4 else 0.0, success=i % 3 == 1 and i != 4, calls=1)
+               for i in range(12)]
+    metrics = summarize(results, k=4)
+    report = tmp_path / "eval_x.json"
+    write_report(report, name="x", model="m", split="test", n=4, temperature=1.0, metrics=metrics, results=results)
+    for metric in ("success/rate", "reward/mean"):
+        scores = verdict.task_scores(report, metric)
+        assert sorted(scores) == ["t0", "t1", "t2"] and all(len(v) == 4 for v in scores.values())
+        assert sum(sum(v) for v in scores.values()) / 12 == pytest.approx(metrics[metric])
+    assert verdict.task_scores(report, "workflow/vote_hit/villager") == {}

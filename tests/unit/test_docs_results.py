@@ -1,5 +1,6 @@
 """docs/results/learning.md's tables are what scripts/tools/docs_results.py builds from the committed
-benchmark JSON: a figure cannot drift from its run, and each row names the command that reruns it."""
+benchmark JSON: a figure cannot drift from its run, each row names the command that reruns it, and
+a learning row shows its intervals and verdict (or says why it has none)."""
 
 from __future__ import annotations
 
@@ -88,3 +89,51 @@ def test_cpu_labels_name_the_widest_instruction_set(gen: Any) -> None:
     assert gen.cpu("AMD EPYC", ["avx2", "avx512f", "avx512_bf16"]) == "AMD EPYC, AVX-512 + avx512_bf16"
     assert gen.cpu("AMD EPYC 7B13", ["avx", "avx2"]) == "AMD EPYC 7B13, AVX2 only"
     assert gen.cpu("", []) == "CPU model not recorded, flags not recorded"
+
+
+def learning_json(**kw: Any) -> dict[str, Any]:
+    """A bench_learning.json row of frozenlake_step_credit (>= base + 0.10)."""
+    row = {"name": "frozenlake_step_credit", "metric": "success/rate", "base": 0.25, "trained": 0.375,
+           "minutes": 16.4, "budget_min": 20, "threshold": 0.35, "threshold_text": ">= base + 0.10",
+           "status": "inconclusive", "base_cached": False, "also": {}, "date": "2026-12-06 10:00",
+           "command": ["ajet", "--conf", "x/frozenlake_step_credit.yaml", "pipeline.stages=[sft,eval,grpo,eval]"],
+           "machine": {"cpu": "AMD EPYC", "avx": ["avx2"], "cores": 2}}
+    return {**row, **kw}
+
+
+def test_a_learning_row_shows_its_intervals_and_verdict(gen: Any, tmp_path: Path) -> None:
+    path = gen.LEARNING / "bench_learning.json"
+    row = gen.learning_row(learning_json(intervals={"base": [0.19, 0.31], "trained": [0.28, 0.47],
+                                                    "gain": [0.05, 0.2]}, judged="interval"), path)
+    assert row[3:5] == ["0.250 [0.19, 0.31] -> 0.375 [0.28, 0.47]", "+0.125 [0.05, 0.20]"]
+    assert row[6:8] == ["16.4 (20)", "inconclusive (>= base + 0.10)"]
+    old = gen.learning_row(learning_json(status="FAIL"), path)  # recorded before per-task scores
+    assert old[3:5] + old[6:8] == ["0.250 -> 0.375", "+0.125 (no CI)", "16.4 (20)", "FAIL (>= base + 0.10)"]
+
+
+def test_the_page_says_which_rows_have_no_interval(gen: Any) -> None:
+    body = gen.blocks()[gen.PAGE]["bench_learning"]
+    rows, _ = gen.latest_learning_rows()
+    before = [r for r, _ in rows if r["trained"] is not None and not r.get("judged")]
+    if before:
+        assert f"No CI in {len(before)} of {len(rows)} rows: recorded before the bench kept per-task scores" in body
+    for r, _ in rows:
+        if r.get("judged") == "interval":  # the recorded interval is what the bootstrap gives now
+            intervals = gen.recomputed_intervals(r)
+            assert intervals == r["intervals"], r["name"]
+            low, high = r["intervals"]["gain"]
+            assert f"[{low:.2f}, {high:.2f}]" in body
+
+
+def test_episodes_to_resolve_a_gain_come_from_per_task_scores_else_the_rates(gen: Any) -> None:
+    scores = {"base": {"a": [0.0, 0.0], "b": [1.0, 0.0], "c": [0.0, 0.0]},
+              "trained": {"a": [1.0, 1.0], "b": [1.0, 1.0], "c": [0.0, 0.0]}}
+    variance, source = gen.pair_variance(learning_json(scores=scores))
+    assert variance == pytest.approx(0.25 * 2) and source == "per-task scores, 3 tasks x 2"  # var(1, .5, 0) x 2
+    variance, source = gen.pair_variance(learning_json())
+    assert variance == pytest.approx(0.25 * 0.75 + 0.375 * 0.625) and source == "bound from the rates"
+    assert gen.pair_variance(learning_json(base=0.25, base_cached=True)) is None
+    # 1.96^2 x v / 0.10^2: 3.8415 x 0.5 / 0.01 = 192.07 -> 193 measured; the rates' bound says so
+    assert gen.episodes_needed(learning_json(scores=scores)) == "193"
+    assert gen.episodes_needed(learning_json()) == "163 (bound)"  # 3.8415 x (0.1875 + 0.2344) / 0.01 = 162.1
+    assert gen.episodes_needed(learning_json(base=0.0, trained=0.0)) == "—"  # no spread at all
