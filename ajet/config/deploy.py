@@ -1,5 +1,5 @@
 """The schema's sections about where a run's parts live: Ray, `ajet serve`, helper services
-(environments, vLLM servers) and the GPU backbones (trinity, verl). Part of the one schema
+(environments, vLLM servers) and the remote backbones (trinity, verl, tinker). Part of the one schema
 (`ajet.config.schema` re-exports them; defaults live here and nowhere else)."""
 
 from __future__ import annotations
@@ -113,3 +113,15 @@ class VerlConfig:
     strategy: str = "fsdp"
     gpu_memory_utilization: float = bounded(0.5, Interval(gt=0, le=1))
     tensor_model_parallel_size: int = bounded(1, Ge(1))
+
+
+@dataclass
+class TinkerConfig:
+    # The tinker backbone (docs/tinker.md): the workflow runs here, sampling and training on a
+    # Tinker-compatible service (hosted Tinker, `ajet tinker`, SkyRL tx). The adapter it trains is
+    # `model.lora` (Tinker trains LoRA only: enabled, r, target_modules; alpha is the service's).
+    base_url: str = ""  # "" = the SDK's default: $TINKER_BASE_URL, else the hosted service
+    # "" = $TINKER_API_KEY (what the SDK reads); or `${file:PATH}` / `${oc.env:NAME}`, never a literal key.
+    api_key: str = ""
+    base_model: str = ""  # the service's model name (`get_server_capabilities()` lists them)
+    request_timeout_s: float = bounded(600.0, Gt(0))  # how long one service request may take

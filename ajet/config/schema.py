@@ -3,7 +3,7 @@
 Every setting and its default lives in a section module, beside the comment that documents it:
 `ajet.config.run` (project, model, workflow, trainer, logging, pipeline), `ajet.config.tasks`
 (task_reader, env, judge, eval), `ajet.config.learning` (rollout, context, algorithm, distill, sft)
-and `ajet.config.deploy` (ray, serve, sandbox, trinity, verl, services); the choices are in
+and `ajet.config.deploy` (ray, serve, sandbox, trinity, verl, tinker, services); the choices are in
 `ajet.config.choices`. All are re-exported here: the schema is where users look.
 
 A user's YAML is merged over these defaults and dotted CLI overrides over that
@@ -42,6 +42,7 @@ from ajet.config.deploy import (
     RayConfig,
     SandboxConfig,
     ServeConfig,
+    TinkerConfig,
     TrinityConfig,
     VerlConfig,
     VllmServerConfig,
@@ -94,7 +95,8 @@ __all__ = [
     "RolloutConfig", "DynamicSamplingConfig", "ContextConfig", "AlgorithmConfig", "DistillConfig",
     "TrainerConfig", "SftConfig", "CoresetConfig", "CoresetStrategy", "ReplayConfig",
     "EvalConfig", "PipelineConfig", "LoggingConfig",
-    "RayConfig", "ServeConfig", "SandboxConfig", "TrinityConfig", "VerlConfig", "EnvServiceConfig",
+    "RayConfig", "ServeConfig", "SandboxConfig", "TrinityConfig", "VerlConfig", "TinkerConfig",
+    "EnvServiceConfig",
     "VllmServerConfig",
     # the choices (ajet.config.choices)
     "BUILTIN_JUDGES", "Backbone", "ClientReward", "DpoLoss", "DType", "EngineDType", "EnvType", "EvalSplit", "LossAgg",
@@ -125,6 +127,7 @@ class AjetConfig:
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     trinity: TrinityConfig = field(default_factory=TrinityConfig)
     verl: VerlConfig = field(default_factory=VerlConfig)
+    tinker: TinkerConfig = field(default_factory=TinkerConfig)
     # name -> service, started by `--with-env NAME` (ajet/service_specs.py; ajet/launcher.py starts it).
     env_services: dict[str, EnvServiceConfig] = field(default_factory=dict)
     # name -> vLLM server, started by `--with-vllm NAME` on free GPUs (ajet/service_specs.py; ajet/launcher.py starts it).
