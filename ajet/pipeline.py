@@ -27,6 +27,7 @@ from ajet.errors import UserError
 from ajet.eval.runner import evaluate, metrics_table
 from ajet.files import write_json_atomic
 from ajet.rollout.workflow_loader import WorkflowArg
+from ajet.sandbox.shared import configure
 from ajet.training.memory import release_memory
 from ajet.training.run_dir import refuse_earlier_pipeline_run, run_dir_of
 
@@ -53,8 +54,6 @@ def run(cfg: AjetConfig, runner: Backbone, *, backbone: str, with_ray: bool = Fa
         workflow: WorkflowArg | None = None) -> None:
     """Train `cfg` on a backbone (`runner`: its module from `ajet.backbones.registry`)."""
     if cfg.sandbox.enabled:  # before anything runs model code: a sandbox, or the error with the fix
-        from ajet.sandbox.shared import configure
-
         if cfg.sandbox.backend.value == "ray" and not with_ray:
             raise UserError("sandbox.backend=ray runs the sandboxes in Ray actors: run with --with-ray "
                             "(or --with-ray-cluster ADDRESS), or set sandbox.backend=bwrap")

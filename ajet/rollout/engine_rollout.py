@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from ajet.config.schema import AjetConfig, RolloutConfig
+from ajet.context.diagnostics import report_template
 from ajet.context.tracker import ContextTracker
 from ajet.context.types import LLMCall, Timeline
 from ajet.engine.base import InferenceEngine
@@ -175,7 +176,5 @@ def log_template_check(chat: ChatFormat) -> None:
     """The chat-template check (`ajet.context.diagnostics.report_template`), logged once per
     tokenizer: INFO when every message shape keeps its tokens, else a WARNING naming the shapes
     and what ajet does. A tracker's first prompt runs the same check, logged once between them."""
-    from ajet.context.diagnostics import report_template
-
     report_template(chat)
 

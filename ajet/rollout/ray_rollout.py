@@ -39,6 +39,7 @@ from ajet.rollout.manager import RolloutManager
 from ajet.rollout.runner import TaskRunner, _is_infrastructure
 from ajet.rollout.sync_threads import run_in_daemon_thread
 from ajet.rollout.workflow_loader import load_workflow
+from ajet.sandbox.shared import ENV, TOKEN_FILE_ENV
 from ajet.tuner.openai_compat import MODEL_NAME
 from ajet.workflow import Workflow, WorkflowOutput, WorkflowTask
 
@@ -244,8 +245,6 @@ def worker_options(max_concurrency: int) -> dict[str, Any]:
     node, also on a cluster joined with ray.address (whose workers do not inherit this
     process's environment). The service token is not among them: only the path of the file
     holding it (`TOKEN_FILE_ENV`), never the token itself in Ray's runtime env."""
-    from ajet.sandbox.shared import ENV, TOKEN_FILE_ENV
-
     options: dict[str, Any] = {"num_cpus": 1, "max_concurrency": max(1, max_concurrency)}
     if os.environ.get(ENV):
         options["runtime_env"] = {"env_vars": {name: os.environ[name] for name in (ENV, TOKEN_FILE_ENV)
