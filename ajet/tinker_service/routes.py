@@ -68,12 +68,22 @@ def _future(request_id: str, model_id: str | None = None, **extra: Any) -> dict[
     return {"request_id": request_id, "model_id": model_id, **extra}
 
 
-def add_routes(api: FastAPI, service: TinkerService) -> None:  # noqa: C901 - one route a few lines each
+def add_routes(api: FastAPI, service: TinkerService) -> None:
+    """Every route the pinned SDK calls, then the refusal of any other (last: it matches all)."""
     @api.exception_handler(TinkerServiceError)
     async def refused(request: Request, err: TinkerServiceError) -> JSONResponse:
         return JSONResponse(error_body(str(err), "invalid_request_error", err.code), status_code=err.status)
 
-    # ---------------------------------------------------------------- service and sessions
+    _session_routes(api, service)
+    _training_routes(api, service)
+    _weight_routes(api, service)
+    _sampling_routes(api, service)
+    _future_routes(api, service)
+    _refusal_routes(api, service)
+
+
+def _session_routes(api: FastAPI, service: TinkerService) -> None:
+    """Health, capabilities, the client config, sessions and heartbeats."""
     @api.get("/api/v1/healthz")
     async def healthz() -> dict[str, Any]:
         return {"status": "ok"}
@@ -115,7 +125,9 @@ def add_routes(api: FastAPI, service: TinkerService) -> None:  # noqa: C901 - on
     async def sessions() -> dict[str, Any]:
         return {"sessions": list(service.sessions)}
 
-    # ---------------------------------------------------------------- training
+
+def _training_routes(api: FastAPI, service: TinkerService) -> None:
+    """Training clients: create one, its info, forward_backward, optim_step."""
     @api.post("/api/v1/create_model")
     async def create_model(request: Request) -> dict[str, Any]:
         return _future(service.create_model(await _json(request, types.CreateModelRequest)))
@@ -138,7 +150,9 @@ def add_routes(api: FastAPI, service: TinkerService) -> None:  # noqa: C901 - on
         body = await _json(request, types.OptimStepRequest)
         return _future(service.optim_step(body), body["model_id"])
 
-    # ---------------------------------------------------------------- weights
+
+def _weight_routes(api: FastAPI, service: TinkerService) -> None:
+    """Saving and loading weights, and listing training runs and checkpoints."""
     @api.post("/api/v1/save_weights")
     async def save_weights(request: Request) -> dict[str, Any]:
         body = await _json(request, types.SaveWeightsRequest)
@@ -184,7 +198,9 @@ def add_routes(api: FastAPI, service: TinkerService) -> None:  # noqa: C901 - on
         service.delete_checkpoint(model_id, checkpoint_id)
         return Response(status_code=204)
 
-    # ---------------------------------------------------------------- sampling
+
+def _sampling_routes(api: FastAPI, service: TinkerService) -> None:
+    """Sampling sessions and asample (on the local engine)."""
     @api.post("/api/v1/create_sampling_session")
     async def create_sampling_session(request: Request) -> dict[str, Any]:
         body = await _json(request, types.CreateSamplingSessionRequest)
@@ -199,7 +215,9 @@ def add_routes(api: FastAPI, service: TinkerService) -> None:  # noqa: C901 - on
         request_id, sequence_ids = service.sample(await _json(request, types.SampleRequest))
         return _future(request_id, sample_sequence_ids=sequence_ids)
 
-    # ---------------------------------------------------------------- futures
+
+def _future_routes(api: FastAPI, service: TinkerService) -> None:
+    """retrieve_future: a result, a failure, or try_again after a long poll."""
     @api.post("/api/v1/retrieve_future")
     async def retrieve_future(request: Request) -> Response:
         request_id = (await _json(request, types.FutureRetrieveRequest))["request_id"]
@@ -212,7 +230,9 @@ def add_routes(api: FastAPI, service: TinkerService) -> None:  # noqa: C901 - on
             return Response(result, media_type=PROTOBUF)
         return JSONResponse(result)
 
-    # ---------------------------------------------------------------- the rest: refused by name
+
+def _refusal_routes(api: FastAPI, service: TinkerService) -> None:
+    """Any other /api/v1 path: a 400 naming it (registered last)."""
     @api.api_route("/api/v1/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
     async def not_served(rest: str, request: Request) -> Response:
         raise NotServedError(f"{request.method} /api/v1/{rest}")
