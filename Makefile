@@ -19,7 +19,7 @@ TEST_WORKERS ?= 3
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 BENCH_ARGS ?=
 
-.PHONY: install sandbox harnesses demo test test-main test-fast test-kill-matrix bench bench-learning fuzz lint browser env-trinity env-verl test-trinity test-verl clean
+.PHONY: install sandbox harnesses demo test test-main test-fast test-kill-matrix bench bench-learning fuzz lint browser env-trinity env-verl env-verifiers env-openenv test-trinity test-verl clean
 
 # uv installs the packages (a fresh install: ~40 s, against ~90 s with pip). torch 2.13.0 is the
 # CPU build that lies on these machines' disk: uv takes that file when it is there, else pip
@@ -72,11 +72,11 @@ $(HARNESS_STAMP):
 test: test-main test-trinity test-verl
 
 # --durations: the slowest tests end the log, so a slow CI run says where its time went.
-test-main: install browser sandbox harnesses
+test-main: install browser sandbox harnesses env-verifiers env-openenv
 	$(PY) -m pytest --ignore=tests/backbones $(XDIST) --durations=25 $(PYTEST_ARGS)
 
 # The loop while coding: the unit tests (CPU, no model beyond the tiny one), in under 3 minutes.
-test-fast: install sandbox harnesses
+test-fast: install sandbox harnesses env-verifiers env-openenv
 	$(PY) -m pytest --ignore=tests/backbones -m "not integration and not tutorial" $(XDIST) $(PYTEST_ARGS)
 
 # The bench extra builds llama.cpp from source (~3.5 min on 2 cores with uv, once); on a CPU with
@@ -148,6 +148,21 @@ ENV_INSTALL = $(if $(GPU),.venv-$(1)/bin/pip install -q,$(call uv_install,.venv-
 env-trinity: .venv-trinity/.installed
 env-verl: .venv-verl/.installed
 
+# Environments from the ecosystem whose pins clash with ajet's (verifiers: mcp==2.0, openai<3;
+# openenv-core: fastmcp 3 -> mcp 2): each in its own environment, without ajet, where its server
+# runs (ajet/envs/verifiers_server.py; an OpenEnv package's app under uvicorn). ajet's launcher
+# starts them (docs/environments.md); tests/unit/test_envs_{verifiers,openenv}.py need them.
+# Install an environment's package there too: .venv-verifiers/bin/uv pip install --python
+# .venv-verifiers/bin/python my-env (the tests' own environments come by PYTHONPATH).
+.venv-verifiers/.installed .venv-openenv/.installed: pyproject.toml
+	$(PYTHON) -m venv $(@D)
+	$(@D)/bin/pip install -q uv
+	$(call uv_install,$(@D)) $(if $(findstring verifiers,$@),verifiers==0.4.0,openenv-core==0.3.0)
+	touch $@
+
+env-verifiers: .venv-verifiers/.installed
+env-openenv: .venv-openenv/.installed
+
 # The tests that need the real packages, each in its environment.
 test-trinity: env-trinity
 	.venv-trinity/bin/python -m pytest tests/backbones/test_trinity_real.py tests/unit/test_backbone_trinity.py tests/unit/test_failed_episode_groups.py $(PYTEST_ARGS)
@@ -156,4 +171,4 @@ test-verl: env-verl
 	.venv-verl/bin/python -m pytest tests/backbones/test_verl_real.py tests/unit/test_backbone_verl.py tests/unit/test_failed_episode_groups.py $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) .venv-trinity .venv-verl .pytest_cache experiments
+	rm -rf $(VENV) .venv-trinity .venv-verl .venv-verifiers .venv-openenv .pytest_cache experiments

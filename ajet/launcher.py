@@ -7,7 +7,9 @@
 - Environment services (`env_services.<name>` in the config, started with
   `--with-env NAME`): each command runs in its own process group; the launcher polls its
   health URL until it answers 2xx (or the process dies, or the timeout passes). A service
-  already healthy at its URL is reused, not started, and left running.
+  already healthy at its URL is reused, not started, and left running. A service marked
+  `restart` (an `env` section's server: `env_server_specs`) is started again when it exits
+  during the run.
 - vLLM servers (`vllm_servers.<name>`, started with `--with-vllm NAME`): the same, running
   vLLM's OpenAI server on GPUs that were free at start (`vllm_service_specs`).
 - Ray: `ray="init"` joins `ray_address` or starts a local Ray inside this process
@@ -57,6 +59,7 @@ class _Child:
     name: str
     proc: subprocess.Popen
     log_path: Path | None = None
+    spec: ServiceSpec | None = None  # an env service's, for a restart
 
 
 class Launcher:
@@ -87,6 +90,9 @@ class Launcher:
         self._old_sigterm: Any = None
         self._old_ray_env: str | None = None
         self._started_head = False
+        self._stopping = threading.Event()
+        self._watcher: threading.Thread | None = None
+        self.restarts = 0
 
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self) -> Launcher:
@@ -94,6 +100,9 @@ class Launcher:
         try:
             for name, spec in self.env_services.items():
                 self.start_service(name, spec)
+            if any(spec.restart for spec in self.env_services.values()):
+                self._watcher = threading.Thread(target=self._watch, name="launcher-restarts", daemon=True)
+                self._watcher.start()
             if self.ray_mode == "init":
                 self._ray_init()
             elif self.ray_mode == "head" and not self.ray_address:
@@ -108,6 +117,10 @@ class Launcher:
 
     def stop(self) -> None:
         """Stop everything this launcher started (idempotent)."""
+        self._stopping.set()
+        if self._watcher is not None and self._watcher is not threading.current_thread():
+            self._watcher.join(timeout=self.stop_timeout_s)
+            self._watcher = None
         try:
             if self._ray_initialized_here:
                 import ray  # heavy, and launcher.py is on the --dry-run path
@@ -134,9 +147,26 @@ class Launcher:
             return None
         argv = service_argv(spec.command)
         proc = self._spawn(name, argv, cwd=spec.cwd or None, env=spec.env)
+        self.children[-1].spec = spec
         log.info("service %s: started (pid %d): %s", name, proc.pid, shlex.join(redact_argv(argv)))  # e.g. --api-key
         wait_healthy(name, proc, spec.health_url, spec.startup_timeout_s, log_path=self.children[-1].log_path)
         return proc
+
+    def _watch(self, poll_s: float = 0.5) -> None:
+        """Start again each `restart` service that exited (an environment server that crashed):
+        the episodes it was serving fail, the next ones find it back. Until the launcher stops."""
+        while not self._stopping.wait(poll_s):
+            for child in list(self.children):
+                if child.spec is None or not child.spec.restart or child.proc.poll() is None:
+                    continue
+                log.warning("service %s (pid %d) exited with code %s during the run; starting it again",
+                            child.name, child.proc.pid, child.proc.returncode)
+                self.children.remove(child)
+                try:
+                    self.start_service(child.name, child.spec)
+                    self.restarts += 1
+                except LaunchError as exc:
+                    log.error("service %s could not be started again: %s", child.name, exc)
 
     def run_command(self, argv: Sequence[str], *, name: str = "trainer",
                     env: Mapping[str, str] | None = None) -> int:

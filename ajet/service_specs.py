@@ -8,6 +8,7 @@ import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ajet.errors import ConfigError, LaunchError
@@ -22,6 +23,9 @@ class ServiceSpec:
     startup_timeout_s: float = 60.0
     cwd: str = ""
     env: dict[str, str] = field(default_factory=dict)
+    # Started again by the launcher when it exits during the run (an environment server that
+    # crashed: the episodes in flight fail, the next ones find it back).
+    restart: bool = False
 
 
 def service_argv(command: str) -> list[str]:
@@ -89,3 +93,29 @@ def vllm_service_specs(configured: Mapping[str, Any], names: Sequence[str],
             env={"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus)},
         )
     return specs
+
+
+# The server of a verifiers environment: run by path with verifiers' own interpreter.
+VERIFIERS_SERVER = Path(__file__).resolve().parent / "envs" / "verifiers_server.py"
+ENV_EXTRA_HINT = {"verifiers": "make env-verifiers", "openenv": "make env-openenv (then install the environment's "
+                  "package there: .venv-openenv/bin/pip install ...)"}
+
+
+def env_server_specs(env: Any) -> dict[str, ServiceSpec]:
+    """The server an `env` section needs started (pure but for checking its interpreter): a
+    verifiers environment's (unless `env.verifiers.url` joins one) and an OpenEnv package's app
+    (with `env.openenv.app`, unless `env.openenv.url`); each restarted if it dies."""
+    kind = getattr(env.type, "value", env.type)
+    if kind == "verifiers" and not env.verifiers.url:
+        sub = env.verifiers
+        argv = [sub.python, str(VERIFIERS_SERVER), "--port", str(sub.port)]
+    elif kind == "openenv" and env.openenv.app and not env.openenv.url:
+        sub = env.openenv
+        argv = [sub.python, "-m", "uvicorn", sub.app, "--host", "127.0.0.1", "--port", str(sub.port)]
+    else:
+        return {}
+    if not Path(sub.python).is_file():
+        raise LaunchError(f"env.{kind}.python={sub.python} does not exist: {kind}'s packages clash with ajet's, "
+                          f"so its server runs in an environment of its own; build it with {ENV_EXTRA_HINT[kind]}")
+    return {f"env-{kind}": ServiceSpec(command=shlex.join(argv), health_url=f"http://127.0.0.1:{sub.port}/health",
+                                       startup_timeout_s=120.0, restart=True)}

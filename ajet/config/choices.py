@@ -102,6 +102,8 @@ class EnvType(str, Enum):
     none = "none"  # no environment: task_reader gives the tasks, workflow.target the workflow
     reasoning_gym = "reasoning_gym"  # a reasoning-gym dataset, scored by its score_answer
     gymnasium = "gymnasium"  # a Gymnasium environment with a discrete action space, as text
+    verifiers = "verifiers"  # a verifiers taskset, in its own environment behind a server, scored by its rewards
+    openenv = "openenv"  # an OpenEnv server (started from its package or joined by URL), one session an episode
 
 
 class OnError(str, Enum):

@@ -125,9 +125,44 @@ class GymnasiumEnvConfig:
 
 
 @dataclass
+class VerifiersEnvConfig:
+    # The server of verifiers' environment (ajet/envs/verifiers_server.py): "" = the launcher
+    # starts it (`ajet train`) on 127.0.0.1:port with `python` (verifiers pins clash with ajet's:
+    # `make env-verifiers` builds .venv-verifiers); else the URL of one already running.
+    url: str = ""
+    python: str = ".venv-verifiers/bin/python"
+    port: int = bounded(8791, Interval(ge=1, le=65535))
+    # The taskset's config for val and test (e.g. {split: test}), over env.args; {} = val and
+    # test are the taskset's next tasks after train's.
+    eval_args: dict = field(default_factory=dict)
+    # Seconds a request to the server may take (a tool call, the scoring).
+    timeout_s: float = bounded(120.0, Gt(0))
+
+
+@dataclass
+class OpenEnvEnvConfig:
+    # An OpenEnv server: "" = the launcher starts `app` (its ASGI app, "package.module:app") under
+    # uvicorn on 127.0.0.1:port with `python` (openenv-core's pins clash with ajet's: `make
+    # env-openenv` builds .venv-openenv), and restarts it if it dies; else the URL of one running.
+    url: str = ""
+    app: str = ""
+    python: str = ".venv-openenv/bin/python"
+    port: int = bounded(8792, Interval(ge=1, le=65535))
+    # The action's field the reply's text fills ("" = the action schema's only string field;
+    # none or several: the reply is the action as a JSON object).
+    action_field: str = ""
+    # The observation's field the model reads ("" = the whole observation as JSON).
+    observation_field: str = ""
+    # "" = one that names the environment and the action's form.
+    system_prompt: str = ""
+    # Seconds to connect and to wait for each answer.
+    timeout_s: float = bounded(60.0, Gt(0))
+
+
+@dataclass
 class EnvConfig:
     # An environment that gives the tasks, the workflow and the reward (docs/environments.md):
-    # none, reasoning_gym or gymnasium. With one set, the YAML needs no task file (task_reader.type
+    # none, reasoning_gym, gymnasium, verifiers or openenv. With one set, the YAML needs no task file (task_reader.type
     # becomes env) and no workflow (workflow.target becomes ajet.envs.<type>:EnvWorkflow).
     type: EnvType = EnvType.none
     # reasoning_gym: a dataset name (basic_arithmetic, chain_sum, ...); gymnasium: an
@@ -143,10 +178,13 @@ class EnvConfig:
     # The splits' seeds: train from seed, val from seed + SPLIT_SEED_STRIDE, test from
     # seed + 2 * SPLIT_SEED_STRIDE (a dataset item's or reset's seed: disjoint between splits).
     seed: int = bounded(0, Ge(0))
-    # gymnasium: environment steps (one model call each) per episode at most; then it is cut.
+    # gymnasium, openenv: environment steps (one model call each) per episode at most; then it is
+    # cut. verifiers: model turns per episode at most.
     max_turns: int = bounded(20, Ge(1))
     reasoning_gym: ReasoningGymEnvConfig = field(default_factory=ReasoningGymEnvConfig)
     gymnasium: GymnasiumEnvConfig = field(default_factory=GymnasiumEnvConfig)
+    verifiers: VerifiersEnvConfig = field(default_factory=VerifiersEnvConfig)
+    openenv: OpenEnvEnvConfig = field(default_factory=OpenEnvEnvConfig)
 
 
 @dataclass
