@@ -63,7 +63,8 @@ class AlgorithmSpec:
     teacher: bool = False  # a teacher scores the samples before the update (on-policy distillation)
     # Its own checks of a config that trains it (a stage's, with the stage's overrides merged in).
     config_problems: Callable[[AjetConfig], Problems] | None = None
-    # Its name in each GPU backbone's own config ({"trinity": ..., "verl": ...}); a backbone not
+    # Its name in each remote backbone's own config ({"trinity": ..., "verl": ...}; for "tinker" the
+    # service's built-in loss its policy loss is: "ppo" or "importance_sampling"); a backbone not
     # named does not train it, and `elsewhere` says why and what to use instead.
     backbone_names: Mapping[str, str] = field(default_factory=dict)
     elsewhere: str = ""

@@ -63,5 +63,5 @@ SPEC = AlgorithmSpec(
     needs_groups=True,
     step_credit=("gigpo",),
     # Trinity's step-wise GRPO is `trinity.algorithm_type` (multi_step_grpo by default).
-    backbone_names={"trinity": "multi_step_grpo", "verl": "grpo"},
+    backbone_names={"trinity": "multi_step_grpo", "verl": "grpo", "tinker": "ppo"},
 )

@@ -1,6 +1,6 @@
 """PPO without a critic: GRPO's group baseline for the advantages, PPO's clipped loss over
 `trainer.ppo_epochs` passes. The GPU backbones' PPO would need a critic, which their adapters
-do not set up."""
+do not set up; the tinker backbone sends the clipped loss as the service's built-in `ppo`."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ SPEC = AlgorithmSpec(
     loss=clipped_policy_loss,
     loss_terms=("policy", "kl", "entropy"),
     needs_groups=False,
+    # The tinker backbone computes the advantages here and sends the clipped loss as the service's `ppo`.
+    backbone_names={"tinker": "ppo"},
     elsewhere="ppo would need a critic there, which the adapter does not set up; use grpo "
               "(the same clipped loss with group advantages)",
 )

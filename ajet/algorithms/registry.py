@@ -55,18 +55,18 @@ def stage_names() -> list[str]:
 
 
 def backbone_algorithms(backbone: str) -> list[str]:
-    """The algorithms a GPU backbone's translation names (`AlgorithmSpec.backbone_names`)."""
+    """The algorithms a remote backbone trains: those its `AlgorithmSpec.backbone_names` entry names."""
     return [name for name, spec in _ALGORITHMS.items() if backbone in spec.backbone_names]
 
 
 def markdown_table() -> str:
     """The algorithms as docs/algorithms.md's table (a test keeps the two identical)."""
-    rows = ["| `algorithm.name` | what it is | recipe | groups (rollout.n >= 2) | loss terms | step credit | trinity | verl |",
-            "|---|---|---|---|---|---|---|---|"]
+    rows = ["| `algorithm.name` | what it is | recipe | groups (rollout.n >= 2) | loss terms | step credit | trinity | verl | tinker |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for spec in _ALGORITHMS.values():
         rows.append(f"| `{spec.name}` | {spec.summary} | {spec.recipe} | {'yes' if spec.needs_groups else 'no'} | "
                     f"{', '.join(spec.loss_terms) or '(its recipe)'} | {', '.join(spec.step_credit) or '-'} | "
-                    f"{_backbone_cell(spec, 'trinity')} | {_backbone_cell(spec, 'verl')} |")
+                    f"{_backbone_cell(spec, 'trinity')} | {_backbone_cell(spec, 'verl')} | {_backbone_cell(spec, 'tinker')} |")
     return "\n".join(rows) + "\n"
 
 

@@ -71,5 +71,5 @@ SPEC = AlgorithmSpec(
     advantages=advantages,
     loss=clipped_policy_loss,
     loss_terms=("policy", "kl", "entropy"),
-    backbone_names={"trinity": "reinforceplusplus", "verl": "reinforce_plus_plus"},
+    backbone_names={"trinity": "reinforceplusplus", "verl": "reinforce_plus_plus", "tinker": "ppo"},
 )

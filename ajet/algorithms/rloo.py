@@ -47,5 +47,5 @@ SPEC = AlgorithmSpec(
     loss=clipped_policy_loss,
     loss_terms=("policy", "kl", "entropy"),
     needs_groups=True,
-    backbone_names={"trinity": "rloo", "verl": "rloo"},
+    backbone_names={"trinity": "rloo", "verl": "rloo", "tinker": "ppo"},
 )

@@ -14,9 +14,9 @@ from ajet.config.choices import Backbone as BackboneName
 from ajet.config.schema import AjetConfig
 
 if TYPE_CHECKING:  # mypy holds every backbone module against the contract
-    from ajet.backbones import debug, trinity, verl
+    from ajet.backbones import debug, tinker, trinity, verl
 
-    _CONTRACT: tuple[Backbone, ...] = (debug, trinity, verl)
+    _CONTRACT: tuple[Backbone, ...] = (debug, trinity, verl, tinker)
 
 
 def get_backbone(name: str) -> Backbone:

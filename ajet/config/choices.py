@@ -14,6 +14,7 @@ class Backbone(str, Enum):
     debug = "debug"
     trinity = "trinity"
     verl = "verl"
+    tinker = "tinker"
 
 
 class StepCredit(str, Enum):

@@ -106,12 +106,16 @@ class TrainingLoop:
         self._out_of_time = False  # trainer.max_minutes ended the step loop
         self._saved_at = time.monotonic()  # trainer.save_every_minutes counts from here
         self._kept: dict[str, tuple[Callable[[], object], Callable[[Any], None]]] = {}  # see `keep`
+        self._export: Callable[[Path], None] | None = None  # see `attach`
 
     def attach(self, model: torch.nn.Module | None, tokenizer: PreTrainedTokenizerBase | None,
                optimizer: torch.optim.Optimizer | None, scheduler: LRScheduler,
-               state: Callable[[int], dict[str, object]] | None = None) -> None:
+               state: Callable[[int], dict[str, object]] | None = None,
+               export: Callable[[Path], None] | None = None) -> None:
         """What the loop checkpoints; `state(step)` adds the recipe's own resumable state as of
-        the end of `step`."""
+        the end of `step`. `export(out)`: how the model is exported (RUN/final_model, exports/),
+        where it is not the attached model (weights held by a service: the tinker backbone)."""
+        self._export = export
         self._model, self._tokenizer = model, tokenizer
         self.optimizer, self.scheduler = optimizer, scheduler
         if state is not None:
@@ -311,8 +315,11 @@ class TrainingLoop:
         """Export the model (RUN/final_model, or `out`); a stop meanwhile waits for the export."""
         lora = self.cfg.model.lora
         with holding_stops("exporting the model"):
-            save_final_model(self._model, self._tokenizer, out or self.run_dir / "final_model", lora=lora.enabled,
-                             per_role=lora.enabled and lora.per_role, export_merged=lora.export_merged)
+            if self._export is not None:
+                self._export(out or self.run_dir / "final_model")
+            else:
+                save_final_model(self._model, self._tokenizer, out or self.run_dir / "final_model", lora=lora.enabled,
+                                 per_role=lora.enabled and lora.per_role, export_merged=lora.export_merged)
         raise_pending_stop()
 
 

@@ -13,10 +13,11 @@ def keys(problems: list[tuple[str, str]]) -> set[str]:
 
 def test_each_backbone_declares_what_it_trains_and_gpu_ones_take_it_from_the_registry() -> None:
     caps = all_capabilities()
-    assert set(caps) == {"debug", "trinity", "verl"}
+    assert set(caps) == {"debug", "trinity", "verl", "tinker"}
     assert caps["debug"].algorithms is None  # every registered algorithm
     for gpu in ("trinity", "verl"):
         assert caps[gpu].algorithms == tuple(backbone_algorithms(gpu)) == ("grpo", "rloo", "reinforce_pp")
+    assert caps["tinker"].algorithms == tuple(backbone_algorithms("tinker")) == ("grpo", "rloo", "reinforce_pp", "ppo")
 
 
 def test_a_staged_run_on_a_backbone_without_stages_is_refused_naming_the_one_with() -> None:
