@@ -58,7 +58,7 @@ def train(
     overrides: Overrides = None,
     backbone: Annotated[
         Backbone,
-        typer.Option(help="debug: one process, CPU or one GPU. trinity / verl: GPU clusters."),
+        typer.Option(help="debug: one process, CPU or one GPU. trinity / verl: GPU clusters. tinker: a Tinker service (docs/tinker.md)."),
     ] = Backbone.debug,
     with_ray: Annotated[
         bool, typer.Option("--with-ray", help="Start (or join ray.address) a Ray cluster; rollout runs in Ray actors.")
