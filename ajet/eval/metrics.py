@@ -36,6 +36,9 @@ class EpisodeResult:
     # What the model answered, call by call (content and tool_calls of each reply), so a
     # report can be read without re-running it.
     replies: list[dict[str, Any]] = field(default_factory=list)
+    # The calls the gateway refused with a 400, by field (`gateway/refused/<field>`): a framework
+    # sending what ajet cannot honour shows here, episode by episode.
+    refused: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -73,6 +76,7 @@ def episode_result(episode: Any, calls: Sequence[Any]) -> EpisodeResult:
         optimal_steps=int(optimal) if isinstance(optimal, (int, float)) and optimal > 0 else None,
         reason=episode.reason,
         replies=[_reply(call) for call in calls],
+        refused=dict(getattr(episode, "refused", None) or {}),
     )
 
 

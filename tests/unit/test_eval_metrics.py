@@ -110,7 +110,9 @@ def test_tools_used_come_from_recorded_calls_or_the_workflow() -> None:
     assert episode_result(ep, calls).tools_used == ["weather"]  # the workflow's own account wins
     failed = Episode(episode_id="t-e1", task=task, group_id="t", status="failed", reason="timeout", reward=0.7)
     res = episode_result(failed, [])
-    assert res.reward == 0.0 and not res.success and res.status == "failed"
+    assert res.reward == 0.0 and not res.success and res.status == "failed" and res.refused == {}
+    failed.refused = {"parallel_tool_calls": 2}  # the gateway's 400s, by field, reach the report
+    assert episode_result(failed, []).as_dict()["refused"] == {"parallel_tool_calls": 2}
 
 
 def test_report_json_names_the_model(tmp_path: Path) -> None:
