@@ -186,90 +186,102 @@ class Rollout:
                 "metrics": {name: v for name, v in trace.metrics.items() if v is not None}}
 
 
-def create_app(token: str = "") -> Starlette:
-    instances: dict[str, Rollout] = {}
-    lock = threading.Lock()
-    counter = itertools.count()
+async def _body(request: Request) -> dict[str, Any]:
+    """The request's JSON object, within MAX_BODY bytes."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY:
+        raise Refused(413, f"the body is over {MAX_BODY} bytes")
+    raw = await request.body()
+    if len(raw) > MAX_BODY:
+        raise Refused(413, f"the body is over {MAX_BODY} bytes")
+    try:
+        parsed = json.loads(raw or b"{}")
+    except ValueError as exc:
+        raise Refused(400, f"the body is no JSON: {exc}") from None
+    if not isinstance(parsed, dict):
+        raise Refused(400, "the body must be a JSON object")
+    return parsed
 
-    async def body(request: Request) -> dict[str, Any]:
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > MAX_BODY:
-            raise Refused(413, f"the body is over {MAX_BODY} bytes")
-        raw = await request.body()
-        if len(raw) > MAX_BODY:
-            raise Refused(413, f"the body is over {MAX_BODY} bytes")
-        try:
-            parsed = json.loads(raw or b"{}")
-        except ValueError as exc:
-            raise Refused(400, f"the body is no JSON: {exc}") from None
-        if not isinstance(parsed, dict):
-            raise Refused(400, "the body must be a JSON object")
-        return parsed
 
-    def tasks_of(req: dict[str, Any]) -> list[Any]:
-        return _tasks(str(req.get("env_type", "")), json.dumps(req.get("args") or {}, sort_keys=True),
-                      int(req.get("limit", 1 << 30)))
+def _tasks_of(req: dict[str, Any]) -> list[Any]:
+    return _tasks(str(req.get("env_type", "")), json.dumps(req.get("args") or {}, sort_keys=True),
+                  int(req.get("limit", 1 << 30)))
 
-    def rollout(req: dict[str, Any]) -> Rollout:
-        with lock:
-            if req.get("instance_id") not in instances:
+
+class _Instances:
+    """The live rollouts, by instance id: the env-service protocol's handlers."""
+
+    def __init__(self) -> None:
+        self.instances: dict[str, Rollout] = {}
+        self.lock = threading.Lock()
+        self.counter = itertools.count()
+
+    def rollout(self, req: dict[str, Any]) -> Rollout:
+        with self.lock:
+            if req.get("instance_id") not in self.instances:
                 raise Refused(404, f"unknown instance_id {req.get('instance_id')!r} (released, or never created)")
-            return instances[req["instance_id"]]
+            return self.instances[req["instance_id"]]
 
-    async def list_tasks(req: dict[str, Any]) -> dict[str, Any]:
-        tasks = tasks_of(req)
+    async def list_tasks(self, req: dict[str, Any]) -> dict[str, Any]:
+        tasks = _tasks_of(req)
         return {"task_ids": [str(t.data.idx) for t in tasks],
                 "tasks": [{"index": t.data.idx, "messages": _messages(t)} for t in tasks]}
 
-    async def create(req: dict[str, Any]) -> dict[str, Any]:
+    async def create(self, req: dict[str, Any]) -> dict[str, Any]:
         index = int(req.get("index", -1))
-        tasks = tasks_of(req)
+        tasks = _tasks_of(req)
         if not 0 <= index < len(tasks):
             raise Refused(404, f"taskset {req.get('env_type')} has no task {index} ({len(tasks)} tasks)")
         task = tasks[index]
         tools = _tools(task, *_taskset(str(req["env_type"]), json.dumps(req.get("args") or {}, sort_keys=True)))
-        with lock:
-            instance_id = f"vf-{next(counter)}"
-            instances[instance_id] = Rollout(task, tools)
+        with self.lock:
+            instance_id = f"vf-{next(self.counter)}"
+            self.instances[instance_id] = Rollout(task, tools)
         return {"instance_id": instance_id, "info": {},
-                "observation": {"messages": instances[instance_id].messages,
+                "observation": {"messages": self.instances[instance_id].messages,
                                 "tools": [_tool_spec(name, fn) for name, fn in tools.items()]}}
 
-    async def step(req: dict[str, Any]) -> dict[str, Any]:
+    async def step(self, req: dict[str, Any]) -> dict[str, Any]:
         action = req.get("action")
         if not isinstance(action, dict) or action.get("role") != "assistant":
             raise Refused(400, "the action must be the model's reply: an assistant message")
-        results, done = await rollout(req).step(action)
+        results, done = await self.rollout(req).step(action)
         return {"observation": {"messages": results}, "reward": 0.0, "done": done, "info": {}}
 
-    async def evaluate(req: dict[str, Any]) -> dict[str, Any]:
-        return await rollout(req).score()
+    async def evaluate(self, req: dict[str, Any]) -> dict[str, Any]:
+        return await self.rollout(req).score()
 
-    async def release(req: dict[str, Any]) -> dict[str, Any]:
-        with lock:
-            return {"released": instances.pop(str(req.get("instance_id")), None) is not None}
+    async def release(self, req: dict[str, Any]) -> dict[str, Any]:
+        with self.lock:
+            return {"released": self.instances.pop(str(req.get("instance_id")), None) is not None}
 
-    routes = {LIST_TASKS: list_tasks, CREATE: create, STEP: step, EVALUATE: evaluate, RELEASE: release}
 
-    def endpoint(handler: Any) -> Any:
-        async def run(request: Request) -> JSONResponse:
-            given = request.headers.get("authorization", "")
-            if token and not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-                return JSONResponse({"detail": "a bearer token is needed (AJET_ENV_TOKEN)"}, status_code=401)
-            try:
-                return JSONResponse(await handler(await body(request)))
-            except Refused as exc:
-                return JSONResponse({"detail": str(exc)}, status_code=exc.status)
-            except Exception as exc:  # noqa: BLE001 - the environment's code: its error goes to the client
-                logger.exception("%s failed", request.url.path)
-                return JSONResponse({"detail": f"{type(exc).__name__}: {exc}"}, status_code=500)
-        return run
+def _endpoint(handler: Any, token: str) -> Any:
+    """`handler(body)` behind the bearer token, its refusals and errors as JSON answers."""
+    async def run(request: Request) -> JSONResponse:
+        given = request.headers.get("authorization", "")
+        if token and not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            return JSONResponse({"detail": "a bearer token is needed (AJET_ENV_TOKEN)"}, status_code=401)
+        try:
+            return JSONResponse(await handler(await _body(request)))
+        except Refused as exc:
+            return JSONResponse({"detail": str(exc)}, status_code=exc.status)
+        except Exception as exc:  # noqa: BLE001 - the environment's code: its error goes to the client
+            logger.exception("%s failed", request.url.path)
+            return JSONResponse({"detail": f"{type(exc).__name__}: {exc}"}, status_code=500)
+    return run
 
-    async def health(request: Request) -> JSONResponse:
-        return JSONResponse({"status": "ok", "env_types": [], "verifiers": _version()})
 
-    return Starlette(routes=[Route(HEALTH, health, methods=["GET"]),
-                             *(Route(path, endpoint(h), methods=["POST"]) for path, h in routes.items())])
+async def _health(request: Request) -> JSONResponse:
+    return JSONResponse({"status": "ok", "env_types": [], "verifiers": _version()})
+
+
+def create_app(token: str = "") -> Starlette:
+    live = _Instances()
+    routes = {LIST_TASKS: live.list_tasks, CREATE: live.create, STEP: live.step, EVALUATE: live.evaluate,
+              RELEASE: live.release}
+    return Starlette(routes=[Route(HEALTH, _health, methods=["GET"]),
+                             *(Route(path, _endpoint(h, token), methods=["POST"]) for path, h in routes.items())])
 
 
 def _version() -> str:
