@@ -50,10 +50,11 @@ class BF16StateAdamW(torch.optim.Optimizer):
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is not None:
-                    self._update(p, group)
+                    self._update(p, group["lr"], group["betas"], group["eps"], group["weight_decay"])
         return loss
 
-    def _update(self, p: torch.Tensor, group: dict) -> None:
+    def _update(self, p: torch.Tensor, lr: float, betas: tuple[float, float], eps: float,
+                weight_decay: float) -> None:
         grad = p.grad
         assert grad is not None  # `step` updates only parameters with a gradient
         if grad.is_sparse:
@@ -66,7 +67,7 @@ class BF16StateAdamW(torch.optim.Optimizer):
             state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.bfloat16, memory_format=torch.contiguous_format)
         state["step"] += 1
         step = int(state["step"].item())
-        lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
+        beta1, beta2 = betas
         step_size = lr / (1 - beta1 ** step)
         bias_correction2_sqrt = math.sqrt(1 - beta2 ** step)
         flat_p, flat_g = _flat(p), _flat(grad)
@@ -74,8 +75,8 @@ class BF16StateAdamW(torch.optim.Optimizer):
         for start in range(0, flat_p.numel(), _SLICE):
             part = slice(start, start + _SLICE)
             param, grad = flat_p[part], flat_g[part].float()
-            if group["weight_decay"]:
-                param.mul_(1 - lr * group["weight_decay"])
+            if weight_decay:
+                param.mul_(1 - lr * weight_decay)
             m = flat_m[part].float().lerp_(grad, 1 - beta1)
             v = flat_v[part].float().mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
             denom = (v.sqrt() / bias_correction2_sqrt).add_(eps)
@@ -83,7 +84,7 @@ class BF16StateAdamW(torch.optim.Optimizer):
             flat_m[part] = self._round(m)
             flat_v[part] = self._round(v)
 
-    def load_state_dict(self, state_dict: dict) -> None:
+    def load_state_dict(self, state_dict: dict[str, object]) -> None:
         """torch casts loaded state to each parameter's dtype; the moments go back to bf16 (a
         checkpoint of fp32 AdamW loads too)."""
         super().load_state_dict(state_dict)

@@ -16,16 +16,26 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, TypeGuard, cast
+
+if TYPE_CHECKING:
+    import torch
+    from peft import PeftModel
 
 
-def role_adapters(model: Any) -> list[str]:
+def is_peft(model: torch.nn.Module) -> TypeGuard[PeftModel]:
+    """Whether `model` holds peft adapters (`peft_config`): hasattr, as these checks always were,
+    not isinstance, which would import peft (seconds) where LoRA is off."""
+    return hasattr(model, "peft_config")
+
+
+def role_adapters(model: torch.nn.Module) -> list[str]:
     """The names of a peft model's role adapters; [] for a model without any. Names starting
     with "__" are ajet's own (the distillation teacher's `__teacher__`), never a role's."""
     return [name for name in getattr(model, "peft_config", None) or {} if not name.startswith("__")]
 
 
-def adapter_parameters(model: Any, adapter: str) -> dict[str, Any]:
+def adapter_parameters(model: torch.nn.Module, adapter: str) -> dict[str, torch.nn.Parameter]:
     """{name: parameter} of one adapter's weights (peft names them `...lora_A.<adapter>.weight`)."""
     return {name: p for name, p in model.named_parameters() if adapter_of(name) == adapter}
 
@@ -37,11 +47,11 @@ def adapter_of(name: str) -> str | None:
 
 
 @contextmanager
-def active_adapter(model: Any, role: str) -> Iterator[None]:
+def active_adapter(model: torch.nn.Module, role: str) -> Iterator[None]:
     """Forwards inside the block go through `role`'s adapter; afterwards the adapter active
     before is active again and every adapter's parameters are trainable (see the module doc)."""
     adapters = role_adapters(model)
-    if role not in adapters:
+    if role not in adapters or not is_peft(model):  # a role's adapter makes it a peft model
         raise KeyError(
             f"role {role!r} has no LoRA adapter (adapters: {adapters}); with model.lora.per_role each "
             "trainable role has one: add the role to trainable_targets (workflow.trainable_targets), "
@@ -58,15 +68,16 @@ def active_adapter(model: Any, role: str) -> Iterator[None]:
 
 
 @contextmanager
-def reference_adapter(reference: Any, role: str) -> Iterator[None]:
+def reference_adapter(reference: torch.nn.Module, role: str) -> Iterator[None]:
     """A frozen copy of a per-role model (the KL reference `frozen`) forwards through `role`'s
     adapter inside the block: the role's initial policy. The copy stays frozen (set_adapter
     would make the role's adapter trainable)."""
-    previous = reference.active_adapter
-    reference.set_adapter(role)
-    reference.requires_grad_(False)
+    frozen = cast("PeftModel", reference)  # a copy of the peft model that per-role adapters train
+    previous = frozen.active_adapter
+    frozen.set_adapter(role)
+    frozen.requires_grad_(False)
     try:
         yield
     finally:
-        reference.set_adapter(previous)
-        reference.requires_grad_(False)
+        frozen.set_adapter(previous)
+        frozen.requires_grad_(False)

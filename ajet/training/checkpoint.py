@@ -23,8 +23,9 @@ import random
 import shutil
 import tempfile
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, TYPE_CHECKING, TypeVar
 
 import torch
 
@@ -34,7 +35,13 @@ from ajet.files import file_sha256, free_mib, fsync_dir, is_disk_full, write_tex
 from ajet.training.adapters import adapter_parameters, role_adapters
 from ajet.training.checkpoint_dir import _COMPLETE, MAKE_ROOM, checkpoint_step, latest_checkpoint
 
+if TYPE_CHECKING:
+    from torch.optim.lr_scheduler import LRScheduler
+    from typing_extensions import Buffer
+
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 def trainable_names(model: torch.nn.Module) -> set[str]:
@@ -52,8 +59,8 @@ def trainable_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.detach().cpu().clone() for n, p in model.named_parameters() if n in names}
 
 
-def save_checkpoint(ckpt_root: Path, step: int, *, model: torch.nn.Module, optimizer: Any,
-                    scheduler: Any, extra: dict[str, Any], keep_last: int) -> Path:
+def save_checkpoint(ckpt_root: Path, step: int, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                    scheduler: LRScheduler, extra: Mapping[str, object], keep_last: int) -> Path:
     ckpt_root.mkdir(parents=True, exist_ok=True)
     final = ckpt_root / f"step_{step:06d}"
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-step_{step:06d}-", dir=ckpt_root))
@@ -88,23 +95,35 @@ def save_checkpoint(ckpt_root: Path, step: int, *, model: torch.nn.Module, optim
     return final
 
 
-def load_checkpoint(path: Path, *, model: torch.nn.Module, optimizer: Any, scheduler: Any) -> dict[str, Any]:
+def load_checkpoint(path: Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                    scheduler: LRScheduler) -> dict[str, object]:
     """Restore weights, optimizer, scheduler and RNG; return the saved state (step, reader, ...)."""
     load_trainable_weights(path, model)
     # weights_only: a checkpoint from elsewhere is loaded without running any code it holds.
     optimizer.load_state_dict(_load(path / "optimizer.pt"))
-    state = _load(path / "state.pt")
-    scheduler.load_state_dict(state["scheduler"])
-    random.setstate(state["rng"]["python"])
-    torch.set_rng_state(state["rng"]["torch"])
-    log.info("resumed from %s (step %d)", path, state["step"])
+    state_file = path / "state.pt"
+    state = _load(state_file)
+    scheduler.load_state_dict(_entry(state, "scheduler", dict, state_file))
+    rng = _entry(state, "rng", dict, state_file)
+    random.setstate(_entry(rng, "python", tuple, state_file))
+    torch.set_rng_state(_entry(rng, "torch", torch.Tensor, state_file))
+    log.info("resumed from %s (step %d)", path, _entry(state, "step", int, state_file))
     return state
 
 
-def _load(path: Path) -> Any:
-    """A checkpoint file's tensors and plain data; never code (`weights_only=True`)."""
+def _entry(state: Mapping[str, object], key: str, kind: type[T], path: Path) -> T:
+    """`state[key]`, a `kind`; RunDataError naming the file when it is not (a crafted or foreign file)."""
+    value = state.get(key)
+    if not isinstance(value, kind):
+        raise RunDataError(f"{path} holds {type(value).__name__} as {key!r}, not {kind.__name__}: it was not "
+                           "written by ajet. Delete that checkpoint to resume from the one before.")
+    return value
+
+
+def _load(path: Path) -> dict[str, object]:
+    """A checkpoint file's tensors and plain data, a dict; never code (`weights_only=True`)."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        loaded = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise RunDataError(f"{path} is missing: the checkpoint {path.parent} is not whole. Delete it to resume "
                            "from the one before.") from None
@@ -112,12 +131,16 @@ def _load(path: Path) -> Any:
         first = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
         raise RunDataError(f"{path} cannot be loaded safely ({first}): it is torn, or holds more than tensors "
                            "and plain data. Delete that checkpoint to resume from the one before.") from exc
+    if not isinstance(loaded, dict):  # torch.load's Any: every checkpoint file holds one dict
+        raise RunDataError(f"{path} holds {type(loaded).__name__}, not a dict: it was not written by ajet. Delete "
+                           "that checkpoint to resume from the one before.")
+    return loaded
 
 
 def load_trainable_weights(path: Path, model: torch.nn.Module) -> None:
     """Copy checkpoint `path`'s weights.pt into `model`, whose trainable parameters must be
     exactly the ones saved (`trainable_names`)."""
-    weights = _load(path / "weights.pt")
+    weights = _tensors(path / "weights.pt")
     trainable = trainable_names(model)
     if set(weights) != trainable:
         missing, unexpected = sorted(trainable - set(weights))[:3], sorted(set(weights) - trainable)[:3]
@@ -139,6 +162,12 @@ def load_trainable_weights(path: Path, model: torch.nn.Module) -> None:
             params[name].copy_(value.to(params[name].device, params[name].dtype))
 
 
+def _tensors(path: Path) -> dict[str, torch.Tensor]:
+    """weights.pt: {name: tensor}; RunDataError when it holds anything else."""
+    loaded = _load(path)
+    return {name: _entry(loaded, name, torch.Tensor, path) for name in loaded}
+
+
 def _disk_full_message(ckpt_root: Path, name: str, need_mib: float, keep_last: int) -> str:
     newest = latest_checkpoint(ckpt_root)
     then = (f"the checkpoints already written are intact (newest: {newest.name}); {MAKE_ROOM}, then rerun "
@@ -150,7 +179,7 @@ def _disk_full_message(ckpt_root: Path, name: str, need_mib: float, keep_last: i
             f"{kept}. Nothing was half-written: {then}.")
 
 
-def tensor_mib(obj: Any) -> float:
+def tensor_mib(obj: object) -> float:
     """The MiB of the tensors in `obj` (nested dicts, lists and tuples): what saving it writes."""
     if isinstance(obj, torch.Tensor):
         return obj.numel() * obj.element_size() / 2**20
@@ -164,10 +193,10 @@ def tensor_mib(obj: Any) -> float:
 class _Hashing:
     """A file written through: the sha256 of what passed."""
 
-    def __init__(self, handle: Any) -> None:
+    def __init__(self, handle: IO[bytes]) -> None:
         self.handle, self.digest = handle, hashlib.sha256()
 
-    def write(self, data: Any) -> int:
+    def write(self, data: Buffer) -> int:
         self.digest.update(data)
         return int(self.handle.write(data))
 
@@ -175,7 +204,7 @@ class _Hashing:
         self.handle.flush()
 
 
-def _save(path: Path, obj: Any) -> str:
+def _save(path: Path, obj: object) -> str:
     """`obj` into `path`, synced; the sha256 of the bytes written."""
     slow_write()  # the kill-anywhere tests: a stop that races the write lands inside it
     with open(path, "wb") as handle:
@@ -227,7 +256,7 @@ def set_aside_corrupt(ckpt_root: Path) -> None:
             write_text_atomic(ckpt_root / "latest", before.name)
 
 
-def apply_lr(scheduler: Any, configured: list[Any], step: int) -> None:
+def apply_lr(scheduler: LRScheduler, configured: list[float | torch.Tensor], step: int) -> None:
     """A resume whose `trainer.lr` differs from the checkpoint's: the schedule goes on from `step`
     with the configured rate (the checkpoint's schedule state holds the old one), and the log says so."""
     saved = list(scheduler.base_lrs)

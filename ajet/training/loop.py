@@ -37,7 +37,7 @@ import warnings
 from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar, cast
 
 from ajet.config import to_yaml
 from ajet.config.schema import AjetConfig
@@ -105,7 +105,7 @@ class TrainingLoop:
         self._lr = 0.0  # the running step's learning rate (the schedule's, as the step began)
         self._out_of_time = False  # trainer.max_minutes ended the step loop
         self._saved_at = time.monotonic()  # trainer.save_every_minutes counts from here
-        self._kept: dict[str, tuple[Callable[[], object], Callable[[Any], None]]] = {}  # see `keep`
+        self._kept: dict[str, tuple[Callable[[], object], Callable[[object], None]]] = {}  # see `keep`
         self._export: Callable[[Path], None] | None = None  # see `attach`
 
     def attach(self, model: torch.nn.Module | None, tokenizer: PreTrainedTokenizerBase | None,
@@ -127,7 +127,11 @@ class TrainingLoop:
     def keep(self, name: str, state: Callable[[], T], load: Callable[[T], None]) -> None:
         """Also checkpoint `state()` under `name`, and hand it to `load` when the run resumes
         (call before `restore`)."""
-        self._kept[name] = (state, load)
+
+        def load_saved(saved: object) -> None:
+            load(cast(T, saved))  # what `state()` returned, read back from this run's checkpoint
+
+        self._kept[name] = (state, load_saved)
 
     def update_begins(self) -> None:
         """An update of the running step begins (`OptimizerStep.run` says so before its first
@@ -146,7 +150,7 @@ class TrainingLoop:
         ckpt = latest_checkpoint(self.run_dir / "checkpoints")
         return 0 if ckpt is None else checkpoint_step(ckpt)
 
-    def restore(self) -> dict[str, Any] | None:
+    def restore(self) -> dict[str, object] | None:
         """Load the newest checkpoint (weights, optimizer, schedule, RNG); its saved state, or None."""
         ckpt = latest_checkpoint(self.run_dir / "checkpoints")
         if ckpt is None:
@@ -154,9 +158,11 @@ class TrainingLoop:
             return None
         scheduler = _attached(self.scheduler, "scheduler")
         configured = list(scheduler.base_lrs)  # trainer.lr as this run's config says
-        state = load_checkpoint(ckpt, model=_attached(self._model, "model"), optimizer=self.optimizer,
-                                scheduler=scheduler)
-        self.step = int(state["step"])
+        state = load_checkpoint(ckpt, model=_attached(self._model, "model"),
+                                optimizer=_attached(self.optimizer, "optimizer"), scheduler=scheduler)
+        step = state["step"]
+        assert isinstance(step, int)  # load_checkpoint checked it
+        self.step = step
         apply_lr(scheduler, configured, self.step)
         self._updates_at_step_end = self._updates_begun
         for name, (_, load) in self._kept.items():
@@ -306,8 +312,8 @@ class TrainingLoop:
         self._saved_at = time.monotonic()
         with holding_stops(f"writing the checkpoint of step {self.step}"):
             save_checkpoint(self.run_dir / "checkpoints", self.step, model=_attached(self._model, "model"),
-                            optimizer=self.optimizer,
-                            scheduler=self.scheduler,
+                            optimizer=_attached(self.optimizer, "optimizer"),
+                            scheduler=_attached(self.scheduler, "scheduler"),
                             extra={**self._state(self.step), **{n: state() for n, (state, _) in self._kept.items()}},
                             keep_last=self.cfg.trainer.keep_checkpoints)
 
@@ -318,7 +324,8 @@ class TrainingLoop:
             if self._export is not None:
                 self._export(out or self.run_dir / "final_model")
             else:
-                save_final_model(self._model, self._tokenizer, out or self.run_dir / "final_model", lora=lora.enabled,
+                save_final_model(_attached(self._model, "model"), self._tokenizer,
+                                 out or self.run_dir / "final_model", lora=lora.enabled,
                                  per_role=lora.enabled and lora.per_role, export_merged=lora.export_merged)
         raise_pending_stop()
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias, cast
 
 from ajet.config.schema import LoraConfig, ModelConfig
 from ajet.errors import ConfigError, DiskFullError
@@ -19,11 +19,19 @@ from ajet.models.load import load_model_and_tokenizer
 from ajet.training.adapters import role_adapters
 from ajet.training.checkpoint_dir import MAKE_ROOM
 
+if TYPE_CHECKING:
+    import torch
+    from peft import PeftModel
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
 log = logging.getLogger(__name__)
+
+# What a recipe trains: the transformers model, or the peft model that wraps it (`model.lora`).
+TrainableModel: TypeAlias = "PreTrainedModel | PeftModel"
 
 
 def load_trainable_model(cfg: ModelConfig, *, seed: int, gradient_checkpointing: bool = False,
-                         trainable_targets: list[str] | None = None) -> tuple[Any, Any]:
+                         trainable_targets: list[str] | None = None) -> tuple[TrainableModel, PreTrainedTokenizerBase]:
     """(model in eval mode, tokenizer); a peft model when `cfg.lora.enabled`.
 
     `trainable_targets`: the run's trainable roles (`ajet.rollout.workflow_loader.trainable_targets_of`). With
@@ -35,7 +43,10 @@ def load_trainable_model(cfg: ModelConfig, *, seed: int, gradient_checkpointing:
 
     adapters = per_role_adapters(cfg.lora, trainable_targets) if cfg.lora.enabled else []
     torch.manual_seed(seed)
-    model, tokenizer = load_model_and_tokenizer(cfg)
+    base: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    base, tokenizer = load_model_and_tokenizer(cfg)  # Any: what transformers' Auto classes load
+    model: TrainableModel = base
     if cfg.lora.enabled:
         from peft import LoraConfig as PeftLoraConfig  # LoRA runs only
         from peft import get_peft_model
@@ -45,7 +56,7 @@ def load_trainable_model(cfg: ModelConfig, *, seed: int, gradient_checkpointing:
             r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
             target_modules=list(lora.target_modules), task_type="CAUSAL_LM",
         )
-        model = get_peft_model(model, config, adapter_name=adapters[0])
+        model = get_peft_model(base, config, adapter_name=adapters[0])
         for role in adapters[1:]:
             model.add_adapter(role, copy.deepcopy(config))
         # peft leaves only the active adapter trainable; the update trains every role's.
@@ -79,7 +90,7 @@ def per_role_adapters(lora: LoraConfig, trainable_targets: list[str] | None) -> 
     return names
 
 
-def enable_activation_checkpointing(model: Any) -> None:
+def enable_activation_checkpointing(model: TrainableModel) -> None:
     """Recompute each decoder layer in backward (`trainer.gradient_checkpointing`).
 
     Non-reentrant checkpointing: it works whether or not the inputs need grad (LoRA freezes the
@@ -92,11 +103,12 @@ def enable_activation_checkpointing(model: Any) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
-def model_window(model: Any, configured: int) -> int:
+def model_window(model: torch.nn.Module, configured: int) -> int:
     return configured or int(getattr(model.config, "max_position_embeddings", 0) or 4096)
 
 
-def save_final_model(model: Any, tokenizer: Any, out: Path, *, lora: bool, per_role: bool = False,
+def save_final_model(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase | None, out: Path, *, lora: bool,
+                     per_role: bool = False,
                      export_merged: bool = False) -> Path:
     """A plain Hugging Face checkpoint (a LoRA adapter is merged into a copy first), written
     atomically: into a temporary directory beside `out`, then renamed, so a kill mid-write
@@ -110,15 +122,19 @@ def save_final_model(model: Any, tokenizer: Any, out: Path, *, lora: bool, per_r
     import shutil
     import tempfile
 
-    if lora and not per_role:
-        model = copy.deepcopy(model).merge_and_unload()
+    if tokenizer is None:  # a loop attached without one (tests of the loop alone)
+        raise ValueError(f"{out} is written with the model's tokenizer: attach one to the training loop")
+    # With LoRA (`lora`, `per_role`) `model` is load_trainable_model's peft model, else the transformers one.
+    plain: PreTrainedModel | None = None  # one plain checkpoint; None: the per-role layout
+    if not per_role:
+        plain = copy.deepcopy(cast("PeftModel", model)).merge_and_unload() if lora else cast("PreTrainedModel", model)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}-", dir=out.parent))
     try:
-        if per_role:
-            _save_role_adapters(model, tokenizer, tmp, merged=export_merged)
+        if plain is None:
+            _save_role_adapters(cast("PeftModel", model), tokenizer, tmp, merged=export_merged)
         else:
-            model.save_pretrained(tmp)
+            plain.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
         if out.exists():
             old = out.with_name(f".old-{out.name}")
@@ -140,20 +156,22 @@ def save_final_model(model: Any, tokenizer: Any, out: Path, *, lora: bool, per_r
     return out
 
 
-def _save_role_adapters(model: Any, tokenizer: Any, out: Path, *, merged: bool) -> None:
+def _save_role_adapters(model: PeftModel, tokenizer: PreTrainedTokenizerBase, out: Path, *, merged: bool) -> None:
     """The base, `adapters/<role>/` (peft format) per role and, with `merged`, `merged/<role>/`."""
     import shutil
 
-    copy.deepcopy(model).unload().save_pretrained(out)  # the base without any adapter
+    base: PreTrainedModel = copy.deepcopy(model).unload()  # the base without any adapter (peft's: untyped)
+    base.save_pretrained(out)
+    del base  # a whole copy of the weights: gone before the adapters' copies are made
     tokenizer.save_pretrained(out)
     for role in role_adapters(model):
         stage = out / f".stage-{role}"
-        model.save_pretrained(stage, selected_adapters=[role])
+        model.save_pretrained(str(stage), selected_adapters=[role])  # peft's types say str; a Path is the same
         # peft writes an adapter other than "default" into a subdirectory named after it
         (stage if role == "default" else stage / role).rename(_role_dir(out / "adapters", role))
         shutil.rmtree(stage, ignore_errors=True)
         if merged:
-            one = copy.deepcopy(model).merge_and_unload(adapter_names=[role])
+            one: PreTrainedModel = copy.deepcopy(model).merge_and_unload(adapter_names=[role])  # untyped, as above
             one.save_pretrained(_role_dir(out / "merged", role))
             tokenizer.save_pretrained(out / "merged" / role)
             del one

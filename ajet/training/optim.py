@@ -16,10 +16,14 @@ user configured in every recipe.
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from ajet.config.schema import LrSchedule, OptimizerStateDType, TrainerConfig
 from ajet.training.adamw import BF16StateAdamW
+
+if TYPE_CHECKING:
+    import torch
 
 
 def lr_factor(step: int, cfg: TrainerConfig) -> float:
@@ -35,7 +39,8 @@ def lr_factor(step: int, cfg: TrainerConfig) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * progress))  # cosine
 
 
-def build_optimizer(model: Any, cfg: TrainerConfig, *, seed: int = 0) -> tuple[Any, Any]:
+def build_optimizer(model: torch.nn.Module, cfg: TrainerConfig, *,
+                    seed: int = 0) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """(AdamW over the trainable parameters, its LambdaLR schedule from `lr_factor`). `seed`:
     the stochastic rounding of bf16 optimizer state."""
     import torch
@@ -51,7 +56,7 @@ def build_optimizer(model: Any, cfg: TrainerConfig, *, seed: int = 0) -> tuple[A
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg))
 
 
-def can_fuse(params: list[Any]) -> bool:
+def can_fuse(params: Sequence[torch.Tensor]) -> bool:
     """Whether torch's fused AdamW takes these parameters: floating point, all on one CPU or
     CUDA device."""
     devices = {p.device for p in params}

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from ajet.config.schema import AjetConfig
 from ajet.engine.local import LocalEngine
+from ajet.errors import RunDataError
 from ajet.judge import Judge, build_judge
 from ajet.rollout.engine_rollout import EngineRollout
 from ajet.rollout.workflow_loader import WorkflowArg, load_or_wrap_workflow, trainable_targets_of
@@ -70,5 +71,9 @@ class RolloutRun:
         """Continue a resumed run from its newest checkpoint: weights, optimizer, schedule, reader."""
         state = self.training_loop.restore()
         if state is not None:
-            self.reader.load_state_dict(state["reader"], allow_changed=self.training_loop.cfg.project.resume_changed)
+            reader = state.get("reader")
+            if not isinstance(reader, dict):  # what `start` saved: TaskReader.state_at_end_of's dict
+                raise RunDataError(f"the checkpoint holds no task reader state ({type(reader).__name__} as 'reader'): "
+                                   "it was not written by this recipe. Start a new run (--fresh).")
+            self.reader.load_state_dict(reader, allow_changed=self.training_loop.cfg.project.resume_changed)
             self.rollout.engine.bump_version()

@@ -24,9 +24,9 @@ import os
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import httpx
 
@@ -37,9 +37,16 @@ from ajet.engine.served_models import check_directory, load_directory
 from ajet.errors import ConfigError, TeacherUnavailable
 from ajet.forward.packed import forward_packed
 from ajet.retry import send_with_retries
+from ajet.training.adapters import is_peft
+
+if TYPE_CHECKING:
+    import torch
+    from peft import PeftModel
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
+M = TypeVar("M", bound="torch.nn.Module")
 TEACHER_ADAPTER = "__teacher__"  # the adapter name of an AdapterTeacher (never a role's)
 # Special-token attributes that must name the same tokens (pad is left out: ajet sets a missing
 # pad token to eos itself, `ajet.models.load.load_tokenizer`).
@@ -54,7 +61,8 @@ class Teacher(Protocol):
     def close(self) -> None: ...
 
 
-def build_teacher(cfg: AjetConfig, model: Any, tokenizer: Any, *, temperature: float) -> Teacher:
+def build_teacher(cfg: AjetConfig, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, *,
+                  temperature: float) -> Teacher:
     """The teacher `distill.teacher` names, checked against the student (`model`, `tokenizer`):
     ConfigError naming `distill.teacher` and the fix when it cannot serve as one."""
     source = cfg.distill.teacher
@@ -75,10 +83,10 @@ def build_teacher(cfg: AjetConfig, model: Any, tokenizer: Any, *, temperature: f
                     "bos/eos ids were compared with the student's", path)
     max_tokens = cfg.trainer.micro_batch_tokens if cfg.context.tree_packing else 0
     chunk = cfg.trainer.logits_chunk_tokens
-    if (path / "adapter_config.json").is_file() and hasattr(model, "peft_config"):
+    if (path / "adapter_config.json").is_file() and is_peft(model):
         return AdapterTeacher(model, path, temperature=temperature, max_tokens=max_tokens, logits_chunk=chunk)
     try:
-        teacher_model = load_directory(path, model)
+        teacher_model: torch.nn.Module = load_directory(path, model)  # Any: what transformers' Auto classes load
     except ValueError as exc:
         raise ConfigError(f"distill.teacher: {exc}") from None
     return LocalTeacher(teacher_model, temperature=temperature, max_tokens=max_tokens, logits_chunk=chunk,
@@ -86,7 +94,7 @@ def build_teacher(cfg: AjetConfig, model: Any, tokenizer: Any, *, temperature: f
 
 
 # ---------------------------------------------------------------------- tokenizers
-def _tokenizer_of(path: Path) -> Any:
+def _tokenizer_of(path: Path) -> PreTrainedTokenizerBase | None:
     """The tokenizer saved in `path`, or None when it holds no tokenizer files."""
     if not any((path / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
         return None
@@ -95,7 +103,7 @@ def _tokenizer_of(path: Path) -> Any:
     return AutoTokenizer.from_pretrained(path)
 
 
-def tokenizer_differences(teacher: Any, student: Any) -> list[str]:
+def tokenizer_differences(teacher: PreTrainedTokenizerBase, student: PreTrainedTokenizerBase) -> list[str]:
     """What differs between two tokenizers' vocabularies and special tokens, in words ([] = same)."""
     out: list[str] = []
     theirs, ours = teacher.get_vocab(), student.get_vocab()
@@ -116,7 +124,7 @@ def tokenizer_differences(teacher: Any, student: Any) -> list[str]:
     return out
 
 
-def check_same_tokenizer(teacher: Any, student: Any, *, where: str) -> None:
+def check_same_tokenizer(teacher: PreTrainedTokenizerBase, student: PreTrainedTokenizerBase, *, where: str) -> None:
     """ConfigError listing the differences when the teacher would read other tokens than the
     student wrote (scoring is on the student's token ids)."""
     diff = tokenizer_differences(teacher, student)
@@ -138,7 +146,7 @@ class _PackedScorer:
         self.max_tokens = max_tokens
         self.logits_chunk = logits_chunk
 
-    def _module(self) -> Any:  # a context manager giving the module to forward
+    def _module(self) -> AbstractContextManager[torch.nn.Module]:  # the module to forward
         raise NotImplementedError
 
     def score(self, samples: Sequence[Sample]) -> list[list[float]]:
@@ -170,19 +178,19 @@ class _PackedScorer:
 class LocalTeacher(_PackedScorer):
     """A frozen model beside the student (a loaded checkpoint, or any module in tests)."""
 
-    def __init__(self, model: Any, *, temperature: float, max_tokens: int = 0, logits_chunk: int = 0,
+    def __init__(self, model: torch.nn.Module, *, temperature: float, max_tokens: int = 0, logits_chunk: int = 0,
                  what: str = "a local model") -> None:
         super().__init__(temperature=temperature, max_tokens=max_tokens, logits_chunk=logits_chunk)
         model.eval()
         model.requires_grad_(False)
-        self.model = model
+        self.model: torch.nn.Module | None = model  # None once closed
         self.what = what
         self.nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
         log.info("distillation teacher: %s, frozen, %.2f GB of weights beside the student's", what, self.nbytes / 1e9)
 
     @contextmanager
-    def _module(self) -> Iterator[Any]:
-        yield self.model
+    def _module(self) -> Iterator[torch.nn.Module]:
+        yield _open(self.model)
 
     def close(self) -> None:
         self.model = None
@@ -193,10 +201,10 @@ class AdapterTeacher(_PackedScorer):
     `__teacher__`: scoring forwards the student's module with that adapter active (no second
     copy of the base). It is not trainable and was added after the optimizer was built."""
 
-    def __init__(self, model: Any, path: Path, *, temperature: float, max_tokens: int = 0,
+    def __init__(self, model: PeftModel, path: Path, *, temperature: float, max_tokens: int = 0,
                  logits_chunk: int = 0) -> None:
         super().__init__(temperature=temperature, max_tokens=max_tokens, logits_chunk=logits_chunk)
-        self.model = model
+        self.model: PeftModel | None = model  # None once closed
         try:
             model.load_adapter(str(path), adapter_name=TEACHER_ADAPTER, is_trainable=False)
         except (RuntimeError, ValueError) as exc:  # size mismatch: trained on another base
@@ -208,8 +216,8 @@ class AdapterTeacher(_PackedScorer):
                  self.what, self.nbytes / 1e6)
 
     @contextmanager
-    def _module(self) -> Iterator[Any]:
-        model = self.model
+    def _module(self) -> Iterator[torch.nn.Module]:
+        model = _open(self.model)
         trainable = [p for p in model.parameters() if p.requires_grad]
         previous, was_training = model.active_adapter, model.training
         model.eval()
@@ -231,6 +239,13 @@ class AdapterTeacher(_PackedScorer):
         self.model = None
 
 
+def _open(model: M | None) -> M:
+    """A local teacher's model; a clear error once the teacher is closed."""
+    if model is None:
+        raise RuntimeError("the distillation teacher is closed: score() after close()")
+    return model
+
+
 # ---------------------------------------------------------------------- endpoint teacher
 class EndpointTeacher:
     """A teacher behind an OpenAI-compatible server with prompt logprobs (vLLM): one
@@ -241,8 +256,9 @@ class EndpointTeacher:
     /tokenize, its tokenizer must give the student's ids for a probe text. vLLM scores the raw
     distribution (temperature 1); a student sampling at another temperature is warned about."""
 
-    def __init__(self, url: str, tokenizer: Any, *, model: str = "", timeout_s: float = 120.0, api_key: str = "",
-                 temperature: float = 1.0, concurrency: int = 8, transport: Any = None) -> None:
+    def __init__(self, url: str, tokenizer: PreTrainedTokenizerBase, *, model: str = "", timeout_s: float = 120.0,
+                 api_key: str = "", temperature: float = 1.0, concurrency: int = 8,
+                 transport: httpx.BaseTransport | None = None) -> None:
         self.url = url.rstrip("/")
         self.what = f"the endpoint {self.url}"
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -265,10 +281,10 @@ class EndpointTeacher:
             raise ConfigError(f"distill.teacher={self.url}: cannot list the endpoint's models ({exc}); check the "
                               "URL (it ends in /v1) and that the server runs, or set distill.teacher_model") from None
 
-    def _check(self, tokenizer: Any) -> None:
+    def _check(self, tokenizer: PreTrainedTokenizerBase) -> None:
         probe = tokenizer.apply_chat_template([{"role": "user", "content": "What is 12 * 7?"}], tokenize=False,
                                               add_generation_prompt=True)
-        ids = tokenizer(probe, add_special_tokens=False)["input_ids"]
+        ids: list[int] = tokenizer(probe, add_special_tokens=False)["input_ids"]  # BatchEncoding's values: Any
         try:
             values = self._prompt_logprobs(ids)
         except ValueError as exc:

@@ -3,16 +3,28 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 from ajet.rollout.agent_metrics import agent_metrics
-from ajet.rollout.manager import mean_log_metrics
+from ajet.rollout.episode import Episode
+from ajet.rollout.manager import RolloutResult, mean_log_metrics
 from ajet.rollout.roles import role_metrics
+from ajet.workflow import WorkflowTask
+
+if TYPE_CHECKING:  # heavy at import (the loop: torch; the task readers: httpx, click); the callers have them
+    from ajet.task_reader import TaskReader
+    from ajet.training.loop import TrainingLoop
 
 log = logging.getLogger(__name__)
 
 
-def validation_metrics(episodes: list[Any], k: int) -> dict[str, float]:
+class Rollout(Protocol):
+    """A recipe's rollout of `tasks`, each `n` times (`RolloutManager.rollout`, run to completion)."""
+
+    def __call__(self, tasks: list[WorkflowTask], n: int, *, episode_prefix: str) -> RolloutResult: ...
+
+
+def validation_metrics(episodes: list[Episode], k: int) -> dict[str, float]:
     """Mean reward and success over all validation episodes, pass@k over tasks, the agent
     metrics (tool use; `ajet.rollout.agent_metrics`) under `val/agent/...`, and in a multi-agent
     run each role's (`ajet.rollout.roles.role_metrics`, over the ok episodes) under `val/role/...`,
@@ -38,7 +50,7 @@ def validation_metrics(episodes: list[Any], k: int) -> dict[str, float]:
     }
 
 
-def validate_on_rollout(loop: Any, reader: Any, rollout: Any, k: int) -> dict[str, float]:
+def validate_on_rollout(loop: TrainingLoop, reader: TaskReader, rollout: Rollout, k: int) -> dict[str, float]:
     """Roll out the reader's validation tasks `k` times each with `rollout(tasks, k, episode_prefix=)`
     and log `validation_metrics` at the loop's step; {} when there are no validation tasks."""
     tasks = reader.val_tasks()
