@@ -64,6 +64,13 @@ async def _json(request: Request, model: type[BaseModel]) -> dict[str, Any]:
     return _parse(model, body)
 
 
+def _no_ttl(body: dict[str, Any]) -> dict[str, Any]:
+    """A save request, refused by name when it asks for an expiry."""
+    if body.get("ttl_seconds") is not None:
+        raise NotServedError("ttl_seconds (checkpoints here never expire)")
+    return body
+
+
 def _future(request_id: str, model_id: str | None = None, **extra: Any) -> dict[str, Any]:
     return {"request_id": request_id, "model_id": model_id, **extra}
 
@@ -155,16 +162,12 @@ def _weight_routes(api: FastAPI, service: TinkerService) -> None:
     """Saving and loading weights, and listing training runs and checkpoints."""
     @api.post("/api/v1/save_weights")
     async def save_weights(request: Request) -> dict[str, Any]:
-        body = await _json(request, types.SaveWeightsRequest)
-        if body.get("ttl_seconds") is not None:
-            raise NotServedError("ttl_seconds (checkpoints here never expire)")
+        body = _no_ttl(await _json(request, types.SaveWeightsRequest))
         return _future(service.save_weights(body), body["model_id"])
 
     @api.post("/api/v1/save_weights_for_sampler")
     async def save_for_sampler(request: Request) -> dict[str, Any]:
-        body = await _json(request, types.SaveWeightsForSamplerRequest)
-        if body.get("ttl_seconds") is not None:
-            raise NotServedError("ttl_seconds (checkpoints here never expire)")
+        body = _no_ttl(await _json(request, types.SaveWeightsForSamplerRequest))
         return _future(service.save_for_sampler(body), body["model_id"])
 
     @api.post("/api/v1/load_weights")

@@ -132,6 +132,11 @@ def test_not_served_features_are_refused_by_name(server: TinkerServer, client: A
         client.create_lora_training_client(base_model="Qwen/Qwen3-8B", rank=4).result()
     answer = httpx.post(f"{server.base_url}/api/v1/copy_weights", json={}, headers={"X-API-Key": KEY})
     assert answer.status_code == 400 and "POST /api/v1/copy_weights is not served" in answer.text
+    for route in ("save_weights", "save_weights_for_sampler"):  # an expiry is refused, not ignored
+        answer = httpx.post(f"{server.base_url}/api/v1/{route}", headers={"X-API-Key": KEY},
+                            json={"model_id": trainer.model_id, "path": "x", "ttl_seconds": 60, "seq_id": 1,
+                                  "type": route})
+        assert answer.status_code == 400 and "ttl_seconds (checkpoints here never expire)" in answer.text, answer.text
 
 
 def test_rl_losses_train(server: TinkerServer, client: Any) -> None:
