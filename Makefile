@@ -93,6 +93,7 @@ bench: install
 	$(PY) -m scripts.bench.train
 	$(PY) -m scripts.bench.sft_step --steps 3 --repeats 2
 	$(PY) -m scripts.bench.optimizer
+	$(PY) -m scripts.bench.roofline
 	$(PY) -m scripts.bench.checkpoint
 	$(PY) -m scripts.bench.tool_choice
 	$(PY) -m scripts.bench.hostile_body
