@@ -99,6 +99,7 @@ bench: install
 	$(PY) -m scripts.bench.hostile_body
 	$(PY) -m scripts.bench.sandbox
 	$(PY) -m scripts.bench.inner_loop
+	$(PY) -m scripts.bench.tinker_api
 	$(PY) -m scripts.bench.memory --conf $(CONF) trainer.total_steps=2 trainer.val_every=0 trainer.save_every=0
 
 # Does training still learn? Each example trains within its wall budget and is scored on its
