@@ -9,9 +9,10 @@ SDK client of it. Both measurements use the service's own model, trainer and eng
   `optim_step`, until both results are back. In-process: `LoraTrainer.forward_backward` and
   `.optim_step` (ajet/tinker_service/trainer.py, what the service runs) called directly on an
   adapter of the same rank, alpha, targets and seed, on the same datums, with the same
-  `AdamParams`, in a thread made for the pair as ajet runs trainer work (ajet/own_thread.py;
-  `--direct-thread main`: in the main thread, which on a loaded 2-core machine was several times
-  slower, docs/log/2026-12-06_tinker_api.md). The two adapters start equal and take the same steps, so the losses printed
+  `AdamParams`, on a worker thread of its own as the service runs them (`--direct-thread own`:
+  in a thread made for each pair, as ajet's recipes run trainer work, ajet/own_thread.py;
+  `main`: in the main thread; the thread changes the figure: docs/log/2026-12-06_tinker_api.md).
+  The two adapters start equal and take the same steps, so the losses printed
   side by side should agree: both paths did the same work. Target: API <= 1.15x in-process.
   The service-side time inside the trainer is timed too: what is left of an API pair is the
   wire, the queue and the SDK.
@@ -39,6 +40,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -63,11 +65,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--datums", type=int, default=4, help="training: datums per forward_backward")
     parser.add_argument("--tokens", type=int, default=64, help="training: tokens per datum")
     parser.add_argument("--rank", type=int, default=8, help="training: LoRA rank")
-    parser.add_argument("--concurrency", default="1,8", help="sampling: comma-separated requests in flight")
+    parser.add_argument("--concurrency", default="1,8",
+                        help="sampling: comma-separated requests in flight ('': no sampling)")
     parser.add_argument("--max-tokens", type=int, default=64, help="sampling: tokens per request")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs of each side, interleaved")
-    parser.add_argument("--direct-thread", choices=("own", "main"), default="own",
-                        help="training in-process: in a thread made for each pair (ajet's way), or the main thread")
+    parser.add_argument("--direct-thread", choices=("worker", "own", "main"), default="worker",
+                        help="training in-process: on one worker thread (as the service), a thread made for each "
+                             "pair (ajet's recipes), or the main thread")
     parser.add_argument("--json", type=Path, help="write the figures and every run here")
     return parser.parse_args(argv)
 
@@ -98,7 +102,8 @@ class Bench:
 
     def _time_trainer_calls(self) -> None:
         """Wrap the trainer's two methods (on this instance) to time the service's calls into them;
-        the in-process side calls the unwrapped ones (`self.direct`)."""
+        the in-process side calls the unwrapped ones (`self.direct`), on its own worker thread."""
+        self.direct_worker = ThreadPoolExecutor(1, thread_name_prefix="bench-in-process")
         self.direct = {name: getattr(self.trainer, name) for name in ("forward_backward", "optim_step")}
         for name, method in self.direct.items():
 
@@ -112,6 +117,7 @@ class Bench:
             setattr(self.trainer, name, timed)
 
     def close(self) -> None:
+        self.direct_worker.shutdown()
         self.client.close("success").result()
         self.server.stop()
 
@@ -128,13 +134,15 @@ class Bench:
 
     def train_direct(self, request: Any, adam: dict[str, float], thread: str) -> tuple[float, float]:
         """(seconds for the pair, the loss): the trainer's own calls, no service around them, in a
-        thread of their own (as ajet runs trainer work: ajet/own_thread.py) or in this one."""
+        worker thread, a thread made for the pair or this one (`thread`: worker, own, main)."""
         def pair() -> tuple[float, float]:
             start = time.perf_counter()
             _, metrics = self.direct["forward_backward"](request)
             self.direct["optim_step"](DIRECT, adam)
             return time.perf_counter() - start, metrics["loss:sum"]
 
+        if thread == "worker":
+            return self.direct_worker.submit(pair).result()
         return in_own_thread(pair) if thread == "own" else pair()
 
     # ------------------------------------------------------------------ sampling
@@ -238,7 +246,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         bench = Bench(args.model, Path(state), args.rank)
         try:
             training = measure_training(bench, args)
-            sampling = {c: measure_sampling(bench, args, c) for c in (int(x) for x in args.concurrency.split(","))}
+            sampling = {c: measure_sampling(bench, args, c) for c in (int(x) for x in args.concurrency.split(",") if x)}
         finally:
             bench.close()
     return {"machine": machine() | {"load_average_before": before}, "training": training, "sampling": sampling}
