@@ -27,7 +27,7 @@ def test_the_remote_agent_row_evaluates_serves_to_clients_and_evaluates_again(
         "eval.max_tasks=8"))  # 8 of the 32 test tasks: the row is read the same, in a quarter of the time
     result = bench.run_example(e, tmp_path / "exp", cached_base=False)
     run = tmp_path / "exp" / "remote_agent"
-    assert result.status in ("pass", "FAIL"), result.status  # the tiny model scores what it scores
+    assert result.status in ("pass", "FAIL", "inconclusive"), result.status  # the tiny model scores what it scores
     assert result.command[result.command.index("--conf") - 1] == "serve"
     base = json.loads((run / "eval" / "eval_base.json").read_text())
     trained = json.loads((run / "eval" / "eval_trained.json").read_text())

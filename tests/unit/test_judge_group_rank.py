@@ -293,7 +293,7 @@ def test_gpu_backbones_and_serve_refuse_it(tmp_path: Path, stub_run_conf: Callab
     cfg.judge.type = "group_rank"
     for backbone in ("trinity", "verl"):
         problems = dict(backbone_problems(backbone, cfg))
-        assert "=group_rank (a judge that scores a group's episodes together) runs on --backbone=debug only" in problems["judge.type"]
+        assert "=group_rank (a judge that scores a group's episodes together) runs on --backbone=debug" in problems["judge.type"]
     conf = stub_run_conf("judge: {type: group_rank}\n")
     dry = CliRunner().invoke(train_cmd.app, ["--conf", str(conf), "--backbone=verl", "--dry-run"])
     assert dry.exit_code == 2 and "judge.type" in dry.output and "Traceback" not in dry.output

@@ -74,7 +74,7 @@ def test_config_refuses_it_with_a_curriculum_and_on_the_gpu_backbones() -> None:
     assert "task_reader.selection.enabled" in dict(validate(cfg, require_workflow=False))
     cfg.task_reader.curriculum.key = ""
     assert "task_reader.selection.enabled" not in dict(backbone_problems("debug", cfg))
-    assert "runs on --backbone=debug only" in dict(backbone_problems("verl", cfg))["task_reader.selection.enabled"]
+    assert "runs on --backbone=debug or tinker only" in dict(backbone_problems("verl", cfg))["task_reader.selection.enabled"]
 
 
 def test_the_rl_recipe_feeds_the_selection_and_logs_it(two_calls_conf, tmp_path) -> None:  # noqa: ANN001

@@ -123,6 +123,6 @@ def test_the_warmup_config_trains_on_the_demos_and_reports_on_test() -> None:
     from ajet.config import load_config
 
     cfg = load_config(HERE / "appworld_warmup.yaml")
-    assert [s.value for s in cfg.pipeline.stages] == ["eval", "sft", "grpo", "eval"]
+    assert list(cfg.pipeline.stages) == ["eval", "sft", "grpo", "eval"]
     assert cfg.eval.split.value == "test" and cfg.task_reader.env_service.num_test_tasks > 0
     assert Path(cfg.sft.train_path).resolve() == (HERE / "demos.jsonl").resolve()
