@@ -237,7 +237,8 @@ def measure_sampling(bench: Bench, args: argparse.Namespace, concurrency: int) -
     api_rate, direct_rate = [t / s for s, t in api], [t / s for s, t in direct]
     return {"api_tok_s": spread(api_rate), "in_process_tok_s": spread(direct_rate),
             "ratio": statistics.median(a / d for a, d in zip(api_rate, direct_rate, strict=True)),
-            "tokens": {"api": [t for _, t in api], "in_process": [t for _, t in direct]}}
+            "tokens": {"api": [t for _, t in api], "in_process": [t for _, t in direct]},
+            "runs": {"api_tok_s": api_rate, "in_process_tok_s": direct_rate}}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
