@@ -591,8 +591,13 @@ def report(result: dict[str, Any], before: dict[str, Any], after: dict[str, Any]
           f"{result['sft']['steps']}, GRPO ({args.workload}) updates {result['grpo']['steps']}; recomputed in "
           f"the backward: {', '.join(k for k, v in result['recompute'].items() if v) or 'nothing'}\n")
     print(*roofline_table(result["phases"]), sep="\n")
+    rows = {p.name: p for p in result["phases"]}
     for label in ("sft", "grpo"):
         run = result[label]
+        forward, step = rows[f"{label.upper()} forward"], rows[f"{label.upper()} whole step"]
+        model = 3 * forward.work / step.seconds  # forward + a backward of twice its FLOPs, nothing recomputed
+        print(f"{label.upper()} step without the recomputed FLOPs (3 x the forward's): {model / 1e9:.1f} GFLOP/s, "
+              f"{100 * model / step.limit:.0f} % of the GEMM limit" if step.limit else "")
         parts = ", ".join(f"{k} {v:.2f}" for k, v in run["phases"].items())
         rest = run["seconds"] - sum(run["phases"].values())
         print(f"{label.upper()}: {run['seconds'] / run['steps']:.2f} s a step; over {run['steps']} steps, s: {parts}, "
