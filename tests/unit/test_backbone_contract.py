@@ -58,3 +58,11 @@ def test_the_docs_table_is_the_capabilities() -> None:
 
     docs = (Path(__file__).parents[2] / "docs" / "backbones.md").read_text()
     assert capabilities_table() in docs
+
+
+def test_another_backbones_setting_is_refused_once_on_the_debug_backbone() -> None:
+    cfg = AjetConfig()
+    cfg.trinity.explorer_gpus = 2
+    problems = backbone_problems("debug", cfg)
+    assert [key for key, _ in problems] == ["trinity.explorer_gpus"]
+    assert "is a trinity setting and has no effect on --backbone=debug" in problems[0][1]
