@@ -95,11 +95,16 @@ def workflow_problems(cfg: AjetConfig, *, require_workflow: bool) -> Problems:
         problems += _need(bool(target), "workflow.target",
                           "required: 'package.module:ClassName' or 'file.py:ClassName' (relative to the YAML)")
     if target:
-        problems += _need(":" in target, "workflow.target",
-                          f"'{target}' must be 'package.module:ClassName' or 'file.py:ClassName'")
-        file_part = target.rpartition(":")[0]
-        if file_part.endswith(".py"):
-            problems += _need(Path(file_part).is_file(), "workflow.target", f"file not found: {file_part}")
+        problems += _target_problems(target, "workflow.target", "ClassName")
+    return problems
+
+
+def _target_problems(target: str, key: str, name: str) -> Problems:
+    """A `module:name` or `file.py:name` target: well formed, and its file there."""
+    problems = _need(":" in target, key, f"'{target}' must be 'package.module:{name}' or 'file.py:{name}'")
+    file_part = target.rpartition(":")[0]
+    if file_part.endswith(".py"):
+        problems += _need(Path(file_part).is_file(), key, f"file not found: {file_part}")
     return problems
 
 
@@ -273,11 +278,7 @@ def env_problems(cfg: AjetConfig) -> Problems:
                       "remove task_reader.type and its files from the YAML (or env, to read them)")
     renderer = env.gymnasium.renderer
     if renderer:
-        problems += _need(":" in renderer, "env.gymnasium.renderer",
-                          f"'{renderer}' must be 'package.module:function' or 'file.py:function'")
-        file_part = renderer.rpartition(":")[0]
-        if file_part.endswith(".py"):
-            problems += _need(Path(file_part).is_file(), "env.gymnasium.renderer", f"file not found: {file_part}")
+        problems += _target_problems(renderer, "env.gymnasium.renderer", "function")
     return problems
 
 

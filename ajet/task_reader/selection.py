@@ -46,9 +46,7 @@ class TaskSelection:
 
     def passes_over(self, task_id: str, epoch: int) -> bool:
         """Whether the walk at `epoch` passes over `task_id` (settled, and not due for a revisit)."""
-        rates = self._rates.get(task_id, [])
-        settled = len(rates) >= self.cfg.min_seen and (all(r == 0 for r in rates) or all(r == 1 for r in rates))
-        if not settled or epoch - self._last_drawn.get(task_id, epoch) >= self.cfg.revisit_epochs:
+        if not self._settled(self._rates.get(task_id, [])) or epoch - self._last_drawn.get(task_id, epoch) >= self.cfg.revisit_epochs:
             return False
         self.skipped += 1
         return True
@@ -63,9 +61,12 @@ class TaskSelection:
 
     def settled_share(self, num_tasks: int) -> float:
         """The share of train tasks that are settled now (all 0 or all 1 over `min_seen` groups)."""
-        settled = sum(1 for rates in self._rates.values() if len(rates) >= self.cfg.min_seen
-                      and (all(r == 0 for r in rates) or all(r == 1 for r in rates)))
+        settled = sum(1 for rates in self._rates.values() if self._settled(rates))
         return settled / num_tasks if num_tasks else 0.0
+
+    def _settled(self, rates: list[float]) -> bool:
+        """At least `min_seen` groups, all of them passed or all failed."""
+        return len(rates) >= self.cfg.min_seen and (all(r == 0 for r in rates) or all(r == 1 for r in rates))
 
     def state_dict(self) -> dict[str, object]:
         return {"rates": {k: list(v) for k, v in self._rates.items()}, "last_drawn": dict(self._last_drawn)}
