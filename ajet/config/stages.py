@@ -10,7 +10,7 @@ from __future__ import annotations
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ajet.algorithms.registry import EVAL_STAGE, get_algorithm
+from ajet.algorithms.registry import EVAL_STAGE, get_algorithm, names
 from ajet.algorithms.registry import stage_names as known_stages
 from ajet.config.ranges import range_problems
 from ajet.config.schema import AjetConfig
@@ -24,7 +24,7 @@ def stage_names(cfg: AjetConfig) -> list[str]:
 def name_problems(cfg: AjetConfig) -> list[tuple[str, str]]:
     """`algorithm.name` and `pipeline.stages` against the registry's names."""
     problems: list[tuple[str, str]] = []
-    algorithms = [s for s in known_stages() if s != EVAL_STAGE]
+    algorithms = names()
     if cfg.algorithm.name not in algorithms:  # worded as the loader words an enum's bad value
         problems.append(("algorithm.name", f"Invalid value '{cfg.algorithm.name}', expected one of "
                                            f"[{', '.join(algorithms)}]"))
