@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ import torch
 
 from ajet.tinker_service import losses
 from ajet.tinker_service.errors import BadRequestError, NotFoundError
-from ajet.tinker_service.wire import ForwardBackwardIn
+from ajet.tinker_service.wire import DatumIn, ForwardBackwardIn
 from ajet.training.adapters import active_adapter, adapter_parameters
 
 log = logging.getLogger(__name__)
@@ -140,23 +141,39 @@ class LoraTrainer:
     # ------------------------------------------------------------------ training
     def forward_backward(self, request: ForwardBackwardIn) -> tuple[list[dict[str, np.ndarray]], dict[str, float]]:
         """Per datum: the target tokens' logprobs (and the loss's gradient accumulated, unless
-        `forward_only`). Metrics: `loss:sum` (and `clip_frac:mean` for ppo)."""
+        `forward_only`). Metrics: `loss:sum` (and `clip_frac:mean` for ppo).
+
+        Datums whose targets are their tokens shifted by one (every SDK recipe's) are tree-packed
+        (`ajet.context.pack`): a group's shared prompt is forwarded once and many datums go through
+        one forward of up to `PACK_TOKENS` positions; any other datum is forwarded alone."""
         self.client(request.model_id)  # 404 for an unknown model
         losses.check(request.loss_fn, request.config, request.data)
-        outputs, total, clip = [], 0.0, []
-        with active_adapter(self.model, request.model_id), torch.set_grad_enabled(not request.forward_only):
-            for datum in request.data:
-                targets = torch.as_tensor(np.asarray(datum.inputs["target_tokens"], dtype=np.int64))
-                logits = self.model(input_ids=torch.tensor([datum.tokens])).logits[0].float()
-                logprobs = torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None])[:, 0]
-                loss, metrics = losses.datum_loss(request.loss_fn, request.config, logprobs, datum)
-                if not request.forward_only:
-                    loss.backward()
-                total += float(loss.detach())
+        data = request.data
+        logprobs: list[torch.Tensor | None] = [None] * len(data)
+        total, clip = 0.0, []
+
+        def account(batch: list[int], new: list[torch.Tensor]) -> None:
+            nonlocal total
+            batch_losses = []
+            for i, lp in zip(batch, new, strict=True):
+                loss, metrics = losses.datum_loss(request.loss_fn, request.config, lp, data[i])
+                batch_losses.append(loss)
                 if "clip_frac" in metrics:
                     clip.append(metrics["clip_frac"])
-                outputs.append({"logprobs": logprobs.detach().numpy()})
+                logprobs[i] = lp.detach()
+            loss_sum = torch.stack(batch_losses).sum()
+            if not request.forward_only:
+                loss_sum.backward()
+            total += float(loss_sum.detach())
+
+        with active_adapter(self.model, request.model_id), torch.set_grad_enabled(not request.forward_only):
+            shifted = [i for i, d in enumerate(data) if _shifted(d)]
+            for batch, new in _packed_logprobs(self.model, [data[i] for i in shifted]):
+                account([shifted[k] for k in batch], new)
+            for i in sorted(set(range(len(data))) - set(shifted)):
+                account([i], [_datum_logprobs(self.model, data[i])])
         self._settle()  # active_adapter leaves every adapter trainable
+        outputs = [{"logprobs": lp.numpy()} for lp in logprobs if lp is not None]
         metrics_out = {"loss:sum": total}
         if clip:
             metrics_out["clip_frac:mean"] = float(np.mean(clip))
@@ -241,6 +258,45 @@ class LoraTrainer:
                                       adapter_name=name)
         for param in adapter_parameters(self.model, name).values():
             param.requires_grad_(False)
+
+
+# Positions of one packed forward: the activations of ~2k tokens of a laptop-sized model.
+PACK_TOKENS = 2048
+
+
+def _shifted(datum: DatumIn) -> bool:
+    """Whether the datum's targets are its tokens shifted by one (then tokens + the last target
+    is one sequence, and the datum can share a packed forward)."""
+    targets = np.asarray(datum.inputs["target_tokens"]).astype(np.int64)
+    return bool(np.array_equal(targets[:-1], np.asarray(datum.tokens[1:], dtype=np.int64)))
+
+
+def _datum_logprobs(model: Any, datum: DatumIn) -> torch.Tensor:
+    """log p(target i | tokens[:i + 1]) of one datum, from its own forward."""
+    targets = torch.as_tensor(np.asarray(datum.inputs["target_tokens"], dtype=np.int64))
+    logits = model(input_ids=torch.tensor([datum.tokens])).logits[0].float()
+    return torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None])[:, 0]
+
+
+def _packed_logprobs(model: Any, data: list[DatumIn]) -> Iterator[tuple[list[int], list[torch.Tensor]]]:
+    """For each packed forward: the indices (into `data`) of its datums and each one's target
+    logprobs, in the datum's order. The values are each datum's own forward's, up to float
+    summation order (tests/unit/test_context_lossless.py holds the packed forward to that)."""
+    from ajet.context.pack import pack_samples
+    from ajet.context.types import Sample
+    from ajet.forward.packed import forward_packed
+
+    samples, weights = [], []
+    for datum in data:
+        ids = [*datum.tokens, int(np.asarray(datum.inputs["target_tokens"])[-1])]
+        samples.append(Sample(input_ids=ids, loss_mask=[0] + [1] * len(datum.tokens), old_logprobs=[0.0] * len(ids)))
+        weights.append([1.0] * len(ids))
+    for packed in pack_samples(samples, weights, PACK_TOKENS):
+        entry_logprobs, _ = forward_packed(model, packed, logits_chunk=256)
+        batch = sorted(set(packed.entry_sample))
+        owner = torch.tensor(packed.entry_sample)
+        # Entries are laid out sample by sample, each in its token order.
+        yield batch, [entry_logprobs[owner == i] for i in batch]
 
 
 def spec_of(directory: Path) -> LoraSpec:
