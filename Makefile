@@ -19,7 +19,7 @@ TEST_WORKERS ?= 3
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 BENCH_ARGS ?=
 
-.PHONY: install sandbox harnesses demo test test-main test-fast test-kill-matrix bench bench-learning fuzz lint browser env-trinity env-verl env-verifiers env-openenv test-trinity test-verl clean
+.PHONY: install sandbox harnesses demo test test-main test-fast test-kill-matrix bench bench-learning fuzz lint browser env-trinity env-verl env-verifiers env-openenv env-cookbook test-trinity test-verl clean
 
 # uv installs the packages (a fresh install: ~40 s, against ~90 s with pip). torch 2.13.0 is the
 # CPU build that lies on these machines' disk: uv takes that file when it is there, else pip
@@ -72,7 +72,7 @@ $(HARNESS_STAMP):
 test: test-main test-trinity test-verl
 
 # --durations: the slowest tests end the log, so a slow CI run says where its time went.
-test-main: install browser sandbox harnesses env-verifiers env-openenv
+test-main: install browser sandbox harnesses env-verifiers env-openenv env-cookbook
 	$(PY) -m pytest --ignore=tests/backbones $(XDIST) --durations=25 $(PYTEST_ARGS)
 
 # The loop while coding: the unit tests (CPU, no model beyond the tiny one), in under 3 minutes.
@@ -165,6 +165,19 @@ env-verl: .venv-verl/.installed
 env-verifiers: .venv-verifiers/.installed
 env-openenv: .venv-openenv/.installed
 
+# tinker-cookbook, a client of `ajet tinker` (docs/tinker.md): its own environment, as it pins
+# transformers 5.5 (ajet: 5.25). The math recipe's extra brings its graders (sympy, math-verify).
+# tests/unit/test_tinker_cookbook.py and scripts/bench/tinker_cookbook.py run its recipes from it.
+COOKBOOK := 'tinker-cookbook[math-rl]==0.5.8' tinker==0.38.0
+.venv-cookbook/.installed: Makefile
+	$(PYTHON) -m venv $(@D)
+	$(@D)/bin/pip install -q uv
+	$(call torch_install,$(@D),$(call uv_install,$(@D)))
+	$(call uv_install,$(@D)) $(COOKBOOK)
+	touch $@
+
+env-cookbook: .venv-cookbook/.installed
+
 # The tests that need the real packages, each in its environment.
 test-trinity: env-trinity
 	.venv-trinity/bin/python -m pytest tests/backbones/test_trinity_real.py tests/unit/test_backbone_trinity.py tests/unit/test_failed_episode_groups.py $(PYTEST_ARGS)
@@ -173,4 +186,4 @@ test-verl: env-verl
 	.venv-verl/bin/python -m pytest tests/backbones/test_verl_real.py tests/unit/test_backbone_verl.py tests/unit/test_failed_episode_groups.py $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) .venv-trinity .venv-verl .venv-verifiers .venv-openenv .pytest_cache experiments
+	rm -rf $(VENV) .venv-trinity .venv-verl .venv-verifiers .venv-openenv .venv-cookbook .pytest_cache experiments
