@@ -85,7 +85,7 @@ test-fast: install sandbox harnesses env-verifiers env-openenv
 # install leaves out on purpose (--no-deps above).
 BENCH_INSTALL = CMAKE_ARGS="$${CMAKE_ARGS:-$$($(PY) -m scripts.bench.llamacpp --cmake-args)}" $(UV) -e '.[dev,envs,tinker,bench]'
 
-bench: install
+bench: install env-cookbook
 	$(BENCH_INSTALL)
 	$(PY) -m scripts.bench.engine --workloads agent,decode,choices
 	$(PY) -m scripts.bench.thread_pools
@@ -100,6 +100,7 @@ bench: install
 	$(PY) -m scripts.bench.sandbox
 	$(PY) -m scripts.bench.inner_loop
 	$(PY) -m scripts.bench.tinker_api
+	$(PY) -m scripts.bench.tinker_cookbook
 	$(PY) -m scripts.bench.memory --conf $(CONF) trainer.total_steps=2 trainer.val_every=0 trainer.save_every=0
 
 # Does training still learn? Each example trains within its wall budget and is scored on its

@@ -97,6 +97,17 @@ class Served:
 
 
 @dataclass(frozen=True)
+class OnTinker:
+    """An example whose training stages run with `--backbone=tinker` against an `ajet tinker`
+    service started beside them (docs/tinker.md): the warm-up and the base evaluation on the debug
+    backbone (`ajet --conf`, `pipeline.stages=[<warmup>, eval]`), then `ajet tinker` serving the
+    warmed-up model, the training run on it (LoRA of rank `lora_r`), and `ajet eval` of the
+    service's final sampler adapter on test."""
+
+    lora_r: int = 32
+
+
+@dataclass(frozen=True)
 class Example:
     name: str
     conf: str  # the example's YAML, relative to the repository
@@ -118,6 +129,7 @@ class Example:
     # Stages run before the first test evaluation (an SFT warm-up): the row's base is then the
     # warmed-up model's score, and its gain what `stages` add on top (issue 55: RL after a warm-up).
     warmup: tuple[str, ...] = ()
+    tinker: OnTinker | None = None  # trained on --backbone=tinker (`run_on_tinker`), not a pipeline
 
     def threshold_text(self) -> str:
         return f">= base + {self.threshold:.2f}" if self.gain else f">= {self.threshold:.2f}"
@@ -367,6 +379,23 @@ REGISTRY: tuple[Example, ...] = (
             "documented on val yet, so the threshold only asks that training does not fall below the "
             "base model. 6 of the YAML's 10 steps, to fit the budget with three adapters' updates.",
     ),
+    Example(
+        name="math_agent_grpo_tinker", conf="tutorial/example_math_agent/math_agent.yaml", warmup=("sft",),
+        stages=("grpo",), overrides=("eval.n=4", "trainer.lr=2.0e-5"), budget_min=15, threshold=0.0, gain=True,
+        tinker=OnTinker(lora_r=32),
+        why="issue 72: the demo's GRPO stage (4 steps after its SFT warm-up) trained through the Tinker API: "
+            "--backbone=tinker against ajet tinker serving the warmed-up model, LoRA r=32 (Tinker trains "
+            "adapters only) at 10x the demo's full-fine-tune lr (2e-5, the usual LoRA ratio; not tuned). "
+            "Compared with math_agent_grpo_lora (the same on the debug backbone): 'learns within noise as it "
+            "does there'. No target of its own (>= the warm-up).",
+    ),
+    Example(
+        name="math_agent_grpo_lora", conf="tutorial/example_math_agent/math_agent.yaml", warmup=("sft",),
+        stages=("grpo",), overrides=("eval.n=4", "trainer.lr=2.0e-5", "model.lora.enabled=true", "model.lora.r=32"),
+        budget_min=15, threshold=0.0, gain=True,
+        why="math_agent_grpo_tinker's comparison arm: the same warm-up, GRPO steps, LoRA and lr on the debug "
+            "backbone. No target of its own (>= the warm-up).",
+    ),
 )
 
 
@@ -558,6 +587,63 @@ def run_served(example: Example, exp_dir: Path, cached_base: bool, timeout_s: fl
     return "ok", cmds["serve"]
 
 
+def run_on_tinker(example: Example, exp_dir: Path, cached_base: bool, timeout_s: float) -> tuple[str, list[str]]:
+    """An `OnTinker` example's four steps (see `OnTinker`), then RUN/pipeline.json in a pipeline
+    run's shape (the warm-up, the base evaluation, the tinker run, the trained evaluation), so that
+    `collect` reads it as one: (status, the training command)."""
+    assert example.tinker is not None
+    if cached_base:
+        raise ValueError(f"{example.name}: its base is its warm-up's score, measured in every run; run without --cached-base")
+    run, deadline = exp_dir / example.name, time.monotonic() + timeout_s
+    left = lambda: max(1.0, deadline - time.monotonic())  # noqa: E731
+    common = [f"project.exp_dir={exp_dir}", f"project.seed={example.seed}", "logging.quiet=true", "eval.split=test"]
+    warm = [*AJET, "--conf", str(REPO / example.conf), "--backbone=debug", f"project.name={example.name}", *common,
+            f"pipeline.stages=[{','.join([*example.warmup, 'eval'])}]", *example.overrides]
+    print("$", " ".join(warm), flush=True)
+    if subprocess.run(warm, env=child_env(), timeout=left()).returncode != 0:
+        return "error: the warm-up failed", warm
+    warmed = json.loads((run / "pipeline.json").read_text())["stages"]
+    model = Path(warmed[-1]["model"])
+    model = (model if model.is_absolute() else REPO / model).resolve()
+    key, port, state = f"tml-bench-{os.getpid()}", free_port(), run / "tinker_state"
+    serve = [*AJET, "tinker", "--model", str(model), "--port", str(port), "--state-dir", str(state)]
+    train = [*AJET, "--conf", str(REPO / example.conf), "--backbone=tinker", f"project.name={example.name}_tinker",
+             *common, "pipeline.stages=[]", "model.lora.enabled=true", f"model.lora.r={example.tinker.lora_r}",
+             f"tinker.base_url=http://127.0.0.1:{port}", f"tinker.api_key={key}", f"tinker.base_model={model}",
+             *example.overrides]
+    trained_run = exp_dir / f"{example.name}_tinker"
+    if trained_run.is_dir():  # an earlier run's: a new run starts from nothing
+        shutil.rmtree(trained_run)
+    print("$", " ".join(serve), flush=True)
+    with (run / "tinker_service.log").open("wb") as out:
+        service_proc = subprocess.Popen(serve, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
+                                        env=child_env({"AJET_TINKER_API_KEY": key}))
+    try:
+        while True:
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            if service_proc.poll() is not None:
+                return f"error: ajet tinker exited {service_proc.returncode}", train
+            time.sleep(0.5)
+        print("$", " ".join(train), flush=True)
+        if subprocess.run(train, env=child_env(), timeout=left()).returncode != 0:
+            return "error: the tinker run failed", train
+    finally:
+        stop(service_proc, timeout_s=30)
+    sampler = json.loads((trained_run / "final_model" / "tinker.json").read_text())["sampler_weights"]
+    adapter = state / "runs" / sampler.removeprefix("tinker://")  # the service keeps it in peft's format
+    evaluate = [*AJET, "eval", "--conf", str(REPO / example.conf), "--split", "test", "--name", "trained",
+                "--model", str(adapter), f"project.name={example.name}", *common, *example.overrides]
+    print("$", " ".join(evaluate), flush=True)
+    if subprocess.run(evaluate, env=child_env(), timeout=left()).returncode != 0:
+        return "error: the trained model's evaluation failed", train
+    stages = [*warmed, {"stage": "grpo", "run_dir": str(trained_run), "model": sampler},
+              {"stage": "eval", "eval": str(run / "eval" / "eval_trained.json")}]
+    (run / "pipeline.json").write_text(json.dumps({"stages": stages, "written_by": "scripts/bench/learning.py"}))
+    return "ok", train
+
+
 def run_example(example: Example, exp_dir: Path, cached_base: bool) -> Result:
     """Train and evaluate one example in child processes; what they left on disk is the result."""
     run_dir = exp_dir / example.name
@@ -571,6 +657,8 @@ def run_example(example: Example, exp_dir: Path, cached_base: bool) -> Result:
     try:
         if example.served is not None:
             status, launch["cmd"] = run_served(example, exp_dir, cached_base, timeout_s)
+        elif example.tinker is not None:
+            status, launch["cmd"] = run_on_tinker(example, exp_dir, cached_base, timeout_s)
         else:
             status, launch["cmd"] = run_pipeline(example, exp_dir, cached_base, timeout_s)
     except subprocess.TimeoutExpired:
