@@ -10,7 +10,9 @@ STATE/runs/<model_id>/sampler_weights/<name>/          save_weights_for_sampler:
 An adapter directory is peft's own format (`adapter_config.json`, `adapter_model.safetensors`),
 so a sampler checkpoint also loads with `PeftModel.from_pretrained` or as a model of `ajet eval`.
 The Tinker path of a checkpoint is `tinker://<model_id>/<weights|sampler_weights>/<name>`. A
-checkpoint is written into a temporary directory and renamed into place, so a killed service
+checkpoint saved with `ttl_seconds` carries its expiry in meta.json and is deleted once it has
+passed (at the next save, listing or load of that run: `CheckpointStore.sweep`; until then it
+answers as gone). A checkpoint is written into a temporary directory and renamed into place, so a killed service
 leaves whole checkpoints or none; a restarted service lists and loads every one (loading reads
 tensors only: safetensors, and `torch.load(weights_only=True)` for the optimizer state).
 """
@@ -22,7 +24,7 @@ import re
 import shutil
 import tempfile
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +71,18 @@ def parse_path(path: str) -> CheckpointRef:
     return CheckpointRef(parts[0], parts[1], parts[2])
 
 
+def expiry(ttl_seconds: int | None) -> dict[str, str]:
+    """The meta.json entry of a checkpoint saved with `ttl_seconds` (none without one)."""
+    if ttl_seconds is None:
+        return {}
+    return {"expires_at": (datetime.now(timezone.utc) + timedelta(seconds=ttl_seconds)).isoformat()}
+
+
+def _expired(meta: dict[str, Any], now: datetime) -> bool:
+    expires = meta.get("expires_at")
+    return isinstance(expires, str) and datetime.fromisoformat(expires) <= now
+
+
 def check_name(name: str) -> str:
     if not _NAME.match(name):
         raise BadRequestError(f"checkpoint name {name!r}: use letters, digits, '.', '_' and '-' "
@@ -101,6 +115,7 @@ class CheckpointStore:
         return self.run_dir(ref.model_id) / ref.kind / ref.name
 
     def existing(self, ref: CheckpointRef) -> Path:
+        self.sweep(ref.model_id)
         path = self.directory(ref)
         if not (path / "meta.json").is_file():
             raise NotFoundError(f"no checkpoint {ref.tinker_path} (list them with "
@@ -113,6 +128,7 @@ class CheckpointStore:
         if target.exists() and not overwrite:
             raise BadRequestError(f"checkpoint {ref.tinker_path} exists (save with overwrite=True to replace it)")
         target.parent.mkdir(parents=True, exist_ok=True)
+        self.sweep(ref.model_id)
         tmp = Path(tempfile.mkdtemp(prefix=f".{ref.name}-", dir=target.parent))
         try:
             fill(tmp)
@@ -129,6 +145,7 @@ class CheckpointStore:
     def checkpoints(self, model_id: str) -> list[dict[str, Any]]:
         """The run's checkpoints as Tinker's `Checkpoint` objects (JSON), oldest first."""
         self.run(model_id)  # 404 for an unknown run
+        self.sweep(model_id)
         found = []
         for kind, checkpoint_type in KINDS.items():
             for path in sorted((self.run_dir(model_id) / kind).glob("*/meta.json")):
@@ -137,8 +154,23 @@ class CheckpointStore:
                 found.append({"checkpoint_id": f"{kind}/{ref.name}", "checkpoint_type": checkpoint_type,
                               "time": meta["time"], "tinker_path": ref.tinker_path,
                               "size_bytes": meta.get("size_bytes"), "public": False,
-                              "user_metadata": meta.get("user_metadata") or None})
+                              "user_metadata": meta.get("user_metadata") or None,
+                              "expires_at": meta.get("expires_at")})
         return sorted(found, key=lambda c: c["time"])
+
+    def sweep(self, model_id: str) -> list[str]:
+        """Delete the run's checkpoints whose `ttl_seconds` has passed; their Tinker paths."""
+        now, gone = datetime.now(timezone.utc), []
+        for kind in KINDS:
+            for meta_path in sorted((self.run_dir(model_id) / kind).glob("*/meta.json")):
+                try:
+                    meta = json.loads(meta_path.read_text())
+                except (OSError, ValueError):  # deleted or being replaced meanwhile
+                    continue
+                if _expired(meta, now):
+                    shutil.rmtree(meta_path.parent, ignore_errors=True)
+                    gone.append(CheckpointRef(model_id, kind, meta_path.parent.name).tinker_path)
+        return gone
 
 
 def _size(path: Path) -> int:

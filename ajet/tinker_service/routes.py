@@ -64,10 +64,11 @@ async def _json(request: Request, model: type[BaseModel]) -> dict[str, Any]:
     return _parse(model, body)
 
 
-def _no_ttl(body: dict[str, Any]) -> dict[str, Any]:
-    """A save request, refused by name when it asks for an expiry."""
-    if body.get("ttl_seconds") is not None:
-        raise NotServedError("ttl_seconds (checkpoints here never expire)")
+def _ttl(body: dict[str, Any]) -> dict[str, Any]:
+    """A save request whose `ttl_seconds`, when given, is a positive whole number of seconds."""
+    ttl = body.get("ttl_seconds")
+    if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int) or ttl <= 0):
+        raise BadRequestError(f"ttl_seconds={ttl!r}: a positive number of seconds, or none (kept until deleted)")
     return body
 
 
@@ -162,12 +163,12 @@ def _weight_routes(api: FastAPI, service: TinkerService) -> None:
     """Saving and loading weights, and listing training runs and checkpoints."""
     @api.post("/api/v1/save_weights")
     async def save_weights(request: Request) -> dict[str, Any]:
-        body = _no_ttl(await _json(request, types.SaveWeightsRequest))
+        body = _ttl(await _json(request, types.SaveWeightsRequest))
         return _future(service.save_weights(body), body["model_id"])
 
     @api.post("/api/v1/save_weights_for_sampler")
     async def save_for_sampler(request: Request) -> dict[str, Any]:
-        body = _no_ttl(await _json(request, types.SaveWeightsForSamplerRequest))
+        body = _ttl(await _json(request, types.SaveWeightsForSamplerRequest))
         return _future(service.save_for_sampler(body), body["model_id"])
 
     @api.post("/api/v1/load_weights")

@@ -34,6 +34,7 @@ from ajet.tinker_service.checkpoints import (
     CheckpointStore,
     RunRecord,
     check_name,
+    expiry,
     parse_path,
 )
 from ajet.tinker_service.errors import BadRequestError, GoneError, NotFoundError, NotServedError
@@ -229,7 +230,7 @@ class TinkerService:
         model_id = request["model_id"]
         self.trainer.client(model_id)
         ref = CheckpointRef(model_id, "weights", check_name(request.get("path") or f"step-{self._count}"))
-        meta = {"user_metadata": request.get("user_metadata") or {}}
+        meta = {"user_metadata": request.get("user_metadata") or {}, **expiry(request.get("ttl_seconds"))}
         overwrite = bool(request.get("overwrite", False))
 
         def run() -> dict[str, Any]:
@@ -245,7 +246,7 @@ class TinkerService:
         if name is None:  # save_weights_and_get_sampling_client(): an ephemeral sampler
             return self.futures.submit(self._ephemeral_sampler(model_id, request.get("kind", "snapshot")))
         ref = CheckpointRef(model_id, "sampler_weights", check_name(name))
-        meta = {"user_metadata": request.get("user_metadata") or {}}
+        meta = {"user_metadata": request.get("user_metadata") or {}, **expiry(request.get("ttl_seconds"))}
 
         def run() -> dict[str, Any]:
             self.store.write(ref, lambda d: self.trainer.save(model_id, d, optimizer=False), meta)

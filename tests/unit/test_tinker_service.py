@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ tinker = pytest.importorskip("tinker", reason="the Tinker SDK: pip install 'ajet
 from tinker import types  # noqa: E402
 
 from ajet.engine.base import SamplingParams  # noqa: E402
+from ajet.tinker_service.checkpoints import parse_path  # noqa: E402
 from ajet.tinker_service.server import ServerOptions, TinkerServer  # noqa: E402
 from ajet.training.adapters import adapter_parameters  # noqa: E402
 
@@ -132,11 +134,32 @@ def test_not_served_features_are_refused_by_name(server: TinkerServer, client: A
         client.create_lora_training_client(base_model="Qwen/Qwen3-8B", rank=4).result()
     answer = httpx.post(f"{server.base_url}/api/v1/copy_weights", json={}, headers={"X-API-Key": KEY})
     assert answer.status_code == 400 and "POST /api/v1/copy_weights is not served" in answer.text
-    for route in ("save_weights", "save_weights_for_sampler"):  # an expiry is refused, not ignored
+    for route in ("save_weights", "save_weights_for_sampler"):  # a malformed expiry is refused by name
         answer = httpx.post(f"{server.base_url}/api/v1/{route}", headers={"X-API-Key": KEY},
-                            json={"model_id": trainer.model_id, "path": "x", "ttl_seconds": 60, "seq_id": 1,
+                            json={"model_id": trainer.model_id, "path": "x", "ttl_seconds": -5, "seq_id": 1,
                                   "type": route})
-        assert answer.status_code == 400 and "ttl_seconds (checkpoints here never expire)" in answer.text, answer.text
+        assert answer.status_code == 400 and "ttl_seconds=-5" in answer.text, answer.text
+
+
+def test_a_checkpoint_with_a_ttl_expires(server: TinkerServer, client: Any) -> None:
+    """What tinker-cookbook's periodic saves ask (ttl_seconds=604800): the expiry is listed, and a
+    checkpoint past it is deleted and answers as missing; one without a ttl stays."""
+    trainer = client.create_lora_training_client(base_model=base_model(server), rank=4).result()
+    kept = trainer.save_state("kept").result().path
+    short = trainer.save_state("short", ttl_seconds=1).result().path
+    week = trainer.save_weights_for_sampler("week", ttl_seconds=604800).result().path
+    rest = tinker.RestClient(base_url=server.base_url, api_key=KEY)
+    listed = {c.tinker_path: c for c in rest.list_checkpoints(trainer.model_id).result().checkpoints}
+    assert listed.keys() == {kept, short, week}
+    assert listed[kept].expires_at is None and listed[week].expires_at is not None
+    assert listed[week].expires_at - listed[week].time > timedelta(days=6)
+    time.sleep(1.2)
+    listed_after = [c.tinker_path for c in rest.list_checkpoints(trainer.model_id).result().checkpoints]
+    assert sorted(listed_after) == sorted([kept, week])
+    assert server.service is not None
+    assert not server.service.store.directory(parse_path(short)).exists()
+    with pytest.raises(tinker.NotFoundError, match="no checkpoint"):
+        client.create_training_client_from_state(short).result()
 
 
 def test_rl_losses_train(server: TinkerServer, client: Any) -> None:
