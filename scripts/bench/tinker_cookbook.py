@@ -29,11 +29,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from collections.abc import Sequence
@@ -61,6 +61,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rank", type=int, default=32, help="lora_rank (the recipe's default)")
     parser.add_argument("--keep-going", action="store_true", help="run each seed for the whole budget")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--out", type=Path, default=REPO / "experiments" / "bench_tinker_cookbook",
+                        help="the service's state, the recipes' logs and metrics (emptied first)")
     return parser.parse_args(argv)
 
 
@@ -171,18 +173,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     before = machine()
     runs = []
-    with tempfile.TemporaryDirectory(prefix="bench_cookbook_") as tmp:
-        out = Path(tmp)
-        service, url, model_name = start_service(args.model, out / "state", out / "service.log")
+    out = args.out
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    service, url, model_name = start_service(args.model, out / "state", out / "service.log")
+    try:
+        for seed in (int(s) for s in args.seeds.split(",")):
+            runs.append(run_seed(args, url, model_name, seed, out))
+    finally:
+        service.send_signal(signal.SIGTERM)
         try:
-            for seed in (int(s) for s in args.seeds.split(",")):
-                runs.append(run_seed(args, url, model_name, seed, out))
-        finally:
-            service.send_signal(signal.SIGTERM)
-            try:
-                service.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                service.kill()
+            service.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            service.kill()
     rows = [[str(r["seed"]), fmt(r["reward_step0"]), fmt(r["rise"]), str(r["steps"]), fmt(r["s_per_step"], 1),
              fmt(r["train_s_per_step"], 1), "-" if r["reached_min"] is None else f"{r['reached_min']:.1f}",
              f"{r['minutes']:.1f}", "pass" if r["reached_min"] is not None else "FAIL"] for r in runs]
