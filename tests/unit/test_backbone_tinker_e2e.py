@@ -130,3 +130,55 @@ def test_weights_change_on_the_service(server: TinkerServer, tmp_path: Path) -> 
     assert "before" in seen, "the step had no learning signal"
     before, after = seen["before"], seen["after"]
     assert any(not bool((before[k] == after[k]).all()) for k in before)
+
+
+def named(server: TinkerServer, model_id: str) -> dict[str, Any]:
+    """`adapter`, its keys without the training client's name (a resumed run has a new one)."""
+    return {k.replace(model_id, "<client>"): v for k, v in adapter(server, model_id).items()}
+
+
+def test_a_stop_after_the_service_applied_an_update_trains_that_step_again_once(server: TinkerServer,
+                                                                                   tmp_path: Path) -> None:
+    """Step 2's forward_backward + optim_step reach the service, then the run stops before the step
+    is committed. --resume makes its training client from step 1's saved state (not the live adapter,
+    which holds step 2's update), so the resumed run starts from step 1's weights, bit for bit, and
+    trains step 2 once more: nothing is applied twice, no step is logged twice."""
+    from ajet.backbones.tinker.remote import RemoteTrainer
+
+    original = RemoteTrainer.train
+    seen: dict[str, dict[str, Any]] = {}
+    calls = {"n": 0}
+
+    def stop_after_step_2(self: RemoteTrainer, *args: Any, **kwargs: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] < 2:
+            return original(self, *args, **kwargs)
+        seen["step 1"] = named(server, self.training.model_id)  # step 1's weights: what was saved
+        original(self, *args, **kwargs)
+        seen["step 2 applied"] = named(server, self.training.model_id)
+        raise KeyboardInterrupt("stopped after the service applied step 2's update")
+
+    cfg = conf(tmp_path, server, "trainer.total_steps=3", "trainer.save_every=1")
+    backbone = checked_backbone("tinker", cfg, "test")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(RemoteTrainer, "train", stop_after_step_2)
+        with pytest.raises(KeyboardInterrupt):
+            backbone.run(cfg, with_ray=False, resume=False)
+    assert calls["n"] == 2, "steps 1 and 2 must both have had a learning signal"
+    (metrics_file,) = (tmp_path / "exp").rglob("metrics.jsonl")
+    run_dir = metrics_file.parent
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("step_*")) == ["step_000001"]
+    assert any(not bool((seen["step 1"][k] == seen["step 2 applied"][k]).all()) for k in seen["step 1"])
+
+    def first_weights(self: RemoteTrainer, *args: Any, **kwargs: Any) -> Any:
+        seen.setdefault("resumed", named(server, self.training.model_id))
+        return original(self, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(RemoteTrainer, "train", first_weights)
+        backbone.run(cfg, with_ray=False, resume=True)
+    resumed = seen["resumed"]
+    assert resumed.keys() == seen["step 1"].keys()
+    assert all(bool((resumed[k] == seen["step 1"][k]).all()) for k in resumed)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
