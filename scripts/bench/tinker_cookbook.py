@@ -40,6 +40,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ajet.outputs.metrics import read_jsonl
 from scripts.bench.common import fmt, machine, print_table
 
 REPO = Path(__file__).resolve().parents[2]
@@ -96,15 +97,8 @@ def start_service(model: str, state: Path, log: Path) -> tuple[subprocess.Popen[
 
 
 def read_steps(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:  # the line being written
-            break
-    return [row for row in rows if "env/all/reward/total" in row]
+    """The recipe's step rows so far (a line being written is skipped)."""
+    return [row for row in read_jsonl(path) if "env/all/reward/total" in row] if path.is_file() else []
 
 
 def rise(steps: list[dict[str, Any]], window: int) -> float | None:
