@@ -381,8 +381,8 @@ REGISTRY: tuple[Example, ...] = (
     ),
     Example(
         name="math_agent_grpo_tinker", conf="tutorial/example_math_agent/math_agent.yaml", warmup=("sft",),
-        stages=("grpo",), overrides=("eval.n=4", "trainer.lr=2.0e-5"), budget_min=15, threshold=0.0, gain=True,
-        tinker=OnTinker(lora_r=32),
+        stages=("grpo",), overrides=("eval.n=4", "pipeline.overrides.grpo.trainer.lr=2.0e-5"), budget_min=15,
+        threshold=0.0, gain=True, tinker=OnTinker(lora_r=32),
         why="issue 72: the demo's GRPO stage (4 steps after its SFT warm-up) trained through the Tinker API: "
             "--backbone=tinker against ajet tinker serving the warmed-up model, LoRA r=32 (Tinker trains "
             "adapters only) at 10x the demo's full-fine-tune lr (2e-5, the usual LoRA ratio; not tuned). "
@@ -391,7 +391,9 @@ REGISTRY: tuple[Example, ...] = (
     ),
     Example(
         name="math_agent_grpo_lora", conf="tutorial/example_math_agent/math_agent.yaml", warmup=("sft",),
-        stages=("grpo",), overrides=("eval.n=4", "trainer.lr=2.0e-5", "model.lora.enabled=true", "model.lora.r=32"),
+        stages=("grpo",), overrides=("eval.n=4", "pipeline.overrides.grpo.trainer.lr=2.0e-5",
+                                     "pipeline.overrides.grpo.model.lora.enabled=true",
+                                     "pipeline.overrides.grpo.model.lora.r=32"),
         budget_min=15, threshold=0.0, gain=True,
         why="math_agent_grpo_tinker's comparison arm: the same warm-up, GRPO steps, LoRA and lr on the debug "
             "backbone. No target of its own (>= the warm-up).",
@@ -597,8 +599,15 @@ def run_on_tinker(example: Example, exp_dir: Path, cached_base: bool, timeout_s:
     run, deadline = exp_dir / example.name, time.monotonic() + timeout_s
     left = lambda: max(1.0, deadline - time.monotonic())  # noqa: E731
     common = [f"project.exp_dir={exp_dir}", f"project.seed={example.seed}", "logging.quiet=true", "eval.split=test"]
+    # The trained stage's `pipeline.overrides.<stage>.*` apply to the tinker run directly (one run,
+    # no stages: the warm-up's overrides go, as a run without stages refuses them); the warm-up
+    # pipeline, which has no such stage, gets the others.
+    prefix = f"pipeline.overrides.{example.stages[0]}."
+    stage_keys = [o.removeprefix(prefix) for o in example.overrides if o.startswith(prefix)]
+    plain = [o for o in example.overrides if not o.startswith("pipeline.overrides.")]
     warm = [*AJET, "--conf", str(REPO / example.conf), "--backbone=debug", f"project.name={example.name}", *common,
-            f"pipeline.stages=[{','.join([*example.warmup, 'eval'])}]", *example.overrides]
+            f"pipeline.stages=[{','.join([*example.warmup, 'eval'])}]",
+            *(o for o in example.overrides if not o.startswith(prefix))]
     print("$", " ".join(warm), flush=True)
     if subprocess.run(warm, env=child_env(), timeout=left()).returncode != 0:
         return "error: the warm-up failed", warm
@@ -608,9 +617,10 @@ def run_on_tinker(example: Example, exp_dir: Path, cached_base: bool, timeout_s:
     key, port, state = f"tml-bench-{os.getpid()}", free_port(), run / "tinker_state"
     serve = [*AJET, "tinker", "--model", str(model), "--port", str(port), "--state-dir", str(state)]
     train = [*AJET, "--conf", str(REPO / example.conf), "--backbone=tinker", f"project.name={example.name}_tinker",
-             *common, "pipeline.stages=[]", "model.lora.enabled=true", f"model.lora.r={example.tinker.lora_r}",
-             f"tinker.base_url=http://127.0.0.1:{port}", f"tinker.api_key={key}", f"tinker.base_model={model}",
-             *example.overrides]
+             *common, "pipeline.stages=[]", *(f"pipeline.overrides.{w}=null" for w in example.warmup),
+             "model.lora.enabled=true",
+             f"model.lora.r={example.tinker.lora_r}", f"tinker.base_url=http://127.0.0.1:{port}",
+             f"tinker.api_key={key}", f"tinker.base_model={model}", *plain, *stage_keys]
     trained_run = exp_dir / f"{example.name}_tinker"
     if trained_run.is_dir():  # an earlier run's: a new run starts from nothing
         shutil.rmtree(trained_run)
@@ -634,7 +644,7 @@ def run_on_tinker(example: Example, exp_dir: Path, cached_base: bool, timeout_s:
     sampler = json.loads((trained_run / "final_model" / "tinker.json").read_text())["sampler_weights"]
     adapter = state / "runs" / sampler.removeprefix("tinker://")  # the service keeps it in peft's format
     evaluate = [*AJET, "eval", "--conf", str(REPO / example.conf), "--split", "test", "--name", "trained",
-                "--model", str(adapter), f"project.name={example.name}", *common, *example.overrides]
+                "--model", str(adapter), f"project.name={example.name}", *common, *plain]
     print("$", " ".join(evaluate), flush=True)
     if subprocess.run(evaluate, env=child_env(), timeout=left()).returncode != 0:
         return "error: the trained model's evaluation failed", train
