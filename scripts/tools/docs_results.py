@@ -103,6 +103,8 @@ def what_ran(argv: list[str]) -> str:
     conf = Path(argv[argv.index("--conf") + 1]).name if "--conf" in argv else "?"
     if "serve" in argv:
         return f"`{conf}`: ajet eval, ajet serve + clients, ajet eval"
+    if "--backbone=tinker" in argv:  # learning.py's OnTinker: warm-up and evaluations on debug
+        return f"`{conf}`: sft, eval, grpo on --backbone=tinker (ajet tinker), ajet eval"
     return f"`{conf}`: {option(argv, 'pipeline.stages').strip('[]').replace(',', ', ')}"
 
 
