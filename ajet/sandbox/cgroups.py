@@ -12,12 +12,20 @@ processes (memfds, tmpfs pages and page cache included, which `RLIMIT_AS` does n
   size-capped tmpfs mounts are what holds (docs/sandbox.md says which caps hold where).
 
 `usable()` says which kind this host gives, by making (and removing) a probe group.
+
+A process killed outright (SIGKILL, OOM) leaves its groups behind: a group is named by its pid
+(`ajet-sb-<pid>-<n>`), and a later process with the same pid found one in its way. `make_group`
+removes such a leftover (empty for `LEFTOVER_S`) or, if the name is in use, takes a suffixed
+one; the first group a process makes under a parent sweeps the leftovers of pids that no longer
+run.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import re
+import secrets
 import time
 from pathlib import Path
 
@@ -57,8 +65,8 @@ class CgroupV1(Cgroup):
                                          ("memory", {"memory.limit_in_bytes": str(memory_bytes),
                                                      "memory.swappiness": "0"})):
                 group = CGROUP_ROOT / controller / own_group(controller).lstrip("/") / name
-                group.mkdir()
-                self.dirs.append(group)
+                self.dirs.append(make_group(group))
+                group = self.dirs[-1]
                 for key, value in settings.items():
                     try:
                         (group / key).write_text(value)
@@ -86,8 +94,7 @@ class CgroupV2(Cgroup):
         parent = parent if parent is not None else delegated_v2_parent()
         if parent is None:
             raise OSError("no delegated cgroup v2 subtree with the memory and pids controllers")
-        group = parent / name
-        group.mkdir()
+        group = make_group(parent / name)
         self.dirs = [group]
         try:
             (group / "memory.max").write_text(str(memory_bytes))
@@ -160,6 +167,90 @@ def usable() -> str:
         group.remove()
         return kind
     return ""
+
+
+_NAMED = re.compile(r"^ajet-(?:sb|probe)-(\d+)(?:-\d+)?$")
+
+
+def make_group(group: Path) -> Path:
+    """mkdir `group` and return it. A group of that name left empty for `LEFTOVER_S` (a killed
+    process's, whose pid came back to this one) is removed first; one in use (another pid
+    namespace's, sharing the hierarchy: the same pid, another process) is left alone and the
+    group gets a suffixed name instead."""
+    _sweep_once(group.parent)
+    try:
+        group.mkdir()
+        return group
+    except FileExistsError:
+        if _leftover(group):
+            _rmdir(group)
+            try:
+                group.mkdir()
+                return group
+            except FileExistsError:
+                pass
+    other = group.with_name(f"{group.name}-{secrets.token_hex(3)}")
+    other.mkdir()
+    return other
+
+
+def sweep(parent: Path) -> list[Path]:
+    """Remove the empty ajet sandbox groups under `parent` whose process no longer runs."""
+    gone: list[Path] = []
+    try:
+        children = list(parent.iterdir())
+    except OSError:
+        return gone
+    for child in children:
+        match = _NAMED.match(child.name)
+        if match and int(match.group(1)) != os.getpid() and not _alive(int(match.group(1))) and _leftover(child):
+            try:
+                child.rmdir()
+                gone.append(child)
+            except OSError:  # raced with another sweeper, or not empty after all
+                continue
+    return gone
+
+
+_swept: set[Path] = set()
+
+
+def _sweep_once(parent: Path) -> None:
+    if parent not in _swept:
+        _swept.add(parent)
+        sweep(parent)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+# A group holds its sandbox's processes from just after its mkdir until it is removed: one empty
+# for this long is nobody's (a killed process's), even where other pid namespaces share the hierarchy.
+LEFTOVER_S = 120.0
+
+
+def _leftover(group: Path) -> bool:
+    try:
+        old = time.time() - group.stat().st_mtime >= LEFTOVER_S
+    except OSError:
+        return False
+    return old and _empty(group)
+
+
+def _empty(group: Path) -> bool:
+    try:
+        return not (group / "cgroup.procs").read_text().strip()
+    except FileNotFoundError:  # not a group (a test's plain directory): nothing runs in it
+        return group.is_dir()
+    except OSError:
+        return False
 
 
 def _rmdir(group: Path) -> None:
