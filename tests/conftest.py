@@ -10,10 +10,11 @@ import importlib
 import os
 import re
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from fnmatch import fnmatchcase
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -68,6 +69,20 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, bundled_model_dir: 
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+@pytest.fixture(scope="module")
+def tinker_server(request: pytest.FixtureRequest, tiny_model_dir: Path,
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """`ajet tinker` in-process on a free port over the tiny model, for a test module; its API
+    key is the module's `KEY`."""
+    pytest.importorskip("tinker", reason="the Tinker SDK: pip install 'ajet[tinker]'")
+    from ajet.tinker_service.server import ServerOptions, TinkerServer
+
+    options = ServerOptions(model=str(tiny_model_dir), state_dir=tmp_path_factory.mktemp("tinker_state"), port=0)
+    server = TinkerServer(options, request.module.KEY).setup().start()
+    yield server
+    server.stop()
 
 
 TWO_CALLS = '''

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,7 @@ pytest.importorskip("tinker", reason="the Tinker SDK: pip install 'ajet[tinker]'
 
 from ajet.backbones.registry import checked_backbone  # noqa: E402
 from ajet.config import load_config  # noqa: E402
-from ajet.tinker_service.server import ServerOptions, TinkerServer  # noqa: E402
+from ajet.tinker_service.server import TinkerServer  # noqa: E402
 from ajet.training.adapters import adapter_parameters  # noqa: E402
 
 KEY = "tml-backbone-test"
@@ -38,11 +37,8 @@ class Talk(Workflow):
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TinkerServer]:
-    srv = TinkerServer(ServerOptions(model=str(tiny_model_dir), state_dir=tmp_path_factory.mktemp("state"), port=0),
-                       KEY).setup().start()
-    yield srv
-    srv.stop()
+def server(tinker_server: TinkerServer) -> TinkerServer:
+    return tinker_server  # tests/conftest.py: over the tiny model, with this module's KEY
 
 
 def conf(tmp_path: Path, server: TinkerServer, *overrides: str) -> Any:

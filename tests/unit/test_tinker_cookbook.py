@@ -10,14 +10,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("tinker", reason="the Tinker SDK: pip install 'ajet[tinker]'")
 
-from ajet.tinker_service.server import ServerOptions, TinkerServer  # noqa: E402
+from ajet.tinker_service.server import TinkerServer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = REPO / ".venv-cookbook" / "bin" / "python"
@@ -30,11 +29,8 @@ pytestmark = pytest.mark.skipif(not PYTHON.is_file(), reason="needs tinker-cookb
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TinkerServer]:
-    srv = TinkerServer(ServerOptions(model=str(tiny_model_dir), state_dir=tmp_path_factory.mktemp("state"), port=0),
-                       KEY).setup().start()
-    yield srv
-    srv.stop()
+def server(tinker_server: TinkerServer) -> TinkerServer:
+    return tinker_server  # tests/conftest.py: over the tiny model, with this module's KEY
 
 
 def cookbook(module: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
