@@ -53,7 +53,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -63,6 +62,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ajet.launcher import LaunchError, free_port, wait_port
 from scripts.bench.common import (
     AJET,
     REPO,
@@ -485,10 +485,24 @@ def command(example: Example, exp_dir: Path, cached_base: bool, port: int | None
             *(o.replace("{port}", str(port)) for o in example.overrides)]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+@contextmanager
+def listening(argv: list[str], port: int, log: Path, *, what: str, env: dict[str, str] | None = None,
+              timeout_s: float = 60.0) -> Iterator[subprocess.Popen]:
+    """`argv` running, its output to `log`, once it listens on 127.0.0.1:`port`; stopped when the
+    block ends. A RuntimeError with the log's tail when it exits or does not listen in time."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env or child_env())
+    try:
+        try:
+            wait_port(what, proc, "127.0.0.1", port, timeout_s)
+        except LaunchError as err:
+            tail = log.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"{what} ({' '.join(argv)}) did not listen on port {port} within {timeout_s:.0f} s "
+                               f"({err}); its output:\n{tail}") from None
+        yield proc
+    finally:
+        stop(proc, timeout_s=10)
 
 
 @contextmanager
@@ -500,23 +514,8 @@ def service(example: Example, log: Path, timeout_s: float = 60.0) -> Iterator[in
         return
     port = free_port()
     argv = [sys.executable, *(a.replace("{port}", str(port)) for a in example.service)]
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=child_env())
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                tail = log.read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"{example.name}'s service ({' '.join(argv)}) did not listen on port {port} "
-                                   f"within {timeout_s:.0f} s; its output:\n{tail}")
-            time.sleep(0.2)
+    with listening(argv, port, log, what=f"{example.name}'s service", timeout_s=timeout_s):
         yield port
-    finally:
-        stop(proc, timeout_s=10)
 
 
 def stop(proc: subprocess.Popen, timeout_s: float) -> None:
@@ -625,22 +624,12 @@ def run_on_tinker(example: Example, exp_dir: Path, cached_base: bool, timeout_s:
     if trained_run.is_dir():  # an earlier run's: a new run starts from nothing
         shutil.rmtree(trained_run)
     print("$", " ".join(serve), flush=True)
-    with (run / "tinker_service.log").open("wb") as out:
-        service_proc = subprocess.Popen(serve, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
-                                        env=child_env({"AJET_TINKER_API_KEY": key}))
-    try:
-        while True:
-            with socket.socket() as sock:
-                if sock.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            if service_proc.poll() is not None:
-                return f"error: ajet tinker exited {service_proc.returncode}", train
-            time.sleep(0.5)
+    # Loading the model takes seconds, more on a busy machine.
+    with listening(serve, port, run / "tinker_service.log", what="ajet tinker", timeout_s=300,
+                   env=child_env({"AJET_TINKER_API_KEY": key})):
         print("$", " ".join(train), flush=True)
         if subprocess.run(train, env=child_env(), timeout=left()).returncode != 0:
             return "error: the tinker run failed", train
-    finally:
-        stop(service_proc, timeout_s=30)
     sampler = json.loads((trained_run / "final_model" / "tinker.json").read_text())["sampler_weights"]
     adapter = state / "runs" / sampler.removeprefix("tinker://")  # the service keeps it in peft's format
     evaluate = [*AJET, "eval", "--conf", str(REPO / example.conf), "--split", "test", "--name", "trained",

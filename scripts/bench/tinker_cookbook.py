@@ -31,7 +31,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -40,6 +39,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ajet.launcher import LaunchError, free_port, wait_port
 from ajet.outputs.metrics import read_jsonl
 from scripts.bench.common import fmt, machine, print_table
 
@@ -67,33 +67,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def start_service(model: str, state: Path, log: Path) -> tuple[subprocess.Popen[bytes], str, str]:
-    """`ajet tinker` in a subprocess; (process, base URL, served model name) once it answers."""
+    """`ajet tinker` in a subprocess; (process, base URL, served model name) once it listens."""
     port = free_port()
     env = {**os.environ, "AJET_TINKER_API_KEY": KEY}
     proc = subprocess.Popen([str(Path(sys.executable).with_name("ajet")), "tinker", "--model", model, "--port", str(port),
                              "--state-dir", str(state)], env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, cwd=REPO)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"ajet tinker exited ({proc.returncode}): {log.read_text()[-2000:]}")
-        try:
-            request = urllib.request.Request(f"{url}/api/v1/get_server_capabilities", headers={"X-API-Key": KEY})
-            with urllib.request.urlopen(request, timeout=5) as response:
-                models = json.loads(response.read())["supported_models"]
-            return proc, url, str(models[0]["model_name"])
-        except OSError:
-            time.sleep(1)
-    proc.kill()
-    raise RuntimeError(f"ajet tinker did not answer within 300 s: {log.read_text()[-2000:]}")
+    try:
+        wait_port("ajet tinker", proc, "127.0.0.1", port, timeout_s=300)
+        request = urllib.request.Request(f"{url}/api/v1/get_server_capabilities", headers={"X-API-Key": KEY})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            models = json.loads(response.read())["supported_models"]
+    except (LaunchError, OSError) as err:
+        proc.kill()
+        raise RuntimeError(f"ajet tinker did not start ({err}): {log.read_text()[-2000:]}") from None
+    return proc, url, str(models[0]["model_name"])
 
 
 def read_steps(path: Path) -> list[dict[str, Any]]:
