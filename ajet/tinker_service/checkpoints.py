@@ -11,10 +11,11 @@ An adapter directory is peft's own format (`adapter_config.json`, `adapter_model
 so a sampler checkpoint also loads with `PeftModel.from_pretrained` or as a model of `ajet eval`.
 The Tinker path of a checkpoint is `tinker://<model_id>/<weights|sampler_weights>/<name>`. A
 checkpoint saved with `ttl_seconds` carries its expiry in meta.json and is deleted once it has
-passed (at the next save, listing or load of that run: `CheckpointStore.sweep`; until then it
-answers as gone). A checkpoint is written into a temporary directory and renamed into place, so a killed service
-leaves whole checkpoints or none; a restarted service lists and loads every one (loading reads
-tensors only: safetensors, and `torch.load(weights_only=True)` for the optimizer state).
+passed, before the next save, listing or load of that run (`CheckpointStore.sweep`), so an
+expired checkpoint is never listed or loaded. A checkpoint is written into a temporary directory
+and renamed into place, so a killed service leaves whole checkpoints or none; a restarted
+service lists and loads every one (loading reads tensors only: safetensors, and
+`torch.load(weights_only=True)` for the optimizer state).
 """
 
 from __future__ import annotations
@@ -79,8 +80,13 @@ def expiry(ttl_seconds: int | None) -> dict[str, str]:
 
 
 def _expired(meta: dict[str, Any], now: datetime) -> bool:
+    """Past its `expires_at`; a meta.json without one, or with one that is not a timezone-aware
+    ISO time (not written by this service), never expires."""
     expires = meta.get("expires_at")
-    return isinstance(expires, str) and datetime.fromisoformat(expires) <= now
+    try:
+        return isinstance(expires, str) and datetime.fromisoformat(expires) <= now
+    except (ValueError, TypeError):  # unparsable, or naive (not comparable with an aware time)
+        return False
 
 
 def check_name(name: str) -> str:

@@ -3,6 +3,7 @@ port over the tiny model, a few tokens a request."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ tinker = pytest.importorskip("tinker", reason="the Tinker SDK: pip install 'ajet
 from tinker import types  # noqa: E402
 
 from ajet.engine.base import SamplingParams  # noqa: E402
-from ajet.tinker_service.checkpoints import parse_path  # noqa: E402
+from ajet.tinker_service.checkpoints import CheckpointRef, CheckpointStore, RunRecord, parse_path  # noqa: E402
 from ajet.tinker_service.server import ServerOptions, TinkerServer  # noqa: E402
 from ajet.training.adapters import adapter_parameters  # noqa: E402
 
@@ -225,3 +226,16 @@ def test_a_restart_keeps_checkpoints_and_fails_old_futures(tiny_model_dir: Path,
         client2.close("success").result()
     finally:
         second.stop()
+
+
+def test_a_malformed_expiry_never_expires_and_breaks_nothing(tmp_path: Path) -> None:
+    """A meta.json whose expires_at this service did not write (garbage, a naive time) is kept:
+    the sweep that runs before every save, listing and load must not fail on it."""
+    store = CheckpointStore(tmp_path)
+    store.add_run(RunRecord("m:train:0", "base", 4, 8, True, True, True, "now", {}))
+    for name, expires in (("garbage", "next tuesday"), ("naive", "2000-01-01T00:00:00"), ("past", "2000-01-01T00:00:00+00:00")):
+        store.write(CheckpointRef("m:train:0", "weights", name), lambda d: None, {"expires_at": expires})
+    assert store.sweep("m:train:0") == ["tinker://m:train:0/weights/past"]
+    assert sorted(c["checkpoint_id"] for c in store.checkpoints("m:train:0")) == ["weights/garbage", "weights/naive"]
+    assert json.loads((store.directory(CheckpointRef("m:train:0", "weights", "naive")) / "meta.json").read_text())[
+        "expires_at"] == "2000-01-01T00:00:00"
