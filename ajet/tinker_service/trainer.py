@@ -149,7 +149,7 @@ class LoraTrainer:
         self.client(request.model_id)  # 404 for an unknown model
         losses.check(request.loss_fn, request.config, request.data)
         data = request.data
-        logprobs: list[torch.Tensor | None] = [None] * len(data)
+        logprobs: dict[int, torch.Tensor] = {}  # datum index -> its target tokens' logprobs
         total, clip = 0.0, []
 
         def account(batch: list[int], new: list[torch.Tensor]) -> None:
@@ -166,14 +166,17 @@ class LoraTrainer:
                 loss_sum.backward()
             total += float(loss_sum.detach())
 
+        shifted: list[int] = []  # packed with others
+        alone: list[int] = []  # forwarded on their own (targets not their tokens shifted)
+        for i, datum in enumerate(data):
+            (shifted if _shifted(datum) else alone).append(i)
         with active_adapter(self.model, request.model_id), torch.set_grad_enabled(not request.forward_only):
-            shifted = [i for i, d in enumerate(data) if _shifted(d)]
             for batch, new in _packed_logprobs(self.model, [data[i] for i in shifted]):
                 account([shifted[k] for k in batch], new)
-            for i in sorted(set(range(len(data))) - set(shifted)):
+            for i in alone:
                 account([i], [_datum_logprobs(self.model, data[i])])
         self._settle()  # active_adapter leaves every adapter trainable
-        outputs = [{"logprobs": lp.numpy()} for lp in logprobs if lp is not None]
+        outputs = [{"logprobs": logprobs[i].numpy()} for i in range(len(data))]
         metrics_out = {"loss:sum": total}
         if clip:
             metrics_out["clip_frac:mean"] = float(np.mean(clip))
