@@ -64,9 +64,8 @@ class CgroupV1(Cgroup):
             for controller, settings in (("pids", {"pids.max": str(pids)}),
                                          ("memory", {"memory.limit_in_bytes": str(memory_bytes),
                                                      "memory.swappiness": "0"})):
-                group = CGROUP_ROOT / controller / own_group(controller).lstrip("/") / name
-                self.dirs.append(make_group(group))
-                group = self.dirs[-1]
+                group = make_group(CGROUP_ROOT / controller / own_group(controller).lstrip("/") / name)
+                self.dirs.append(group)
                 for key, value in settings.items():
                     try:
                         (group / key).write_text(value)
