@@ -82,8 +82,10 @@ def test_service_that_exits_fails_clearly(tmp_path: Path) -> None:
 
 def test_unhealthy_service_times_out_and_is_stopped() -> None:
     port = free_port()
-    spec = env_server(port, timeout_s=6)
-    spec.health_url = f"http://127.0.0.1:{port}/no-such-path"  # the server answers 404
+    # The standard library's file server starts in milliseconds (the env server imports ajet,
+    # which took over 6 s on a loaded CI machine) and answers 404 for a path it does not have.
+    spec = ServiceSpec(command=f"python -m http.server {port} --bind 127.0.0.1",
+                       health_url=f"http://127.0.0.1:{port}/no-such-path", startup_timeout_s=6)
     launcher = Launcher(env_services={"kv": spec})
     with pytest.raises(LaunchError, match="not healthy .* HTTP 404"):
         launcher.__enter__()
