@@ -163,7 +163,13 @@ env-verl: .venv-verl/.installed
 	$(call uv_install,$(@D)) $(if $(findstring verifiers,$@),verifiers==0.4.0,openenv-core==0.3.0)
 	touch $@
 
-env-verifiers: .venv-verifiers/.installed
+# The tutorial's verifiers environment (tutorial/example_verifiers), installed as a user installs one.
+VF_ARITH := tutorial/example_verifiers/vf_arith
+.venv-verifiers/.vf-arith: .venv-verifiers/.installed $(VF_ARITH)/pyproject.toml $(VF_ARITH)/vf_arith/__init__.py
+	.venv-verifiers/bin/uv pip install -q --python .venv-verifiers/bin/python --reinstall-package vf-arith ./$(VF_ARITH)
+	touch $@
+
+env-verifiers: .venv-verifiers/.installed .venv-verifiers/.vf-arith
 env-openenv: .venv-openenv/.installed
 
 # tinker-cookbook, a client of `ajet tinker` (docs/tinker.md): its own environment, as it pins

@@ -248,8 +248,8 @@ def _resolve_paths(cfg: DictConfig, base_dir: Path) -> None:
     teacher = OmegaConf.select(cfg, "distill.teacher", default=None)
     if isinstance(teacher, str) and teacher and "://" not in teacher and not Path(teacher).expanduser().is_absolute():
         OmegaConf.update(cfg, "distill.teacher", str((base_dir / teacher).resolve()))
-    # workflow.target / judge.type / env.gymnasium.renderer may name a file ("agent.py:MyWorkflow").
-    for key in ("workflow.target", "judge.type", "env.gymnasium.renderer"):
+    # workflow.target / judge.type / env.gymnasium.renderer and task_args may name a file ("agent.py:MyWorkflow").
+    for key in ("workflow.target", "judge.type", "env.gymnasium.renderer", "env.gymnasium.task_args"):
         value = OmegaConf.select(cfg, key, default=None)
         if isinstance(value, str) and ".py:" in value:
             file_part, _, name = value.rpartition(":")

@@ -120,6 +120,10 @@ class GymnasiumEnvConfig:
     # function(observation, env) -> str; "" = the env's ansi render (coloured cells in [brackets]:
     # FrozenLake's player), or the observation itself when the env has no ansi render.
     renderer: str = ""
+    # "package.module:function" or "file.py:function", called as function(seed) -> dict: gym.make's
+    # keyword arguments of the task with that seed, over env.args (e.g. FrozenLake's `desc`, a map of
+    # the seed's own, so that val and test hold maps training never saw); "" = env.args alone.
+    task_args: str = ""
     # "" = one that names the environment, its actions and the answer's form.
     system_prompt: str = ""
 

@@ -276,9 +276,9 @@ def env_problems(cfg: AjetConfig) -> Problems:
     problems += _need(reader_type == ReaderType.env, "task_reader.type",
                       f"{reader_type.value} with env.type={env.type.value}: the environment gives the tasks; "
                       "remove task_reader.type and its files from the YAML (or env, to read them)")
-    renderer = env.gymnasium.renderer
-    if renderer:
-        problems += _target_problems(renderer, "env.gymnasium.renderer", "function")
+    for key, target in (("renderer", env.gymnasium.renderer), ("task_args", env.gymnasium.task_args)):
+        if target:
+            problems += _target_problems(target, f"env.gymnasium.{key}", "function")
     return problems
 
 

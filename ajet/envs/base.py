@@ -68,6 +68,17 @@ def adapter(env_type: EnvType) -> EnvAdapter:
     return cast(EnvAdapter, importlib.import_module(f"ajet.envs.{env_type.value}"))
 
 
+def drop_train_questions(env_id: str, split: Split, tasks: list[WorkflowTask], train_keys: set[str],
+                         key: Callable[[WorkflowTask], str] = lambda t: t.main_query) -> list[WorkflowTask]:
+    """A val or test split's tasks without those that are also train tasks (the same `key`: by default
+    the question), logged: a held-out split holds no task trained on."""
+    kept = [t for t in tasks if key(t) not in train_keys]
+    if len(kept) < len(tasks):
+        logger.warning("env %s: %d of %d %s tasks left out: each is also a train task", env_id,
+                       len(tasks) - len(kept), len(tasks), split.name)
+    return kept
+
+
 def make_env_tasks(cfg: EnvConfig) -> tuple[list[WorkflowTask], list[WorkflowTask], list[WorkflowTask]]:
     """(train, val, test): the tasks of the environment `cfg` names."""
     train, val, test = adapter(EnvType(cfg.type)).make_tasks(cfg, splits(cfg))

@@ -2,7 +2,11 @@
 as text. One model call per environment step, up to `env.max_turns`.
 
 A task is one `reset(seed=...)` of the environment (`gym.make(id, **env.args)`): the split's k-th
-task resets with the split's seed + k. Each turn the model sees the observation as text (the
+task resets with the split's seed + k. `env.gymnasium.task_args` names a function of that seed that
+gives the task's own `gym.make` arguments over `env.args` (FrozenLake's `desc`: a map per task). A
+val or test task whose arguments are a train task's is left out (logged), as reasoning-gym's
+questions are: a held-out split holds no map trained on. (Without `task_args` the tasks differ by
+their seed alone, and none is left out.) Each turn the model sees the observation as text (the
 env's ansi render with its coloured cells in [brackets], the observation itself when the env has
 no ansi render, or `env.gymnasium.renderer`'s text) and answers with an action by its name; the
 names are `env.gymnasium.actions`, else the environment's docstring ("- 0: Move left"), else the
@@ -29,7 +33,15 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from ajet.config.schema import EnvConfig
-from ajet.envs.base import EnvError, Split, import_optional, load_function, reply_text, unknown_id
+from ajet.envs.base import (
+    EnvError,
+    Split,
+    drop_train_questions,
+    import_optional,
+    load_function,
+    reply_text,
+    unknown_id,
+)
 from ajet.errors import TaskReaderError
 from ajet.workflow import Workflow, WorkflowOutput, WorkflowTask
 
@@ -149,25 +161,62 @@ def make_tasks(cfg: EnvConfig, splits: list[Split]) -> list[list[WorkflowTask]]:
     names = action_names(probe, cfg.gymnasium.actions)
     probe.close()
     renderer = _renderer(cfg.gymnasium.renderer)
+    per_task = load_function(cfg.gymnasium.task_args, "env.gymnasium.task_args") if cfg.gymnasium.task_args else None
     env = make_env(cfg.id, cfg.args, render_mode)
     out: list[list[WorkflowTask]] = []
+    train_layouts: set[str] = set()
     try:
         for split in splits:
             tasks = []
             for k in range(split.size):
-                spec = GymnasiumTask(id=cfg.id, args=cfg.args, seed=split.seed + k, max_turns=cfg.max_turns,
+                seed = split.seed + k
+                args = cfg.args if per_task is None else {**cfg.args, **_task_args(per_task, cfg.gymnasium.task_args, seed)}
+                spec = GymnasiumTask(id=cfg.id, args=args, seed=seed, max_turns=cfg.max_turns,
                                      actions=names, render_mode=render_mode, renderer=cfg.gymnasium.renderer,
                                      system_prompt=cfg.gymnasium.system_prompt or default_prompt(cfg.id, names))
+                if per_task is not None:  # the task's own environment (its map, ...)
+                    env.close()
+                    env = make_env(cfg.id, args, render_mode)
                 observation = _reset(env, spec.seed)
                 tasks.append(WorkflowTask(task_id=f"{cfg.id}-{split.name}-{k}",
                                           main_query=observation_text(env, observation, renderer),
                                           metadata={"env": spec.model_dump()}, env_type="gymnasium"))
+            if per_task is not None:  # a task is its task_args (its map): a held-out one is no train one
+                if split.name == "train":
+                    train_layouts = {_layout(t) for t in tasks}
+                else:
+                    tasks = drop_train_questions(cfg.id, split, tasks, train_layouts, key=_layout)
             out.append(tasks)
     except EnvError as exc:
         raise TaskReaderError(f"env.id={cfg.id}: {exc}") from None
     finally:
         env.close()
     return out
+
+
+def _layout(task: WorkflowTask) -> str:
+    return json.dumps(task.metadata["env"]["args"], sort_keys=True)
+
+
+def _task_args(function: Callable[..., Any], target: str, seed: int) -> dict[str, Any]:
+    """`env.gymnasium.task_args`'s keyword arguments for the task with `seed`, checked: a dict with
+    string keys that survives JSON (the task's metadata carries it to wherever the episode runs)."""
+    try:
+        args = function(seed)
+    except Exception as exc:  # noqa: BLE001 - the user's function: say where it failed
+        raise TaskReaderError(f"env.gymnasium.task_args={target} raised {type(exc).__name__} for seed {seed}: "
+                              f"{exc}") from exc
+    if not isinstance(args, dict) or not all(isinstance(k, str) for k in args):
+        raise TaskReaderError(f"env.gymnasium.task_args={target} returned {args!r:.200} for seed {seed}: "
+                              "it must return a dict of gym.make's keyword arguments")
+    plain = _plain(args)
+    try:
+        if json.loads(json.dumps(plain)) != plain:
+            raise ValueError("it changes through JSON")
+    except (TypeError, ValueError) as exc:
+        raise TaskReaderError(f"env.gymnasium.task_args={target} returned {args!r:.200} for seed {seed}, which "
+                              f"the task's metadata cannot hold ({exc}): return lists, numbers and strings") from None
+    return plain
 
 
 def _reset(env: Any, seed: int) -> Any:

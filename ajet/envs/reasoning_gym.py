@@ -20,18 +20,22 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import logging
 import math
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
 from ajet.config.schema import EnvConfig
-from ajet.envs.base import EnvError, Split, import_optional, reply_text, unknown_id
+from ajet.envs.base import (
+    EnvError,
+    Split,
+    drop_train_questions,
+    import_optional,
+    reply_text,
+    unknown_id,
+)
 from ajet.errors import TaskReaderError
 from ajet.workflow import Workflow, WorkflowOutput, WorkflowTask
-
-logger = logging.getLogger(__name__)
 
 
 class ReasoningGymTask(BaseModel):
@@ -90,17 +94,14 @@ def make_tasks(cfg: EnvConfig, splits: list[Split]) -> list[list[WorkflowTask]]:
         tasks: list[WorkflowTask] = []
         for index in range(split.size):
             item = dataset[index]
-            if split.name != "train" and item["question"] in train_questions:
-                continue
             spec = ReasoningGymTask(id=cfg.id, args=cfg.args, seed=split.seed, size=split.size, index=index,
                                     answer_tag=cfg.reasoning_gym.answer_tag,
                                     score_untagged_reply=cfg.reasoning_gym.score_untagged_reply)
             tasks.append(_task(f"{cfg.id}-{split.name}-{index}", item, spec, prompt))
         if split.name == "train":
             train_questions = {t.main_query for t in tasks}
-        elif len(tasks) < split.size:
-            logger.warning("env %s: %d of %d %s items left out: their question is a train question",
-                           cfg.id, split.size - len(tasks), split.size, split.name)
+        else:
+            tasks = drop_train_questions(cfg.id, split, tasks, train_questions)
         out.append(tasks)
     return out
 

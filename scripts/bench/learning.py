@@ -379,6 +379,31 @@ REGISTRY: tuple[Example, ...] = (
             "documented on val yet, so the threshold only asks that training does not fall below the "
             "base model. 6 of the YAML's 10 steps, to fit the budget with three adapters' updates.",
     ),
+    # Issue 73: environments of the ecosystem, trained from a YAML (docs/environments.md).
+    Example(
+        name="reasoning_gym_chain_sum", conf="tutorial/example_reasoning_gym/chain_sum.yaml", stages=("sft", "grpo"),
+        overrides=(), budget_min=10, threshold=0.15, gain=True,
+        why="issue 73's target (a reasoning-gym task: >= +0.15, two seeds). The base model never writes "
+            "reasoning-gym's <answer> tag (0 of 152 val episodes, 4 prompts tried), so GRPO alone has no "
+            "signal: an SFT warm-up on the dataset's own answers (items of a seed range of their own), then "
+            "12 GRPO steps. On val: 0 -> 0.37 after the warm-up, 0.26-0.43 over the GRPO steps (38 tasks, "
+            "one episode each; 40 steps at lr 5e-6 no better): the warm-up does the lifting.",
+    ),
+    Example(
+        name="vf_arith", conf="tutorial/example_verifiers/vf_arith.yaml", stages=("grpo",),
+        overrides=(), budget_min=15, threshold=0.10, gain=True, metric="reward/mean",
+        also=("workflow/metric_right_tool",),
+        why="issue 73's target (a verifiers multi-turn or tool environment: >= +0.10). GRPO alone on a "
+            "tool taskset installed as a package (tutorial/example_verifiers): the first call forced to "
+            "a tool (first_call_tool_choice: required); settings checked on val (README.md).",
+    ),
+    Example(
+        name="gym_frozenlake_warmup", conf="tutorial/example_gym_frozenlake/gym_frozenlake_warmup.yaml",
+        stages=("sft", "grpo"), overrides=(), budget_min=20, threshold=0.0, gain=True,
+        why="issue 73: Gymnasium's own FrozenLake-v1 (a map per task, maps.py) with ajet's frozenlake "
+            "warm-up recipe, its settings unchanged (not tuned here); compared with the frozenlake row: "
+            "'within noise of it'. No target of its own (>= base).",
+    ),
     Example(
         name="math_agent_grpo_tinker", conf="tutorial/example_math_agent/math_agent.yaml", warmup=("sft",),
         stages=("grpo",), overrides=("eval.n=4", "pipeline.overrides.grpo.trainer.lr=2.0e-5"), budget_min=15,

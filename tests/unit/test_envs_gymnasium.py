@@ -169,3 +169,38 @@ def test_an_env_that_misbehaves_fails_the_episode_not_the_run(broken_env: str, m
     episode = run_episode(EnvWorkflow(), task, scripted("1", "1", "1"))
     assert (episode.status, episode.reason) == ("failed", "workflow_error:EnvError")
     assert says in episode.error_message
+
+
+def test_task_args_give_each_task_its_own_map(tmp_path: Path) -> None:
+    """`env.gymnasium.task_args`: a function of the task's seed gives its own gym.make arguments
+    (a map), carried in the task's metadata, so the episode plays that map wherever it runs."""
+    (tmp_path / "maps.py").write_text(
+        "def by_seed(seed):\n"
+        "    if seed == 1_000_001:\n"
+        "        return {'desc': ['SFF', 'FFF', 'FFG']}\n"
+        "    return {'desc': ['SFF', 'FHF', 'FFG'] if seed % 2 else ['SHF', 'FFF', 'HFG']}\n"
+        "def broken(seed):\n    raise ValueError('no map for ' + str(seed))\n"
+        "def not_a_dict(seed):\n    return ['SFFG']\n"
+        "def a_set(seed):\n    return {'desc': {'SF', 'FG'}}\n")
+    conf = tmp_path / "run.yaml"
+
+    def tasks(function: str) -> Any:
+        conf.write_text("env: {type: gymnasium, id: FrozenLake-v1, args: {is_slippery: false}, train_size: 2,"
+                        f" val_size: 2, test_size: 0, max_turns: 6, gymnasium: {{task_args: maps.py:{function}}}}}\n")
+        return make_env_tasks(load_config(conf).env)
+
+    train, val, _ = tasks("by_seed")
+    assert [t.main_query for t in train] == ["[S]HF\nFFF\nHFG", "[S]FF\nFHF\nFFG"]  # seeds 0 and 1
+    # val's seed 1e6 has seed 0's map: left out (a held-out split holds no train map); 1e6 + 1 has its own
+    assert [t.metadata["env"]["args"] for t in val] == [{"is_slippery": False, "desc": ["SFF", "FFF", "FFG"]}]
+    assert val[0].task_id == "FrozenLake-v1-val-1" and val[0].metadata["env"]["seed"] == 1_000_001
+    out, _ = play(train[0], "down", "right", "right", "down")
+    assert (out.reward, out.is_success) == (1.0, True)  # the walk of seed 0's map, not FrozenLake's own 4x4
+    out, _ = play(train[1], "right", "down")  # seed 1's map: (0, 1) is ice, (1, 1) a hole
+    assert out.reward == 0.0 and out.log_metrics["turns"] == 2.0 and out.log_metrics["terminated"] == 1.0
+    with pytest.raises(TaskReaderError, match=r"task_args=.*maps.py:broken raised ValueError for seed 0: no map"):
+        tasks("broken")
+    with pytest.raises(TaskReaderError, match=r"returned \['SFFG'\] for seed 0: it must return a dict"):
+        tasks("not_a_dict")
+    with pytest.raises(TaskReaderError, match="which the task's metadata cannot hold"):
+        tasks("a_set")
