@@ -27,6 +27,7 @@ EXAMPLES = [
     "example_gym_frozenlake/gym_frozenlake.yaml",
     "example_learn2ask/learn2ask.yaml",
     "example_math_agent/math_agent.yaml",
+    "example_reasoning_gym/chain_sum.yaml",
     "example_math_agent/code_agent.yaml",
     "example_math_agent/math_agent_openai.yaml",
     "example_math_agent/math_agent_http.yaml",

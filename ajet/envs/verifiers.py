@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict
 from ajet.config.schema import EnvConfig
 from ajet.env_protocol import CREATE, EVALUATE, LIST_TASKS, RELEASE, STEP
 from ajet.envs.base import EnvError, Split
-from ajet.envs.service import apost, assistant_message, local_url, post
+from ajet.envs.service import apost, assistant_message, episode_client, local_url, post
 from ajet.workflow import Workflow, WorkflowOutput, WorkflowTask
 
 START_HINT = ("Build verifiers' environment with `make env-verifiers` and run with `ajet train` (its launcher "
@@ -91,7 +91,7 @@ class EnvWorkflow(Workflow):
         spec = VerifiersTask.model_validate(task.metadata["env"])
         body = {"env_type": spec.id, "args": spec.args, "index": spec.index, "limit": spec.limit,
                 "task_id": task.task_id}
-        async with httpx.AsyncClient(timeout=spec.timeout_s) as client:
+        async with episode_client(spec.timeout_s) as client:
             created = await apost(client, spec.url, CREATE, body)
             instance = {"instance_id": created.get("instance_id")}
             try:
