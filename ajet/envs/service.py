@@ -19,7 +19,6 @@ from ajet.env_protocol import TOKEN_ENV
 from ajet.envs.base import EnvError
 from ajet.errors import TaskReaderError
 
-
 # How long an episode's client keeps an idle connection to the server for its next request. A
 # server closes an idle connection after its keep-alive (uvicorn's default: 5 s, the verifiers
 # server's); httpx's default expiry is the same 5 s, so a request sent after the model thought for
