@@ -109,6 +109,12 @@ class ReasoningGymEnvConfig:
     # A reply without the tag: false = scores 0 (reasoning-gym's own rule: the format counts);
     # true = the whole reply is scored (score_answer gives partial credit when the answer is in it).
     score_untagged_reply: bool = False
+    # reasoning-gym's curriculum for the dataset (its *Curriculum class), as levels of ajet's
+    # curriculum: 0 = none (the dataset under env.args); K = each split's tasks come evenly from its
+    # global levels 0..K-1 (the curriculum's config at that level over env.args), and each task's
+    # metadata holds `curriculum_level`, so `task_reader.curriculum.key: curriculum_level` draws
+    # the low levels first.
+    curriculum_levels: int = bounded(0, Ge(0))
 
 
 @dataclass

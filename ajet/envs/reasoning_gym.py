@@ -11,8 +11,12 @@ instead of trusting a copy, and checks that it is the task's question.
 
 The item's numeric metadata (e.g. basic_arithmetic's `num_terms`, `num_digits`) is copied into the
 task's metadata, so ajet's curriculum can order by it (`task_reader.curriculum.key: num_terms`).
-reasoning-gym's own `*Curriculum` classes (levels that change the dataset's config) are not
-mapped onto ajet's curriculum (docs/environments.md).
+reasoning-gym's own curriculum (a dataset's `*Curriculum` class: global levels that change its
+config) maps onto ajet's with `env.reasoning_gym.curriculum_levels: K`: each split's tasks come
+evenly from levels 0..K-1, each task's metadata holds its `curriculum_level`, and
+`task_reader.curriculum.key: curriculum_level` draws the low levels first. The levels are fixed
+before the run and ajet's curriculum ramps by step; reasoning-gym's coaching raises a level when
+the model's success passes a threshold, which is not mapped (docs/environments.md).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from ajet.config.schema import EnvConfig
+from ajet.config.schema import SPLIT_SEED_STRIDE, EnvConfig
 from ajet.envs.base import (
     EnvError,
     Split,
@@ -79,25 +83,55 @@ def system_prompt(name: str) -> str:
     return prompts.get(name, name)
 
 
+def level_args(name: str, args: dict[str, Any], levels: int) -> list[dict[str, Any]]:
+    """The dataset's config at each of its curriculum's global levels 0..levels-1 (reasoning-gym's
+    `*Curriculum`: a level sets every attribute's range, easier ones included), over `args`."""
+    rg = _reasoning_gym()
+    if name not in rg.factory.DATASETS:
+        raise unknown_id("reasoning-gym dataset", name, rg.factory.DATASETS)
+    if not rg.factory.has_curriculum(name):
+        with_one = sorted(n for n in rg.factory.DATASETS if rg.factory.has_curriculum(n))
+        raise TaskReaderError(f"env.reasoning_gym.curriculum_levels={levels}: reasoning-gym's {name} has no "
+                              f"curriculum; set it to 0, or use a dataset that has one ({len(with_one)}: "
+                              f"{', '.join(with_one)})")
+    curriculum = rg.factory.create_curriculum(name)
+    top = max(len(attr.levels) for attr in curriculum.attributes.values())
+    if levels > top:
+        raise TaskReaderError(f"env.reasoning_gym.curriculum_levels={levels}: {name}'s curriculum has {top} levels")
+    out = []
+    for level in range(levels):
+        curriculum.set_global_level(level)
+        config = dataclasses.asdict(curriculum.generate_configuration(dict(args)))
+        out.append({k: v for k, v in config.items() if k not in ("seed", "size")})
+    return out
+
+
 def make_tasks(cfg: EnvConfig, splits: list[Split]) -> list[list[WorkflowTask]]:
     """Each split's items as tasks. A val or test item whose question is also a train question is
-    left out (logged): a held-out split holds no question trained on."""
-    args_json = json.dumps(cfg.args, sort_keys=True)
+    left out (logged): a held-out split holds no question trained on. With curriculum levels, a
+    split's tasks come evenly from each level's dataset (level L: the seeds after level L-1's)."""
+    levels = cfg.reasoning_gym.curriculum_levels
+    configs = level_args(cfg.id, cfg.args, levels) if levels else [cfg.args]
     prompt = system_prompt(cfg.reasoning_gym.system_prompt)
     out: list[list[WorkflowTask]] = []
     train_questions: set[str] = set()
     for split in splits:
-        if split.size == 0:
-            out.append([])
-            continue
-        dataset = _dataset(cfg.id, args_json, split.seed, split.size)
+        if split.size * len(configs) >= SPLIT_SEED_STRIDE:
+            raise TaskReaderError(f"env.{split.name}_size={split.size} x {len(configs)} curriculum levels reaches the "
+                                  f"next split's seeds ({SPLIT_SEED_STRIDE} apart): use fewer tasks or levels")
         tasks: list[WorkflowTask] = []
-        for index in range(split.size):
-            item = dataset[index]
-            spec = ReasoningGymTask(id=cfg.id, args=cfg.args, seed=split.seed, size=split.size, index=index,
-                                    answer_tag=cfg.reasoning_gym.answer_tag,
-                                    score_untagged_reply=cfg.reasoning_gym.score_untagged_reply)
-            tasks.append(_task(f"{cfg.id}-{split.name}-{index}", item, spec, prompt))
+        for level, args in enumerate(configs):
+            size = split.size // len(configs) + (level < split.size % len(configs))
+            if size == 0:
+                continue
+            seed = split.seed + level * split.size  # reasoning-gym's item k is made from seed + k
+            dataset = _dataset(cfg.id, json.dumps(args, sort_keys=True), seed, size)
+            for index in range(size):
+                spec = ReasoningGymTask(id=cfg.id, args=args, seed=seed, size=size, index=index,
+                                        answer_tag=cfg.reasoning_gym.answer_tag,
+                                        score_untagged_reply=cfg.reasoning_gym.score_untagged_reply)
+                task_id = f"{cfg.id}-{split.name}-{len(tasks)}"
+                tasks.append(_task(task_id, dataset[index], spec, prompt, level if levels else None))
         if split.name == "train":
             train_questions = {t.main_query for t in tasks}
         else:
@@ -106,9 +140,12 @@ def make_tasks(cfg: EnvConfig, splits: list[Split]) -> list[list[WorkflowTask]]:
     return out
 
 
-def _task(task_id: str, item: dict[str, Any], spec: ReasoningGymTask, prompt: str) -> WorkflowTask:
+def _task(task_id: str, item: dict[str, Any], spec: ReasoningGymTask, prompt: str,
+          level: int | None) -> WorkflowTask:
     numbers = {k: v for k, v in item.get("metadata", {}).items()
                if isinstance(v, int | float) and not isinstance(v, bool) and k != "source_index"}
+    if level is not None:
+        numbers["curriculum_level"] = level
     return WorkflowTask(
         task_id=task_id,
         main_query=item["question"],

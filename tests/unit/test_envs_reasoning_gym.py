@@ -155,3 +155,40 @@ def test_a_scorer_that_raises_fails_the_episode_not_the_run(monkeypatch: pytest.
     monkeypatch.undo()
     ok = run_episode(EnvWorkflow(), task, scripted(f"<answer>{task.metadata['answer']}</answer>"))
     assert (ok.status, ok.reward, ok.is_success) == ("ok", 1.0, True)
+
+
+def test_the_datasets_curriculum_levels_become_ajets_curriculum() -> None:
+    """env.reasoning_gym.curriculum_levels: each split's tasks come evenly from the curriculum's
+    global levels (chain_sum: level L allows up to L + 2 terms of up to L + 1 digits), each task
+    carries its `curriculum_level`, episodes regenerate their level's item, and ajet's curriculum
+    draws level 0 first."""
+    from ajet.task_reader import TaskReader
+    from ajet.task_reader.curriculum import Curriculum
+
+    cfg = env(id="chain_sum", train_size=30, val_size=6, test_size=6,
+              reasoning_gym=ReasoningGymEnvConfig(curriculum_levels=3))
+    train, val, test = make_env_tasks(cfg)
+    assert [t.metadata["curriculum_level"] for t in train] == [0] * 10 + [1] * 10 + [2] * 10
+    assert {t.metadata["curriculum_level"] for t in (*val, *test)} == {0, 1, 2}
+    for task in train:
+        level, args = task.metadata["curriculum_level"], task.metadata["env"]["args"]
+        assert (args["min_terms"], args["max_terms"], args["min_digits"], args["max_digits"]) == (2, level + 2, 1,
+                                                                                                   level + 1)
+        terms = task.main_query.split(":")[1].strip(" =").split()[::2]
+        assert len(terms) <= level + 2 and all(len(n.lstrip("-")) <= level + 1 for n in terms)
+    assert max(len(t.main_query.split(":")[1].split()[::2]) for t in train[20:]) > 2  # level 2 has longer sums
+    seeds = [(t.metadata["env"]["seed"], t.metadata["env"]["index"]) for t in train]
+    assert len({s + i for s, i in seeds}) == 30  # no two tasks from one reasoning-gym seed
+    hard = train[25]
+    assert play(hard, f"<answer>{hard.metadata['answer']}</answer>").reward == 1.0  # the level's item, rebuilt
+    reader = TaskReader(train, seed=0, curriculum=Curriculum(train, key="curriculum_level", start=0.3,
+                                                             ramp_steps=4, seed=0))
+    assert {t.metadata["curriculum_level"] for t in reader.next_batch(8, step=1)} == {0}
+
+
+def test_curriculum_levels_for_a_dataset_without_one_or_past_its_top_say_what_is_valid() -> None:
+    with pytest.raises(TaskReaderError, match=r"curriculum_levels=2: reasoning-gym's acre has no "
+                                              r"curriculum; set it to 0, or use a dataset that has one \(\d+: "):
+        make_env_tasks(env(id="acre", reasoning_gym=ReasoningGymEnvConfig(curriculum_levels=2)))
+    with pytest.raises(TaskReaderError, match="chain_sum's curriculum has 11 levels"):
+        make_env_tasks(env(id="chain_sum", reasoning_gym=ReasoningGymEnvConfig(curriculum_levels=40)))
