@@ -5,18 +5,26 @@ The error classes live in `ajet.errors`; the CLI only formats them.
 
 from __future__ import annotations
 
+import os
+import secrets
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.text import Text
 
+from ajet.env_protocol import TOKEN_ENV
 from ajet.errors import AjetError, ConfigError, UserError
 from ajet.signals import stop_on_signals
 from ajet.training.checkpoint_dir import latest_checkpoint
+
+if TYPE_CHECKING:
+    from ajet.config.schema import AjetConfig
+    from ajet.service_specs import ServiceSpec
 
 err_console = Console(stderr=True, highlight=False)
 
@@ -90,3 +98,29 @@ def clean_stop(run_dir: Path, resume_command: str) -> Iterator[None]:
         err_console.print(Text.assemble(("ajet: stopped ", "bold red"), f"({str(exc) or 'SIGINT'}); {where}. "
                                         f"Continue with: {resume_command}"), soft_wrap=True)
         raise typer.Exit(STOPPED_EXIT) from None
+
+
+def env_servers(cfg: AjetConfig) -> dict[str, ServiceSpec]:
+    """The server an `env` section needs (verifiers', an OpenEnv package's), with a token of the
+    run's own (AJET_ENV_TOKEN, which the adapters send) unless one is set; {} for none."""
+    from ajet.service_specs import env_server_specs
+
+    specs = env_server_specs(cfg.env)
+    if specs:
+        os.environ.setdefault(TOKEN_ENV, secrets.token_urlsafe(24))
+    return specs
+
+
+@contextmanager
+def env_servers_running(cfg: AjetConfig, log_dir: Path | None = None) -> Iterator[None]:
+    """`env_servers(cfg)` started for the block and stopped after it (`ajet episode`, `ajet eval`:
+    a verifiers or OpenEnv YAML works there as it does in training). Their logs go to `log_dir`
+    (a temporary folder by default; a server that fails to start names its log)."""
+    specs = env_servers(cfg)
+    if not specs:
+        yield
+        return
+    from ajet.launcher import Launcher
+
+    with Launcher(env_services=specs, log_dir=log_dir or Path(tempfile.mkdtemp(prefix="ajet-env-servers-"))):
+        yield

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ajet.cli.common import Conf, Overrides, user_errors
+from ajet.cli.common import Conf, Overrides, env_servers_running, user_errors
 from ajet.errors import ConfigError, WorkflowLoadError
 from ajet.outputs.setup import configure_logging
 
@@ -96,10 +96,13 @@ def episode(
         if pdb:
             cfg = for_debugger(cfg)
         hook = _post_mortem if pdb else None
-        if watch:
-            _watch(cfg, task=task, n=n, split=EvalSplit(split), hook=hook, timings=timings, tokens=tokens, full=full)
-            return
-        shown = show_episodes(cfg, task=task, n=n, split=EvalSplit(split), on_workflow_error=hook, timings=timings)
+        with env_servers_running(cfg):  # a verifiers or OpenEnv environment's server, as training starts it
+            if watch:
+                _watch(cfg, task=task, n=n, split=EvalSplit(split), hook=hook, timings=timings, tokens=tokens,
+                       full=full)
+                return
+            shown = show_episodes(cfg, task=task, n=n, split=EvalSplit(split), on_workflow_error=hook,
+                                  timings=timings)
     print_shown(shown, tokens=tokens, full=full)
     _exit(0 if all(view.episode.ok for view in shown.views) else 1)
 

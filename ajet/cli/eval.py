@@ -7,12 +7,20 @@ from typing import Annotated
 
 import typer
 
-from ajet.cli.common import Conf, ExpDir, Overrides, config_overrides, user_errors
+from ajet.cli.common import (
+    Conf,
+    ExpDir,
+    Overrides,
+    config_overrides,
+    env_servers_running,
+    user_errors,
+)
 from ajet.config import load_config
 from ajet.config.validate import single_stage_config
 from ajet.models.load import role_adapter_dir
 from ajet.outputs.setup import configure_logging
 from ajet.training.export import export_checkpoint, training_checkpoint
+from ajet.training.run_dir import run_dir_of
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)
 
@@ -67,6 +75,7 @@ def eval_(
         from ajet.eval.runner import evaluate, metrics_table  # imports torch: not for --help
 
         cfg = single_stage_config(cfg, "eval")
-        report = evaluate(cfg, dialogs=dialogs, successful_only=successful_only)
+        with env_servers_running(cfg, run_dir_of(cfg) / "services"):  # a verifiers or OpenEnv server
+            report = evaluate(cfg, dialogs=dialogs, successful_only=successful_only)
         Console().print(metrics_table([report]))
         typer.echo(f"wrote {report.path}")

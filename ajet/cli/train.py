@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
-import secrets
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -22,6 +20,7 @@ from ajet.cli.common import (
     ResumeChanged,
     clean_stop,
     config_overrides,
+    env_servers,
     fresh_start,
     user_errors,
 )
@@ -29,13 +28,12 @@ from ajet.cli.main import commands_epilog
 from ajet.cli.preflight import preflight
 from ajet.config import load_config, to_yaml
 from ajet.config.choices import Backbone
-from ajet.env_protocol import TOKEN_ENV
 from ajet.errors import LaunchError
 from ajet.gpus import free_gpus
 from ajet.launcher import Launcher
 from ajet.outputs.setup import configure_logging
 from ajet.outputs.summary import render_summary, summarize_run
-from ajet.service_specs import env_server_specs, env_service_specs, vllm_service_specs
+from ajet.service_specs import env_service_specs, vllm_service_specs
 from ajet.training.run_dir import run_dir_of
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -126,15 +124,6 @@ def print_summary(run_dir: Path, wall_s: float) -> None:
     if not ((run_dir / "metrics.jsonl").is_file() or (run_dir / "pipeline.json").is_file()):
         return
     render_summary(summarize_run(run_dir, wall_s=wall_s))
-
-
-def env_servers(cfg: AjetConfig) -> dict[str, ServiceSpec]:
-    """The server an `env` section needs (verifiers', an OpenEnv package's), started beside the
-    run with a token of the run's own (AJET_ENV_TOKEN, which the adapters send) unless one is set."""
-    specs = env_server_specs(cfg.env)
-    if specs:
-        os.environ.setdefault(TOKEN_ENV, secrets.token_urlsafe(24))
-    return specs
 
 
 def vllm_services(cfg: AjetConfig, names: list[str]) -> dict[str, ServiceSpec]:

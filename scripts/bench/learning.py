@@ -395,7 +395,8 @@ REGISTRY: tuple[Example, ...] = (
         also=("workflow/metric_right_tool",),
         why="issue 73's target (a verifiers multi-turn or tool environment: >= +0.10). GRPO alone on a "
             "tool taskset installed as a package (tutorial/example_verifiers): the first call forced to "
-            "a tool (first_call_tool_choice: required); settings checked on val (README.md).",
+            "a tool (first_call_tool_choice: required), 16 steps at lr 1e-5. On val (32 tasks, 2 episodes "
+            "each): 0.156 -> 0.797 (the right tool first: 0.42 -> 0.86); the threshold asks for +0.10.",
     ),
     Example(
         name="gym_frozenlake_warmup", conf="tutorial/example_gym_frozenlake/gym_frozenlake_warmup.yaml",

@@ -39,7 +39,7 @@ def test_the_demos_are_the_datasets_answers_and_never_a_held_out_question(exampl
 @pytest.mark.tutorial
 @pytest.mark.integration
 def test_one_grpo_step_from_the_yaml(one_step) -> None:
-    run = one_step(HERE / "chain_sum.yaml", "pipeline.stages=[grpo]", "pipeline.overrides.sft=null")
+    run = one_step(HERE / "chain_sum.yaml", "pipeline.stages=[]", "pipeline.overrides.sft=null")
     metrics = run.assert_completed()
     assert metrics["rollout/failed"] == 0 and metrics["rollout/calls_per_episode"] == 1
     assert metrics["workflow/answer_tagged"] == 0.0  # the tiny random model writes no tag

@@ -82,7 +82,8 @@ def test_the_right_tool_with_the_questions_numbers_earns_the_reward(cfg: Any) ->
 @pytest.mark.tutorial
 @pytest.mark.integration
 def test_one_grpo_step_from_the_yaml(one_step) -> None:
-    run = one_step(HERE / "vf_arith.yaml", f"env.verifiers.port={free_port()}", f"env.verifiers.python={PYTHON}",
+    run = one_step(HERE / "vf_arith.yaml", "pipeline.stages=[]", f"env.verifiers.port={free_port()}",
+                   f"env.verifiers.python={PYTHON}",
                    "env.train_size=8", "env.val_size=2", "env.test_size=2")
     metrics = run.assert_completed()
     assert metrics["rollout/failed"] == 0
@@ -90,3 +91,21 @@ def test_one_grpo_step_from_the_yaml(one_step) -> None:
     assert "workflow/reward_right" in metrics and "workflow/metric_right_tool" in metrics
 
 
+
+
+@pytest.mark.integration
+def test_ajet_episode_and_eval_start_the_environments_server(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """`ajet episode` and `ajet eval` on the YAML start verifiers' server as training does (and stop it)."""
+    from tests.integration.cli import ajet
+
+    common = [f"model.path={tiny_model_dir}", f"env.verifiers.port={free_port()}", f"env.verifiers.python={PYTHON}",
+              "env.train_size=2", "env.val_size=1", "env.test_size=2", "rollout.max_tokens=8"]
+    shown = ajet("episode", "--conf", str(HERE / "vf_arith.yaml"), *common, timeout=300)
+    assert shown.returncode == 0, shown.stdout[-3000:] + shown.stderr[-3000:]
+    assert "call 1 [" in shown.stdout and "call 2 [" in shown.stdout  # the forced tool call, then the answer
+    evaluated = ajet("eval", "--conf", str(HERE / "vf_arith.yaml"), *common, f"project.exp_dir={tmp_path}", "--n", "1",
+                     timeout=300)
+    assert evaluated.returncode == 0, evaluated.stdout[-3000:] + evaluated.stderr[-3000:]
+    report = json.loads(next((tmp_path / "vf_arith" / "eval").glob("*.json")).read_text())
+    assert len(report["episodes"]) == 2 and all(e["status"] == "ok" for e in report["episodes"])
+    assert (tmp_path / "vf_arith" / "services" / "env-verifiers.log").is_file()
