@@ -9,9 +9,11 @@ left out: a demonstration shows what to do.
 
     from ajet.envs.demos import write_demos
     write_demos(cfg.env, policy, "demos.jsonl", seeds_from=3_000_000, count=256)
+    demos_for_yaml("my.yaml", policy, "demos.jsonl")   # the same, for a YAML whose SFT stage reads them
 
-The demonstrations come from their own seed range (`seeds_from`), never from val or test; a
-demonstration whose first question is a val or test question is skipped.
+The demonstrations come from their own seed range (`seeds_from`; `demos_for_yaml`: the seeds
+after test's), never from val or test; a demonstration whose first question is a val or test
+question is skipped.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
-from ajet.config.schema import EnvConfig, EnvType
+from ajet.config.loader import load_config
+from ajet.config.schema import SPLIT_SEED_STRIDE, AjetConfig, EnvConfig, EnvType
 from ajet.envs.base import EnvError, Split, adapter, splits
 from ajet.workflow import WorkflowTask
 
@@ -84,3 +87,18 @@ def write_demos(cfg: EnvConfig, policy: Policy, out: str | Path, *, seeds_from: 
     rows = [r for r in asyncio.run(play()) if r is not None]
     Path(out).write_text("".join(json.dumps(r) + "\n" for r in rows))
     return len(rows), len(tasks)
+
+
+DEMO_SEEDS = 3 * SPLIT_SEED_STRIDE  # after train's, val's and test's (env.seed + 0, 1, 2 strides)
+
+
+def yaml_without_sft(conf: str | Path) -> AjetConfig:
+    """The config of a YAML whose SFT stage reads the demonstrations, without that stage (its file
+    may not exist yet)."""
+    return load_config(conf, ["pipeline.stages=[grpo]", "pipeline.overrides.sft=null"])
+
+
+def demos_for_yaml(conf: str | Path, policy: Policy, out: str | Path, count: int = 256) -> tuple[int, int]:
+    """`write_demos` for the environment of the YAML `conf`, from the seeds after its test split's."""
+    env = yaml_without_sft(conf).env
+    return write_demos(env, policy, out, seeds_from=env.seed + DEMO_SEEDS, count=count)

@@ -16,12 +16,10 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from ajet.config.loader import load_config
-from ajet.envs.demos import write_demos
+from ajet.envs.demos import demos_for_yaml
 from ajet.workflow import WorkflowTask
 
 HERE = Path(__file__).parent
-DEMO_SEEDS = 3_000_000  # train from 0, val from 1e6, test from 2e6 (env.seed + k * 1e6)
 MOVES = {"left": (0, -1), "down": (1, 0), "right": (0, 1), "up": (-1, 0)}
 
 
@@ -62,15 +60,9 @@ def policy(messages: list[dict[str, Any]], task: WorkflowTask) -> str:
     return shortest_move(*read_grid(messages[-1]["content"]))
 
 
-def config() -> Any:
-    # the demo file is the SFT stage's input: the config without that stage
-    return load_config(HERE / "gym_frozenlake_warmup.yaml", ["pipeline.stages=[grpo]", "pipeline.overrides.sft=null"])
-
-
 def main(out_dir: Path = HERE, count: int = 256) -> Path:
-    cfg = config().env
     out = out_dir / "demos.jsonl"
-    written, played = write_demos(cfg, policy, out, seeds_from=cfg.seed + DEMO_SEEDS, count=count)
+    written, played = demos_for_yaml(HERE / "gym_frozenlake_warmup.yaml", policy, out, count)
     print(f"{out}: {written} demonstrations of {played} maps")
     return out
 

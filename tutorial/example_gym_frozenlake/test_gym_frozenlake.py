@@ -37,11 +37,12 @@ def test_each_task_has_its_own_map_and_the_demos_walk_shortest_paths_on_maps_nev
     generate_random_map, seeded by the task); demos.jsonl is what make_demos.py makes: the scripted
     agent's shortest safe paths through the adapter's own workflow, on maps of their own."""
     from ajet.envs import make_env_tasks
+    from ajet.envs.demos import yaml_without_sft
 
     example_modules(HERE, "make_demos", "maps")
     import make_demos
 
-    cfg = make_demos.config().env
+    cfg = yaml_without_sft(HERE / "gym_frozenlake_warmup.yaml").env
     train, val, test = make_env_tasks(cfg)
     maps = {split: ["/".join(t.metadata["env"]["args"]["desc"]) for t in tasks]
             for split, tasks in (("train", train), ("val", val), ("test", test))}

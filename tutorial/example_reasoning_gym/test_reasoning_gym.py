@@ -16,6 +16,7 @@ pytest.importorskip("reasoning_gym", reason="the envs extra: pip install 'ajet[e
 
 def test_the_demos_are_the_datasets_answers_and_never_a_held_out_question(example_modules, tmp_path: Path) -> None:
     from ajet.envs import make_env_tasks
+    from ajet.envs.demos import yaml_without_sft
 
     example_modules(HERE, "make_demos")
     import make_demos
@@ -24,7 +25,7 @@ def test_the_demos_are_the_datasets_answers_and_never_a_held_out_question(exampl
     made = make_demos.main(out_dir=tmp_path)
     assert made.read_text() == shipped  # regenerated exactly: the file is what the script makes
     rows = [json.loads(line) for line in shipped.splitlines()]
-    cfg = make_demos.config().env
+    cfg = yaml_without_sft(HERE / "chain_sum.yaml").env
     train, val, test = make_env_tasks(cfg)
     held_out = {t.main_query for t in (*val, *test)}
     assert len(rows) >= 200 and len(val) >= 32 and len(test) >= 32
