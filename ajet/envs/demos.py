@@ -1,7 +1,7 @@
 """Demonstrations for an SFT warm-up, played through an adapter's own workflow.
 
 A scripted policy stands in for the model: it gets the messages of each call and the task, and
-returns the reply. Each episode runs the adapter's unchanged `EnvWorkflow`, so a demonstration
+returns the reply as text (a reply that calls tools, for a verifiers toolset, is not scripted here). Each episode runs the adapter's unchanged `EnvWorkflow`, so a demonstration
 holds exactly the messages the model sees during RL (the prompt, the observations as rendered,
 the notes between turns). The last call's messages plus its reply are one SFT dialog
 (docs/pipeline.md: every assistant turn in it is trained). An episode that does not succeed is
