@@ -391,7 +391,7 @@ REGISTRY: tuple[Example, ...] = (
     ),
     Example(
         name="vf_arith", conf="tutorial/example_verifiers/vf_arith.yaml", stages=("grpo",),
-        overrides=(), budget_min=15, threshold=0.10, gain=True, metric="reward/mean",
+        overrides=(), budget_min=20, threshold=0.10, gain=True, metric="reward/mean",
         also=("workflow/metric_right_tool",),
         why="issue 73's target (a verifiers multi-turn or tool environment: >= +0.10). GRPO alone on a "
             "tool taskset installed as a package (tutorial/example_verifiers): the first call forced to "

@@ -23,7 +23,9 @@ def bench(script: Any) -> Any:
 
 
 def test_registry_pins_loadable_configs_with_a_test_split(bench: Any, tmp_path: Path) -> None:
+    from ajet.cli.common import env_servers_running
     from ajet.config import load_config
+    from ajet.launcher import free_port
     from ajet.task_reader import build_reader
 
     names = [e.name for e in bench.REGISTRY]
@@ -48,7 +50,10 @@ def test_registry_pins_loadable_configs_with_a_test_split(bench: Any, tmp_path: 
                 cfg = load_config(REPO / e.conf, [o for o in overrides if not o.startswith("project.exp_dir")])
                 assert cfg.eval.split.value == "test"
                 assert [getattr(s, "value", s) for s in cfg.pipeline.stages] == [*e.warmup, "eval", *e.stages, "eval"]
-            assert build_reader(cfg.task_reader, seed=0).test_tasks(), f"{e.name}: no test tasks"
+            if cfg.env.type.value == "verifiers":  # its server on a port of this test's own, as `ajet` starts it
+                cfg.env.verifiers.port = free_port()
+            with env_servers_running(cfg, tmp_path / f"{e.name}-services"):
+                assert build_reader(cfg.task_reader, seed=0, env=cfg.env).test_tasks(), f"{e.name}: no test tasks"
 
 
 def test_a_service_listens_while_its_run_runs_and_stops_after(bench: Any, tmp_path: Path) -> None:
