@@ -129,10 +129,11 @@ def learning_row(r: dict[str, Any], path: Path) -> list[str]:
 
 
 def latest_learning_rows() -> tuple[list[tuple[dict[str, Any], Path]], list[str]]:
-    """The latest row per run name and machine type of every registry example, in registry order,
-    with the file it came from; and the names of rows no longer in the registry."""
+    """The latest row per run name, machine type and file (a copy the bench wrote with --out, e.g. a
+    fresh clone's run, keeps its row beside the main file's) of every registry example, in registry
+    order, with the file it came from; and the names of rows no longer in the registry."""
     registry = [e.name for e in REGISTRY]
-    latest: dict[tuple[str, str], tuple[dict[str, Any], Path]] = {}
+    latest: dict[tuple[str, str, Path], tuple[dict[str, Any], Path]] = {}
     others = []
     for path in sources("bench_learning.json"):
         for r in json.loads(path.read_text())["results"].values():
@@ -140,7 +141,7 @@ def latest_learning_rows() -> tuple[list[tuple[dict[str, Any], Path]], list[str]
                 others.append(r["name"])
                 continue
             machine = r.get("machine") or {}
-            key = (r["name"], cpu(machine.get("cpu", ""), machine.get("avx", [])))
+            key = (r["name"], cpu(machine.get("cpu", ""), machine.get("avx", [])), path)
             if key not in latest or r["date"] > latest[key][0]["date"]:
                 latest[key] = (r, path)
     order = sorted(latest.values(), key=lambda rp: (registry.index(base_name(rp[0]["name"])), rp[0]["name"],
