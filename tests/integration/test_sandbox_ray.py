@@ -67,8 +67,31 @@ def test_sessions_on_host_actors_run_code_and_refuse_escapes(ray_local) -> None:
 
 
 def _kill_from_the_host(host, box_id: str) -> None:  # noqa: ANN001 - the actor's handle
-    """SIGKILL the sandbox's bubblewrap in the host actor's process (the host side)."""
-    return host.__ray_call__.remote(lambda self, box_id: self._box(box_id).proc.kill(), box_id)
+    """SIGKILL the sandbox's bubblewrap in the host actor's process (the host side), and wait until
+    it and its server are gone: until then the server (killed by --die-with-parent) may still
+    answer a call, and on a loaded machine the next call once came back "ok"."""
+
+    def kill(self, box_id: str) -> None:  # noqa: ANN001 - the SandboxHost; defined here: sent by value
+        import time
+
+        import psutil
+
+        proc = self._box(box_id).proc
+        children = psutil.Process(proc.pid).children()
+        proc.kill()
+        proc.wait(timeout=30)
+        def alive(child: psutil.Process) -> bool:
+            try:
+                return child.status() != psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                return False
+
+        deadline = time.monotonic() + 30
+        while any(alive(c) for c in children):
+            assert time.monotonic() < deadline, "the sandbox's server outlived bubblewrap"
+            time.sleep(0.01)
+
+    return host.__ray_call__.remote(kill, box_id)
 
 
 def test_a_sandbox_that_dies_is_replaced_and_its_code_cannot_kill_it(ray_local) -> None:
