@@ -18,19 +18,12 @@ import httpx
 from ajet.env_protocol import TOKEN_ENV
 from ajet.envs.base import EnvError
 from ajet.errors import TaskReaderError
-
-# How long an episode's client keeps an idle connection to the server for its next request. A
-# server closes an idle connection after its keep-alive (uvicorn's default: 5 s, the verifiers
-# server's); httpx's default expiry is the same 5 s, so a request sent after the model thought for
-# about 5 s raced the server's close and failed with a ReadError (seen once in 128 episodes of an
-# evaluation, and the whole episode was run again). Dropping idle connections well before the server
-# does trades a new TCP connection on localhost (well under a millisecond) for that race.
-KEEPALIVE_S = 1.0
+from ajet.net import CLIENT_KEEPALIVE_S
 
 
 def episode_client(timeout_s: float) -> httpx.AsyncClient:
-    """The HTTP client of one episode's requests (see KEEPALIVE_S)."""
-    return httpx.AsyncClient(timeout=timeout_s, limits=httpx.Limits(keepalive_expiry=KEEPALIVE_S))
+    """The HTTP client of one episode's requests (idle connections dropped: ajet.net.CLIENT_KEEPALIVE_S)."""
+    return httpx.AsyncClient(timeout=timeout_s, limits=httpx.Limits(keepalive_expiry=CLIENT_KEEPALIVE_S))
 
 
 def local_url(port: int) -> str:

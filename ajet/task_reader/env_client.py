@@ -27,6 +27,7 @@ from ajet.env_protocol import (
     TOKEN_ENV,
 )
 from ajet.errors import EnvServiceError
+from ajet.net import CLIENT_KEEPALIVE_S
 from ajet.retry import asend_with_retries, send_with_retries
 
 logger = logging.getLogger(__name__)
@@ -88,7 +89,8 @@ class EnvServiceClient:
     def __init__(self, base_url: str, timeout: float = 30.0, retry_s: float = 30.0, token: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.retry_s = retry_s
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, headers=_auth(token))
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, headers=_auth(token),
+                                  limits=httpx.Limits(keepalive_expiry=CLIENT_KEEPALIVE_S))
 
     def close(self) -> None:
         self._http.close()
@@ -136,7 +138,8 @@ class AsyncEnvServiceClient:
     def __init__(self, base_url: str, timeout: float = 30.0, retry_s: float = 30.0, token: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.retry_s = retry_s
-        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout, headers=_auth(token))
+        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout, headers=_auth(token),
+                                       limits=httpx.Limits(keepalive_expiry=CLIENT_KEEPALIVE_S))
 
     async def aclose(self) -> None:
         await self._http.aclose()
