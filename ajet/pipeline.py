@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -75,18 +76,22 @@ def run_pipeline(cfg: AjetConfig, runner: Backbone, *, workflow: WorkflowArg | N
     run_dir = run_dir_of(cfg)
     refuse_earlier_pipeline_run(run_dir, resume=resume)
     run_dir.mkdir(parents=True, exist_ok=True)
+    # Seconds each stage ran, shown by the summary; a stage that a resume skips keeps its earlier figure.
+    earlier = _earlier_seconds(run_dir) if resume else {}
     model_path, label = cfg.model.path, "base"
     done: list[dict[str, Any]] = []
     reports: list[dict[str, Any]] = []
     for index, stage in enumerate(cfg.pipeline.stages, start=1):
         stage_cfg = stage_config(cfg, stage, index, model_path)
         release_memory()  # the previous stage's model and optimizer state are garbage now
+        start, seconds = time.monotonic(), earlier.get(index)
         if stage == EVAL_STAGE:
             name = f"{index:02d}_{label}"
             out = run_dir / "eval" / f"eval_{name}.json"
             if not (resume and out.is_file()):
                 evaluate(stage_cfg, workflow=workflow, name=name, out_dir=run_dir / "eval")
-            done.append({"stage": stage, "index": index, "model": model_path, "eval": str(out)})
+                seconds = time.monotonic() - start
+            done.append({"stage": stage, "index": index, "model": model_path, "eval": str(out), **_seconds(seconds)})
             reports.append(json.loads(out.read_text()))
             continue
         stage_dir = run_dir_of(stage_cfg)
@@ -96,13 +101,28 @@ def run_pipeline(cfg: AjetConfig, runner: Backbone, *, workflow: WorkflowArg | N
         else:
             log.info("pipeline: stage %d/%d (%s) from %s", index, len(cfg.pipeline.stages), stage, model_path)
             runner.run(stage_cfg, with_ray=False, resume=resume and stage_dir.is_dir(), workflow=workflow)
+            seconds = time.monotonic() - start
         model_path, label = str(final), stage
-        done.append({"stage": stage, "index": index, "run_dir": str(stage_dir), "model": model_path})
+        done.append({"stage": stage, "index": index, "run_dir": str(stage_dir), "model": model_path,
+                     **_seconds(seconds)})
         write_json_atomic(run_dir / "pipeline.json", {"stages": done})  # a kill never leaves half of it
     write_json_atomic(run_dir / "pipeline.json", {"stages": done, "final_model": model_path})
     if reports:
         log.info("pipeline evaluations (%s):\n%s", run_dir / "eval", _table_text(reports))
     return run_dir
+
+
+def _earlier_seconds(run_dir: Path) -> dict[int, float]:
+    """Stage index -> seconds, from the pipeline.json of an earlier (interrupted) run, if any."""
+    try:
+        stages = json.loads((run_dir / "pipeline.json").read_text(encoding="utf-8")).get("stages", [])
+        return {int(s["index"]): float(s["seconds"]) for s in stages if "seconds" in s}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return {}  # no earlier record (or a damaged one): the resumed stages count from now
+
+
+def _seconds(seconds: float | None) -> dict[str, float]:
+    return {} if seconds is None else {"seconds": round(seconds, 1)}
 
 
 def _table_text(reports: list[dict[str, Any]]) -> str:

@@ -1,6 +1,6 @@
 """The end-of-run summary: val success before -> after (a pipeline's: its eval stages' split,
 e.g. test), the agent metrics, each role's reward, success and calls in a multi-agent run, the
-wall time, and the exact commands that open the token viewer and the report on this run.
+wall time (a pipeline's: and each stage's), and the exact commands that open the token viewer and the report on this run.
 
 `summarize_run(run_dir)` reads what the run left on disk (pure, no model); `render_summary`
 prints it with rich. Two kinds of run directory:
@@ -58,6 +58,8 @@ class RunSummary:
     before_label: str = "before"
     after_label: str = "after"
     wall_s: float | None = None
+    # A pipeline's stages and the seconds each ran ("02 sft", 97.0), from pipeline.json.
+    stage_seconds: list[tuple[str, float]] = field(default_factory=list)
     view_dir: Path | None = None  # the run dir holding token records (None: none were written)
     report_dirs: list[Path] = field(default_factory=list)  # run dirs holding metrics.jsonl
     # Signs that training was not learning (`ajet.outputs.learning_signs`), recomputed from each
@@ -126,7 +128,9 @@ def _pipeline_summary(run_dir: Path) -> RunSummary:
     evals = [s for s in stages if s.get("eval")]
     trained = [Path(s["run_dir"]) for s in stages if s.get("run_dir")]
     with_metrics = [d for d in trained if (d / "metrics.jsonl").is_file()]
-    summary = RunSummary(run_dir=run_dir, report_dirs=with_metrics, view_dir=_records_dir(trained))
+    summary = RunSummary(run_dir=run_dir, report_dirs=with_metrics, view_dir=_records_dir(trained),
+                         stage_seconds=[(f"{s.get('index', 0):02d} {s.get('stage')}", float(s["seconds"]))
+                                        for s in stages if isinstance(s.get("seconds"), (int, float))])
     for stage_dir in with_metrics:
         signs = find_learning_signs(read_metrics(stage_dir / "metrics.jsonl"))
         summary.signs += [(stage_dir.name, sign) for sign in signs]
@@ -184,6 +188,9 @@ def render_summary(summary: RunSummary, console: Any = None) -> None:
             console.print(f"  {f'[{label}] ' if label else ''}{sign.describe()}", markup=False, highlight=False)
     if summary.wall_s is not None:
         console.print(f"wall time: {summary.wall_s / 60:.1f} min ({summary.wall_s:.0f} s)")
+    if summary.stage_seconds:
+        console.print("stages: " + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in summary.stage_seconds),
+                      markup=False, highlight=False)
     commands = summary.commands()
     if summary.view_dir is None:
         console.print("no token records were written (logging.token_records=false, or no step had a "

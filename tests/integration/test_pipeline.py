@@ -110,6 +110,10 @@ def test_sft_dpo_eval_pipeline(tmp_path: Path, tiny_model_dir: Path) -> None:
     pipeline = json.loads((run / "pipeline.json").read_text())
     assert [s["stage"] for s in pipeline["stages"]] == ["sft", "dpo", "eval"]
     assert pipeline["final_model"] == str(dpo_dir / "final_model")
+    seconds = [s["seconds"] for s in pipeline["stages"]]
+    assert all(isinstance(x, float) and x > 0 for x in seconds), seconds
+    # The summary says what each stage took.
+    assert "stages: 01 sft {:.0f} s, 02 dpo {:.0f} s, 03 eval {:.0f} s".format(*seconds) in result.stdout
 
     # Rerunning without --resume refuses; with --resume every stage is already done.
     again = ajet("--conf", str(conf))
@@ -117,6 +121,8 @@ def test_sft_dpo_eval_pipeline(tmp_path: Path, tiny_model_dir: Path) -> None:
     resumed = ajet("--conf", str(conf), "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "stage 1 (sft) already done" in resumed.stderr and "stage 2 (dpo) already done" in resumed.stderr
+    # The skipped stages keep the seconds they ran; the eval stage's report was there too.
+    assert [s["seconds"] for s in json.loads((run / "pipeline.json").read_text())["stages"]] == seconds
 
 
 def test_sft_then_eval_commands(tmp_path: Path, tiny_model_dir: Path) -> None:

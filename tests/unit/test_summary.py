@@ -71,10 +71,10 @@ def test_pipeline_summary_compares_the_first_and_last_eval(tmp_path: Path) -> No
     for name, metrics in reports.items():
         write_rows(run / "eval" / f"eval_{name}.json", [{"name": name, "metrics": metrics}])
     stages = [
-        {"stage": "eval", "index": 1, "model": "base", "eval": str(run / "eval" / "eval_01_base.json")},
-        {"stage": "sft", "index": 2, "run_dir": str(sft), "model": str(sft / "final_model")},
-        {"stage": "grpo", "index": 3, "run_dir": str(grpo), "model": str(grpo / "final_model")},
-        {"stage": "eval", "index": 4, "model": "x", "eval": str(run / "eval" / "eval_04_grpo.json")},
+        {"stage": "eval", "index": 1, "model": "base", "eval": str(run / "eval" / "eval_01_base.json"), "seconds": 17.9},
+        {"stage": "sft", "index": 2, "run_dir": str(sft), "model": str(sft / "final_model"), "seconds": 97.2},
+        {"stage": "grpo", "index": 3, "run_dir": str(grpo), "model": str(grpo / "final_model"), "seconds": 71.6},
+        {"stage": "eval", "index": 4, "model": "x", "eval": str(run / "eval" / "eval_04_grpo.json")},  # an older run's
     ]
     (run / "pipeline.json").write_text(json.dumps({"stages": stages}))
     result = runner.invoke(app, [str(run), "--wall-s", "90"], terminal_width=200)
@@ -86,6 +86,7 @@ def test_pipeline_summary_compares_the_first_and_last_eval(tmp_path: Path) -> No
     assert f"ajet view {grpo} --serve" in out
     assert f"ajet report {sft} {grpo}" in out
     assert "wall time: 1.5 min (90 s)" in out
+    assert "stages: 01 eval 18 s, 02 sft 97 s, 03 grpo 72 s\n" in out
 
 
 def test_pipeline_summary_names_the_eval_split(tmp_path: Path) -> None:
