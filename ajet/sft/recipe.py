@@ -31,7 +31,7 @@ from ajet.training.model import load_trainable_model, model_window
 from ajet.training.optim import build_optimizer
 from ajet.training.recipe import Closers, run_recipe
 from ajet.training.run_dir import prepare_run_dir
-from ajet.training.step import OptimizerStep
+from ajet.training.step import OptimizerStep, resolve_bf16
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ class SftRecipe:
 
         flat = [(i, s) for i in indices for s in self.samples[i]]
         nll = in_own_thread(sample_nll, self.model, [s for _, s in flat], micro_batch_tokens=self._pack_tokens(),
-                                bf16=self.cfg.trainer.bf16, logits_chunk=self.cfg.trainer.logits_chunk_tokens)
+                                bf16=resolve_bf16(self.cfg.trainer.bf16, self.model), logits_chunk=self.cfg.trainer.logits_chunk_tokens)
         sums = {i: [0.0, 0] for i in indices}
         for (i, _), (total, count) in zip(flat, nll, strict=True):
             sums[i][0] += total
@@ -184,7 +184,7 @@ class SftRecipe:
             return None
         flat = [s for samples in self.dev_samples for s in samples]
         loss = mean_nll(in_own_thread(sample_nll, self.model, flat, micro_batch_tokens=self._pack_tokens(),
-                                          bf16=self.cfg.trainer.bf16,
+                                          bf16=resolve_bf16(self.cfg.trainer.bf16, self.model),
                                           logits_chunk=self.cfg.trainer.logits_chunk_tokens))
         self.training_loop.log({"val/sft/loss": loss, "val/sft/dialogs": float(len(self.dev_samples))}, split="val")
         log.info("sft dev loss at step %d: %.4f", self.training_loop.step, loss)

@@ -45,6 +45,27 @@ log = logging.getLogger(__name__)
 SeqLoss = Callable[[PackedSequence], tuple[torch.Tensor, dict[str, float]]]
 
 
+def resolve_bf16(setting: bool | None, model: torch.nn.Module) -> bool:
+    """`trainer.bf16` as a yes or no: null = whether the model's device multiplies bf16 natively."""
+    if setting is not None:
+        return setting
+    device = next(model.parameters()).device
+    if device.type == "cuda":
+        native = bool(torch.cuda.is_bf16_supported())
+    else:
+        from ajet.engine.weights import has_bf16_gemm
+
+        native = device.type == "cpu" and has_bf16_gemm()
+    if native not in _bf16_logged:
+        _bf16_logged.add(native)
+        log.info("trainer.bf16 null: bf16 autocast %s on this %s (%s)", "on" if native else "off", device.type,
+                 "native bf16 matmuls" if native else "no native bf16 matmuls: fp32 is faster here")
+    return native
+
+
+_bf16_logged: set[bool] = set()  # what resolve_bf16 said already (once a process)
+
+
 def autocast(model: torch.nn.Module, bf16: bool) -> contextlib.AbstractContextManager[object]:
     """bf16 autocast on the model's device when `trainer.bf16`, else nothing."""
     if not bf16:
@@ -83,7 +104,7 @@ class OptimizerStep:
         self.optimizer = optimizer
         self.per_role_adapters = per_role_adapters
         self.grad_clip = trainer.grad_clip
-        self.bf16 = trainer.bf16
+        self.bf16 = resolve_bf16(trainer.bf16, model)
         self.max_nonfinite = trainer.max_nonfinite_steps
         self.nonfinite_in_a_row = 0
         self.nonfinite_total = 0

@@ -134,3 +134,21 @@ def test_the_optimizer_is_torch_fused_adamw_and_updates_as_the_default_loop_does
     for new, old, reference in zip(fused_model.parameters(), before, loop_model.parameters(), strict=True):
         assert (new - old).abs().max() > 1e-3  # the steps moved every parameter
         assert torch.allclose(new, reference, atol=1e-6, rtol=0)
+
+
+def test_trainer_bf16_null_is_autocast_where_the_cpu_multiplies_bf16_natively(model, monkeypatch, caplog) -> None:
+    """`trainer.bf16: null` turns autocast on where oneDNN has native bf16 matmuls (avx512_bf16,
+    AMX) and off where it would emulate them (AVX2 only); true and false are kept as said."""
+    import ajet.engine.weights
+    from ajet.training import step as step_module
+
+    monkeypatch.setattr(step_module, "_bf16_logged", set())
+    for native in (True, False):
+        monkeypatch.setattr(ajet.engine.weights, "has_bf16_gemm", lambda native=native: native)
+        with caplog.at_level(logging.INFO, logger="ajet.training.step"):
+            assert step_module.resolve_bf16(None, model) is native
+            assert step_module.resolve_bf16(True, model) is True and step_module.resolve_bf16(False, model) is False
+            optimizer_step = OptimizerStep(model, torch.optim.SGD(model.parameters(), lr=0.1), TrainerConfig(bf16=None))
+        assert optimizer_step.bf16 is native
+    said = [r.getMessage() for r in caplog.records if "trainer.bf16 null" in r.getMessage()]
+    assert len(said) == 2 and "autocast on" in said[0] and "autocast off" in said[1], said  # once per answer
