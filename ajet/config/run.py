@@ -99,7 +99,7 @@ class TrainerConfig:
     micro_batch_tokens: int = bounded(4096, Ge(16))
     # bf16 autocast in the training forward and backward (weights, gradients and optimizer stay
     # fp32). null = on where this machine multiplies bf16 natively (a GPU with bf16; a CPU with
-    # avx512_bf16 or AMX: the demo's steps ~25 % faster on the Intel AMX type), off elsewhere (an
+    # avx512_bf16 or AMX: the demo's SFT stage ~30 % shorter on the Intel AMX type), off elsewhere (an
     # AVX2-only CPU emulates bf16, slower than fp32); what it chose is logged at start.
     bf16: bool | None = False
     # Recompute each decoder layer's activations in backward instead of keeping them (HF

@@ -1,6 +1,7 @@
 """The end-of-run summary: val success before -> after (a pipeline's: its eval stages' split,
 e.g. test), the agent metrics, each role's reward, success and calls in a multi-agent run, the
-wall time (a pipeline's: and each stage's), and the exact commands that open the token viewer and the report on this run.
+wall time (a pipeline's: and each stage's), and the exact commands that open the token viewer
+and the report on this run.
 
 `summarize_run(run_dir)` reads what the run left on disk (pure, no model); `render_summary`
 prints it with rich. Two kinds of run directory:
