@@ -21,6 +21,7 @@ policy version, all before the engine serves the next request.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 from collections.abc import Callable, Iterator
@@ -47,23 +48,22 @@ SeqLoss = Callable[[PackedSequence], tuple[torch.Tensor, dict[str, float]]]
 
 def resolve_bf16(setting: bool | None, model: torch.nn.Module) -> bool:
     """`trainer.bf16` as a yes or no: null = whether the model's device multiplies bf16 natively."""
-    if setting is not None:
-        return setting
-    device = next(model.parameters()).device
-    if device.type == "cuda":
+    return setting if setting is not None else native_bf16(next(model.parameters()).device.type)
+
+
+@functools.cache
+def native_bf16(device_type: str) -> bool:
+    """Whether a device of this type multiplies bf16 natively (a CUDA GPU with bf16; a CPU whose
+    oneDNN has avx512_bf16 or AMX); asked, and logged, once a process."""
+    if device_type == "cuda":
         native = bool(torch.cuda.is_bf16_supported())
     else:
         from ajet.engine.weights import has_bf16_gemm
 
-        native = device.type == "cpu" and has_bf16_gemm()
-    if native not in _bf16_logged:
-        _bf16_logged.add(native)
-        log.info("trainer.bf16 null: bf16 autocast %s on this %s (%s)", "on" if native else "off", device.type,
-                 "native bf16 matmuls" if native else "no native bf16 matmuls: fp32 is faster here")
+        native = device_type == "cpu" and has_bf16_gemm()
+    log.info("trainer.bf16 null: bf16 autocast %s on this %s (%s)", "on" if native else "off", device_type,
+             "native bf16 matmuls" if native else "no native bf16 matmuls: fp32 is faster here")
     return native
-
-
-_bf16_logged: set[bool] = set()  # what resolve_bf16 said already (once a process)
 
 
 def autocast(model: torch.nn.Module, bf16: bool) -> contextlib.AbstractContextManager[object]:

@@ -528,10 +528,9 @@ def measure(recipe: Any, cfg: Any, args: argparse.Namespace) -> tuple[dict[str, 
 
     from ajet.engine.weights import fastest_engine_dtype
     from ajet.own_thread import in_own_thread
-    from ajet.training.step import resolve_bf16
 
     shape = Shape.of(recipe.model.config)
-    dtype = "bf16" if resolve_bf16(cfg.trainer.bf16, recipe.model) else "fp32"  # null: what the steps use here
+    dtype = "bf16" if recipe.optimizer_step.bf16 else "fp32"  # what the steps use (trainer.bf16 null: this machine's)
     engine_dtype = args.engine_dtype or getattr(cfg.rollout.engine_dtype, "value", cfg.rollout.engine_dtype)
     if engine_dtype == "auto":
         engine_dtype = fastest_engine_dtype(torch.device("cpu"))

@@ -142,13 +142,14 @@ def test_trainer_bf16_null_is_autocast_where_the_cpu_multiplies_bf16_natively(mo
     import ajet.engine.weights
     from ajet.training import step as step_module
 
-    monkeypatch.setattr(step_module, "_bf16_logged", set())
     for native in (True, False):
+        step_module.native_bf16.cache_clear()  # a new process, as far as the answer goes
         monkeypatch.setattr(ajet.engine.weights, "has_bf16_gemm", lambda native=native: native)
         with caplog.at_level(logging.INFO, logger="ajet.training.step"):
             assert step_module.resolve_bf16(None, model) is native
             assert step_module.resolve_bf16(True, model) is True and step_module.resolve_bf16(False, model) is False
             optimizer_step = OptimizerStep(model, torch.optim.SGD(model.parameters(), lr=0.1), TrainerConfig(bf16=None))
         assert optimizer_step.bf16 is native
+    step_module.native_bf16.cache_clear()  # the real machine's answer for the tests after this one
     said = [r.getMessage() for r in caplog.records if "trainer.bf16 null" in r.getMessage()]
     assert len(said) == 2 and "autocast on" in said[0] and "autocast off" in said[1], said  # once per answer
