@@ -130,8 +130,8 @@ def _pipeline_summary(run_dir: Path) -> RunSummary:
     trained = [Path(s["run_dir"]) for s in stages if s.get("run_dir")]
     with_metrics = [d for d in trained if (d / "metrics.jsonl").is_file()]
     summary = RunSummary(run_dir=run_dir, report_dirs=with_metrics, view_dir=_records_dir(trained),
-                         stage_seconds=[(f"{s.get('index', 0):02d} {s.get('stage')}", float(s["seconds"]))
-                                        for s in stages if isinstance(s.get("seconds"), (int, float))])
+                         stage_seconds=[(f"{s['index']:02d} {s.get('stage')}", float(s["seconds"])) for s in stages
+                                        if type(s.get("index")) is int and type(s.get("seconds")) in (int, float)])
     for stage_dir in with_metrics:
         signs = find_learning_signs(read_metrics(stage_dir / "metrics.jsonl"))
         summary.signs += [(stage_dir.name, sign) for sign in signs]

@@ -101,6 +101,19 @@ def test_pipeline_summary_names_the_eval_split(tmp_path: Path) -> None:
     assert summarize_run(run).rows == [("test success", 0.0, 0.75)]
 
 
+def test_stage_seconds_from_a_damaged_pipeline_json_are_left_out(tmp_path: Path) -> None:
+    """Only a stage with a whole-number index and a number of seconds is timed in the summary; a
+    hand-edited or damaged pipeline.json does not stop it."""
+    run = tmp_path / "pipe"
+    write_rows(run / "eval" / "eval_01_base.json", [{"name": "01_base", "metrics": {"success/rate": 0.0}}])
+    stages = [{"stage": "eval", "index": 1, "model": "m", "eval": str(run / "eval" / "eval_01_base.json"), "seconds": 3.0},
+              {"stage": "eval", "index": "2", "model": "m", "eval": str(run / "eval" / "eval_01_base.json"), "seconds": 4},
+              {"stage": "eval", "index": 3, "model": "m", "eval": str(run / "eval" / "eval_01_base.json"), "seconds": "5"},
+              {"stage": "eval", "index": 4, "model": "m", "eval": str(run / "eval" / "eval_01_base.json"), "seconds": True}]
+    (run / "pipeline.json").write_text(json.dumps({"stages": stages}))
+    assert summarize_run(run).stage_seconds == [("01 eval", 3.0)]
+
+
 def test_not_a_run_dir_is_a_user_error(tmp_path: Path) -> None:
     result = runner.invoke(app, [str(tmp_path)])
     assert result.exit_code != 0
