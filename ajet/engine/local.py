@@ -249,6 +249,13 @@ class LocalEngine(EngineFeatures):
         with self.paused():
             self._reuse.clear()
 
+    def drop_weight_copy(self) -> int:
+        """Free the engine's packed copy of the weights (engine_dtype float16, bfloat16_linear) until
+        the next forward packs it again from the trainer's; the bytes freed (0 for other dtypes).
+        For an in-process update that pauses the engine: the copy is stale after it anyway."""
+        with self.paused():
+            return self._weights.drop()
+
     def load_state_dict(self, state_dict: dict[str, Any], strict: bool = True) -> int:
         """Load weights with no decode step in flight, then bump and return the version."""
         with self.paused():

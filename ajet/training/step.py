@@ -14,8 +14,9 @@ holds one role's samples (`pack_samples(by_role=True)`) and is forwarded through
 adapter (`ajet.training.adapters.active_adapter`), so a role's samples update its adapter only.
 
 `updating_weights(engine)` is the sequence around every in-process weight update: pause the
-engine, drop its prefix cache (KV of the old weights), give freed memory back, update, bump the
-policy version, all before the engine serves the next request.
+engine, drop its prefix cache (KV of the old weights) and its packed copy of the weights (packed
+again from the new ones at its next forward), give freed memory back, update, bump the policy
+version, all before the engine serves the next request.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from ajet.config.schema import TrainerConfig
 from ajet.context.pack import PackedSequence
 from ajet.errors import DivergedError
 from ajet.training.adapters import active_adapter
-from ajet.training.memory import release_memory
+from ajet.training.memory import release_memory, step_heap_retention
 
 if TYPE_CHECKING:
     from ajet.engine.local import LocalEngine
@@ -109,6 +110,7 @@ class OptimizerStep:
         self.nonfinite_in_a_row = 0
         self.nonfinite_total = 0
         self.on_begin: Callable[[], None] = lambda: None  # `keep_in`: the loop hears when an update begins
+        self.heap_thresholds = (trainer.malloc_step_mmap_threshold_kb * 1024, trainer.malloc_mmap_threshold_kb * 1024)
 
     @contextlib.contextmanager
     def update(self, step: int | None = None) -> Iterator[Update]:
@@ -118,11 +120,12 @@ class OptimizerStep:
         self.model.train()
         update = Update(self, step)
         try:
-            self.optimizer.zero_grad(set_to_none=True)
-            yield update
-            # The gradients are spent (or poisoned): free them (as large as the weights) for what
-            # runs until the next backward (rollout, evaluation, checkpoints).
-            self.optimizer.zero_grad(set_to_none=True)
+            with step_heap_retention(*self.heap_thresholds):
+                self.optimizer.zero_grad(set_to_none=True)
+                yield update
+                # The gradients are spent (or poisoned): free them (as large as the weights) for
+                # what runs until the next backward (rollout, evaluation, checkpoints).
+                self.optimizer.zero_grad(set_to_none=True)
         finally:
             self.model.eval()
         self._account(update.result, step)
@@ -259,6 +262,7 @@ def updating_weights(engine: LocalEngine) -> Iterator[None]:
     the pause, so no request is prefilled between the update and the bump)."""
     with engine.paused():
         engine.drop_prefix_cache()  # KV of the old weights: invalid after the update, free it now
+        engine.drop_weight_copy()  # stale after the update too: packed again at the next forward
         # What the rollout freed in small blocks (below trainer.malloc_mmap_threshold_kb) sits in
         # the engine thread's malloc arena, where the update cannot reuse it: give it back first.
         release_memory()

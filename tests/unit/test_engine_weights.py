@@ -267,7 +267,7 @@ def test_engine_serves_what_a_forward_of_its_copy_gives(peaky, dtype):
 
 
 @pytest.mark.parametrize("dtype", LOW)
-@pytest.mark.parametrize("update", ["in_place", "load_state_dict"])
+@pytest.mark.parametrize("update", ["in_place", "load_state_dict", "updating_weights"])
 def test_a_weight_update_refreshes_the_copy_before_the_next_request(peaky, dtype, update):
     model, tokenizer = peaky
     prompt = tokenizer.encode("A prompt long enough to be worth caching, about some topic.")
@@ -280,6 +280,13 @@ def test_a_weight_update_refreshes_the_copy_before_the_next_request(peaky, dtype
             with engine.paused():  # as the trainer's optimizer step
                 model.load_state_dict(new)
                 engine.bump_version()
+        elif update == "updating_weights":  # the trainers' sequence: it frees a packed copy meanwhile
+            from ajet.training.step import updating_weights
+
+            with updating_weights(engine):
+                packed = engine._weights._packed
+                assert all(layer.packed is None for layer in packed)  # float16 / bfloat16_linear
+                model.load_state_dict(new)
         else:
             engine.load_state_dict(new)
         (after,) = asyncio.run(engine.generate(prompt, params))
@@ -290,6 +297,30 @@ def test_a_weight_update_refreshes_the_copy_before_the_next_request(peaky, dtype
     assert max_diff(after.logprobs, stale) > 0.5  # the old weights would give other logprobs
     before_ref = logprobs_of(_copy_with(model, old, dtype), prompt, before.token_ids)
     assert max_diff(before.logprobs, before_ref) < LIKE_WITH_LIKE[dtype]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16",
+                                   pytest.param("bfloat16_linear", marks=needs_bf16_gemm)])
+def test_a_dropped_copy_is_packed_again_at_the_next_request_with_the_same_output(peaky, dtype):
+    """`drop_weight_copy` (each in-process update) frees a packed copy; the next request packs it
+    again from the trainer's weights, whether or not they changed, and serves what it served."""
+    model, tokenizer = peaky
+    prompt = tokenizer.encode("Question: tell me more about it")
+    params = SamplingParams(temperature=0.0, max_tokens=8)
+    with make_engine(peaky, dtype) as engine:
+        (before,) = asyncio.run(engine.generate(prompt, params))
+        freed = engine.drop_weight_copy()
+        packed = engine._weights._packed
+        if dtype in ("float16", "bfloat16_linear"):
+            assert freed >= engine._weights.copy_bytes() // 2 > 0
+            assert packed and all(layer.packed is None for layer in packed)
+        else:  # nothing packed: float32 is the trainer's model, a bfloat16 copy is refreshed in place
+            assert freed == 0 and not packed
+        (after,) = asyncio.run(engine.generate(prompt, params))
+        assert all(layer.packed is not None for layer in packed)
+        assert after.policy_version == before.policy_version == 0
+    assert after.token_ids == before.token_ids
+    assert max_diff(after.logprobs, before.logprobs) < 1e-5
 
 
 def _copy_with(model, state, dtype):

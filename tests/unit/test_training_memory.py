@@ -186,6 +186,85 @@ def test_limit_heap_retention_returns_freed_tensors_at_once():
 
 
 
+_STEP_HEAP_CHILD = """
+import ctypes
+import ctypes.util
+import resource
+import psutil
+import torch
+from ajet.training.memory import limit_heap_retention, step_heap_retention
+
+assert limit_heap_retention(1 << 20)
+# A step's live tensors keep the heap's top in use; here nothing would, and glibc would give the
+# top back to the OS at each free (M_TRIM_THRESHOLD), so the top is kept as a step would keep it.
+ctypes.CDLL(ctypes.util.find_library("c")).mallopt(-1, 1 << 30)
+
+
+def churn():  # a step's pattern: the same activation size allocated, written and freed again and again
+    live = [torch.ones(1 << 19), torch.ones(1 << 19)]  # 2 MB each; the second stays, above the first
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(50):
+        live[0] = None
+        live[0] = torch.ones(1 << 19)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
+outside = churn()
+with step_heap_retention(8 << 20, 1 << 20):
+    inside = churn()
+proc = psutil.Process()
+before = proc.memory_info().rss
+big, small = [], []
+for _ in range(40):
+    big.append(torch.ones(1 << 20))  # 4 MB each: below the step's threshold, above the one restored
+    small.append(torch.ones(16))  # small blocks between them pin the heap
+del big
+print(outside, inside, (proc.memory_info().rss - before) / 1e6)
+"""
+
+
+def test_step_heap_retention_reuses_a_steps_blocks_and_restores_the_threshold_after():
+    """Inside a training step 2 MB blocks come from the heap and are reused without a page fault
+    (outside, at the 1 MB threshold, each allocation faults its 512 pages in again); after the
+    step the 1 MB threshold holds again, so freed 4 MB tensors go back to the OS at once."""
+    import subprocess
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("mallopt(M_MMAP_THRESHOLD) is glibc's")
+    out = subprocess.run([sys.executable, "-c", _STEP_HEAP_CHILD], capture_output=True, text=True, timeout=120,
+                         check=True)
+    outside, inside, kept_mb = out.stdout.split()
+    assert int(outside) > 50 * 400, out.stdout  # ~512 faults a 2 MB block
+    assert int(inside) < int(outside) / 4, out.stdout  # measured: 25,650 against 3,072
+    assert float(kept_mb) < 40, out.stdout  # 160 MB were freed
+
+
+def test_step_heap_retention_changes_nothing_unless_both_thresholds_are_set_and_it_is_larger(monkeypatch):
+    import ajet.training.memory as memory
+
+    calls: list[tuple] = []
+
+    class Libc:
+        def mallopt(self, *args):
+            calls.append(("mallopt", *args))
+            return 1
+
+        def malloc_trim(self, *args):
+            calls.append(("malloc_trim", *args))
+            return 1
+
+    monkeypatch.setattr(memory, "_libc", Libc)
+    for step, outer in [(4 << 20, 0), (0, 1 << 20), (1 << 20, 1 << 20), (1 << 20, 4 << 20)]:
+        with memory.step_heap_retention(step, outer):
+            pass
+    assert calls == []  # 0 outside = glibc's adaptive threshold, which a fixed one would end for good
+    with pytest.raises(KeyError), memory.step_heap_retention(4 << 20, 1 << 20):
+        raise KeyError("a failing step")
+    assert calls == [("mallopt", memory._M_MMAP_THRESHOLD, 4 << 20), ("mallopt", memory._M_MMAP_THRESHOLD, 1 << 20),
+                     ("malloc_trim", 0)]
+
+
 def test_limit_heap_retention_zero_leaves_malloc_alone():
     from ajet.training.memory import limit_heap_retention
 
