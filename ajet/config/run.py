@@ -119,9 +119,10 @@ class TrainerConfig:
     # larger and malloc_mmap_threshold_kb is not 0: a step's activations (1-4 MB each for the
     # bundled model) are then reused from the heap instead of faulted in page by page at every
     # allocation, and the heap's free pages go back to the OS when the step ends
-    # (ajet.training.memory.step_heap_retention). 0 = malloc_mmap_threshold_kb throughout. The
-    # demo sets 4096 with malloc_mmap_threshold_kb 256: its SFT stage went 76 -> 45 s; with 1024
-    # outside the steps, the rollouts after a step peaked up to 0.6 GB higher (math_agent.yaml).
+    # (ajet.training.memory.step_heap_retention). 0 = malloc_mmap_threshold_kb throughout. With
+    # 4096 (and 256 outside) the demo's system time halved, but from fresh clones, back to back,
+    # it took 3:24 against 3:29 at a peak of 3.69 against 3.46 GiB: off by default
+    # (docs/log/2026-12-06_demo_three_minutes.md).
     malloc_step_mmap_threshold_kb: int = bounded(0, Interval(ge=0, le=32768))
     save_every: int = bounded(0, Ge(0))  # a checkpoint every N steps; 0 = by time only (below)
     # A checkpoint after the first step that ends this many minutes after the last one (0 = off):

@@ -84,7 +84,9 @@ def step_heap_retention(step_threshold_bytes: int, threshold_bytes: int) -> Iter
     9.9 s a step with 51 s of system time at 1 MB, 7.4 s with 12 s at 4 MB (Intel AMX machine,
     2 cores), while a rollout stays at the tighter threshold: after steps at 4 MB, rollouts at
     1 MB still peaked up to 0.6 GB higher than before (the KV rows they keep, 256-512 KB each,
-    land between the step's freed blocks), at 256 KB they did not (math_agent.yaml). Nothing
+    land between the step's freed blocks), at 256 KB they did not in one run, and a fresh-clone
+    demo then peaked 0.23 GiB higher than without the lever (docs/log/2026-12-06_demo_three_minutes.md):
+    it is off by default (`trainer.malloc_step_mmap_threshold_kb: 0`). Nothing
     changes unless both are set and the step's is larger: 0 (glibc's adaptive threshold) cannot
     be restored once a threshold is fixed."""
     if threshold_bytes <= 0 or step_threshold_bytes <= threshold_bytes or not limit_heap_retention(step_threshold_bytes):
