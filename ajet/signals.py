@@ -47,6 +47,7 @@ class StopNow(KeyboardInterrupt):
 class _StopState:
     count: int = 0  # stops received since the run's handlers were installed
     pending: str | None = None  # the first stop, until a safe point takes it
+    last: str | None = None  # the newest stop's signal (SIGTERM), for the message of a StopNow
     holds: list[tuple[str, Callable[[], bool]]] = field(default_factory=list)  # (what, holds now)
     in_step: int = 0  # inside a training step (`stop_at_step_end`): held stops wait for its end
     ours: set[signal.Signals] = field(default_factory=set)  # signals whose handler `stop_on_signals` installed
@@ -58,6 +59,7 @@ _state = _StopState()
 def _on_stop(signum: int, frame: Any) -> None:
     name = signal.Signals(signum).name
     _state.count += 1
+    _state.last = name
     if _state.count > 1:
         raise StopNow(name)
     _state.pending = name  # first, so that the stop survives a KeyboardInterrupt that is lost
@@ -78,7 +80,7 @@ def stops_the_run(handler: Any) -> bool:
 
 def reset() -> None:
     """Forget earlier stops (a new run in this process; tests)."""
-    _state.count, _state.pending = 0, None
+    _state.count, _state.pending, _state.last = 0, None, None
 
 
 @contextlib.contextmanager
@@ -136,7 +138,11 @@ def holding_stops(what: str, holds_now: Callable[[], bool] = lambda: True) -> It
         raise
     except BaseException as exc:
         if _state.count > max(count, 1):  # a second stop came during the work and broke it
-            raise StopNow(f"stopped during {what}") from exc
+            # Its StopNow was turned into `exc`, or lost (raised where Python drops it, or while the
+            # first stop's KeyboardInterrupt was unwinding): the message names the signal, as the
+            # first stop's does ("ajet: stopped (SIGTERM)"), and the log says what it broke.
+            log.warning("%s: a second stop during %s; nothing more is saved", _state.last, what)
+            raise StopNow(_state.last or "SIGINT") from exc
         raise
     finally:
         _state.holds.remove(entry)

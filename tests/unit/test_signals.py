@@ -79,6 +79,26 @@ def test_a_held_stop_waits_and_a_second_one_stops_at_once() -> None:
     assert events == ["after the first stop"]
 
 
+def test_a_second_stop_lost_while_the_first_unwinds_still_stops_at_once_naming_its_signal() -> None:
+    """The double kill-anywhere chain (SIGTERM at the update) once ended with "ajet: stopped
+    (stopped during the running step ...)": the second stop's StopNow was lost while the first
+    stop's KeyboardInterrupt unwound the step, and the StopNow made for it named no signal."""
+    with stop_on_signals(), pytest.raises(StopNow) as raised:
+        with holding_stops("the running step", lambda: False):  # not holding: the first stop raises
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.5)
+            except KeyboardInterrupt as first:
+                assert not isinstance(first, StopNow)
+                try:  # cleanup code that swallows what it meets: the second stop's StopNow is lost
+                    os.kill(os.getpid(), signal.SIGHUP)
+                    time.sleep(0.5)
+                except BaseException:  # noqa: BLE001 - what the test stands for
+                    pass
+                raise
+    assert str(raised.value) == "SIGHUP" and isinstance(raised.value.__cause__, KeyboardInterrupt)
+
+
 def test_a_stop_during_start_up_says_so_and_exits_130(tmp_path: Path) -> None:
     """Before, a SIGTERM while ajet imported ended the process with -15 and nothing said. The
     stop lands at once (the signal is sent by the first import that ajet's command does)."""

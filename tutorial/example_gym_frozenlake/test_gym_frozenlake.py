@@ -20,14 +20,18 @@ def test_one_step_from_the_yaml_alone(one_step) -> None:
     run = one_step(HERE / "gym_frozenlake.yaml")
     metrics = run.assert_completed()
     assert metrics["rollout/failed"] == 0
-    # The tiny random model names no move: every turn is an invalid move, until max_turns (8).
-    assert metrics["workflow/turns"] == metrics["rollout/calls_per_episode"] == 8
-    assert metrics["workflow/invalid_moves"] == 8 and metrics["workflow/return"] == 0.0
-    assert metrics["context/samples"] == metrics["rollout/ok"]  # each episode's 8 calls: one sample
+    # One call per turn, up to max_turns (8). The tiny random model's replies seldom name a move,
+    # but now and then one holds "up" or "left" (its sampling differs between CPUs): most turns are
+    # invalid moves, and an episode ends early only if a move reaches a hole or the goal.
+    assert metrics["workflow/turns"] == metrics["rollout/calls_per_episode"] <= 8
+    assert metrics["workflow/turns"] / 2 < metrics["workflow/invalid_moves"] <= metrics["workflow/turns"]
+    assert 0.0 <= metrics["workflow/return"] <= 1.0
+    assert metrics["context/samples"] == metrics["rollout/ok"]  # each episode's calls: one sample
     records = run.records(1)
     assert len(records) == metrics["rollout/ok"]
+    assert sum(len(r["segments"]) for r in records) / len(records) == metrics["workflow/turns"]
     for r in records:
-        assert len(r["segments"]) == 8 and all(all(r["loss_mask"][a:b]) for a, b in r["segments"])
+        assert 1 <= len(r["segments"]) <= 8 and all(all(r["loss_mask"][a:b]) for a, b in r["segments"])
         assert "[S]FFF" in "".join(r["tokens"])  # the env's own ansi render, the player in brackets
 
 
