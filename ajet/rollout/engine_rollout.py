@@ -138,7 +138,9 @@ class EngineRollout(Generic[E]):
         return self.gateway.register(session, "judge")
 
     def close(self) -> None:
-        closers = [getattr(self.runner, "close", None), self.gateway.stop]
+        # First the episodes a stop left running on the loop (Ctrl-C in `rollout()`): cancelled and
+        # run to their ends while the engine and the gateway still serve their cleanup.
+        closers = [lambda: cancel_pending(self.event_loop), getattr(self.runner, "close", None), self.gateway.stop]
         if self._close_engine is not None:
             closers.append(self._close_engine)
         for close in closers:
@@ -149,6 +151,26 @@ class EngineRollout(Generic[E]):
             except Exception:  # noqa: BLE001 - keep closing the rest, but say what failed
                 log.exception("error while shutting down %s", getattr(close, "__qualname__", close))
         self.event_loop.close()
+
+
+# How long `cancel_pending` waits for cancelled episodes to finish their cleanup.
+CANCEL_WAIT_S = 5.0
+
+
+def cancel_pending(loop: asyncio.AbstractEventLoop, wait_s: float = CANCEL_WAIT_S) -> None:
+    """Cancel the tasks that an interrupted `run_until_complete` left on `loop` and run it until
+    they end (at most `wait_s`), as `asyncio.run` does when it ends. Closed with them pending,
+    the loop printed "Task was destroyed but it is pending!" once per episode after a stop."""
+    if loop.is_closed() or loop.is_running():
+        return
+    pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
+    for task in pending:
+        task.cancel()
+    if pending:
+        _done, still = loop.run_until_complete(asyncio.wait(pending, timeout=wait_s))
+        if still:
+            log.warning("%d episode task(s) did not end within %g s of their cancellation", len(still), wait_s)
+    loop.run_until_complete(loop.shutdown_asyncgens())
 
 
 class StatelessTracker:
