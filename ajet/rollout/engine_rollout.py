@@ -170,7 +170,8 @@ def cancel_pending(loop: asyncio.AbstractEventLoop, wait_s: float = CANCEL_WAIT_
         _done, still = loop.run_until_complete(asyncio.wait(pending, timeout=wait_s))
         if still:
             log.warning("%d episode task(s) did not end within %g s of their cancellation", len(still), wait_s)
-    loop.run_until_complete(loop.shutdown_asyncgens())
+    # Not `loop.shutdown_asyncgens()` (asyncio.run's next step): it has no time limit, and an agent's
+    # generator that awaits in its finally could hold the exit; a stop must end within `wait_s`.
 
 
 class StatelessTracker:
