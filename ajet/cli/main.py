@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import sys
 
+from ajet.cli.allocator import AllocatorChoiceError, use_jemalloc
 from ajet.signals import StoppedBeforeRun, stopping_from_the_start
 
 # name -> (module, one-line summary shown in `ajet --help`)
@@ -32,6 +33,12 @@ def register(name: str, module: str, summary: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    if argv is None:  # the `ajet` command itself (not a call from Python): jemalloc, by re-executing once
+        try:
+            use_jemalloc()
+        except AllocatorChoiceError as exc:
+            print(f"ajet: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
     # From the first line a stop (Ctrl-C, SIGTERM, SIGHUP) says what happened and exits 130; a
     # run's own handlers take over inside it (ajet.signals, ajet.cli.common.clean_stop).
     with stopping_from_the_start():

@@ -113,7 +113,9 @@ class TrainerConfig:
     # Allocations of at least this many KB get their own memory mapping, returned to the OS as
     # soon as they are freed (glibc's M_MMAP_THRESHOLD; ajet.training.memory). Without it glibc
     # keeps freed tensors of up to 32 MB in its heap and RSS stays ~1 GB above the live tensors
-    # (make demo). 0 = glibc's own adaptive threshold. Process-wide; glibc only.
+    # (make demo). 0 = glibc's own adaptive threshold. Process-wide; glibc only: `ajet` runs on
+    # jemalloc where it finds one (AJET_ALLOCATOR, ajet.cli.allocator), and then this and the next
+    # setting do nothing.
     malloc_mmap_threshold_kb: int = bounded(1024, Interval(ge=0, le=32768))
     # The same threshold while a training step runs (forward, backward, optimizer), when it is
     # larger and malloc_mmap_threshold_kb is not 0: a step's activations (1-4 MB each for the

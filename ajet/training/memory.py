@@ -1,4 +1,4 @@
-"""Giving freed memory back to the OS (glibc only).
+"""Giving freed memory back to the OS (glibc's malloc, or jemalloc).
 
 A training step frees gigabytes (activations, logits, their gradients) in tensors of a few
 MB each, and decoding frees a batch's logits and KV buffers as it goes. glibc's malloc serves
@@ -19,7 +19,10 @@ Three levers:
 - `release_memory()`: a garbage collection (a freed model of an earlier pipeline stage may
   sit in a reference cycle), then `malloc_trim(0)`, which returns the free pages of every
   arena: what stays below the threshold.
-On other C libraries both do nothing but collect garbage.
+On other C libraries both do nothing but collect garbage. Under jemalloc (what `ajet` preloads
+where it can: `ajet.cli.allocator`) the thresholds do not apply (jemalloc reuses freed extents of
+a size class and returns them to the OS after `dirty_decay_ms`), and `release_memory()` purges
+every arena's freed pages at once (`arena.<all>.purge`).
 
 The garbage collection itself is cheap only if it skips what lives for the whole run: the
 modules torch, transformers and AgentScope import hold ~530,000 objects, and one full
@@ -44,24 +47,49 @@ log = logging.getLogger(__name__)
 
 @cache
 def _libc() -> ctypes.CDLL | None:
+    """glibc, if its malloc serves this process (not another allocator preloaded over it)."""
     name = ctypes.util.find_library("c")
     try:
         libc = ctypes.CDLL(name)
         libc.malloc_trim  # noqa: B018 - glibc only; musl and macOS have no malloc_trim
+        serving = ctypes.cast(ctypes.CDLL(None).malloc, ctypes.c_void_p).value
     except (OSError, AttributeError, TypeError):
         return None
-    return libc
+    return libc if serving == ctypes.cast(libc.malloc, ctypes.c_void_p).value else None
+
+
+@cache
+def _jemalloc() -> ctypes.CDLL | None:
+    """The process's symbols if jemalloc serves malloc (preloaded or linked): its `mallctl`."""
+    try:
+        process = ctypes.CDLL(None)
+        mallctl = process.mallctl
+    except (OSError, AttributeError):
+        return None
+    mallctl.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    mallctl.restype = ctypes.c_int
+    return process
+
+
+def allocator() -> str:
+    """Which malloc serves this process: "jemalloc", "glibc" or "other"."""
+    if _jemalloc() is not None:
+        return "jemalloc"
+    return "glibc" if _libc() is not None else "other"
 
 
 # mallopt's parameter number for the mmap threshold (glibc malloc.h).
 _M_MMAP_THRESHOLD = -3
+# jemalloc's MALLCTL_ARENAS_ALL: "arena.4096.purge" purges every arena.
+_JEMALLOC_ARENAS_ALL = 4096
 
 
 def limit_heap_retention(threshold_bytes: int) -> bool:
     """Serve allocations of at least `threshold_bytes` from their own mappings, returned to the OS
     when freed (glibc's M_MMAP_THRESHOLD, which also stops its dynamic adjustment). 0 leaves
-    malloc as it is. Process-wide and lasting; True if the setting was applied."""
-    if threshold_bytes <= 0:
+    malloc as it is. Process-wide and lasting; True if the setting was applied (never under
+    jemalloc, which has no such threshold)."""
+    if threshold_bytes <= 0 or _jemalloc() is not None:
         return False
     libc = _libc()
     if libc is None:
@@ -100,13 +128,18 @@ def step_heap_retention(step_threshold_bytes: int, threshold_bytes: int) -> Iter
 
 
 def release_memory() -> bool:
-    """Collect garbage and return free heap pages to the OS; True if malloc_trim ran."""
+    """Collect garbage and return free heap pages to the OS; True if malloc_trim or jemalloc's purge ran."""
     gc.collect()
     return _trim_heap()
 
 
 def _trim_heap() -> bool:
-    """Return the free pages of every malloc arena to the OS; True if malloc_trim ran (glibc)."""
+    """Return the free pages of every malloc arena to the OS; True if malloc_trim (glibc) or
+    jemalloc's purge ran."""
+    jemalloc = _jemalloc()
+    if jemalloc is not None:
+        status: int = jemalloc.mallctl(f"arena.{_JEMALLOC_ARENAS_ALL}.purge".encode(), None, None, None, 0)
+        return status == 0
     libc = _libc()
     if libc is None:
         return False

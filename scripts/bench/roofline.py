@@ -634,4 +634,7 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    from ajet.cli.allocator import use_jemalloc
+
+    use_jemalloc()  # the allocator `ajet` runs on (AJET_ALLOCATOR=system: the C library's)
     sys.exit(main(sys.argv[1:]))
