@@ -188,12 +188,20 @@ class BatchKV:
         # their rows, so the move holds the new cache and one old layer, not both caches whole
         # (32 two-call episodes of the bundled model: ~0.8 GB of KV growing to ~1 GB). A step
         # that fails midway fails its whole batch, which drops this KV anyway.
+        # Uninitialised: nothing reads a buffer beyond [:rows, :, :length] (`_SlotLayer.update`,
+        # the fused decode step), a decode step writes column `length` before it is read, and
+        # `add_rows` zeroes a joining row's pad columns; only the kept rows' new pad columns are
+        # zeroed here. The spare rows and columns are then never written until used, and a fresh
+        # mapping's untouched pages hold no memory (zeros wrote every page of them).
         fresh = not self.keys
         for layer, (k0, v0) in enumerate(self._template):
             shape_k = (row_cap, k0.shape[1], col_cap, k0.shape[3])
             shape_v = (row_cap, v0.shape[1], col_cap, v0.shape[3])
-            nk = torch.zeros(shape_k, dtype=k0.dtype, device=k0.device)
-            nv = torch.zeros(shape_v, dtype=v0.dtype, device=v0.device)
+            nk = torch.empty(shape_k, dtype=k0.dtype, device=k0.device)
+            nv = torch.empty(shape_v, dtype=v0.dtype, device=v0.device)
+            if self.rows:
+                nk[: self.rows, :, :shift] = 0
+                nv[: self.rows, :, :shift] = 0
             if self.rows and live:
                 nk[: self.rows, :, shift:length] = self.keys[layer][
                     : self.rows, :, unused : self.length

@@ -4,9 +4,23 @@ from __future__ import annotations
 
 import torch
 
+import pytest
+
 from ajet.engine.kv import BatchKV
 
 LAYERS, HEADS, DIM = 2, 2, 4
+_empty = torch.empty
+
+
+@pytest.fixture(autouse=True)
+def poisoned_empty(monkeypatch):
+    """New buffers come uninitialised (torch.empty): here full of NaN, so that a pad column the
+    cache forgot to zero, or a spare one it reads, shows (fresh memory is zeros by chance)."""
+
+    def nan_empty(*args, **kwargs):
+        return _empty(*args, **kwargs).fill_(float("nan"))
+
+    monkeypatch.setattr(torch, "empty", nan_empty)
 
 
 def row(length: int, seed: int):
@@ -34,6 +48,7 @@ def assert_row(kv: BatchKV, r: int, expected):
         assert torch.equal(k, ek[0]) and torch.equal(v, ev[0])
     for i in range(LAYERS):  # the pad columns are zeros (finite, masked out)
         assert not kv.keys[i][r, :, : kv.starts[r]].any()
+        assert not kv.values[i][r, :, : kv.starts[r]].any()
 
 
 def step(kv: BatchKV, new_rows):
@@ -114,13 +129,13 @@ def test_growing_frees_each_old_layer_before_allocating_the_next(monkeypatch):
     kv = BatchKV.from_rows(rows)
     old = [weakref.ref(t) for t in kv.keys + kv.values]
     alive_at_each_allocation = []
-    zeros = torch.zeros
+    empty = torch.empty
 
-    def counting_zeros(*args, **kwargs):
+    def counting_empty(*args, **kwargs):
         alive_at_each_allocation.append(sum(ref() is not None for ref in old))
-        return zeros(*args, **kwargs)
+        return empty(*args, **kwargs)
 
-    monkeypatch.setattr(torch, "zeros", counting_zeros)
+    monkeypatch.setattr(torch, "empty", counting_empty)
     kv.add_rows([row(kv.col_capacity + 4, 2)])  # longer than the buffers: a reallocation
     monkeypatch.undo()
     # Two allocations a layer (keys, values); before layer i's, only layers i.. are left.
@@ -129,3 +144,25 @@ def test_growing_frees_each_old_layer_before_allocating_the_next(monkeypatch):
     assert kv.rows == 3
     for r, data in enumerate(rows):  # moved whole, right-aligned to the new length
         assert_row(kv, r, data)
+
+
+def test_what_attention_reads_is_written_though_new_buffers_start_uninitialised():
+    """Joins (a longer prompt moves the rows right), steps past the capacity and a trim each
+    reallocate; the region attention reads, [:rows, :, :length + 1] after a step's write, holds
+    no NaN of the poisoned buffers, and every row keeps its data."""
+
+    def readable_is_finite(kv: BatchKV) -> bool:
+        return all(torch.isfinite(buf[: kv.rows, :, : kv.length]).all() for buf in kv.keys + kv.values)
+
+    kv = BatchKV.from_rows([row(3, 0)])
+    kv.add_rows([row(kv.col_capacity + 10, 1)])  # longer than the buffers: the first row moves right
+    assert kv.starts[0] > 0 and readable_is_finite(kv)
+    capacity = kv.col_capacity
+    while kv.col_capacity == capacity:  # decode past the columns' capacity: a reallocation
+        step(kv, row(1, 2))
+        assert readable_is_finite(kv)
+    kv.keep_rows([1])  # the long row stays; then a short one joins, padded on the left
+    kv.add_rows([row(2, 3)])
+    step(kv, row(1, 4))
+    assert readable_is_finite(kv)
+    assert not kv.keys[0][1, :, : kv.starts[1]].any()
