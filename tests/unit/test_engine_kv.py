@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import torch
-
 import pytest
+import torch
 
 from ajet.engine.kv import BatchKV
 
