@@ -67,8 +67,7 @@ def jemalloc_path() -> str | None:
         candidate = Path(location) / "core" / "libjemalloc.so"
         if candidate.is_file():
             return str(candidate)
-    found = ctypes.util.find_library("jemalloc")
-    return found  # a soname (libjemalloc.so.2): the loader finds it on its own path
+    return ctypes.util.find_library("jemalloc")  # a soname (libjemalloc.so.2): the loader finds it on its path
 
 
 def preloads_an_allocator(preload: str) -> bool:

@@ -87,9 +87,9 @@ _JEMALLOC_ARENAS_ALL = 4096
 def limit_heap_retention(threshold_bytes: int) -> bool:
     """Serve allocations of at least `threshold_bytes` from their own mappings, returned to the OS
     when freed (glibc's M_MMAP_THRESHOLD, which also stops its dynamic adjustment). 0 leaves
-    malloc as it is. Process-wide and lasting; True if the setting was applied (never under
-    jemalloc, which has no such threshold)."""
-    if threshold_bytes <= 0 or _jemalloc() is not None:
+    malloc as it is. Process-wide and lasting; True if the setting was applied (never where another
+    allocator, e.g. jemalloc, serves malloc: `_libc` is None there)."""
+    if threshold_bytes <= 0:
         return False
     libc = _libc()
     if libc is None:

@@ -220,10 +220,7 @@ before = proc.memory_info().rss
 big, small = [], []
 for _ in range(40):
     big.append(torch.ones(1 << 20))  # 4 MB each: below the step's threshold, above the one restored
-    # Blocks between them pin the heap: 512 KB, below either threshold, and larger than the holes
-    # imports leave (64-byte pins were served from those holes, below the big blocks, once this
-    # module grew: the heap's top then went back to the OS and nothing stayed to measure).
-    small.append(torch.ones(128 << 10))
+    small.append(torch.ones(128 << 10))  # 512 KB pins of the heap, as in _RETENTION_CHILD
 del big
 print(outside, inside, (proc.memory_info().rss - before) / 1e6)
 """
