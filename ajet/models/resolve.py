@@ -184,13 +184,15 @@ def _gguf_parsed_once() -> Iterator[None]:
     each for this model, most of it the 49k-token vocabulary) and builds gguf's tensor-name map
     for every module of the model (397 times, ~4.8 s). Both are looked up on the `gguf` module at
     call time, so caching them here turns a ~16 s conversion into ~8 s (2 cores); the results are
-    the same objects' same values. Should transformers stop looking them up there, the cache is
-    just not used.
+    the same objects' same values; the reader parses from a plain ndarray view (below: ~8 -> ~6 s,
+    the same bytes written). Should transformers stop looking them up there, the cache is just
+    not used.
     """
     import functools
     from unittest import mock
 
     import gguf
+    import numpy as np
 
     real_reader = gguf.GGUFReader
 
@@ -205,6 +207,18 @@ def _gguf_parsed_once() -> Iterator[None]:
 
         def __init__(self, *args: object, **kwargs: object) -> None:  # parsed in __new__, once
             pass
+
+        # The reader maps the file with np.memmap and parses the header by slicing it ~3.7 M times
+        # (the vocabulary); each slice of a memmap runs memmap's own __getitem__ and
+        # __array_finalize__ in Python. A plain ndarray view of the same mapping parses the same
+        # bytes ~3 s faster (9 -> 6 s for the conversion, 2 cores).
+        @property  # type: ignore[override]  # a plain view where gguf declares np.memmap
+        def data(self) -> np.ndarray:
+            return self._plain_data
+
+        @data.setter
+        def data(self, value: np.ndarray) -> None:
+            self._plain_data = np.asarray(value)
 
     readers: dict[tuple[str, str], _Reader] = {}
     # Both are put back on the way out, as they were.

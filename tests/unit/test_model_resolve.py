@@ -46,3 +46,25 @@ def test_converting_the_bundled_gguf_parses_it_once_and_restores_gguf() -> None:
         assert gguf.get_tensor_name_map(arch, 30) is gguf.get_tensor_name_map(arch, 30)
     assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (real_reader, real_name_map)
     assert gguf.get_tensor_name_map(arch, 30) is not gguf.get_tensor_name_map(arch, 30)
+
+
+def test_the_once_parsed_reader_reads_what_gguf_reads() -> None:
+    """Its header is parsed from a plain ndarray view of the mapping, not from np.memmap."""
+    import gguf
+    import numpy as np
+
+    from ajet.models import resolve
+
+    path = resolve.bundled_gguf()
+    real = gguf.GGUFReader(path)
+    with resolve._gguf_parsed_once():
+        fast = gguf.GGUFReader(path)
+    assert type(fast.data) is np.ndarray and isinstance(real.data, np.memmap)
+    assert list(fast.fields) == list(real.fields)
+    for name in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "llama.context_length"):
+        ours, theirs = fast.fields[name], real.fields[name]
+        assert ours.types == theirs.types
+        assert [bytes(p) for p in ours.parts] == [bytes(p) for p in theirs.parts]
+    assert [(t.name, t.tensor_type, t.data_offset) for t in fast.tensors] == \
+        [(t.name, t.tensor_type, t.data_offset) for t in real.tensors]
+    assert np.array_equal(fast.tensors[0].data, real.tensors[0].data)
