@@ -65,6 +65,10 @@ class _SlotLayer(DynamicLayer):
         return self.owner.length
 
 
+def _no_columns(t: torch.Tensor) -> tuple[int, ...]:
+    return (*t.shape[:2], 0, *t.shape[3:])
+
+
 class BatchKV:
     """Left-padded KV cache of the active batch; `cache` is what the model's forward takes."""
 
@@ -77,7 +81,10 @@ class BatchKV:
         self.starts: list[int] = []  # first valid column of each row
         self.rows = 0
         self.length = 0
-        self._template = [(k[:, :, :0], v[:, :, :0]) for k, v in template]  # shapes, dtype, device
+        # Shapes, dtype, device: empty tensors of their own. A view of the template (`k[:, :, :0]`)
+        # kept its storage alive: the first prefill group's whole KV buffer, for as long as the
+        # batch lived (~225 MB in a `make demo` GRPO rollout).
+        self._template = [(k.new_empty(_no_columns(k)), v.new_empty(_no_columns(v))) for k, v in template]
         self.cache = DynamicCache()
         self.cache.layers = [_SlotLayer(self, i) for i in range(self.num_layers)]
 

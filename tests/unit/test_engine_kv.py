@@ -165,3 +165,21 @@ def test_what_attention_reads_is_written_though_new_buffers_start_uninitialised(
     step(kv, row(1, 4))
     assert readable_is_finite(kv)
     assert not kv.keys[0][1, :, : kv.starts[1]].any()
+
+
+def test_the_batch_keeps_no_reference_to_the_prefill_buffer_its_rows_came_from():
+    """Rows arrive as views of one prefill group's buffer (all rows, all layers); once they are
+    copied in, the buffer must be freeable: the batch lives as long as its requests decode."""
+    import gc
+    import weakref
+
+    buf = torch.randn(LAYERS, 2, 3, HEADS, 6, DIM)
+    rows = [[(buf[layer, 0, i : i + 1], buf[layer, 1, i : i + 1]) for layer in range(LAYERS)] for i in range(3)]
+    kv = BatchKV.from_rows(rows)
+    freed = weakref.ref(buf)
+    expected = [(k.clone(), v.clone()) for k, v in rows[1]]
+    del buf, rows
+    gc.collect()
+    assert freed() is None
+    assert all(torch.equal(a, b) for (k, v), (ek, ev) in zip(row_data(kv, 1), expected, strict=True)
+               for a, b in ((k, ek[0]), (v, ev[0])))
