@@ -20,7 +20,9 @@ copy, which halves the bytes a decode step reads (decode is bound by reading the
 
 The written-out decode step (fused_decode.py) also asks for layers that read the same input
 packed as one (`merged`: a layer's q/k/v; gate/up under float16): one wide GEMM at 16 rows costs
-less than three narrow ones.
+less than three narrow ones. The layers merged then hold no packed weights of their own: the HF
+forward (prefill) calls them one after the other on one input, and the first call computes the
+merged GEMM, whose columns the others read (`_PackedLinear.forward`).
 
 A copy is refreshed from the trainer's weights by `refresh(version)` before the first forward
 under a new policy version (the engine thread calls it), so stale weights never serve a
@@ -144,19 +146,20 @@ class ServingWeights:
         return freed
 
     def copy_bytes(self) -> int:
-        """Memory the copy holds beyond the trainer's model."""
+        """Memory the copy holds beyond the trainer's model (packed: also between a `drop` and
+        the next `refresh`)."""
         if not self.is_copy:
             return 0
         shared = {p.data_ptr() for p in self.source.parameters()}
         own = sum(p.numel() * p.element_size() for p in self.model.parameters() if p.data_ptr() not in shared)
-        packed = sum(m.nbytes for m in self.model.modules() if isinstance(m, _PackedLinear))
-        return own + packed + sum(m.nbytes for m in self._merged.values())
+        return own + sum(layer.nbytes for layer in self._packed)
 
     def merged(self, *modules: Any) -> _PackedLinear | None:
         """One packed linear layer for `modules`, packed layers of the copy that read the same
         input (e.g. a layer's q, k and v projections): its output is theirs side by side. None
         unless they are all `Fp16Linear`s or all `Bf16Linear`s. Made once, refreshed with the
-        copy; it holds its own packed weights (the modules keep theirs for the HF forward).
+        copy. The modules' own packed weights are freed (0.14 GB of the bundled model's fp16
+        copy): the HF forward's calls of them are served from the merged GEMM's output.
 
         At 16 rows one GEMM is much cheaper than several narrow ones (Intel AMX machine, 2
         threads, SmolLM2-135M): q, k and v 183 us against 397 (fp16) and 186 against 415 (bf16);
@@ -167,7 +170,7 @@ class ServingWeights:
         """`merged(*group)` for each group, the new ones packed together (`pack_all`: at once
         on every core for FBGEMM's fp16 packing, which runs on one)."""
         found: list[_PackedLinear | None] = []
-        new: list[_PackedLinear] = []
+        new: list[tuple[_PackedLinear, Sequence[Any]]] = []
         for modules in groups:
             kinds = {type(module) for module in modules}
             if len(kinds) != 1 or not issubclass(kind := kinds.pop(), _PackedLinear):
@@ -177,12 +180,16 @@ class ServingWeights:
             if key not in self._merged:
                 sources = [source for module in modules for source in module._source]
                 self._merged[key] = kind(*sources, pack=False)
-                new.append(self._merged[key])
+                new.append((self._merged[key], modules))
             found.append(self._merged[key])
         if new:
             # Packing runs OpenMP parallel regions: not in the caller's thread (see __init__).
-            in_own_thread(pack_all, new)
-            self._packed.extend(new)
+            in_own_thread(pack_all, [merged for merged, _ in new])
+            for merged, modules in new:
+                self._packed.append(merged)
+                merged.serve(modules)
+                for module in modules:  # no longer packed, dropped or refreshed
+                    self._packed.remove(module)
         return found
 
     # ------------------------------------------------------------------ copies
@@ -315,6 +322,10 @@ class _PackedLinear(torch.nn.Module):
         self._source = sources  # a tuple: not registered as a submodule
         self.packed: Any = None
         self.nbytes = self.in_features * self.out_features * 2
+        # Set by `serve_members` on a layer merged into another: (the merged layer, the first
+        # and last column of this layer's output in the merged one's).
+        self._served_by: tuple[_PackedLinear, int, int] | None = None
+        self._last: tuple[Any, Any] | None = None  # a merged layer's latest (input, output)
         if pack:  # else the caller packs (`pack_all`)
             self.pack()
 
@@ -335,9 +346,35 @@ class _PackedLinear(torch.nn.Module):
     def _mm(self, x: Any) -> Any:
         raise NotImplementedError
 
+    def serve(self, members: Sequence[_PackedLinear]) -> None:
+        """On a merged layer (`ServingWeights.merged`): `members`, the layers it merges in its
+        order, now call it for their output and free their packed weights."""
+        column = 0
+        for member in members:
+            member._served_by = (self, column, column + member.out_features)
+            member.packed = None
+            column += member.out_features
+        if column != self.out_features:
+            raise ValueError(f"merged layers' widths sum to {column}, not the merged layer's {self.out_features}")
+
     def forward(self, x: Any) -> Any:
+        if self._served_by is not None:
+            merged, a, b = self._served_by
+            return merged._columns(x, a, b)
         shape = x.shape
         return self._mm(x.reshape(-1, shape[-1])).reshape(*shape[:-1], self.out_features)
+
+    def _columns(self, x: Any, a: int, b: int) -> Any:
+        """Columns [a, b) of this merged layer's output for `x`: the layers it merges are called
+        one after the other on one input (a layer's q, k, v), so the first call computes the
+        GEMM and the next ones read its columns. The output is kept (with `x`: a live object is
+        never mistaken for a new one of the same id) until its last columns are read."""
+        if self._last is None or self._last[0] is not x:
+            self._last = (x, self.forward(x))
+        out = self._last[1][..., a:b]
+        if b == self.out_features:
+            self._last = None
+        return out
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, weight={self.kernel}"
@@ -378,6 +415,8 @@ class Bf16Linear(_PackedLinear):
     def forward_bf16(self, x: Any) -> Any:
         """`forward` without the cast of the output to fp32: bf16 (fp32 with a bias), for a
         caller whose next op mixes it with fp32 anyway (one op fewer; the same values)."""
+        if self._served_by is not None:  # merged into another layer: its output's columns
+            return self.forward(x)
         shape = x.shape
         return self._mm_bf16(x.reshape(-1, shape[-1])).reshape(*shape[:-1], self.out_features)
 

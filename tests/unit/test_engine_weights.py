@@ -97,17 +97,30 @@ def test_merged_layers_give_their_outputs_side_by_side_and_are_refreshed_with_th
     qkv = weights.merged(attn.q_proj, attn.k_proj, attn.v_proj)
     assert qkv is not None and weights.merged(attn.q_proj, attn.k_proj, attn.v_proj) is qkv  # made once
     assert qkv.out_features == sum(m.out_features for m in (attn.q_proj, attn.k_proj, attn.v_proj))
-    assert weights.copy_bytes() == before + qkv.nbytes
+    # The merged layer holds what its members held: they free theirs and read its output.
+    assert weights.copy_bytes() == before
+    assert all(m.packed is None for m in (attn.q_proj, attn.k_proj, attn.v_proj))
     x = torch.randn(4, attn.q_proj.in_features)
+    trainer = model.model.layers[0].self_attn
 
-    def apart():
+    def fp32():  # the trainer's own layers
+        return torch.cat([trainer.q_proj(x), trainer.k_proj(x), trainer.v_proj(x)], dim=-1)
+
+    def apart():  # the copy's layers, called as the HF forward calls them
         return torch.cat([attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)], dim=-1)
 
     with torch.no_grad():
-        assert (qkv(x) - apart()).abs().max() <= 1e-2 * apart().abs().max()  # the same rows, in order
+        assert (qkv(x) - fp32()).abs().max() <= 1e-2 * fp32().abs().max()  # the same rows, in order
+        assert torch.equal(apart(), qkv(x))
         model.model.layers[0].self_attn.k_proj.weight.mul_(-2.0)  # the trainer's update
         weights.refresh(1)
-        assert (qkv(x) - apart()).abs().max() <= 1e-2 * apart().abs().max()  # repacked too
+        assert (qkv(x) - fp32()).abs().max() <= 1e-2 * fp32().abs().max()  # repacked too
+        assert torch.equal(apart(), qkv(x))
+        # A member called on another input than the one before it computes for that input.
+        y = torch.randn(2, attn.q_proj.in_features)
+        q, k = attn.q_proj.out_features, attn.k_proj.out_features
+        attn.q_proj(x)
+        assert torch.equal(attn.k_proj(y), qkv(y)[:, q : q + k])
     # Only packed layers merge: the fp32 engine forwards the trainer's own layers.
     fp32 = ServingWeights(model, "float32")
     plain = fp32.model.model.layers[0].self_attn
