@@ -139,6 +139,7 @@ class ServingWeights:
             return 0  # float32 shares the trainer's weights; a bfloat16 cast copy is refreshed in place
         freed = 0
         for layer in self._packed:
+            layer._last = None  # a merged layer's output kept for its members' calls
             if layer.packed is not None:
                 freed += layer.nbytes
                 layer.packed = None
