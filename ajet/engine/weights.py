@@ -323,7 +323,7 @@ class _PackedLinear(torch.nn.Module):
         self._source = sources  # a tuple: not registered as a submodule
         self.packed: Any = None
         self.nbytes = self.in_features * self.out_features * 2
-        # Set by `serve_members` on a layer merged into another: (the merged layer, the first
+        # Set by `serve` on a layer merged into another: (the merged layer, the first
         # and last column of this layer's output in the merged one's).
         self._served_by: tuple[_PackedLinear, int, int] | None = None
         self._last: tuple[Any, Any] | None = None  # a merged layer's latest (input, output)
