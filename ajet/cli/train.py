@@ -24,6 +24,7 @@ from ajet.cli.common import (
     fresh_start,
     user_errors,
 )
+from ajet.cli.convert_model import converting_in_background
 from ajet.cli.main import commands_epilog
 from ajet.cli.preflight import preflight
 from ajet.config import load_config, to_yaml
@@ -107,13 +108,15 @@ def train(
                 typer.echo(translated)
             typer.echo("".join(f"# checked: {line}\n" for line in checked), nl=False)
             return
-        from ajet.pipeline import run  # imports torch: not for --help / --dry-run
+        # The bundled model's first conversion runs beside the imports below (ajet.cli.convert_model).
+        with converting_in_background(cfg.model, cfg.logging.level):
+            from ajet.pipeline import run  # imports torch: not for --help / --dry-run
 
-        start = time.monotonic()
-        launched = (Launcher(env_services=services, log_dir=run_dir_of(cfg) / "services") if services
-                    else contextlib.nullcontext())
-        with launched, clean_stop(run_dir_of(cfg), f"ajet --conf {conf} --resume (and the same overrides)"):
-            run(cfg, runner, backbone=backbone.value, with_ray=with_ray, resume=resume)
+            start = time.monotonic()
+            launched = (Launcher(env_services=services, log_dir=run_dir_of(cfg) / "services") if services
+                        else contextlib.nullcontext())
+            with launched, clean_stop(run_dir_of(cfg), f"ajet --conf {conf} --resume (and the same overrides)"):
+                run(cfg, runner, backbone=backbone.value, with_ray=with_ray, resume=resume)
         print_summary(run_dir_of(cfg), time.monotonic() - start)
 
 

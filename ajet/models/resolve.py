@@ -18,7 +18,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
@@ -69,11 +69,17 @@ def check_model_path(path: str, cache_dir: str = "", key: str = "model.path") ->
     """Raise `ModelNotFoundError` when `resolve_model_path` would, without converting the
     bundled model or loading anything (for --dry-run)."""
     if path in BUNDLED_ALIASES:
-        target = cache_root(cache_dir) / "models" / f"{BUNDLED_NAME}-v{_CONVERSION_VERSION}"
-        if not _is_complete(target):
+        if not _is_complete(bundled_target(cache_dir)):
             bundled_gguf()  # what the first run converts
         return
     resolve_model_path(path, cache_dir, key)
+
+
+def needs_conversion(path: str, cache_dir: str = "") -> bool:
+    """Whether resolving `path` would convert the bundled model first (and can: its package is
+    installed)."""
+    return (path in BUNDLED_ALIASES and not _is_complete(bundled_target(cache_dir))
+            and importlib.util.find_spec(_GGUF_PACKAGE) is not None)
 
 
 def _from_hf_cache(repo_id: str, key: str = "model.path") -> Path:
@@ -115,7 +121,7 @@ def checkpoint_at_hand(path: str, cache_dir: str = "") -> Path | None:
     converted bundled model, a Hugging Face cache entry), else None: nothing is converted or
     fetched (for --dry-run)."""
     if path in BUNDLED_ALIASES:
-        target = cache_root(cache_dir) / "models" / f"{BUNDLED_NAME}-v{_CONVERSION_VERSION}"
+        target = bundled_target(cache_dir)
         return target if _is_complete(target) else None
     try:
         return resolve_model_path(path, cache_dir)
@@ -123,15 +129,33 @@ def checkpoint_at_hand(path: str, cache_dir: str = "") -> Path | None:
         return None
 
 
+def bundled_target(cache_dir: str = "") -> Path:
+    """Where the bundled model's converted checkpoint lives (complete or not)."""
+    return cache_root(cache_dir) / "models" / f"{BUNDLED_NAME}-v{_CONVERSION_VERSION}"
+
+
 def bundled_checkpoint(cache_dir: str = "") -> Path:
-    """The converted checkpoint; converts on first use, safely across processes."""
-    root = cache_root(cache_dir) / "models"
-    target = root / f"{BUNDLED_NAME}-v{_CONVERSION_VERSION}"
+    """The converted checkpoint; converts on first use, safely across processes (one converts,
+    the others wait for it: `ajet` starts the conversion in a process of its own as it starts,
+    `ajet.cli.convert_model`)."""
+    target = bundled_target(cache_dir)
     if _is_complete(target):
         return target
+    root = target.parent
     root.mkdir(parents=True, exist_ok=True)
-    with _file_lock(root / f".{target.name}.lock"):
+    waited: list[float] = []
+
+    def waiting() -> None:
+        log.info("the bundled model is being converted by another process (pid %s); waiting for it",
+                 _lock_holder(lock) or "?")
+        waited.append(time.monotonic())
+
+    lock = root / f".{target.name}.lock"
+    with _file_lock(lock, waiting):
         if _is_complete(target):  # another process converted it while we waited
+            if waited:
+                log.info("bundled model ready at %s (converted by another process; waited %.1f s)",
+                         target, time.monotonic() - waited[0])
             return target
         gguf = bundled_gguf()
         log.info("converting the bundled model %s to a Hugging Face checkpoint (once, ~10 s)", gguf.name)
@@ -228,10 +252,29 @@ def _gguf_parsed_once() -> Iterator[None]:
 
 
 @contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
+def _file_lock(path: Path, waiting: Callable[[], None] | None = None) -> Iterator[None]:
+    """An exclusive lock on `path`; `waiting` is called once when another process holds it. The
+    holder writes its pid into the file (what `_lock_holder` reads), for the waiter's message."""
     with open(path, "a+") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
         try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if waiting is not None:
+                waiting()
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            handle.seek(0)
+            handle.truncate()
+            handle.write(f"{os.getpid()}\n")
+            handle.flush()
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _lock_holder(path: Path) -> str:
+    """The pid the lock's holder wrote, or "" (a holder that has not written it yet)."""
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""

