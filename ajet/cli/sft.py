@@ -17,6 +17,7 @@ from ajet.cli.common import (
     fresh_start,
     user_errors,
 )
+from ajet.cli.convert_model import converting_in_background
 from ajet.config import load_config
 from ajet.config.validate import single_stage_config
 from ajet.outputs.setup import configure_logging
@@ -39,12 +40,13 @@ def sft(conf: Conf, overrides: Overrides = None, exp_dir: ExpDir = None, resume:
         resume = resume or resume_changed
         extra = config_overrides(overrides, project__exp_dir=exp_dir, logging__quiet=quiet,
                                  project__resume_changed=resume_changed)
-        cfg = load_config(conf, extra, require_workflow=False)
-        from ajet.sft.recipe import train_sft  # imports torch: not for --help
-
-        cfg = single_stage_config(cfg, "sft")
+        cfg = single_stage_config(load_config(conf, extra, require_workflow=False), "sft")
         fresh_start(run_dir_of(cfg), fresh=fresh, resume=resume)
         configure_logging(cfg.logging.level, quiet=cfg.logging.quiet)
-        with clean_stop(run_dir_of(cfg), f"ajet sft --conf {conf} --resume (and the same overrides)"):
-            run_dir = train_sft(cfg, resume=resume)
+        # The bundled model's first conversion runs beside the imports below (ajet.cli.convert_model).
+        with converting_in_background(cfg.model, cfg.logging.level):
+            from ajet.sft.recipe import train_sft  # imports torch: not for --help
+
+            with clean_stop(run_dir_of(cfg), f"ajet sft --conf {conf} --resume (and the same overrides)"):
+                run_dir = train_sft(cfg, resume=resume)
         typer.echo(f"sft done: {run_dir / 'final_model'}")

@@ -134,3 +134,17 @@ def test_watch_runs_the_episode_again_after_each_change_and_keeps_the_last_good_
         assert proc.wait(timeout=60) != 0
     finally:
         proc.kill()
+
+
+def test_a_first_run_converts_the_bundled_model_once(two_calls_conf: Path, tmp_path: Path) -> None:
+    """On a cold cache the conversion starts in a process of its own beside the run
+    (ajet.cli.convert_model); whichever takes the lock first converts, the other waits for it."""
+    cache = tmp_path / "cold_cache"
+    run = ajet_episode(two_calls_conf, "model.path=smollm2-135m-instruct", f"model.cache_dir={cache}")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stderr.count("converting the bundled model") == 1, run.stderr[-3000:]
+    assert "converted by another process; waited" in run.stderr  # the one that did not convert waited
+    models = cache / "models"
+    assert sorted(p.name for p in models.iterdir() if not p.name.endswith(".lock")) == ["smollm2-135m-instruct-v1"]
+    assert (models / "smollm2-135m-instruct-v1" / ".complete").is_file()
+    assert "Traceback" not in run.stderr
