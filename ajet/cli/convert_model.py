@@ -86,6 +86,9 @@ def convert(cache_dir: str = "") -> int:
 
 def main(argv: list[str]) -> int:
     """`python -m ajet.cli.convert_model`: `convert`'s status, or 130 when stopped."""
+    # A stop is SIGINT, also where the run was started with SIGINT ignored (a background job of a
+    # script), which this process inherits and under which Python installs no handler of its own.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         import argparse
 

@@ -5,6 +5,7 @@ leaves nothing half-written behind."""
 from __future__ import annotations
 
 import logging
+import signal
 import subprocess
 import sys
 import time
@@ -70,9 +71,16 @@ def test_the_process_starts_only_where_a_conversion_is_due(tmp_path: Path) -> No
     assert convert_model.background_conversion(done.model) is None  # converted already
 
 
-def test_a_stopped_conversion_leaves_nothing_behind(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("sigint", ["default", "ignored"])
+def test_a_stopped_conversion_leaves_nothing_behind(sigint: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """Stopped while it converts, also when the run was started with SIGINT ignored (a background
+    job of a script), which the process inherits."""
     cfg = bundled_config(tmp_path)
-    child = convert_model.background_conversion(cfg.model)
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN if sigint == "ignored" else signal.default_int_handler)
+    try:
+        child = convert_model.background_conversion(cfg.model)
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert child is not None
     lock = resolve.bundled_target(str(tmp_path)).parent / f".{resolve.bundled_target(str(tmp_path)).name}.lock"
     deadline = time.monotonic() + 120
