@@ -9,31 +9,29 @@ runs beside it here, and the run waits at the checkpoint's lock for what is left
 (`ajet.models.resolve.bundled_checkpoint`: one process converts, the others wait for it).
 
 `converting_in_background(cfg.model)` starts it when the config's model is the bundled one and it is
-not converted yet, and stops it (SIGINT: its partial output is removed) if the run ends before
-it does. The process itself: `python -m ajet.cli.convert_model [--cache-dir DIR] [--level LEVEL]`.
+not converted yet, and stops it if the run ends before it does (`stop_process_group`: SIGTERM,
+which it takes as a stop before a run, `ajet.signals`, removing its partial output). The process itself: `python -m ajet.cli.convert_model [--cache-dir DIR] [--level LEVEL]`.
 If it fails, the run converts in its own process, as it did before, and says why if that fails.
 """
 
 from __future__ import annotations
 
 import logging
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from ajet.launcher import stop_process_group
 from ajet.models.resolve import bundled_checkpoint, needs_conversion
 from ajet.outputs.setup import configure_logging
+from ajet.signals import stopping_from_the_start
 
 if TYPE_CHECKING:  # pragma: no cover
     from ajet.config.run import ModelConfig
 
 log = logging.getLogger(__name__)
-
-# How long a stopped conversion may take to clean up before it is killed.
-STOP_TIMEOUT_S = 10.0
 
 
 def background_conversion(model: ModelConfig, level: str = "INFO") -> subprocess.Popen[bytes] | None:
@@ -44,8 +42,9 @@ def background_conversion(model: ModelConfig, level: str = "INFO") -> subprocess
     argv = [sys.executable, "-m", "ajet.cli.convert_model", "--level", level]
     if model.cache_dir:
         argv += ["--cache-dir", model.cache_dir]
-    # Its log lines go where the run's go (stderr); no stdin: a stop reaches it as SIGINT.
-    return subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+    # Its log lines go where the run's go (stderr). A group of its own: the run stops it (a Ctrl-C
+    # at the terminal reaches the run, which stops it on the way out), and stops nothing else.
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True)
 
 
 @contextmanager
@@ -57,19 +56,7 @@ def converting_in_background(model: ModelConfig, level: str = "INFO") -> Iterato
         yield
     finally:
         if child is not None:
-            stop(child)
-
-
-def stop(child: subprocess.Popen[bytes]) -> None:
-    """Reap a finished conversion; interrupt one still running (it removes its partial output)."""
-    if child.poll() is not None:
-        return
-    child.send_signal(signal.SIGINT)
-    try:
-        child.wait(timeout=STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        child.kill()
-        child.wait()
+            stop_process_group(child, name="the bundled model's conversion")
 
 
 def convert(cache_dir: str = "") -> int:
@@ -85,11 +72,9 @@ def convert(cache_dir: str = "") -> int:
 
 
 def main(argv: list[str]) -> int:
-    """`python -m ajet.cli.convert_model`: `convert`'s status, or 130 when stopped."""
-    # A stop is SIGINT, also where the run was started with SIGINT ignored (a background job of a
-    # script), which this process inherits and under which Python installs no handler of its own.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
+    """`python -m ajet.cli.convert_model`: `convert`'s status; a stop (SIGTERM from the run,
+    SIGINT, SIGHUP) exits 130 through the conversion's clean-up (`StoppedBeforeRun`)."""
+    with stopping_from_the_start():
         import argparse
 
         parser = argparse.ArgumentParser(prog="python -m ajet.cli.convert_model", description=__doc__.splitlines()[0])
@@ -98,8 +83,6 @@ def main(argv: list[str]) -> int:
         args = parser.parse_args(argv)
         configure_logging(args.level)
         return convert(args.cache_dir)
-    except KeyboardInterrupt:  # the run stopped it, or Ctrl-C reached the whole process group
-        return 130
 
 
 if __name__ == "__main__":

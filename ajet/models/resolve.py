@@ -143,19 +143,14 @@ def bundled_checkpoint(cache_dir: str = "") -> Path:
         return target
     root = target.parent
     root.mkdir(parents=True, exist_ok=True)
-    waited: list[float] = []
-
-    def waiting() -> None:
-        log.info("the bundled model is being converted by another process (pid %s); waiting for it",
-                 _lock_holder(lock) or "?")
-        waited.append(time.monotonic())
-
     lock = root / f".{target.name}.lock"
-    with _file_lock(lock, waiting):
+    asked = time.monotonic()
+    with _file_lock(lock, lambda: log.info("the bundled model is being converted by another process (pid %s); "
+                                           "waiting for it", _lock_holder(lock) or "?")) as waited:
         if _is_complete(target):  # another process converted it while we waited
             if waited:
                 log.info("bundled model ready at %s (converted by another process; waited %.1f s)",
-                         target, time.monotonic() - waited[0])
+                         target, time.monotonic() - asked)
             return target
         gguf = bundled_gguf()
         log.info("converting the bundled model %s to a Hugging Face checkpoint (once, ~10 s)", gguf.name)
@@ -252,13 +247,16 @@ def _gguf_parsed_once() -> Iterator[None]:
 
 
 @contextmanager
-def _file_lock(path: Path, waiting: Callable[[], None] | None = None) -> Iterator[None]:
-    """An exclusive lock on `path`; `waiting` is called once when another process holds it. The
-    holder writes its pid into the file (what `_lock_holder` reads), for the waiter's message."""
+def _file_lock(path: Path, waiting: Callable[[], None] | None = None) -> Iterator[bool]:
+    """An exclusive lock on `path`; yields whether another process held it first (then `waiting`
+    was called before waiting for it). The holder writes its pid into the file (what
+    `_lock_holder` reads), for the waiter's message."""
     with open(path, "a+") as handle:
+        waited = False
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            waited = True
             if waiting is not None:
                 waiting()
             fcntl.flock(handle, fcntl.LOCK_EX)
@@ -267,7 +265,7 @@ def _file_lock(path: Path, waiting: Callable[[], None] | None = None) -> Iterato
             handle.truncate()
             handle.write(f"{os.getpid()}\n")
             handle.flush()
-            yield
+            yield waited
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
 

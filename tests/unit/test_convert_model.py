@@ -15,6 +15,7 @@ import pytest
 
 from ajet.cli import convert_model
 from ajet.config.schema import AjetConfig
+from ajet.launcher import stop_process_group
 from ajet.models import resolve
 
 # A process that holds the conversion's lock, says so, and marks the checkpoint complete.
@@ -73,8 +74,8 @@ def test_the_process_starts_only_where_a_conversion_is_due(tmp_path: Path) -> No
 
 @pytest.mark.parametrize("sigint", ["default", "ignored"])
 def test_a_stopped_conversion_leaves_nothing_behind(sigint: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
-    """Stopped while it converts, also when the run was started with SIGINT ignored (a background
-    job of a script), which the process inherits."""
+    """Stopped while it converts (SIGTERM to its own group), also when the run was started with
+    SIGINT ignored (a background job of a script), which the process inherits."""
     cfg = bundled_config(tmp_path)
     before = signal.signal(signal.SIGINT, signal.SIG_IGN if sigint == "ignored" else signal.default_int_handler)
     try:
@@ -87,7 +88,7 @@ def test_a_stopped_conversion_leaves_nothing_behind(sigint: str, tmp_path: Path,
     while resolve._lock_holder(lock) != str(child.pid):  # it holds the lock: the conversion began
         assert child.poll() is None and time.monotonic() < deadline, "the conversion never took its lock"
         time.sleep(0.05)
-    convert_model.stop(child)
+    stop_process_group(child)
     assert child.returncode == 130
     models = resolve.bundled_target(str(tmp_path)).parent
     assert sorted(p.name for p in models.iterdir()) == [lock.name]  # no partial checkpoint
@@ -101,3 +102,4 @@ def test_a_failed_conversion_says_so_in_one_line(tmp_path: Path, caplog: pytest.
         assert convert_model.convert(str(blocked)) == 1
     assert "converting the bundled model in the background failed" in caplog.text
     assert "the run converts it itself" in caplog.text
+
