@@ -153,6 +153,10 @@ def bundled_checkpoint(cache_dir: str = "") -> Path:
                          target, time.monotonic() - asked)
             return target
         gguf = bundled_gguf()
+        # What a conversion killed before its clean-up (SIGKILL, a stop it ignored) left: under the
+        # lock nobody else is writing one.
+        for stale in root.glob(f".{target.name}-*"):
+            shutil.rmtree(stale, ignore_errors=True)
         log.info("converting the bundled model %s to a Hugging Face checkpoint (once, ~10 s)", gguf.name)
         start = time.monotonic()
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=root))

@@ -103,3 +103,18 @@ def test_a_failed_conversion_says_so_in_one_line(tmp_path: Path, caplog: pytest.
     assert "converting the bundled model in the background failed" in caplog.text
     assert "the run converts it itself" in caplog.text
 
+
+def test_a_conversion_removes_what_a_killed_one_left(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A conversion killed before its clean-up (SIGKILL) leaves its temporary directory: the next
+    one, holding the lock, removes it."""
+    def converted(gguf: Path, out_dir: Path) -> None:
+        (out_dir / "config.json").write_text("{}")
+
+    monkeypatch.setattr(resolve, "_convert_gguf", converted)
+    target = resolve.bundled_target(str(tmp_path))
+    left = target.parent / f".{target.name}-killed"
+    left.mkdir(parents=True)
+    (left / "model.safetensors").write_bytes(b"partial")
+    assert resolve.bundled_checkpoint(str(tmp_path)) == target
+    assert sorted(p.name for p in target.parent.iterdir()) == sorted([target.name, f".{target.name}.lock"])
+    assert (target / "config.json").is_file()
