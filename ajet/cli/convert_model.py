@@ -8,10 +8,11 @@ its first stage. That import runs on one core; the conversion (one core too, ~6-
 runs beside it here, and the run waits at the checkpoint's lock for what is left
 (`ajet.models.resolve.bundled_checkpoint`: one process converts, the others wait for it).
 
-`converting_in_background(cfg.model)` starts it when the config's model is the bundled one and it is
-not converted yet, and stops it if the run ends before it does (`stop_process_group`: SIGTERM,
-which it takes as a stop before a run, `ajet.signals`, removing its partial output). The process itself: `python -m ajet.cli.convert_model [--cache-dir DIR] [--level LEVEL]`.
-If it fails, the run converts in its own process, as it did before, and says why if that fails.
+`converting_in_background(cfg.model)` starts it when the config's model is the bundled one and
+it is not converted yet, and stops it if the run ends before it does (`stop_process_group`:
+SIGTERM, which it takes as a stop before a run, `ajet.signals`, removing its partial output).
+The process itself: `python -m ajet.cli.convert_model [--cache-dir DIR] [--level LEVEL]`. If it
+fails, the run converts in its own process, as it did before, and says why if that fails.
 """
 
 from __future__ import annotations

@@ -275,8 +275,10 @@ def _file_lock(path: Path, waiting: Callable[[], None] | None = None) -> Iterato
 
 
 def _lock_holder(path: Path) -> str:
-    """The pid the lock's holder wrote, or "" (a holder that has not written it yet)."""
+    """The pid the lock's holder wrote, or "" (a holder that has not written it yet, or anything
+    else in the file: it goes into a log line)."""
     try:
-        return path.read_text().strip()
+        holder = path.read_text()[:32].strip()
     except OSError:
         return ""
+    return holder if holder.isdigit() else ""

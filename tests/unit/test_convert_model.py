@@ -118,3 +118,12 @@ def test_a_conversion_removes_what_a_killed_one_left(tmp_path: Path, monkeypatch
     assert resolve.bundled_checkpoint(str(tmp_path)) == target
     assert sorted(p.name for p in target.parent.iterdir()) == sorted([target.name, f".{target.name}.lock"])
     assert (target / "config.json").is_file()
+
+
+def test_the_lock_holder_named_in_the_log_is_a_pid_or_nothing(tmp_path: Path) -> None:
+    lock = tmp_path / ".lock"
+    lock.write_text("4242\n")
+    assert resolve._lock_holder(lock) == "4242"
+    lock.write_text("4242\nINFO forged log line\n")  # whatever else the file holds stays out of the log
+    assert resolve._lock_holder(lock) == ""
+    assert resolve._lock_holder(tmp_path / "absent") == ""
