@@ -53,7 +53,9 @@ class RolloutResult:
         `rollout/failed/<reason>` breaks it down (a timeout's reason is "timeout").
         `rollout/truncated_rate`: episodes whose last call was cut at its token limit / episodes.
         `reward/zero_std_frac`: groups whose ok episodes all got the same reward / groups (before
-        dropping groups; such a group has zero advantages). With per-role rewards a group counts
+        dropping groups; such a group has zero advantages). `success/all_group_frac` and
+        `success/none_group_frac`: groups whose ok episodes all succeeded / none did, over groups
+        (why a group has no signal: too easy or too hard). With per-role rewards a group counts
         as equal only when every role's rewards are (`ajet.rollout.roles.has_signal`), and
         `reward/*` are over `Episode.reward`, the mean over the roles; `role/<name>/*` are per role.
         `reward/*`, `success/rate`, `workflow/*` and `judge/*` average over the ok episodes
@@ -83,6 +85,7 @@ class RolloutResult:
             out["reward/mean"] = statistics.fmean(rewards)
             out["reward/std"] = statistics.pstdev(rewards)
             out["reward/zero_std_frac"] = zero_std_frac(ok)
+            out["success/all_group_frac"], out["success/none_group_frac"] = settled_group_fracs(ok)
             out["success/rate"] = statistics.fmean(float(e.is_success) for e in ok)
             out["rollout/calls_per_episode"] = statistics.fmean(e.num_calls for e in ok)
             out.update(role_metrics(ok))
@@ -136,6 +139,17 @@ def zero_std_frac(episodes: list[Episode]) -> float:
         by_group[e.group_id].append(e)
     equal = sum(not has_signal(group) for group in by_group.values())
     return equal / len(by_group) if by_group else 0.0
+
+
+def settled_group_fracs(episodes: list[Episode]) -> tuple[float, float]:
+    """The shares of groups (of these episodes) whose episodes all succeeded and none did."""
+    by_group: dict[str, list[bool]] = defaultdict(list)
+    for e in episodes:
+        by_group[e.group_id].append(e.is_success)
+    if not by_group:
+        return 0.0, 0.0
+    return (sum(all(g) for g in by_group.values()) / len(by_group),
+            sum(not any(g) for g in by_group.values()) / len(by_group))
 
 
 def drop_equal_reward_groups(episodes: list[Episode]) -> tuple[list[Episode], list[str]]:

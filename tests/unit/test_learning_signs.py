@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from ajet.outputs.learning_signs import LearningSignsMonitor, find_learning_sign
 from ajet.outputs.progress import TrainingProgress
 from ajet.outputs.report import write_report
 from ajet.outputs.summary import summarize_run
-from ajet.rollout.episode import Episode
+from ajet.rollout.episode import TIMEOUT, Episode
 from ajet.rollout.manager import RolloutResult
 from ajet.rollout.scoring import collect_tracker
 from ajet.training.loop import TrainingLoop
@@ -236,10 +237,22 @@ def test_the_rollout_logs_the_metrics_the_signs_read() -> None:
                 episode(4, "c", 0.5)]  # a group of one: no variance either
     metrics = RolloutResult(episodes=episodes, ok_episodes=episodes).metrics()
     assert metrics["reward/zero_std_frac"] == pytest.approx(2 / 3)
+    assert (metrics["success/all_group_frac"], metrics["success/none_group_frac"]) == (0.0, 1.0)  # no is_success
     assert metrics["rollout/truncated_rate"] == pytest.approx(2 / 5)
     assert metrics["agent/tool_offer_rate"] == pytest.approx(1 / 5)
     no_tools = RolloutResult(episodes=episodes[1:], ok_episodes=episodes[1:]).metrics()
     assert "agent/tool_offer_rate" not in no_tools
+
+
+def test_the_rollout_says_whether_its_groups_were_all_solved_or_all_failed() -> None:
+    solved = {0: True, 1: True, 2: False, 3: True, 4: False, 5: False}  # a: all, b: one of two, c: none
+    episodes = [replace(episode(i, g, 1.0 if solved[i] else 0.0), is_success=solved[i])
+                for i, g in enumerate("aabbcc")]
+    failed = replace(episode(6, "d", 0.0), status=TIMEOUT)  # not ok: its group is not counted
+    metrics = RolloutResult(episodes=[*episodes, failed], ok_episodes=episodes).metrics()
+    assert metrics["success/all_group_frac"] == pytest.approx(1 / 3)
+    assert metrics["success/none_group_frac"] == pytest.approx(1 / 3)
+    assert metrics["reward/zero_std_frac"] == pytest.approx(2 / 3)
 
 
 class _Tracker:
