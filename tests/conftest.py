@@ -7,6 +7,7 @@ the order in which the tests run (the longest first)."""
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import re
 import signal
@@ -318,6 +319,21 @@ def _no_stop_carried_over():
     reset()
     yield
     reset()
+
+
+@pytest.fixture(autouse=True)
+def _no_root_handler_carried_over():
+    """A test that runs a CLI in-process (typer's CliRunner) leaves the handler
+    `configure_logging` put on the root logger, writing to the runner's stream, closed once the
+    command returns: every later log line of that worker then prints a "--- Logging error ---"
+    traceback into whatever stderr a later test reads. The root logger's handlers and level are
+    put back as they were."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in [h for h in root.handlers if h not in handlers]:
+        root.removeHandler(handler)
+    root.setLevel(level)
 
 
 # CI may start the suite as a background job (`nohup make test &`), where the shell sets SIGINT
