@@ -107,6 +107,14 @@ class EnvType(str, Enum):
     openenv = "openenv"  # an OpenEnv server (started from its package or joined by URL), one session an episode
 
 
+class PassOver(str, Enum):
+    """Which settled train tasks `task_reader.selection` passes over (ajet/task_reader/selection.py)."""
+
+    both = "both"  # the ones lately always solved and the ones never solved
+    solved = "solved"  # only the always solved: a never-solved task is drawn, it may be in reach now
+    failed = "failed"  # only the never solved
+
+
 class OnError(str, Enum):
     skip = "skip"
     fail = "fail"

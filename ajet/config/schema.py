@@ -31,6 +31,7 @@ from ajet.config.choices import (
     OnError,
     OptimizerStateDType,
     OverflowPolicy,
+    PassOver,
     ReaderType,
     ReferenceModel,
     SandboxBackend,
@@ -100,7 +101,7 @@ __all__ = [
     "VllmServerConfig",
     # the choices (ajet.config.choices)
     "BUILTIN_JUDGES", "Backbone", "ClientReward", "DpoLoss", "DType", "EngineDType", "EnvType", "EvalSplit", "LossAgg",
-    "LrSchedule", "OnError", "OptimizerStateDType", "OverflowPolicy", "ReaderType", "ReferenceModel",
+    "LrSchedule", "OnError", "OptimizerStateDType", "OverflowPolicy", "PassOver", "ReaderType", "ReferenceModel",
     "SandboxBackend", "StepCredit", "ToolCallGrammar",
 ]
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from annotated_types import Ge, Gt, Interval
 
-from ajet.config.choices import EnvType, EvalSplit, OnError, ReaderType
+from ajet.config.choices import EnvType, EvalSplit, OnError, PassOver, ReaderType
 from ajet.config.ranges import bounded
 
 
@@ -77,6 +77,10 @@ class TaskSelectionConfig:
     window: int = bounded(2, Ge(1))
     min_seen: int = bounded(2, Ge(1))
     revisit_epochs: int = bounded(3, Ge(1))
+    # Which settled tasks it passes over: both (all passed or all failed), only the `solved`
+    # ones (a task never solved is drawn again: a policy that improves may reach it now), or
+    # only the `failed` ones.
+    pass_over: PassOver = PassOver.both
 
 
 @dataclass

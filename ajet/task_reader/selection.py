@@ -4,8 +4,8 @@ always or never solved (`task_reader.selection`), and revisits it later.
 A group of a task whose episodes all pass, or all fail, has no reward variance: GRPO gives it no
 gradient, and dynamic sampling drops it after it was paid for. The reader keeps, per task, the
 pass rates of its last `window` groups (`observe`, after each step's rollout); a task with at
-least `min_seen` of them, all 0 or all 1, is passed over in the epoch walk until
-`revisit_epochs` epochs after it was last drawn. The record is part of the reader's state, so
+least `min_seen` of them, all 0 or all 1 (or only the one `pass_over` names), is passed over in
+the epoch walk until `revisit_epochs` epochs after it was last drawn. The record is part of the reader's state, so
 `--resume` draws what an uninterrupted run would have drawn.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ajet.config.schema import TaskSelectionConfig
+from ajet.config.schema import PassOver, TaskSelectionConfig
 
 
 @dataclass(frozen=True)
@@ -60,13 +60,18 @@ class TaskSelection:
         return skipped
 
     def settled_share(self, num_tasks: int) -> float:
-        """The share of train tasks that are settled now (all 0 or all 1 over `min_seen` groups)."""
+        """The share of train tasks that are settled now (all 0 or all 1 over `min_seen` groups, as
+        `pass_over` counts them)."""
         settled = sum(1 for rates in self._rates.values() if self._settled(rates))
         return settled / num_tasks if num_tasks else 0.0
 
     def _settled(self, rates: list[float]) -> bool:
-        """At least `min_seen` groups, all of them passed or all failed."""
-        return len(rates) >= self.cfg.min_seen and (all(r == 0 for r in rates) or all(r == 1 for r in rates))
+        """At least `min_seen` groups, all of them passed or all failed (`pass_over`: which of
+        the two count)."""
+        if len(rates) < self.cfg.min_seen:
+            return False
+        solved, failed = all(r == 1 for r in rates), all(r == 0 for r in rates)
+        return {PassOver.both: solved or failed, PassOver.solved: solved, PassOver.failed: failed}[self.cfg.pass_over]
 
     def state_dict(self) -> dict[str, object]:
         return {"rates": {k: list(v) for k, v in self._rates.items()}, "last_drawn": dict(self._last_drawn)}

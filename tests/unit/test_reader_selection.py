@@ -4,7 +4,7 @@ always or never solved, revisits them later, and resumes to the same draws."""
 from __future__ import annotations
 
 from ajet.backbones.registry import backbone_problems
-from ajet.config.schema import AjetConfig, TaskSelectionConfig
+from ajet.config.schema import AjetConfig, PassOver, TaskSelectionConfig
 from ajet.config.validate import validate
 from ajet.task_reader import TaskReader
 from ajet.task_reader.selection import Outcome, TaskSelection
@@ -93,3 +93,14 @@ def test_the_rl_recipe_feeds_the_selection_and_logs_it(two_calls_conf, tmp_path)
     rows = [json.loads(line) for line in (train(cfg) / "metrics.jsonl").read_text().splitlines()]
     assert [row["reader/selection_skipped"] for row in rows] == [0, 0, 0, 3]
     assert [row["reader/settled_share"] for row in rows] == [1 / 3, 2 / 3, 1, 1]
+
+
+def test_pass_over_names_which_settled_tasks_are_passed_over() -> None:
+    always = {"t0": [True, True], "t1": [False, False]}
+    for pass_over, drawn in (("solved", ["t1", "t2", "t3"]), ("failed", ["t0", "t2", "t3"])):
+        r = TaskReader(TASKS, seed=0, shuffle=False, selection=TaskSelection(TaskSelectionConfig(
+            enabled=True, window=1, min_seen=1, revisit_epochs=3, pass_over=PassOver(pass_over))))
+        step(r, 4, always, 1)
+        batch, metrics = step(r, 3, always, 2)
+        assert batch == drawn  # only the settled task of its kind passed over (t0 always, t1 never solved)
+        assert metrics["reader/selection_skipped"] == 1 and metrics["reader/settled_share"] == 0.25
