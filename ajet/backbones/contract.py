@@ -36,6 +36,9 @@ class Capabilities:
     task_selection: bool  # passing over settled tasks (`task_reader.selection`)
     generated_tasks: bool  # tasks the local model writes (`task_reader.type: generate`)
     cpu: bool  # trains on a CPU (`model.device: cpu`)
+    # Loads `model.path` itself (here or on its GPU workers); False: the model is a service's, and
+    # a run does not convert the bundled model for it (`ajet.cli.convert_model`).
+    local_model: bool = True
     # Its own config section (`trinity`, `verl`), or "": another backbone's section set away from
     # its defaults has no effect here and is refused.
     section: str = ""

@@ -108,8 +108,11 @@ def train(
                 typer.echo(translated)
             typer.echo("".join(f"# checked: {line}\n" for line in checked), nl=False)
             return
-        # The bundled model's first conversion runs beside the imports below (ajet.cli.convert_model).
-        with converting_in_background(cfg.model, cfg.logging.level):
+        # The bundled model's first conversion runs beside the imports below (ajet.cli.convert_model),
+        # where the backbone loads the model (not a Tinker service's).
+        converting = (converting_in_background(cfg.model, cfg.logging.level) if runner.CAPABILITIES.local_model
+                      else contextlib.nullcontext())
+        with converting:
             from ajet.pipeline import run  # imports torch: not for --help / --dry-run
 
             start = time.monotonic()

@@ -128,3 +128,37 @@ def test_the_lock_holder_named_in_the_log_is_a_pid_or_nothing(tmp_path: Path) ->
     lock.write_text("4242\nINFO forged log line\n")  # whatever else the file holds stays out of the log
     assert resolve._lock_holder(lock) == ""
     assert resolve._lock_holder(tmp_path / "absent") == ""
+
+
+def test_a_run_converts_for_the_debug_backbone_and_not_for_a_tinker_service(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--backbone=tinker` trains the service's model (`tinker.base_model`): the bundled
+    `model.path` is not loaded, so it is not converted either."""
+    import contextlib
+    from collections.abc import Iterator
+
+    from typer.testing import CliRunner
+
+    from ajet import pipeline
+    from ajet.cli import train
+
+    started: list[str] = []
+
+    @contextlib.contextmanager
+    def converting(model: object, level: str = "INFO") -> Iterator[None]:
+        started.append(level)
+        yield
+
+    monkeypatch.setattr(train, "converting_in_background", converting)
+    monkeypatch.setattr(pipeline, "run", lambda *args, **kwargs: None)
+    (tmp_path / "agent.py").write_text("from ajet import Workflow, WorkflowOutput\n\n\nclass A(Workflow):\n"
+                                       "    async def execute(self, task, tuner):\n        return WorkflowOutput(reward=0.0)\n")
+    (tmp_path / "t.jsonl").write_text('{"task_id": "a", "question": "q"}\n')
+    conf = tmp_path / "run.yaml"
+    conf.write_text(f"workflow: {{target: agent.py:A}}\ntask_reader: {{jsonl: {{train_path: t.jsonl}}}}\n"
+                    f"model: {{path: {resolve.BUNDLED_NAME}, cache_dir: {tmp_path / 'cache'}, lora: {{enabled: true}}}}\n")
+    args = ["--conf", str(conf), "--exp-dir", str(tmp_path / "exp"), "--quiet"]
+    for backbone, converted, extra in (("tinker", [], ["tinker.base_model=some/model"]), ("debug", ["INFO"], [])):
+        result = CliRunner().invoke(train.app, [*args, "--backbone", backbone, *extra])
+        assert result.exit_code == 0, result.output
+        assert started == converted, backbone
