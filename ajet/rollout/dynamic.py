@@ -35,7 +35,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from ajet.rollout.episode import OK, Episode
-from ajet.rollout.manager import RolloutResult, drop_equal_reward_groups
+from ajet.rollout.manager import RolloutResult, by_group, drop_equal_reward_groups
 from ajet.workflow import WorkflowTask
 
 logger = logging.getLogger(__name__)
@@ -129,9 +129,7 @@ def _split_groups(episodes: Sequence[Episode]) -> tuple[dict[str, list[Episode]]
     ok = [e for e in episodes if e.status == OK]
     kept, no_signal = drop_equal_reward_groups(ok)
     all_groups = list(dict.fromkeys(e.group_id for e in episodes))
-    by_group: dict[str, list[Episode]] = {}
-    for e in kept:
-        by_group.setdefault(e.group_id, []).append(e)
+    groups = by_group(kept)
     no_signal_set = set(no_signal)
-    without_ok = [g for g in all_groups if g not in by_group and g not in no_signal_set]
-    return by_group, [*no_signal, *without_ok]
+    without_ok = [g for g in all_groups if g not in groups and g not in no_signal_set]
+    return groups, [*no_signal, *without_ok]

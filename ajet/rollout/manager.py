@@ -131,25 +131,29 @@ def mean_log_metrics(episodes: list[Episode], warned: set[str]) -> dict[str, flo
     return out
 
 
+def by_group(episodes: list[Episode]) -> dict[str, list[Episode]]:
+    """The episodes by their group id, in order."""
+    groups: dict[str, list[Episode]] = defaultdict(list)
+    for e in episodes:
+        groups[e.group_id].append(e)
+    return dict(groups)
+
+
 def zero_std_frac(episodes: list[Episode]) -> float:
     """The share of groups (of these episodes) whose rewards are all equal: no GRPO signal
     (with per-role rewards: every role's rewards equal, `has_signal`)."""
-    by_group: dict[str, list[Episode]] = defaultdict(list)
-    for e in episodes:
-        by_group[e.group_id].append(e)
-    equal = sum(not has_signal(group) for group in by_group.values())
-    return equal / len(by_group) if by_group else 0.0
+    groups = by_group(episodes)
+    equal = sum(not has_signal(group) for group in groups.values())
+    return equal / len(groups) if groups else 0.0
 
 
 def settled_group_fracs(episodes: list[Episode]) -> tuple[float, float]:
     """The shares of groups (of these episodes) whose episodes all succeeded and none did."""
-    by_group: dict[str, list[bool]] = defaultdict(list)
-    for e in episodes:
-        by_group[e.group_id].append(e.is_success)
-    if not by_group:
+    groups = by_group(episodes)
+    if not groups:
         return 0.0, 0.0
-    return (sum(all(g) for g in by_group.values()) / len(by_group),
-            sum(not any(g) for g in by_group.values()) / len(by_group))
+    return (sum(all(e.is_success for e in g) for g in groups.values()) / len(groups),
+            sum(not any(e.is_success for e in g) for g in groups.values()) / len(groups))
 
 
 def drop_equal_reward_groups(episodes: list[Episode]) -> tuple[list[Episode], list[str]]:
@@ -158,10 +162,7 @@ def drop_equal_reward_groups(episodes: list[Episode]) -> tuple[list[Episode], li
 
     Returns the kept episodes (order preserved) and the dropped group ids.
     """
-    by_group: dict[str, list[Episode]] = defaultdict(list)
-    for e in episodes:
-        by_group[e.group_id].append(e)
-    dropped = [g for g, group in by_group.items() if not has_signal(group)]
+    dropped = [g for g, group in by_group(episodes).items() if not has_signal(group)]
     dropped_set = set(dropped)
     return [e for e in episodes if e.group_id not in dropped_set], dropped
 

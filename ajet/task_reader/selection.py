@@ -5,8 +5,8 @@ A group of a task whose episodes all pass, or all fail, has no reward variance: 
 gradient, and dynamic sampling drops it after it was paid for. The reader keeps, per task, the
 pass rates of its last `window` groups (`observe`, after each step's rollout); a task with at
 least `min_seen` of them, all 0 or all 1 (or only the one `pass_over` names), is passed over in
-the epoch walk until `revisit_epochs` epochs after it was last drawn. The record is part of the reader's state, so
-`--resume` draws what an uninterrupted run would have drawn.
+the epoch walk until `revisit_epochs` epochs after it was last drawn. The record is part of the
+reader's state, so `--resume` draws what an uninterrupted run would have drawn.
 """
 
 from __future__ import annotations
