@@ -77,7 +77,9 @@ class Result:
     rss_mib_after: float
     fds_before: int
     fds_peak: int
-    fds_after: int
+    fds_after: int  # once settled (`settled_fds`), at most `settle_timeout_s` after the attacker exited
+    fds_settle_s: float
+    fds_after_kinds: dict[str, int]
     attack: Attack
 
 
@@ -90,6 +92,24 @@ def proc_status(pid: int, key: str) -> float:
 
 def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def settled_fds(pid: int, target: int, timeout_s: float) -> tuple[int, float, dict[str, int]]:
+    """The server's open fds once the flood's closes are processed: polled until at most
+    `target` or `timeout_s` have passed (a fixed wait was too short on a loaded machine, where
+    the server may not run for a while). Returns the count, the seconds it took and the open fds
+    by kind (socket, pipe, ...), which name a leak when the count stays above `target`."""
+    start = time.monotonic()
+    while (count := open_fds(pid)) > target and time.monotonic() - start < timeout_s:
+        time.sleep(0.05)
+    kinds: dict[str, int] = {}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            kind = os.readlink(f"/proc/{pid}/fd/{fd}").split(":")[0]
+        except OSError:  # closed in between
+            continue
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return count, round(time.monotonic() - start, 2), kinds
 
 
 # ----------------------------------------------------------------------------------- attacker
@@ -183,8 +203,11 @@ def attacker_main(port: int, ip: str, seconds: float, idle: int, slowloris: int,
 
 # --------------------------------------------------------------------------------- orchestrator
 def run_flood(seconds: float = 20.0, idle: int = 2000, slowloris: int = 20, bodies: int = 100,
-              attacker_ip: str = "127.0.0.1", header_timeout_s: float = 10.0, max_connections: int = 0) -> Result:
-    """The server, the attacker and the legitimate client for `seconds`; what each saw."""
+              attacker_ip: str = "127.0.0.1", header_timeout_s: float = 10.0, max_connections: int = 0,
+              settle_timeout_s: float = 10.0) -> Result:
+    """The server, the attacker and the legitimate client for `seconds`; what each saw. The
+    server's fds after are counted once they are back to those before, or `settle_timeout_s`
+    after the attacker exited."""
     import httpx
 
     server = subprocess.Popen([sys.executable, "-c", SERVER, str(header_timeout_s), str(max_connections)],
@@ -224,11 +247,11 @@ def run_flood(seconds: float = 20.0, idle: int = 2000, slowloris: int = 20, bodi
                 time.sleep(0.05)
         out, _ = attacker.communicate(timeout=seconds + 60)
         attack = Attack(**json.loads(out.strip().splitlines()[-1]))
-        time.sleep(0.5)
+        fds_after, settle_s, kinds = settled_fds(server.pid, fds_before, settle_timeout_s)
         quantiles = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else latencies * 99
         return Result(len(latencies), len(failures), failures[:5], round(quantiles[49], 1), round(quantiles[98], 1),
                       round(rss_before, 1), round(rss_peak, 1), round(proc_status(server.pid, "VmRSS"), 1),
-                      fds_before, fds_peak, open_fds(server.pid), attack)
+                      fds_before, fds_peak, fds_after, settle_s, kinds, attack)
     finally:
         for proc in (attacker, server):
             if proc is not None and proc.poll() is None:
@@ -257,7 +280,8 @@ def main() -> None:
     print(f"legitimate requests: {result.legit_requests}, failed: {result.legit_failed} {result.failures}")
     print(f"latency p50 {result.p50_ms} ms, p99 {result.p99_ms} ms")
     print(f"server RSS MiB before/peak/after: {result.rss_mib_before}/{result.rss_mib_peak}/{result.rss_mib_after}; "
-          f"open fds {result.fds_before}/{result.fds_peak}/{result.fds_after}")
+          f"open fds {result.fds_before}/{result.fds_peak}/{result.fds_after} "
+          f"(after: {result.fds_settle_s} s after the attacker exited, {result.fds_after_kinds})")
     print(f"attacker: {attack.connects} connects ({attack.connect_errors} failed), {attack.closed_by_server} "
           f"closed by the server; slowloris closed after {min(lo, default=0)}-{max(lo, default=0)} s "
           f"({len(lo)} of them); half-sent bodies answered {attack.body_answers}")

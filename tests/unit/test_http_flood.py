@@ -21,4 +21,6 @@ def test_a_flood_fails_no_legitimate_request_and_slowloris_meets_the_header_dead
     assert len(opened) >= 10 and all(1.5 <= s <= 4.0 for s in opened), opened
     # no key: answered 401 unread (and closed), never buffered
     assert set(result.attack.body_answers) == {"401"}, result.attack.body_answers
-    assert result.fds_after <= result.fds_before + 2
+    # every connection closed: the count is back where it was within 10 s of the attacker's exit
+    # (polled: CI's loaded machine once left 4 closes unprocessed after a fixed 0.5 s wait)
+    assert result.fds_after <= result.fds_before + 2, (result.fds_after_kinds, result.fds_settle_s)
