@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -51,8 +52,11 @@ def background_conversion(model: ModelConfig, level: str = "INFO") -> subprocess
 @contextmanager
 def converting_in_background(model: ModelConfig, level: str = "INFO") -> Iterator[None]:
     """Within it, the bundled model converts in another process where it has to; on the way out
-    that process is reaped if done, or stopped."""
+    that process is stopped if it still runs. A thread reaps it as soon as it ends: unreaped, it
+    stayed a `<defunct>` python beside the run in `ps` for the whole run."""
     child = background_conversion(model, level)
+    if child is not None:  # Popen.wait holds its own lock: stop_process_group's poll and wait are safe beside it
+        threading.Thread(target=child.wait, name="ajet-conversion-reaper", daemon=True).start()
     try:
         yield
     finally:

@@ -96,6 +96,24 @@ def test_a_stopped_conversion_leaves_nothing_behind(sigint: str, tmp_path: Path,
     assert "Traceback" not in capfd.readouterr().err
 
 
+def test_the_process_is_reaped_as_soon_as_it_ends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not only when the run ends: before, it stayed a zombie (`<defunct>` in ps) for the whole run."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def quick(model, level="INFO"):  # noqa: ANN001, ANN202 - stands in for the conversion process
+        started.append(subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True))
+        return started[0]
+
+    monkeypatch.setattr(convert_model, "background_conversion", quick)
+    with convert_model.converting_in_background(bundled_config(tmp_path).model):
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{started[0].pid}").exists():  # a zombie keeps its /proc entry until reaped
+            assert time.monotonic() < deadline, "the ended process was not reaped while the run went on"
+            time.sleep(0.05)
+        assert started[0].returncode == 0
+    assert started[0].returncode == 0  # the way out stops nothing that has ended
+
+
 def test_a_failed_conversion_says_so_in_one_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     blocked = tmp_path / "a-file"
     blocked.write_text("not a directory")
