@@ -28,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 KEY_FILE_LINE = "ready"
@@ -102,14 +103,13 @@ def settled_fds(pid: int, target: int, timeout_s: float) -> tuple[int, float, di
     start = time.monotonic()
     while (count := open_fds(pid)) > target and time.monotonic() - start < timeout_s:
         time.sleep(0.05)
-    kinds: dict[str, int] = {}
+    kinds: Counter[str] = Counter()
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
-            kind = os.readlink(f"/proc/{pid}/fd/{fd}").split(":")[0]
+            kinds[os.readlink(f"/proc/{pid}/fd/{fd}").split(":")[0]] += 1
         except OSError:  # closed in between
             continue
-        kinds[kind] = kinds.get(kind, 0) + 1
-    return count, round(time.monotonic() - start, 2), kinds
+    return count, round(time.monotonic() - start, 2), dict(kinds)
 
 
 # ----------------------------------------------------------------------------------- attacker

@@ -114,6 +114,24 @@ def test_the_process_is_reaped_as_soon_as_it_ends(tmp_path: Path, monkeypatch: p
     assert started[0].returncode == 0  # the way out stops nothing that has ended
 
 
+def test_a_process_still_running_on_the_way_out_is_stopped_beside_the_reaper(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reaper thread blocks in Popen.wait; the way out's SIGTERM and wait still end the process
+    (SIGTERM's status, not the SIGKILL that follows a wait that timed out)."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def slow(model, level="INFO"):  # noqa: ANN001, ANN202 - a conversion that outlives the run
+        started.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                                        start_new_session=True))
+        return started[0]
+
+    monkeypatch.setattr(convert_model, "background_conversion", slow)
+    with convert_model.converting_in_background(bundled_config(tmp_path).model):
+        assert started[0].poll() is None
+    assert started[0].returncode == -signal.SIGTERM
+    assert not Path(f"/proc/{started[0].pid}").exists()
+
+
 def test_a_failed_conversion_says_so_in_one_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     blocked = tmp_path / "a-file"
     blocked.write_text("not a directory")
