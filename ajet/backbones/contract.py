@@ -36,6 +36,9 @@ class Capabilities:
     task_selection: bool  # passing over settled tasks (`task_reader.selection`)
     generated_tasks: bool  # tasks the local model writes (`task_reader.type: generate`)
     cpu: bool  # trains on a CPU (`model.device: cpu`)
+    # Keeps the matmul outputs inside a checkpointed layer (`trainer.checkpoint_keep_matmuls`): the
+    # backbone's trainer is ajet's own (`ajet.training.model.KeepMatmuls`).
+    keep_matmuls: bool
     # Loads `model.path` itself (here or on its GPU workers); False: the model is a service's, and
     # a run does not convert the bundled model for it (`ajet.cli.convert_model`).
     local_model: bool = True
@@ -94,6 +97,9 @@ NEEDS = (
     Need("generated_tasks", "task_reader.type", lambda cfg: cfg.task_reader.type.value == "generate",
          "=generate (tasks the local model writes)", "generate them with --backbone=debug first, then "
          "point task_reader.jsonl at the result"),
+    Need("keep_matmuls", "trainer.checkpoint_keep_matmuls", lambda cfg: cfg.trainer.checkpoint_keep_matmuls,
+         "=true (matmul outputs kept through activation checkpointing)", "its trainer checkpoints whole layers "
+         "(trainer.gradient_checkpointing): set it to false"),
     Need("cpu", "model.device", lambda cfg: cfg.model.device == "cpu",
          "=cpu (training on a CPU)", "it trains on GPUs: remove it"),
 )

@@ -62,7 +62,7 @@ def capabilities_table() -> str:
     """Every backbone's capabilities as docs/backbones.md's table (a test keeps the two identical)."""
     caps = all_capabilities()
     fields = ("algorithms", "stages", "overlap", "serve", "per_role_adapters", "group_judges", "curriculum",
-              "task_selection", "generated_tasks", "cpu", "ray_recipes")
+              "task_selection", "generated_tasks", "cpu", "keep_matmuls", "ray_recipes")
     lines = ["| capability | " + " | ".join(f"`{name}`" for name in caps) + " |",
              "|---|" + "---|" * len(caps)]
     lines += [f"| `{field}` | " + " | ".join(_cell(getattr(c, field)) for c in caps.values()) + " |"

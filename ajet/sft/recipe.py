@@ -52,7 +52,8 @@ class SftRecipe:
         self.run_dir = prepare_run_dir(cfg, resume=self.resume)
         train_dialogs, dev_dialogs = self._read_dialogs()
         self.model, self.tokenizer = load_trainable_model(
-            cfg.model, seed=cfg.project.seed, gradient_checkpointing=cfg.trainer.gradient_checkpointing)
+            cfg.model, seed=cfg.project.seed, gradient_checkpointing=cfg.trainer.gradient_checkpointing,
+            keep_matmuls=cfg.trainer.checkpoint_keep_matmuls)
         self.window = model_window(self.model, cfg.context.max_model_len)
         self.chat = ChatFormat(self.tokenizer)
         self.dialogs, self.samples, budget = self._render(train_dialogs)

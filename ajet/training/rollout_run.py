@@ -58,6 +58,7 @@ class RolloutRun:
         loop = TrainingLoop(cfg, run_dir, closers, total_steps=cfg.trainer.total_steps, resume=resume)
         model, tokenizer = load_trainable_model(
             cfg.model, seed=cfg.project.seed, gradient_checkpointing=cfg.trainer.gradient_checkpointing,
+            keep_matmuls=cfg.trainer.checkpoint_keep_matmuls,
             trainable_targets=trainable_targets_of(cfg.workflow.trainable_targets, workflow))
         window = model_window(model, cfg.context.max_model_len)
         rollout.append(EngineRollout.local(cfg, model, tokenizer, workflow, model_max_len=window, judge=judge))

@@ -252,7 +252,8 @@ def update_mode(args: argparse.Namespace) -> int:
         print(f"  {name:34s} rss {rows[-1]['rss_gb']:5.2f}  peak {rows[-1]['peak_gb']:5.2f}", flush=True)
 
     since = sampler.now()
-    model, _ = load_trainable_model(cfg.model, seed=0, gradient_checkpointing=t.gradient_checkpointing)
+    model, _ = load_trainable_model(cfg.model, seed=0, gradient_checkpointing=t.gradient_checkpointing,
+                                    keep_matmuls=t.checkpoint_keep_matmuls)
     for p in model.parameters():  # touch every weight page, as the engine's first forward does
         p.data.add_(0)
     time.sleep(0.05)

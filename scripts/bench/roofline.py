@@ -128,12 +128,15 @@ def forward_flops(shape: Shape, t: Tokens) -> int:
     return layer_flops(shape, t) + head_flops(shape, t)
 
 
-def backward_flops(shape: Shape, t: Tokens, *, recompute_layers: bool, recompute_head: bool) -> int:
+def backward_flops(shape: Shape, t: Tokens, *, recompute_layers: bool, recompute_head: bool,
+                   kept_matmuls: bool = False) -> int:
     """The backward's executed FLOPs: twice the forward's (the gradients of the inputs and of the
     weights), plus the forward of what is recomputed (`trainer.gradient_checkpointing`: the
-    decoder layers; `trainer.logits_chunk_tokens > 0`: the LM head's chunks)."""
-    return (2 * forward_flops(shape, t) + (layer_flops(shape, t) if recompute_layers else 0)
-            + (head_flops(shape, t) if recompute_head else 0))
+    decoder layers, of which only the down projection with `kept_matmuls`, i.e.
+    `trainer.checkpoint_keep_matmuls` in fp32; `trainer.logits_chunk_tokens > 0`: the LM head's
+    chunks)."""
+    layers = 2 * shape.layers * shape.intermediate * shape.hidden * t.tokens if kept_matmuls else layer_flops(shape, t)
+    return 2 * forward_flops(shape, t) + (layers if recompute_layers else 0) + (head_flops(shape, t) if recompute_head else 0)
 
 
 def decode_bytes(shape: Shape, *, weight_element: int, kv_element: int, prompt_lengths: Sequence[int],
@@ -478,12 +481,13 @@ def engine_phases(shape: Shape, run: dict[str, Any], gemm: dict[str, tuple[float
 
 def training_phases(label: str, shape: Shape, run: StepRun, gemm: dict[str, tuple[float, float]],
                     memory: dict[str, float], dtype: str, *, recompute_layers: bool, recompute_head: bool,
-                    state: str) -> list[Phase]:
+                    state: str, kept_matmuls: bool = False) -> list[Phase]:
     """Forward and backward against the GEMMs at the step's rows (the backward's mix includes
     the recomputed forward), clip + check and the optimizer step against the memory bandwidth,
     and the whole step: its forward + backward FLOPs over its wall time, against the GEMMs."""
     fwd = forward_flops(shape, run.tokens)
-    bwd = backward_flops(shape, run.tokens, recompute_layers=recompute_layers, recompute_head=recompute_head)
+    bwd = backward_flops(shape, run.tokens, recompute_layers=recompute_layers, recompute_head=recompute_head,
+                         kept_matmuls=kept_matmuls)
     fwd_parts = ["layers forward", "head forward"]
     bwd_parts = (["layers backward", "head backward"] + (["layers forward"] if recompute_layers else [])
                  + (["head forward"] if recompute_head else []))
@@ -550,7 +554,10 @@ def measure(recipe: Any, cfg: Any, args: argparse.Namespace) -> tuple[dict[str, 
             "sft": in_own_thread(gemm_times, shape, per_sequence(sft), dtype),
             "grpo": in_own_thread(gemm_times, shape, per_sequence(grpo), dtype)}
     recompute = {"recompute_layers": cfg.trainer.gradient_checkpointing,
-                 "recompute_head": cfg.trainer.logits_chunk_tokens > 0}
+                 "recompute_head": cfg.trainer.logits_chunk_tokens > 0,
+                 # the recompute skips the kept fp32 matmuls and attention (ajet.training.model.KeepMatmuls)
+                 "kept_matmuls": cfg.trainer.gradient_checkpointing and cfg.trainer.checkpoint_keep_matmuls
+                 and dtype == "fp32"}
     state = "bf16 state" if cfg.trainer.optimizer_state_dtype == "bfloat16" else "fp32"
     phases = (engine_phases(shape, engine, gemm["prefill"], memory)
               + training_phases("SFT", shape, sft, gemm["sft"], memory, dtype, state=state, **recompute)
@@ -579,6 +586,17 @@ def profile(recipe: Any, cfg: Any, updater: Any, packed: list[Any]) -> None:
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
 
 
+def recomputed(recompute: dict[str, bool]) -> str:
+    """What the backward recomputes, in words."""
+    parts = []
+    if recompute["recompute_layers"]:
+        parts.append("the layers' down projections and element-wise ops (the other matmuls and the attention kept)"
+                     if recompute.get("kept_matmuls") else "the decoder layers")
+    if recompute["recompute_head"]:
+        parts.append("the LM head's chunks")
+    return ", ".join(parts) or "nothing"
+
+
 def report(result: dict[str, Any], before: dict[str, Any], after: dict[str, Any], args: argparse.Namespace) -> None:
     import torch
 
@@ -589,7 +607,7 @@ def report(result: dict[str, Any], before: dict[str, Any], after: dict[str, Any]
     print(f"{args.conf}: engine {e['dtype']}, {len(e['prompt_lengths'])} prompts of {min(e['prompt_lengths'])}-"
           f"{max(e['prompt_lengths'])} tokens, {args.new_tokens} new tokens each; timed after a warm-up: SFT steps "
           f"{result['sft']['steps']}, GRPO ({args.workload}) updates {result['grpo']['steps']}; recomputed in "
-          f"the backward: {', '.join(k for k, v in result['recompute'].items() if v) or 'nothing'}\n")
+          f"the backward: {recomputed(result['recompute'])}\n")
     print(*roofline_table(result["phases"]), sep="\n")
     rows = {p.name: p for p in result["phases"]}
     for label in ("sft", "grpo"):

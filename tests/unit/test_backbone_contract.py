@@ -66,3 +66,12 @@ def test_another_backbones_setting_is_refused_once_on_the_debug_backbone() -> No
     problems = backbone_problems("debug", cfg)
     assert [key for key, _ in problems] == ["trinity.explorer_gpus"]
     assert "is a trinity setting and has no effect on --backbone=debug" in problems[0][1]
+
+
+def test_kept_matmuls_are_refused_where_the_trainer_is_not_ajets() -> None:
+    cfg = AjetConfig()
+    cfg.trainer.checkpoint_keep_matmuls = True
+    assert "trainer.checkpoint_keep_matmuls" not in keys(backbone_problems("debug", cfg))
+    for other in ("trinity", "verl", "tinker"):
+        message = dict(backbone_problems(other, cfg))["trainer.checkpoint_keep_matmuls"]
+        assert "runs on --backbone=debug only" in message and "set it to false" in message

@@ -53,6 +53,9 @@ def test_flops_of_a_tree_packed_step_by_hand(roofline: Any) -> None:
     assert roofline.backward_flops(shape, t, recompute_layers=False, recompute_head=False) == 2 * 13_888
     assert roofline.backward_flops(shape, t, recompute_layers=True, recompute_head=True) == 2 * 13_888 + layers + head
     assert roofline.backward_flops(shape, t, recompute_layers=False, recompute_head=True) == 2 * 13_888 + head
+    down = 2 * 2 * 16 * 8 * 5  # kept matmuls (trainer.checkpoint_keep_matmuls): only down is recomputed
+    assert roofline.backward_flops(shape, t, recompute_layers=True, recompute_head=True,
+                                   kept_matmuls=True) == 2 * 13_888 + down + head
     # A prefill: causal attention within each prompt, logits at its last token.
     assert roofline.Tokens.prompts([3, 5]) == roofline.Tokens(tokens=8, head_rows=2, attended=6 + 15)
 

@@ -1,5 +1,6 @@
 """The memory levers of an update are exact: chunked LM-head log-probs, gradient checkpointing
-(same loss and gradients as the plain path within 1e-5); the engine frees its prefix cache on
+with and without its kept matmuls (same loss and gradients as the plain path within 1e-5; what
+the recompute skips, counted); the engine frees its prefix cache on
 request; freed heap memory goes back to the OS."""
 
 from __future__ import annotations
@@ -93,18 +94,90 @@ def test_forward_packed_with_logits_chunk_same_loss_and_gradients(tie):
         torch.testing.assert_close(grads_c[name], grad, atol=1e-5, rtol=0, msg=name)
 
 
-def test_gradient_checkpointing_same_loss_and_gradients():
+@pytest.mark.parametrize("keep_matmuls", [False, True])
+def test_gradient_checkpointing_same_loss_and_gradients(keep_matmuls):
     from ajet.training.model import enable_activation_checkpointing
 
     model, packed = tiny_llama(), tree_batch()
     logp, entropy, grads = loss_and_grads(model, packed, logits_chunk=4)
-    enable_activation_checkpointing(model)
+    enable_activation_checkpointing(model, keep_matmuls=keep_matmuls)
     assert model.is_activation_checkpointing
     logp_gc, entropy_gc, grads_gc = loss_and_grads(model, packed, logits_chunk=4)
     torch.testing.assert_close(logp_gc, logp, atol=1e-5, rtol=0)
     torch.testing.assert_close(entropy_gc, entropy, atol=1e-5, rtol=0)
     for name, grad in grads.items():
         torch.testing.assert_close(grads_gc[name], grad, atol=1e-5, rtol=0, msg=name)
+
+
+class CountKernels:
+    """The GEMMs (aten.mm, aten.addmm) and the attention kernels run while it is entered."""
+
+    def __enter__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counter = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default):
+                    counter.matmuls += 1
+                elif "scaled_dot_product" in str(func) and "backward" not in str(func):
+                    counter.attention += 1
+                return func(*args, **(kwargs or {}))
+
+        self.matmuls, self.attention, self.mode = 0, 0, Mode()
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.mode.__exit__(*exc)
+
+
+def backward_kernels(model, packed, *, bf16=False):
+    """(GEMMs, attention forwards) run by one backward of the packed forward: the recompute's
+    and the gradients'."""
+    model.zero_grad(set_to_none=True)
+    model.train()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        logp, _ = forward_packed(model, packed, logits_chunk=0)
+    with CountKernels() as counted:
+        logp.float().sum().backward()
+    model.eval()
+    return counted.matmuls, counted.attention
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_kept_matmuls_and_attention_are_not_recomputed(bf16):
+    """trainer.checkpoint_keep_matmuls: the recompute in backward skips the six projections that
+    read a layer's hidden state (q, k, v, o, gate, up) and the attention's forward, in fp32; under
+    bf16 autocast it keeps nothing."""
+    from ajet.training.model import enable_activation_checkpointing
+
+    packed = tree_batch()
+    counts = {}
+    for keep in (False, True):
+        model = tiny_llama()
+        enable_activation_checkpointing(model, keep_matmuls=keep)
+        counts[keep] = backward_kernels(model, packed, bf16=bf16)
+    layers = tiny_llama().config.num_hidden_layers
+    (matmuls, attention), (kept_matmuls, kept_attention) = counts[False], counts[True]
+    assert attention >= layers, counts  # the whole-layer recompute runs every layer's attention again
+    if bf16:
+        assert counts[True] == counts[False], counts
+    else:
+        assert matmuls - kept_matmuls == 6 * layers and kept_attention == 0, counts
+
+
+def test_keep_matmuls_true_needs_a_hidden_size():
+    from ajet.errors import ConfigError
+    from ajet.training.model import enable_activation_checkpointing
+
+    model = tiny_llama()
+    object.__setattr__(model.config, "hidden_size", None)  # past the config's own validation
+    with pytest.raises(ConfigError, match="checkpoint_keep_matmuls=true.*no hidden_size"):
+        enable_activation_checkpointing(model, keep_matmuls=True)
+    enable_activation_checkpointing(model)  # whole layers need no hidden_size
+    assert model.is_activation_checkpointing
 
 
 def test_drop_prefix_cache_frees_it_and_decoding_stays_the_same(tiny_model_dir):

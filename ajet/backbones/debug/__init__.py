@@ -15,7 +15,7 @@ from ajet.rollout.workflow_loader import WorkflowArg
 # --with-ray for the RL recipe (its episodes in Ray actors).
 CAPABILITIES = Capabilities(
     algorithms=None, stages=True, overlap=True, serve=True, ray_recipes=("rl",), per_role_adapters=True,
-    group_judges=True, curriculum=True, task_selection=True, generated_tasks=True, cpu=True,
+    group_judges=True, curriculum=True, task_selection=True, generated_tasks=True, cpu=True, keep_matmuls=True,
 )
 
 

@@ -26,7 +26,7 @@ from ajet.rollout.workflow_loader import WorkflowArg
 CAPABILITIES = Capabilities(
     algorithms=tuple(backbone_algorithms("tinker")), stages=False, overlap=False, serve=False, ray_recipes=(),
     per_role_adapters=False, group_judges=True, curriculum=True, task_selection=True, generated_tasks=False,
-    cpu=True, section="tinker", local_model=False,
+    cpu=True, keep_matmuls=False, section="tinker", local_model=False,
 )
 
 

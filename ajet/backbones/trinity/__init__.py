@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 CAPABILITIES = Capabilities(
     algorithms=tuple(backbone_algorithms("trinity")), stages=False, overlap=False, serve=False, ray_recipes=("rl",),
-    per_role_adapters=False, group_judges=False, curriculum=False, task_selection=False, generated_tasks=False, cpu=False,
+    per_role_adapters=False, group_judges=False, curriculum=False, task_selection=False, generated_tasks=False, cpu=False, keep_matmuls=False,
     section="trinity",
 )
 

@@ -17,7 +17,7 @@ from ajet.rollout.workflow_loader import WorkflowArg
 
 CAPABILITIES = Capabilities(
     algorithms=tuple(backbone_algorithms("verl")), stages=False, overlap=False, serve=False, ray_recipes=("rl",),
-    per_role_adapters=False, group_judges=False, curriculum=False, task_selection=False, generated_tasks=False, cpu=False,
+    per_role_adapters=False, group_judges=False, curriculum=False, task_selection=False, generated_tasks=False, cpu=False, keep_matmuls=False,
     section="verl",
 )
 
