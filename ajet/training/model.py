@@ -107,8 +107,9 @@ def enable_activation_checkpointing(model: TrainableModel, *, keep_matmuls: bool
     if keep_matmuls:
         hidden = int(getattr(model.config, "hidden_size", 0) or 0)
         if not hidden:
-            raise ConfigError(f"trainer.checkpoint_keep_matmuls=true: {type(model).__name__}'s config has no hidden_size, "
-                          "so the matmuls that read the hidden state cannot be told apart; set it to false")
+            raise ConfigError(f"trainer.checkpoint_keep_matmuls=true: {type(model).__name__}'s config has no "
+                              "hidden_size, so the matmuls that read the hidden state cannot be told apart; set it "
+                              "to false")
         kwargs["context_fn"] = KeepMatmuls(hidden).contexts
     if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5 (the old name is deprecated)
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
@@ -134,10 +135,13 @@ class KeepMatmuls:
 
     def __init__(self, hidden: int) -> None:
         import torch
+        from torch.utils.checkpoint import CheckpointPolicy
 
         self.hidden = hidden
         aten = torch.ops.aten
+        self.mm, self.addmm, self.fp32 = aten.mm.default, aten.addmm.default, torch.float32
         self.attention = {getattr(aten, name).default for name in self.ATTENTION if hasattr(aten, name)}
+        self.keep, self.recompute = CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_RECOMPUTE
 
     def contexts(self) -> tuple[contextlib.AbstractContextManager[object], contextlib.AbstractContextManager[object]]:
         """`torch.utils.checkpoint`'s context_fn, called as each layer's forward starts: the
@@ -150,24 +154,19 @@ class KeepMatmuls:
         forward, recompute = create_selective_checkpoint_contexts(self)
         return forward, recompute
 
-    def __call__(self, ctx: object, op: object, *args: object, **kwargs: object) -> object:
-        import torch
-        from torch.utils.checkpoint import CheckpointPolicy
-
-        aten = torch.ops.aten
-        if op is aten.mm.default:
+    def __call__(self, ctx: object, op: object, *args: torch.Tensor, **kwargs: object) -> object:
+        """Per op of a checkpointed layer's forward (and again in its recompute): keep or recompute.
+        (An op's other arguments are not all tensors; only the matched ops' first three are read.)"""
+        if op is self.mm:
             x, weight = args[0], args[1]
-        elif op is aten.addmm.default:
+        elif op is self.addmm:
             x, weight = args[1], args[2]
         elif op in self.attention:
             x = weight = args[0]  # the query
         else:
-            return CheckpointPolicy.PREFER_RECOMPUTE
-        assert isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)
-        wide = op in self.attention or (weight.dim() == 2 and weight.shape[0] == self.hidden)
-        if wide and x.dtype == torch.float32:
-            return CheckpointPolicy.MUST_SAVE
-        return CheckpointPolicy.PREFER_RECOMPUTE
+            return self.recompute
+        wide = weight is x or (weight.dim() == 2 and weight.shape[0] == self.hidden)
+        return self.keep if wide and x.dtype == self.fp32 else self.recompute
 
 
 def model_window(model: torch.nn.Module, configured: int) -> int:
