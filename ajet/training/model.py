@@ -135,9 +135,11 @@ class KeepMatmuls:
 
     def __init__(self, hidden: int) -> None:
         import torch
-        from torch.utils.checkpoint import CheckpointPolicy
+        from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
         self.hidden = hidden
+        self.selective = create_selective_checkpoint_contexts
+        self.autocast_enabled = torch.is_autocast_enabled
         aten = torch.ops.aten
         self.mm, self.addmm, self.fp32 = aten.mm.default, aten.addmm.default, torch.float32
         self.attention = {getattr(aten, name).default for name in self.ATTENTION if hasattr(aten, name)}
@@ -146,12 +148,9 @@ class KeepMatmuls:
     def contexts(self) -> tuple[contextlib.AbstractContextManager[object], contextlib.AbstractContextManager[object]]:
         """`torch.utils.checkpoint`'s context_fn, called as each layer's forward starts: the
         policy's contexts, or none under autocast (a whole-layer recompute)."""
-        import torch
-        from torch.utils.checkpoint import create_selective_checkpoint_contexts
-
-        if torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda"):
+        if self.autocast_enabled("cpu") or self.autocast_enabled("cuda"):
             return contextlib.nullcontext(), contextlib.nullcontext()
-        forward, recompute = create_selective_checkpoint_contexts(self)
+        forward, recompute = self.selective(self)
         return forward, recompute
 
     def __call__(self, ctx: object, op: object, *args: torch.Tensor, **kwargs: object) -> object:

@@ -591,7 +591,7 @@ def recomputed(recompute: dict[str, bool]) -> str:
     parts = []
     if recompute["recompute_layers"]:
         parts.append("the layers' down projections and element-wise ops (the other matmuls and the attention kept)"
-                     if recompute.get("kept_matmuls") else "the decoder layers")
+                     if recompute["kept_matmuls"] else "the decoder layers")
     if recompute["recompute_head"]:
         parts.append("the LM head's chunks")
     return ", ".join(parts) or "nothing"

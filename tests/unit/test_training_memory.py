@@ -9,6 +9,7 @@ import asyncio
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ajet.config.schema import LossAgg
 from ajet.context.loss_weights import loss_weights
@@ -109,28 +110,19 @@ def test_gradient_checkpointing_same_loss_and_gradients(keep_matmuls):
         torch.testing.assert_close(grads_gc[name], grad, atol=1e-5, rtol=0, msg=name)
 
 
-class CountKernels:
+class CountKernels(TorchDispatchMode):
     """The GEMMs (aten.mm, aten.addmm) and the attention kernels run while it is entered."""
 
-    def __enter__(self):
-        from torch.utils._python_dispatch import TorchDispatchMode
+    def __init__(self):
+        super().__init__()
+        self.matmuls = self.attention = 0
 
-        counter = self
-
-        class Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                if func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default):
-                    counter.matmuls += 1
-                elif "scaled_dot_product" in str(func) and "backward" not in str(func):
-                    counter.attention += 1
-                return func(*args, **(kwargs or {}))
-
-        self.matmuls, self.attention, self.mode = 0, 0, Mode()
-        self.mode.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self.mode.__exit__(*exc)
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default):
+            self.matmuls += 1
+        elif "scaled_dot_product" in str(func) and "backward" not in str(func):
+            self.attention += 1
+        return func(*args, **(kwargs or {}))
 
 
 def backward_kernels(model, packed, *, bf16=False):
