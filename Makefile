@@ -20,7 +20,7 @@ TEST_WORKERS ?= 3
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 BENCH_ARGS ?=
 
-.PHONY: install sandbox harnesses demo test test-main test-fast test-kill-matrix bench bench-learning fuzz lint browser env-trinity env-verl env-verifiers env-openenv env-cookbook test-trinity test-verl clean
+.PHONY: install model sandbox harnesses demo test test-main test-fast test-kill-matrix bench bench-learning fuzz lint browser env-trinity env-verl env-verifiers env-openenv env-cookbook test-trinity test-verl clean
 
 # uv installs the packages (a fresh install: ~40 s, against ~90 s with pip). torch 2.13.0 is the
 # CPU build that lies on these machines' disk: uv takes that file when it is there, else pip
@@ -202,11 +202,17 @@ COOKBOOK := 'tinker-cookbook[math-rl]==0.5.8' tinker==0.38.0
 
 env-cookbook: .venv-cookbook/.installed
 
+# The bundled model, converted by ajet's own environment: its transformers builds the GGUF's
+# tokenizer right, verl's 5.10 does not (ajet.models.resolve refuses that conversion); the GPU
+# backbones' environments read the checkpoint.
+model: $(CORE_STAMP)
+	$(PY) -m ajet.cli.convert_model
+
 # The tests that need the real packages, each in its environment.
-test-trinity: env-trinity
+test-trinity: env-trinity model
 	.venv-trinity/bin/python -m pytest tests/backbones/test_trinity_real.py tests/unit/test_backbone_trinity.py tests/unit/test_failed_episode_groups.py $(PYTEST_ARGS)
 
-test-verl: env-verl
+test-verl: env-verl model
 	.venv-verl/bin/python -m pytest tests/backbones/test_verl_real.py tests/unit/test_backbone_verl.py tests/unit/test_failed_episode_groups.py $(PYTEST_ARGS)
 
 clean:

