@@ -36,7 +36,8 @@ _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # `tokenizer_problems` before they are written.
 _CONVERSION_VERSION = "2"
 # The first transformers that builds the bundled GGUF's tokenizer right (5.10-5.17 make its EOS
-# <|im_start|>; 4.x also puts that BOS before every text); pyproject.toml's floor.
+# <|im_start|>; 4.x also puts that BOS before every text). Not pyproject.toml's floor: verl's
+# environment pins transformers<5.11 and reads the checkpoint ajet's environment made (`make model`).
 TRANSFORMERS_FOR_THE_CONVERSION = "5.18"
 # decode(encode(text)) must give it back: spaces, a newline, a tab, digits, non-ASCII.
 _ROUND_TRIP = "Hi there,\n  two spaces\tand a tab: 12+345 = 357 \u00e9t\u00e9 \u2713"
@@ -210,7 +211,7 @@ def _convert_gguf(gguf: Path, out_dir: Path) -> None:
             f"transformers {transformers.__version__} builds the bundled model's tokenizer wrongly from "
             f"{gguf.name}: {'; '.join(problems)}. Nothing was written to the cache. The conversion needs "
             f"transformers>={TRANSFORMERS_FOR_THE_CONVERSION} (pip install -U 'transformers>="
-            f"{TRANSFORMERS_FOR_THE_CONVERSION}'), or convert it once from ajet's own environment "
+            f"{TRANSFORMERS_FOR_THE_CONVERSION}'); where a package pins an older one (verl), convert it once from ajet's own environment "
             "(`make install`, then `.venv/bin/python -m ajet.cli.convert_model`): this environment then reads "
             "that checkpoint.")
     model.save_pretrained(out_dir)
