@@ -226,15 +226,17 @@ def best_seconds(fn: Any, repeats: int) -> float:
 
 def gemm_times(shape: Shape, t: Tokens, dtype: str, repeats: int = 5) -> dict[str, tuple[float, float]]:
     """(FLOPs, best seconds) of the whole model's GEMMs at `t`'s rows, in `dtype` ("fp32", "bf16"),
-    by part: "layers forward", "head forward", "layers backward", "head backward". One layer's
-    GEMMs are timed and counted `shape.layers` times. The backward is the input gradient
+    by part: "layers forward", "head forward", "layers backward", "head backward", and "down
+    forward" (the down projections alone: what a checkpointed layer recomputes with kept matmuls).
+    One layer's GEMMs are timed and counted `shape.layers` times. The backward is the input gradient
     (g @ W) and the weight gradient (g^T @ x) of each linear layer, as autograd computes them."""
     import torch
 
     kind = getattr(torch, DTYPES[dtype])
     parts: dict[str, tuple[float, float]] = {}
     for part, pairs, rows, times in (("layers", shape.linears(), t.tokens, shape.layers),
-                                     ("head", [(shape.hidden, shape.vocab)], t.head_rows, 1)):
+                                     ("head", [(shape.hidden, shape.vocab)], t.head_rows, 1),
+                                     ("down", shape.linears()[-1:], t.tokens, shape.layers)):
         xs = [torch.randn(rows, i, dtype=kind) for i, _ in pairs]
         ws = [torch.randn(o, i, dtype=kind) * 0.02 for i, o in pairs]
         gs = [torch.randn(rows, o, dtype=kind) for _, o in pairs]
@@ -250,7 +252,8 @@ def gemm_times(shape: Shape, t: Tokens, dtype: str, repeats: int = 5) -> dict[st
                 torch.mm(g.t(), x)
 
         parts[f"{part} forward"] = (flops, best_seconds(forward, repeats) * times)
-        parts[f"{part} backward"] = (2 * flops, best_seconds(backward, repeats) * times)
+        if part != "down":  # only its forward is recomputed; its backward is in the layers'
+            parts[f"{part} backward"] = (2 * flops, best_seconds(backward, repeats) * times)
     return parts
 
 
@@ -489,7 +492,8 @@ def training_phases(label: str, shape: Shape, run: StepRun, gemm: dict[str, tupl
     bwd = backward_flops(shape, run.tokens, recompute_layers=recompute_layers, recompute_head=recompute_head,
                          kept_matmuls=kept_matmuls)
     fwd_parts = ["layers forward", "head forward"]
-    bwd_parts = (["layers backward", "head backward"] + (["layers forward"] if recompute_layers else [])
+    recomputed = "down forward" if kept_matmuls else "layers forward"
+    bwd_parts = (["layers backward", "head backward"] + ([recomputed] if recompute_layers else [])
                  + (["head forward"] if recompute_head else []))
     where = f"GEMM {dtype}, {run.tokens.tokens // max(run.sequences, 1)} rows"
     best = max(memory, key=lambda k: memory[k])

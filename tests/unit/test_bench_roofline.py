@@ -60,6 +60,33 @@ def test_flops_of_a_tree_packed_step_by_hand(roofline: Any) -> None:
     assert roofline.Tokens.prompts([3, 5]) == roofline.Tokens(tokens=8, head_rows=2, attended=6 + 15)
 
 
+def test_the_backward_limit_mixes_in_the_gemms_that_are_recomputed(roofline: Any) -> None:
+    """With kept matmuls the backward's recomputed GEMMs are the down projections alone, and its
+    limit is measured on those, not on the whole layers' forward."""
+    shape = roofline.Shape(**TINY)
+    t = roofline.Tokens.packed([tree()])
+    gemm = roofline.gemm_times(shape, t, "fp32", repeats=1)
+    assert {part: flops for part, (flops, _) in gemm.items()} == {
+        "layers forward": 11_520, "layers backward": 2 * 11_520, "head forward": 1_536, "head backward": 2 * 1_536,
+        "down forward": 2 * 2 * 16 * 8 * 5}
+    # Made-up times, so that each mix has its own rate.
+    gemm = {part: (flops, seconds) for (part, (flops, _)), seconds in zip(gemm.items(), [1.0, 2.0, 3.0, 4.0, 5.0],
+                                                                         strict=True)}
+    run = roofline.StepRun(tokens=t, sequences=1, steps=1, seconds=1.0, phases={"backward": 1.0},
+                           optimizer_bytes=0, clip_check_bytes=0, optimizer_steps=1)
+
+    def backward_limit(kept: bool) -> float:
+        phases = roofline.training_phases("SFT", shape, run, gemm, {"triad": 1.0}, "fp32", recompute_layers=True,
+                                          recompute_head=False, state="fp32", kept_matmuls=kept)
+        (backward,) = [phase for phase in phases if phase.name == "SFT backward"]
+        return backward.limit
+
+    recomputed = {False: "layers forward", True: "down forward"}
+    for kept, part in recomputed.items():
+        assert backward_limit(kept) == roofline.gemm_limit(gemm, ["layers backward", "head backward", part])
+    assert backward_limit(True) != backward_limit(False)
+
+
 def test_the_gemm_count_matches_torchs_flop_counter(roofline: Any) -> None:
     """torch counts every matmul of a tiny Llama's forward and backward; attention it counts as
     the full square (T x T), where the roofline counts the causal pairs."""
