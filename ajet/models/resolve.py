@@ -212,7 +212,7 @@ def _convert_gguf(gguf: Path, out_dir: Path) -> None:
             f"{gguf.name}: {'; '.join(problems)}. Nothing was written to the cache. The conversion needs "
             f"transformers>={TRANSFORMERS_FOR_THE_CONVERSION} (pip install -U 'transformers>="
             f"{TRANSFORMERS_FOR_THE_CONVERSION}'); where a package pins an older one (verl), convert it once from ajet's own environment "
-            "(`make install`, then `.venv/bin/python -m ajet.cli.convert_model`): this environment then reads "
+            "(`make model` in a clone of ajet: `.venv/bin/python -m ajet.cli.convert_model`): this environment then reads "
             "that checkpoint.")
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
